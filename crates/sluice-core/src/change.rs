@@ -1,0 +1,129 @@
+//! Changes and batches: what flows from a reader to a writer.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schema::TableSchema;
+use crate::value::Value;
+
+/// A row's values, in the order of its table's columns.
+pub type Row = Vec<Value>;
+
+/// One row-level change to one table.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub table: Arc<TableSchema>,
+    pub kind: ChangeKind,
+}
+
+/// The row images a change carries. Snapshots produce only inserts.
+#[derive(Debug, Clone)]
+pub enum ChangeKind {
+    Insert { after: Row },
+    Update { before: Row, after: Row },
+    Delete { before: Row },
+}
+
+impl Change {
+    pub fn insert(table: Arc<TableSchema>, after: Row) -> Change {
+        Change {
+            table,
+            kind: ChangeKind::Insert { after },
+        }
+    }
+
+    /// The image that identifies the row: the new one for inserts and updates, the old one for
+    /// deletes.
+    pub fn row(&self) -> &Row {
+        match &self.kind {
+            ChangeKind::Insert { after } | ChangeKind::Update { after, .. } => after,
+            ChangeKind::Delete { before } => before,
+        }
+    }
+
+    /// The primary-key values rendered as `col=value, ...`, or the whole row for keyless tables.
+    pub fn key_text(&self) -> String {
+        key_text(&self.table, self.row())
+    }
+
+    pub fn approximate_size(&self) -> usize {
+        let images = match &self.kind {
+            ChangeKind::Insert { after } => after.iter().map(Value::approximate_size).sum(),
+            ChangeKind::Update { before, after } => before
+                .iter()
+                .chain(after)
+                .map(Value::approximate_size)
+                .sum(),
+            ChangeKind::Delete { before } => before.iter().map(Value::approximate_size).sum(),
+        };
+        images
+    }
+}
+
+/// Renders a row's identity for dirty records and error messages: the primary key when the table
+/// has one, otherwise every column.
+pub fn key_text(table: &TableSchema, row: &Row) -> String {
+    let indexes: Vec<usize> = if table.primary_key.is_empty() {
+        (0..table.columns.len()).collect()
+    } else {
+        table.primary_key.clone()
+    };
+    indexes
+        .iter()
+        .filter_map(|&index| {
+            Some(format!(
+                "{}={}",
+                table.columns.get(index)?.name,
+                row.get(index)?
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A source position: opaque to the engine, owned and interpreted by the connector that made it.
+/// It is stored in checkpoints and served by the API, so it is plain JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Position(pub serde_json::Value);
+
+/// A record that could not be read or written, kept for inspection instead of being dropped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejected {
+    /// The table as named on the side that rejected it.
+    pub table: String,
+    /// The row's key (`id=5`), or its location when no key is known (`line 17`).
+    pub key: String,
+    /// Why, naming the column and side.
+    pub reason: String,
+    /// The record itself, as JSON text, when it could be rendered.
+    pub record: Option<String>,
+}
+
+/// An ordered group of changes of one split, and the position at which the source resumes after
+/// them. Source-side rejects found while reading the batch travel with it, so they are recorded
+/// before the position that passes them is committed.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub changes: Vec<Change>,
+    pub position: Position,
+    pub rejected: Vec<Rejected>,
+    /// Bytes the source read for this batch (payload size, not wire size).
+    pub bytes: u64,
+}
+
+impl Batch {
+    pub fn new(changes: Vec<Change>, position: Position) -> Batch {
+        let bytes = changes
+            .iter()
+            .map(|change| change.approximate_size() as u64)
+            .sum();
+        Batch {
+            changes,
+            position,
+            rejected: Vec::new(),
+            bytes,
+        }
+    }
+}

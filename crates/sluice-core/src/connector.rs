@@ -1,0 +1,131 @@
+//! The contracts between the engine and the connectors. The engine does no I/O to sources or
+//! targets except through these traits.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::change::{Batch, Position, Rejected};
+use crate::error::Result;
+use crate::schema::{TableName, TableSchema};
+
+/// A task's self-contained slice of the source: a key range of a table, a file, a log stream.
+/// A task resumes from its split and its checkpoint alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Split {
+    /// Stable across runs: `table#index`. Checkpoints are keyed by it.
+    pub id: String,
+    pub table: Arc<TableSchema>,
+    /// The connector's own description of the slice (bounds, file, start position).
+    pub descriptor: serde_json::Value,
+    /// Rows the source expects in the split, for progress and ETA; 0 when unknown.
+    pub estimated_rows: u64,
+}
+
+/// Advice to `Source::split` on how finely to cut.
+#[derive(Debug, Clone, Copy)]
+pub struct SplitHint {
+    pub rows_per_split: u64,
+}
+
+/// The last durable position of one task, as the target knows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub task: String,
+    /// Resume after this position; `None` means from the split's start.
+    pub position: Option<Position>,
+    /// The split has been copied completely.
+    pub done: bool,
+    /// Rows written by this task over all runs.
+    pub rows_written: u64,
+}
+
+/// One line of a `sluice check` report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CheckItem {
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// A place data is read from.
+#[async_trait]
+pub trait Source: Send + Sync {
+    /// Probes connectivity, credentials and settings without reading data. Called by
+    /// `sluice check` and at the start of every run; an error names the source side.
+    async fn check(&self) -> Result<Vec<CheckItem>>;
+
+    /// Lists the tables that the job's `tables` filter selects, with their schemas, sorted by
+    /// name. Called once per run at planning. A filter entry that names a table which does not
+    /// exist (no glob characters) is an error.
+    async fn discover(&self) -> Result<Vec<TableSchema>>;
+
+    /// Cuts one table into splits whose union is the whole table with no row in two splits.
+    /// Called at planning only for tables with no stored plan, so ids stay stable on resume.
+    async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>>;
+
+    /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
+    /// the task that owns the split, possibly again after a retry.
+    async fn open(
+        &self,
+        split: &Split,
+        resume_after: Option<&Position>,
+        batch_rows: usize,
+    ) -> Result<Box<dyn Reader>>;
+}
+
+/// Reads one split in order.
+#[async_trait]
+pub trait Reader: Send {
+    /// The next batch, or `None` when the split is exhausted. Each batch's position is the one to
+    /// resume after once the batch is durable in the target. Pull-based: the engine calls it
+    /// only when it has room, which is the backpressure.
+    async fn next(&mut self) -> Result<Option<Batch>>;
+
+    /// Tells the source that everything up to `position` is durable in the target, so it may
+    /// release logs or offsets. Called after the checkpoint commit, never before.
+    async fn ack(&mut self, _position: &Position) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A place data is written to.
+#[async_trait]
+pub trait Sink: Send + Sync {
+    /// Probes connectivity, credentials and writability; an error names the target side.
+    async fn check(&self) -> Result<Vec<CheckItem>>;
+
+    /// The name a source table gets in this target.
+    fn target_name(&self, source: &TableName) -> TableName;
+
+    /// Creates the missing tables (when the job allows it) and checks that the others exist.
+    /// Idempotent; called once per run, before any writer opens. `tables` carry target names.
+    async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;
+
+    /// Opens the writer of one task. `table` carries the target name.
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>)
+        -> Result<Box<dyn Writer>>;
+}
+
+/// Writes one task's batches.
+///
+/// The protocol: `recover` once, then any number of `write` and `commit`. What `write` stages
+/// becomes durable only with the next `commit`, together with the checkpoint it is given, so a
+/// crash at any instant leaves the target either before or after the whole commit.
+#[async_trait]
+pub trait Writer: Send {
+    /// The checkpoint the target holds for this task, or `None` to start the split from scratch
+    /// (a file target discards a partial file here). The engine resumes from this answer only:
+    /// the target, not the local state, is the truth.
+    async fn recover(&mut self) -> Result<Option<Checkpoint>>;
+
+    /// Stages a batch. Rows the target refuses for their content (a constraint, an encoding)
+    /// are returned as rejects with their key and reason; they are not staged. Any other failure
+    /// is an error.
+    async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>>;
+
+    /// Makes everything staged durable together with `checkpoint`. When it returns `Ok`, the
+    /// data and the checkpoint are both durable; on `Err`, neither is.
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+}

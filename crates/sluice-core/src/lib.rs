@@ -1,0 +1,20 @@
+//! Sluice's vocabulary and engine. It knows no driver, no network protocol, no etcd and no HTTP:
+//! connectors implement the traits in [`connector`], and the runner drives them.
+
+pub mod change;
+pub mod connector;
+pub mod error;
+pub mod retry;
+pub mod runner;
+pub mod schema;
+pub mod secret;
+pub mod spec;
+pub mod state;
+pub mod stats;
+pub mod throttle;
+pub mod value;
+
+pub use change::{Batch, Change, ChangeKind, Position, Rejected, Row};
+pub use error::{Error, ErrorKind, Result, Side};
+pub use schema::{Column, DataType, TableName, TableSchema};
+pub use value::{Date, DateTime, Decimal, Time, Value};

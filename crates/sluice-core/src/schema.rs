@@ -1,0 +1,123 @@
+//! Table schemas: what a source describes and a target creates.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// A table's qualified name: a namespace (MySQL database, PostgreSQL schema; absent for SQLite's
+/// main database and for files) and the table's own name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TableName {
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl TableName {
+    pub fn new(namespace: Option<&str>, name: &str) -> TableName {
+        TableName {
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Parses `namespace.table` or `table`; the first dot separates.
+    pub fn parse(text: &str) -> TableName {
+        match text.split_once('.') {
+            Some((namespace, name)) => TableName::new(Some(namespace), name),
+            None => TableName::new(None, text),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(namespace) => write!(formatter, "{namespace}.{}", self.name),
+            None => formatter.write_str(&self.name),
+        }
+    }
+}
+
+/// The logical type of a column, independent of any dialect. Connectors map their native types
+/// into it and back; `docs/types.md` lists the mappings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DataType {
+    Boolean,
+    /// A signed or unsigned integer stored in `bytes` bytes (1, 2, 3, 4 or 8).
+    Integer {
+        bytes: u8,
+        unsigned: bool,
+    },
+    Float32,
+    Float64,
+    /// An exact decimal; `None` precision means unconstrained (PostgreSQL `numeric`).
+    Decimal {
+        precision: Option<u32>,
+        scale: Option<u32>,
+    },
+    /// Character data; `length` in characters when bounded, `fixed` for CHAR.
+    Text {
+        length: Option<u32>,
+        fixed: bool,
+    },
+    /// Binary data; `length` in bytes when bounded, `fixed` for BINARY.
+    Bytes {
+        length: Option<u32>,
+        fixed: bool,
+    },
+    Bits {
+        width: u8,
+    },
+    Date,
+    Time {
+        precision: u8,
+    },
+    DateTime {
+        precision: u8,
+    },
+    Timestamp {
+        precision: u8,
+    },
+    Year,
+    Json,
+    Enum {
+        values: Vec<String>,
+    },
+    Set {
+        values: Vec<String>,
+    },
+    Geometry,
+}
+
+/// One column of a table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Column {
+    pub name: String,
+    pub data_type: DataType,
+    pub nullable: bool,
+    /// The source's own type name (e.g. `varchar(20)`), for messages and same-engine copies.
+    pub native_type: String,
+}
+
+/// A table's shape: its columns in order and the positions of its primary-key columns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableSchema {
+    pub name: TableName,
+    pub columns: Vec<Column>,
+    /// Indexes into `columns`, in key order; empty when the table has no primary key.
+    pub primary_key: Vec<usize>,
+}
+
+impl TableSchema {
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|column| column.name == name)
+    }
+
+    pub fn primary_key_names(&self) -> Vec<&str> {
+        self.primary_key
+            .iter()
+            .map(|&index| self.columns[index].name.as_str())
+            .collect()
+    }
+}

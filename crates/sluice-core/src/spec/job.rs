@@ -1,0 +1,548 @@
+//! The typed job: what a user asks for.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::decode::{Decoder, Fields, SpecError};
+use super::document::{self, Node};
+use crate::secret::{self, Secret};
+
+/// A validated job.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub name: String,
+    pub mode: Mode,
+    pub source: EndpointSpec,
+    pub target: EndpointSpec,
+    /// How many tasks run at once.
+    pub parallelism: usize,
+    pub limits: Limits,
+    pub errors: ErrorPolicy,
+    pub retry: RetryPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Mode {
+    #[serde(rename = "snapshot")]
+    Snapshot,
+    #[serde(rename = "cdc")]
+    Cdc,
+    #[serde(rename = "snapshot+cdc")]
+    SnapshotAndCdc,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(match self {
+            Mode::Snapshot => "snapshot",
+            Mode::Cdc => "cdc",
+            Mode::SnapshotAndCdc => "snapshot+cdc",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    Insert,
+    /// Insert or replace the row with the same primary key (never another unique key).
+    Upsert,
+}
+
+/// A source or target: its connector type, the fields every connector shares, and the
+/// connector's own options, which the connector registry validates.
+#[derive(Debug, Clone)]
+pub struct EndpointSpec {
+    /// `source` or `target`: the field path prefix for messages.
+    pub role: &'static str,
+    pub connector: String,
+    /// The server URL; it may hold a password, so it never prints.
+    pub url: Option<Secret>,
+    /// A file or directory path, for embedded databases and files.
+    pub path: Option<String>,
+    /// Include globs; a leading `!` excludes.
+    pub tables: Vec<String>,
+    pub write_mode: WriteMode,
+    pub create_tables: bool,
+    /// The fields present, with their lines, so the registry can reject the ones its connector
+    /// does not take.
+    pub present: Vec<(String, Option<usize>)>,
+    /// Connector-specific fields, decoded by the connector.
+    pub options: BTreeMap<String, Node>,
+    pub line: Option<usize>,
+}
+
+impl EndpointSpec {
+    /// The line of a field, for messages.
+    pub fn line_of(&self, field: &str) -> Option<usize> {
+        self.present
+            .iter()
+            .find(|(name, _)| name == field)
+            .and_then(|(_, line)| *line)
+            .or(self.line)
+    }
+
+    pub fn path_of(&self, field: &str) -> String {
+        format!("{}.{field}", self.role)
+    }
+
+    /// An error about one of this endpoint's fields.
+    pub fn error(&self, field: &str, message: impl Into<String>) -> SpecError {
+        SpecError {
+            path: self.path_of(field),
+            line: self.line_of(field),
+            message: message.into(),
+        }
+    }
+
+    /// The URL with its password replaced by `***`, for messages.
+    pub fn display_url(&self) -> String {
+        self.url.as_ref().map_or_else(String::new, |url| {
+            secret::redact_url_passwords(url.expose())
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// 0 = unlimited.
+    pub rows_per_sec: u64,
+    /// 0 = unlimited.
+    pub bytes_per_sec: u64,
+    /// Rows per batch read from the source.
+    pub batch_rows: usize,
+    /// Batches buffered between a reader and its writer; with `batch_rows` and `parallelism` this
+    /// bounds memory.
+    pub queue_batches: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ErrorPolicy {
+    /// Dirty records tolerated before the job fails; 0 fails on the first.
+    pub max_dirty_records: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts of one task step before the job fails; 1 = no retry.
+    pub max_attempts: u32,
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+const ENDPOINT_FIELDS: [&str; 6] = [
+    "type",
+    "url",
+    "path",
+    "tables",
+    "write_mode",
+    "create_tables",
+];
+
+/// Parses a job document (YAML, or JSON when `json` is set) and validates its structure,
+/// returning every error found. Connector-specific checks are the registry's.
+pub fn parse_job(
+    text: &str,
+    json: bool,
+    environment: fn(&str) -> Option<String>,
+) -> Result<JobSpec, Vec<SpecError>> {
+    let root = if json {
+        document::parse_json(text)
+    } else {
+        document::parse_yaml(text)
+    };
+    let root = root.map_err(|error| {
+        let location = match (error.line, error.column) {
+            (Some(line), Some(column)) => format!(" at line {line}, column {column}"),
+            _ => String::new(),
+        };
+        vec![SpecError {
+            path: String::new(),
+            line: error.line,
+            message: format!(
+                "the job file is not valid {}{location}: {}",
+                if json { "JSON" } else { "YAML" },
+                error.message
+            ),
+        }]
+    })?;
+    let mut decoder = Decoder::new(environment);
+    let job = decode_job(&mut decoder, &root);
+    let errors = decoder.into_errors();
+    match job {
+        Some(job) if errors.is_empty() => Ok(job),
+        _ => Err(errors),
+    }
+}
+
+fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
+    let fields = decoder.mapping(
+        root,
+        "",
+        &[
+            "name",
+            "mode",
+            "source",
+            "target",
+            "parallelism",
+            "limits",
+            "errors",
+            "retry",
+        ],
+    )?;
+    let name = fields
+        .require(decoder, "name", "the job's name, [a-z0-9_-]+")
+        .and_then(|node| {
+            let name = decoder.string(node, "name")?;
+            let valid = !name.is_empty()
+                && name.len() <= 128
+                && name.bytes().all(|byte| {
+                    byte.is_ascii_lowercase()
+                        || byte.is_ascii_digit()
+                        || byte == b'_'
+                        || byte == b'-'
+                });
+            if !valid {
+                decoder.error(
+                    "name",
+                    node.line,
+                    format!("`{name}` is not a valid job name; use 1 to 128 of a-z, 0-9, _ and -"),
+                );
+            }
+            valid.then_some(name)
+        });
+    let mode = match fields.get("mode") {
+        None => Some(Mode::Snapshot),
+        Some(node) => decoder.string(node, "mode").and_then(|text| {
+            let mode = match text.as_str() {
+                "snapshot" | "full" => Some(Mode::Snapshot),
+                "cdc" | "incremental" => Some(Mode::Cdc),
+                "snapshot+cdc" | "full+incremental" => Some(Mode::SnapshotAndCdc),
+                _ => None,
+            };
+            if mode.is_none() {
+                decoder.error("mode", node.line, format!("unknown mode `{text}`; expected snapshot, cdc or snapshot+cdc (aliases: full, incremental, full+incremental)"));
+            }
+            mode
+        }),
+    };
+    let source = fields
+        .require(decoder, "source", "where data comes from")
+        .and_then(|node| decode_endpoint(decoder, node, "source"));
+    let target = fields
+        .require(decoder, "target", "where data goes")
+        .and_then(|node| decode_endpoint(decoder, node, "target"));
+    let parallelism = match fields.get("parallelism") {
+        None => Some(4),
+        Some(node) => decoder
+            .unsigned(node, "parallelism", 256)
+            .and_then(|value| {
+                if value == 0 {
+                    decoder.error("parallelism", node.line, "must be at least 1");
+                    return None;
+                }
+                Some(value as usize)
+            }),
+    };
+    let limits = decode_limits(decoder, &fields);
+    let errors = decode_error_policy(decoder, &fields);
+    let retry = decode_retry(decoder, &fields);
+    Some(JobSpec {
+        name: name?,
+        mode: mode?,
+        source: source?,
+        target: target?,
+        parallelism: parallelism?,
+        limits: limits?,
+        errors: errors?,
+        retry: retry?,
+    })
+}
+
+fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Option<EndpointSpec> {
+    // Connector-specific keys are allowed here and checked by the registry, which knows them.
+    let document::NodeKind::Mapping(entries) = &node.kind else {
+        decoder.error(
+            role,
+            node.line,
+            format!(
+                "expected a mapping with at least `type`, found {}",
+                node.shape()
+            ),
+        );
+        return None;
+    };
+    let every_key: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
+    let fields = decoder.mapping(node, role, &every_key)?;
+    let connector = fields
+        .require(
+            decoder,
+            "type",
+            "the connector, e.g. sqlite, mysql, postgres, jsonl",
+        )
+        .and_then(|node| decoder.string(node, &fields.path("type")));
+    let url = fields
+        .get("url")
+        .and_then(|node| decoder.string(node, &fields.path("url")))
+        .map(|url| {
+            register_url_password(&url);
+            Secret::new(url)
+        });
+    let path = fields
+        .get("path")
+        .and_then(|node| decoder.string(node, &fields.path("path")));
+    let tables = match fields.get("tables") {
+        Some(node) => decoder.string_list(node, &fields.path("tables"))?,
+        None => Vec::new(),
+    };
+    let write_mode = match fields.get("write_mode") {
+        None => Some(WriteMode::Insert),
+        Some(node) => decoder
+            .string(node, &fields.path("write_mode"))
+            .and_then(|text| match text.as_str() {
+                "insert" => Some(WriteMode::Insert),
+                "upsert" => Some(WriteMode::Upsert),
+                _ => {
+                    decoder.error(
+                        &fields.path("write_mode"),
+                        node.line,
+                        format!("unknown write mode `{text}`; expected insert or upsert"),
+                    );
+                    None
+                }
+            }),
+    };
+    let create_tables = match fields.get("create_tables") {
+        None => Some(true),
+        Some(node) => decoder.boolean(node, &fields.path("create_tables")),
+    };
+    let options = entries
+        .iter()
+        .filter(|(key, value)| !ENDPOINT_FIELDS.contains(&key.as_str()) && !value.is_null())
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    Some(EndpointSpec {
+        role,
+        connector: connector?,
+        url,
+        path,
+        tables,
+        write_mode: write_mode?,
+        create_tables: create_tables?,
+        present: fields
+            .keys()
+            .map(|(key, line)| (key.to_owned(), line))
+            .collect(),
+        options,
+        line: node.line,
+    })
+}
+
+/// Registers the password part of a connection URL so no message can leak it, even one a driver
+/// wrote.
+fn register_url_password(url: &str) {
+    let Some((_, after_scheme)) = url.split_once("://") else {
+        return;
+    };
+    let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
+    if let Some((credentials, _)) = authority.rsplit_once('@') {
+        if let Some((_, password)) = credentials.split_once(':') {
+            secret::register(password);
+            if let Some(decoded) = percent_decode(password) {
+                secret::register(&decoded);
+            }
+        }
+    }
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    if !text.contains('%') {
+        return None;
+    }
+    let bytes = text.as_bytes();
+    let mut output = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' && index + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[index + 1..index + 3]).ok()?;
+            output.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            output.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(output).ok()
+}
+
+fn decode_limits(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Limits> {
+    let defaults = Limits {
+        rows_per_sec: 0,
+        bytes_per_sec: 0,
+        batch_rows: 5_000,
+        queue_batches: 4,
+    };
+    let Some(node) = fields.get("limits") else {
+        return Some(defaults);
+    };
+    let limits = decoder.mapping(
+        node,
+        "limits",
+        &[
+            "rows_per_sec",
+            "bytes_per_sec",
+            "batch_rows",
+            "queue_batches",
+        ],
+    )?;
+    let mut read = |key: &str, default: u64, minimum: u64, maximum: u64| match limits.get(key) {
+        None => Some(default),
+        Some(node) => {
+            let value = decoder.unsigned(node, &limits.path(key), maximum)?;
+            if value < minimum {
+                decoder.error(
+                    &limits.path(key),
+                    node.line,
+                    format!("must be at least {minimum}"),
+                );
+                return None;
+            }
+            Some(value)
+        }
+    };
+    let rows_per_sec = read("rows_per_sec", 0, 0, u64::MAX);
+    let bytes_per_sec = read("bytes_per_sec", 0, 0, u64::MAX);
+    let batch_rows = read("batch_rows", defaults.batch_rows as u64, 1, 1_000_000);
+    let queue_batches = read("queue_batches", defaults.queue_batches as u64, 1, 1_024);
+    Some(Limits {
+        rows_per_sec: rows_per_sec?,
+        bytes_per_sec: bytes_per_sec?,
+        batch_rows: batch_rows? as usize,
+        queue_batches: queue_batches? as usize,
+    })
+}
+
+fn decode_error_policy(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<ErrorPolicy> {
+    let Some(node) = fields.get("errors") else {
+        return Some(ErrorPolicy {
+            max_dirty_records: 0,
+        });
+    };
+    let errors = decoder.mapping(node, "errors", &["max_dirty_records"])?;
+    let max_dirty_records = match errors.get("max_dirty_records") {
+        None => 0,
+        Some(node) => decoder.unsigned(node, "errors.max_dirty_records", u64::MAX)?,
+    };
+    Some(ErrorPolicy { max_dirty_records })
+}
+
+fn decode_retry(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RetryPolicy> {
+    let defaults = RetryPolicy {
+        max_attempts: 5,
+        initial_backoff_ms: 200,
+        max_backoff_ms: 10_000,
+    };
+    let Some(node) = fields.get("retry") else {
+        return Some(defaults);
+    };
+    let retry = decoder.mapping(
+        node,
+        "retry",
+        &["max_attempts", "initial_backoff_ms", "max_backoff_ms"],
+    )?;
+    let mut read = |key: &str, default: u64, maximum: u64| match retry.get(key) {
+        None => Some(default),
+        Some(node) => decoder.unsigned(node, &retry.path(key), maximum),
+    };
+    let max_attempts = read("max_attempts", defaults.max_attempts.into(), 1_000);
+    let initial_backoff_ms = read("initial_backoff_ms", defaults.initial_backoff_ms, 3_600_000);
+    let max_backoff_ms = read("max_backoff_ms", defaults.max_backoff_ms, 3_600_000);
+    Some(RetryPolicy {
+        max_attempts: (max_attempts?.max(1)) as u32,
+        initial_backoff_ms: initial_backoff_ms?,
+        max_backoff_ms: max_backoff_ms?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn environment(name: &str) -> Option<String> {
+        (name == "PASSWORD").then(|| "CANARY-spec-91c2".to_owned())
+    }
+
+    fn parse(text: &str) -> Result<JobSpec, Vec<SpecError>> {
+        parse_job(text, false, environment)
+    }
+
+    const MINIMAL: &str =
+        "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
+
+    #[test]
+    fn a_minimal_job_gets_defaults() {
+        let job = parse(MINIMAL).unwrap();
+        assert_eq!(job.mode, Mode::Snapshot);
+        assert_eq!(job.parallelism, 4);
+        assert_eq!(job.target.write_mode, WriteMode::Insert);
+        assert_eq!(job.errors.max_dirty_records, 0);
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path_and_line() {
+        let text = "name: Bad Name\nmode: sometimes\nsource:\n  type: sqlite\ntarget:\n  type: jsonl\n  write_mode: merge\nparallelism: zero\nlimits: {rows_per_sec: -1}\nextra: 1\n";
+        let errors = parse(text).unwrap_err();
+        let located: Vec<(&str, Option<usize>)> = errors
+            .iter()
+            .map(|error| (error.path.as_str(), error.line))
+            .collect();
+        assert_eq!(
+            located,
+            vec![
+                ("extra", Some(10)),
+                ("name", Some(1)),
+                ("mode", Some(2)),
+                ("target.write_mode", Some(7)),
+                ("parallelism", Some(8)),
+                ("limits.rows_per_sec", Some(9)),
+            ]
+        );
+        assert!(
+            errors[0].message.contains("unknown field `extra`"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn environment_variables_are_substituted_and_missing_ones_named() {
+        let text = "name: copy\nsource:\n  type: mysql\n  url: mysql://u:${PASSWORD}@h:3306\ntarget:\n  type: jsonl\n  path: ${NOPE}\n";
+        let errors = parse(text).unwrap_err();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(
+            (errors[0].path.as_str(), errors[0].line),
+            ("target.path", Some(7))
+        );
+        assert!(errors[0].message.contains("`NOPE` is not set"));
+        let job = parse(&text.replace("${NOPE}", "out")).unwrap();
+        assert_eq!(
+            job.source.url.as_ref().unwrap().expose(),
+            "mysql://u:CANARY-spec-91c2@h:3306"
+        );
+        assert_eq!(job.source.display_url(), "mysql://u:***@h:3306");
+        assert!(!format!("{job:?}").contains("CANARY"));
+        assert_eq!(secret::scrub("x CANARY-spec-91c2 y"), "x *** y");
+    }
+
+    #[test]
+    fn json_documents_are_accepted() {
+        let text = r#"{"name": "copy", "mode": "full", "source": {"type": "sqlite", "path": "a.db"}, "target": {"type": "jsonl", "path": "out"}, "parallelism": 2}"#;
+        let job = parse_job(text, true, environment).unwrap();
+        assert_eq!((job.mode, job.parallelism), (Mode::Snapshot, 2));
+        let errors = parse_job(r#"{"name": 5"#, true, environment).unwrap_err();
+        assert!(
+            errors[0].message.contains("not valid JSON at line 1"),
+            "{}",
+            errors[0]
+        );
+    }
+}

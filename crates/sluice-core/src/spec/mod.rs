@@ -1,0 +1,12 @@
+//! The job file: parsed from YAML or JSON into nodes that remember their lines, then decoded into
+//! a typed `JobSpec` while every error is collected.
+
+mod decode;
+mod document;
+mod job;
+
+pub use decode::{join, Decoder, Fields, SpecError};
+pub use document::{Node, NodeKind};
+pub use job::{
+    parse_job, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode,
+};

@@ -1,0 +1,141 @@
+//! What a standalone run keeps between runs: the plan, a copy of every checkpoint, the dirty
+//! records and the run history. The target's checkpoint stays the truth for resuming; the state
+//! keeps the plan so split ids are stable, and everything an operator inspects.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::change::Rejected;
+use crate::connector::{Checkpoint, Split};
+use crate::error::Result;
+use crate::schema::TableName;
+use crate::stats::RunSummary;
+
+/// A job cut into tasks: per source table, its target name and its splits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    pub tables: Vec<PlannedTable>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedTable {
+    pub target: TableName,
+    pub splits: Vec<Split>,
+}
+
+/// The store behind `--state-dir`. Calls are short and synchronous; every write is durable when
+/// it returns.
+pub trait StateStore: Send + Sync {
+    /// The stored plan of a job, if one was made.
+    fn load_plan(&self, job: &str) -> Result<Option<Plan>>;
+
+    /// Replaces the stored plan. Called once per run, after planning and before any task starts.
+    fn save_plan(&self, job: &str, plan: &Plan) -> Result<()>;
+
+    /// Records a copy of a checkpoint after the target committed it. Never moves a task's copy
+    /// backwards: a copy with fewer rows than the stored one is ignored.
+    fn save_checkpoint(&self, job: &str, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// The stored checkpoint copies of a job.
+    fn checkpoints(&self, job: &str) -> Result<Vec<Checkpoint>>;
+
+    /// Keeps dirty records of a task. Idempotent per (task, table, key): a batch replayed after a
+    /// crash does not count its rejects twice. Returns the job's total number of dirty records.
+    fn record_dirty(&self, job: &str, task: &str, records: &[Rejected]) -> Result<u64>;
+
+    /// The job's dirty records, oldest first.
+    fn dirty_records(&self, job: &str) -> Result<Vec<Rejected>>;
+
+    /// Appends a finished run's summary to the job's history.
+    fn record_run(&self, summary: &RunSummary) -> Result<()>;
+}
+
+/// A state store in memory, for tests.
+#[derive(Debug, Default)]
+pub struct MemoryStateStore {
+    inner: Mutex<MemoryState>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    plans: BTreeMap<String, Plan>,
+    checkpoints: BTreeMap<(String, String), Checkpoint>,
+    dirty: BTreeMap<String, Vec<(String, Rejected)>>,
+    runs: Vec<String>,
+}
+
+impl MemoryStateStore {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The number of runs recorded.
+    pub fn runs(&self) -> usize {
+        self.lock().runs.len()
+    }
+}
+
+impl StateStore for MemoryStateStore {
+    fn load_plan(&self, job: &str) -> Result<Option<Plan>> {
+        Ok(self.lock().plans.get(job).cloned())
+    }
+
+    fn save_plan(&self, job: &str, plan: &Plan) -> Result<()> {
+        self.lock().plans.insert(job.to_owned(), plan.clone());
+        Ok(())
+    }
+
+    fn save_checkpoint(&self, job: &str, checkpoint: &Checkpoint) -> Result<()> {
+        let mut state = self.lock();
+        let entry = state
+            .checkpoints
+            .entry((job.to_owned(), checkpoint.task.clone()))
+            .or_insert_with(|| checkpoint.clone());
+        if checkpoint.rows_written >= entry.rows_written {
+            *entry = checkpoint.clone();
+        }
+        Ok(())
+    }
+
+    fn checkpoints(&self, job: &str) -> Result<Vec<Checkpoint>> {
+        Ok(self
+            .lock()
+            .checkpoints
+            .iter()
+            .filter(|((owner, _), _)| owner == job)
+            .map(|(_, checkpoint)| checkpoint.clone())
+            .collect())
+    }
+
+    fn record_dirty(&self, job: &str, task: &str, records: &[Rejected]) -> Result<u64> {
+        let mut state = self.lock();
+        let dirty = state.dirty.entry(job.to_owned()).or_default();
+        for record in records {
+            let known = dirty.iter().any(|(known_task, known)| {
+                known_task == task && known.table == record.table && known.key == record.key
+            });
+            if !known {
+                dirty.push((task.to_owned(), record.clone()));
+            }
+        }
+        Ok(dirty.len() as u64)
+    }
+
+    fn dirty_records(&self, job: &str) -> Result<Vec<Rejected>> {
+        Ok(self
+            .lock()
+            .dirty
+            .get(job)
+            .map(|records| records.iter().map(|(_, record)| record.clone()).collect())
+            .unwrap_or_default())
+    }
+
+    fn record_run(&self, summary: &RunSummary) -> Result<()> {
+        self.lock().runs.push(summary.job.clone());
+        Ok(())
+    }
+}
