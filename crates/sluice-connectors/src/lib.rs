@@ -1,1 +1,228 @@
+//! Sluice's connectors, one module per external system, each behind a cargo feature, and the
+//! registry: the one place that maps a job's `type` to a connector.
 
+#[cfg(feature = "file")]
+pub mod file;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sluice_core::connector::{Sink, Source};
+use sluice_core::filter::TableFilter;
+use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
+use sluice_core::{Error, Result};
+
+/// A connector type a job may name, what it can be, and the fields it takes on each side.
+struct Connector {
+    name: &'static str,
+    source_fields: Option<&'static [&'static str]>,
+    target_fields: Option<&'static [&'static str]>,
+    /// Whether the source can follow a change log (cdc, snapshot+cdc).
+    change_capture: bool,
+    /// Whether the target can replace rows by primary key.
+    upsert: bool,
+    /// Whether this build has it.
+    built: bool,
+}
+
+const FILE_SOURCE: &[&str] = &["type", "path", "tables", "delimiter"];
+const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "delimiter"];
+const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
+const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
+
+const CONNECTORS: &[Connector] = &[
+    Connector {
+        name: "sqlite",
+        source_fields: Some(SQLITE_SOURCE),
+        target_fields: Some(SQLITE_TARGET),
+        change_capture: false,
+        upsert: true,
+        built: cfg!(feature = "sqlite"),
+    },
+    Connector {
+        name: "csv",
+        source_fields: Some(FILE_SOURCE),
+        target_fields: Some(FILE_TARGET),
+        change_capture: false,
+        upsert: false,
+        built: cfg!(feature = "file"),
+    },
+    Connector {
+        name: "jsonl",
+        source_fields: Some(FILE_SOURCE),
+        target_fields: Some(FILE_TARGET),
+        change_capture: false,
+        upsert: false,
+        built: cfg!(feature = "file"),
+    },
+];
+
+/// The connector types this build knows, for messages.
+pub fn known_types() -> Vec<&'static str> {
+    CONNECTORS.iter().map(|connector| connector.name).collect()
+}
+
+/// Checks a parsed job against the connectors: known types, the fields each takes, required
+/// fields, and what the mode and write mode ask of them. Returns every problem found.
+pub fn validate(job: &JobSpec) -> Vec<SpecError> {
+    let mut errors = Vec::new();
+    for endpoint in [&job.source, &job.target] {
+        let is_source = endpoint.role == "source";
+        let Some(connector) = CONNECTORS
+            .iter()
+            .find(|connector| connector.name == endpoint.connector)
+        else {
+            errors.push(endpoint.error(
+                "type",
+                format!(
+                    "unknown connector type `{}`; known types: {}",
+                    endpoint.connector,
+                    known_types().join(", ")
+                ),
+            ));
+            continue;
+        };
+        let fields = if is_source {
+            connector.source_fields
+        } else {
+            connector.target_fields
+        };
+        let Some(fields) = fields else {
+            errors.push(endpoint.error(
+                "type",
+                format!("`{}` cannot be a {}", connector.name, endpoint.role),
+            ));
+            continue;
+        };
+        if !connector.built {
+            errors.push(endpoint.error(
+                "type",
+                format!(
+                    "connector `{}` is not in this build; rebuild with `--features {}`",
+                    connector.name, connector.name
+                ),
+            ));
+        }
+        for (field, line) in &endpoint.present {
+            if !fields.contains(&field.as_str()) {
+                errors.push(SpecError {
+                    path: endpoint.path_of(field),
+                    line: *line,
+                    message: format!(
+                        "unknown field `{field}` for a `{}` {}; expected one of: {}",
+                        connector.name,
+                        endpoint.role,
+                        fields.join(", ")
+                    ),
+                });
+            }
+        }
+        if fields.contains(&"path") && endpoint.path.is_none() {
+            errors.push(endpoint.error(
+                "path",
+                format!(
+                    "missing required field `path` (the {} {})",
+                    connector.name,
+                    if connector.name == "sqlite" {
+                        "database file"
+                    } else {
+                        "directory"
+                    }
+                ),
+            ));
+        }
+        if is_source && job.mode != Mode::Snapshot && !connector.change_capture {
+            errors.push(SpecError {
+                path: "mode".into(),
+                line: None,
+                message: format!("mode {} needs a source with a change log; a `{}` source supports snapshot only", job.mode, connector.name),
+            });
+        }
+        if !is_source && endpoint.write_mode == WriteMode::Upsert && !connector.upsert {
+            errors.push(endpoint.error(
+                "write_mode",
+                format!(
+                    "a `{}` target appends; it supports write_mode: insert only",
+                    connector.name
+                ),
+            ));
+        }
+        if let Some(node) = endpoint.options.get("delimiter") {
+            let valid = matches!(&node.kind, NodeKind::Scalar { text, .. } if text.len() == 1 && text != "\"" && text != "\n");
+            if !valid {
+                errors.push(endpoint.error(
+                    "delimiter",
+                    "expected one ASCII character other than a quote or a line break",
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// Builds the source of a validated job.
+pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
+    let endpoint = &job.source;
+    let filter = TableFilter::new(&endpoint.tables);
+    match endpoint.connector.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(sqlite::SqliteSource::new(path(endpoint)?, filter))),
+        #[cfg(feature = "file")]
+        "csv" | "jsonl" => Ok(Arc::new(file::FileSource::new(
+            path(endpoint)?,
+            file_format(endpoint),
+            filter,
+        ))),
+        other => Err(Error::config(format!(
+            "source.type: `{other}` is not available as a source in this build"
+        ))),
+    }
+}
+
+/// Builds the sink of a validated job.
+pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
+    let endpoint = &job.target;
+    match endpoint.connector.as_str() {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(
+            path(endpoint)?,
+            endpoint.write_mode,
+            endpoint.create_tables,
+        ))),
+        #[cfg(feature = "file")]
+        "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(
+            path(endpoint)?,
+            file_format(endpoint),
+        ))),
+        other => Err(Error::config(format!(
+            "target.type: `{other}` is not available as a target in this build"
+        ))),
+    }
+}
+
+#[allow(dead_code)]
+fn path(endpoint: &EndpointSpec) -> Result<PathBuf> {
+    endpoint
+        .path
+        .as_ref()
+        .map(PathBuf::from)
+        .ok_or_else(|| Error::config(format!("{}.path: missing", endpoint.role)))
+}
+
+#[cfg(feature = "file")]
+fn file_format(endpoint: &EndpointSpec) -> file::Format {
+    match endpoint.connector.as_str() {
+        "csv" => {
+            let delimiter = match endpoint.options.get("delimiter").map(|node| &node.kind) {
+                Some(NodeKind::Scalar { text, .. }) => {
+                    text.as_bytes().first().copied().unwrap_or(b',')
+                }
+                _ => b',',
+            };
+            file::Format::Csv { delimiter }
+        }
+        _ => file::Format::Jsonl,
+    }
+}

@@ -4,6 +4,7 @@
 pub mod change;
 pub mod connector;
 pub mod error;
+pub mod filter;
 pub mod retry;
 pub mod runner;
 pub mod schema;

@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use crate::schema::DataType;
+
 /// One column value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
@@ -88,6 +90,80 @@ impl fmt::Display for Value {
             Value::Timestamp(value) => write!(formatter, "{value}Z"),
         }
     }
+}
+
+/// Reads a value of `data_type` from its text form (the form `Display` writes), as files carry
+/// it. Bytes are not handled here: their text form depends on the file format.
+pub fn parse_text(text: &str, data_type: &DataType) -> Result<Value, String> {
+    let invalid = |expected: &str| {
+        let shown: String = text.chars().take(64).collect();
+        Err(format!("expected {expected}, found '{shown}'"))
+    };
+    Ok(match data_type {
+        DataType::Boolean => match text {
+            "true" | "TRUE" | "True" | "1" | "t" => Value::Bool(true),
+            "false" | "FALSE" | "False" | "0" | "f" => Value::Bool(false),
+            _ => return invalid("a boolean"),
+        },
+        DataType::Integer { unsigned: true, .. } => match text.parse() {
+            Ok(value) => Value::UInt(value),
+            Err(_) => return invalid("an unsigned integer"),
+        },
+        DataType::Integer { .. } | DataType::Year => match text.parse() {
+            Ok(value) => Value::Int(value),
+            Err(_) => return invalid("an integer"),
+        },
+        DataType::Float32 => match text.parse() {
+            Ok(value) => Value::Float32(value),
+            Err(_) => return invalid("a number"),
+        },
+        DataType::Float64 => match text.parse() {
+            Ok(value) => Value::Float64(value),
+            Err(_) => return invalid("a number"),
+        },
+        DataType::Decimal { .. } => match Decimal::parse(text) {
+            Some(value) => Value::Decimal(value),
+            None => return invalid("a decimal number"),
+        },
+        DataType::Bits { width } => match text
+            .strip_prefix("b'")
+            .and_then(|bits| bits.strip_suffix('\''))
+        {
+            Some(bits) => match u64::from_str_radix(bits, 2) {
+                Ok(value) => Value::Bits {
+                    width: *width,
+                    value,
+                },
+                Err(_) => return invalid("a bit string b'0101'"),
+            },
+            None => return invalid("a bit string b'0101'"),
+        },
+        DataType::Date => match Date::parse(text) {
+            Some(value) => Value::Date(value),
+            None => return invalid("a date YYYY-MM-DD"),
+        },
+        DataType::Time { .. } => match Time::parse(text) {
+            Some(value) => Value::Time(value),
+            None => return invalid("a time HH:MM:SS[.ffffff]"),
+        },
+        DataType::DateTime { .. } => match DateTime::parse(text) {
+            Some(value) => Value::DateTime(value),
+            None => return invalid("a date-time YYYY-MM-DD HH:MM:SS[.ffffff]"),
+        },
+        DataType::Timestamp { .. } => {
+            match DateTime::parse(text.strip_suffix("+00:00").unwrap_or(text)) {
+                Some(value) => Value::Timestamp(value),
+                None => return invalid("a UTC timestamp YYYY-MM-DD HH:MM:SS[.ffffff]Z"),
+            }
+        }
+        DataType::Json => Value::Json(text.to_owned()),
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => {
+            Value::Text(text.to_owned())
+        }
+        DataType::Bytes { .. } | DataType::Geometry => {
+            return Err("bytes have no plain text form".to_owned())
+        }
+    })
 }
 
 /// An exact decimal number kept as its canonical text: optional `-`, digits, optional `.` and

@@ -1,0 +1,390 @@
+//! Writing into SQLite: created tables, one transaction per commit holding the rows and the
+//! task's checkpoint row, so a crash leaves the target before or after a whole batch.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, ErrorCode, OptionalExtension};
+use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
+use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::spec::WriteMode;
+use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
+
+use super::{declared_type, open, quote, sqlite_error};
+
+/// The table, in the target database, that holds each task's checkpoint.
+const CHECKPOINTS: &str = "_sluice_checkpoints";
+
+/// A SQLite database file written as a target.
+#[derive(Debug)]
+pub struct SqliteSink {
+    path: PathBuf,
+    write_mode: WriteMode,
+    create_tables: bool,
+}
+
+impl SqliteSink {
+    pub fn new(path: PathBuf, write_mode: WriteMode, create_tables: bool) -> SqliteSink {
+        SqliteSink {
+            path,
+            write_mode,
+            create_tables,
+        }
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || work(open(&path, Side::Target)?))
+            .await
+            .map_err(|error| {
+                Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}"))
+                    .on(Side::Target)
+            })?
+    }
+}
+
+#[async_trait]
+impl Sink for SqliteSink {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let path = self.path.clone();
+        self.blocking(move |connection| {
+            // BEGIN IMMEDIATE takes the write lock: it fails on a read-only file or directory.
+            connection
+                .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
+                .map_err(|error| {
+                    sqlite_error(
+                        error,
+                        Side::Target,
+                        &format!("open {} for writing", path.display()),
+                    )
+                })?;
+            Ok(vec![CheckItem {
+                what: "target database".into(),
+                ok: true,
+                detail: format!("{} is writable", path.display()),
+            }])
+        })
+        .await
+    }
+
+    /// SQLite has one namespace: `shop.orders` becomes `orders`.
+    fn target_name(&self, source: &TableName) -> TableName {
+        TableName::new(None, &source.name)
+    }
+
+    async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        let tables = tables.to_vec();
+        let (write_mode, create_tables) = (self.write_mode, self.create_tables);
+        self.blocking(move |connection| {
+            let ddl_error = |error| sqlite_error(error, Side::Target, "create the checkpoint table");
+            connection
+                .execute_batch(&format!(
+                    "CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (job TEXT NOT NULL, task TEXT NOT NULL, position TEXT, done INTEGER NOT NULL, rows_written INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (job, task))"
+                ))
+                .map_err(ddl_error)?;
+            let mut seen = std::collections::BTreeSet::new();
+            for table in &tables {
+                if !seen.insert(table.name.name.clone()) {
+                    return Err(Error::new(ErrorKind::Schema, format!("two source tables map to target table `{}`", table.name))
+                        .on(Side::Target)
+                        .hint("SQLite has one namespace; select only one of the tables in source.tables"));
+                }
+                if write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
+                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` has no primary key, which write_mode: upsert needs", table.name))
+                        .on(Side::Target)
+                        .hint("use write_mode: insert for this table"));
+                }
+                let exists: bool = connection
+                    .query_row("SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1", [&table.name.name], |row| row.get(0))
+                    .map_err(|error| sqlite_error(error, Side::Target, &format!("look up table {}", table.name)))?;
+                if exists {
+                    check_columns(&connection, table)?;
+                } else if create_tables {
+                    connection.execute_batch(&create_table_sql(table)).map_err(|error| sqlite_error(error, Side::Target, &format!("create table {}", table.name)))?;
+                } else {
+                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
+                        .on(Side::Target)
+                        .hint("create it, or set target.create_tables: true"));
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn open(
+        &self,
+        job: &str,
+        task: &str,
+        table: Arc<TableSchema>,
+    ) -> Result<Box<dyn Writer>> {
+        let path = self.path.clone();
+        let connection = tokio::task::spawn_blocking(move || open(&path, Side::Target))
+            .await
+            .map_err(|error| {
+                Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}"))
+                    .on(Side::Target)
+            })??;
+        let insert = insert_sql(&table, self.write_mode);
+        Ok(Box::new(SqliteWriter {
+            state: Some(WriterState {
+                connection,
+                job: job.to_owned(),
+                task: task.to_owned(),
+                table,
+                insert,
+                in_transaction: false,
+            }),
+        }))
+    }
+}
+
+/// Checks that an existing target table has every column the source sends.
+fn check_columns(connection: &Connection, table: &TableSchema) -> Result<()> {
+    let mut statement = connection
+        .prepare("SELECT name FROM pragma_table_info(?1)")
+        .map_err(|error| {
+            sqlite_error(
+                error,
+                Side::Target,
+                &format!("describe table {}", table.name),
+            )
+        })?;
+    let existing: Vec<String> = statement
+        .query_map([&table.name.name], |row| row.get(0))
+        .and_then(|rows| rows.collect())
+        .map_err(|error| {
+            sqlite_error(
+                error,
+                Side::Target,
+                &format!("describe table {}", table.name),
+            )
+        })?;
+    let missing: Vec<&str> = table
+        .columns
+        .iter()
+        .map(|column| column.name.as_str())
+        .filter(|name| !existing.iter().any(|existing| existing == name))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "table `{}` lacks columns {}",
+                table.name,
+                missing.join(", ")
+            ),
+        )
+        .on(Side::Target)
+        .hint("add the columns or drop the table so it is created"))
+    }
+}
+
+fn create_table_sql(table: &TableSchema) -> String {
+    let mut definitions: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| {
+            let not_null = if column.nullable { "" } else { " NOT NULL" };
+            format!(
+                "{} {}{not_null}",
+                quote(&column.name),
+                declared_type(&column.data_type)
+            )
+        })
+        .collect();
+    if !table.primary_key.is_empty() {
+        let key: Vec<String> = table
+            .primary_key
+            .iter()
+            .map(|&index| quote(&table.columns[index].name))
+            .collect();
+        definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    }
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} ({})",
+        quote(&table.name.name),
+        definitions.join(", ")
+    )
+}
+
+/// The row statement: a plain insert, or an upsert that matches the primary key only — a
+/// conflict on another unique key still fails, and becomes a dirty record.
+fn insert_sql(table: &TableSchema, write_mode: WriteMode) -> String {
+    let columns: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| quote(&column.name))
+        .collect();
+    let placeholders = vec!["?"; columns.len()].join(", ");
+    let mut sql = format!(
+        "INSERT INTO {} ({}) VALUES ({placeholders})",
+        quote(&table.name.name),
+        columns.join(", ")
+    );
+    if write_mode == WriteMode::Upsert {
+        let key: Vec<String> = table
+            .primary_key
+            .iter()
+            .map(|&index| quote(&table.columns[index].name))
+            .collect();
+        let updates: Vec<String> = (0..table.columns.len())
+            .filter(|index| !table.primary_key.contains(index))
+            .map(|index| format!("{0} = excluded.{0}", quote(&table.columns[index].name)))
+            .collect();
+        sql.push_str(&format!(" ON CONFLICT ({}) DO ", key.join(", ")));
+        sql.push_str(&if updates.is_empty() {
+            "NOTHING".to_owned()
+        } else {
+            format!("UPDATE SET {}", updates.join(", "))
+        });
+    }
+    sql
+}
+
+struct SqliteWriter {
+    state: Option<WriterState>,
+}
+
+struct WriterState {
+    connection: Connection,
+    job: String,
+    task: String,
+    table: Arc<TableSchema>,
+    insert: String,
+    in_transaction: bool,
+}
+
+impl SqliteWriter {
+    async fn blocking<T: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&mut WriterState) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let mut state = self
+            .state
+            .take()
+            .expect("a writer is not used after an error");
+        let (state, result) = tokio::task::spawn_blocking(move || {
+            let result = work(&mut state);
+            (state, result)
+        })
+        .await
+        .map_err(|error| {
+            Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target)
+        })?;
+        self.state = Some(state);
+        result
+    }
+}
+
+#[async_trait]
+impl Writer for SqliteWriter {
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        self.blocking(|state| {
+            let row = state
+                .connection
+                .query_row(
+                    &format!("SELECT position, done, rows_written FROM {CHECKPOINTS} WHERE job = ?1 AND task = ?2"),
+                    [&state.job, &state.task],
+                    |row| Ok((row.get::<_, Option<String>>(0)?, row.get::<_, bool>(1)?, row.get::<_, u64>(2)?)),
+                )
+                .optional()
+                .map_err(|error| sqlite_error(error, Side::Target, "read the checkpoint"))?;
+            let Some((position, done, rows_written)) = row else { return Ok(None) };
+            let position = position
+                .map(|text| serde_json::from_str(&text).map(Position))
+                .transpose()
+                .map_err(|error| Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", state.task)).on(Side::Target))?;
+            Ok(Some(Checkpoint { task: state.task.clone(), position, done, rows_written }))
+        })
+        .await
+    }
+
+    async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+        // The batch moves to the blocking thread; the caller keeps its own copy for the position.
+        let batch = batch.clone();
+        self.blocking(move |state| {
+            if !state.in_transaction {
+                state
+                    .connection
+                    .execute_batch("BEGIN IMMEDIATE")
+                    .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
+                state.in_transaction = true;
+            }
+            let write_error = |error| {
+                sqlite_error(
+                    error,
+                    Side::Target,
+                    &format!("write table {}", state.table.name),
+                )
+            };
+            let mut statement = state
+                .connection
+                .prepare_cached(&state.insert)
+                .map_err(write_error)?;
+            let mut rejected = Vec::new();
+            for change in &batch.changes {
+                let ChangeKind::Insert { after } = &change.kind else {
+                    return Err(Error::new(
+                        ErrorKind::Write,
+                        "the SQLite target applies inserts only (snapshot mode)",
+                    )
+                    .on(Side::Target));
+                };
+                let values = after.iter().map(super::to_sql);
+                match statement.execute(rusqlite::params_from_iter(values)) {
+                    Ok(_) => {}
+                    // A constraint refuses this row only; SQLite rolls back just the statement.
+                    Err(error)
+                        if error.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) =>
+                    {
+                        rejected.push(Rejected {
+                            table: state.table.name.to_string(),
+                            key: key_text(&state.table, after),
+                            reason: format!("target: {error}"),
+                            record: None,
+                        })
+                    }
+                    Err(error) => return Err(write_error(error)),
+                }
+            }
+            Ok(rejected)
+        })
+        .await
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let checkpoint = checkpoint.clone();
+        self.blocking(move |state| {
+                if !state.in_transaction {
+                    state.connection.execute_batch("BEGIN IMMEDIATE").map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
+                    state.in_transaction = true;
+                }
+                let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+                let saved = state
+                    .connection
+                    .execute(
+                        &format!(
+                            "INSERT INTO {CHECKPOINTS} (job, task, position, done, rows_written, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ')) \
+                             ON CONFLICT (job, task) DO UPDATE SET position = excluded.position, done = excluded.done, rows_written = excluded.rows_written, updated_at = excluded.updated_at"
+                        ),
+                        rusqlite::params![state.job, state.task, position, checkpoint.done, checkpoint.rows_written],
+                    )
+                    .and_then(|_| state.connection.execute_batch("COMMIT"));
+                state.in_transaction = false;
+                if let Err(error) = saved {
+                    // Leave no half-open transaction behind: neither the rows nor the checkpoint land.
+                    let _ = state.connection.execute_batch("ROLLBACK");
+                    return Err(sqlite_error(error, Side::Target, "commit"));
+                }
+                Ok(())
+            })
+        .await
+    }
+}
