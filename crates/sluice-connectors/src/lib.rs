@@ -70,30 +70,16 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
     for endpoint in [&job.source, &job.target] {
         let is_source = endpoint.role == "source";
-        let Some(connector) = CONNECTORS
-            .iter()
-            .find(|connector| connector.name == endpoint.connector)
-        else {
+        let Some(connector) = CONNECTORS.iter().find(|connector| connector.name == endpoint.connector) else {
             errors.push(endpoint.error(
                 "type",
-                format!(
-                    "unknown connector type `{}`; known types: {}",
-                    endpoint.connector,
-                    known_types().join(", ")
-                ),
+                format!("unknown connector type `{}`; known types: {}", endpoint.connector, known_types().join(", ")),
             ));
             continue;
         };
-        let fields = if is_source {
-            connector.source_fields
-        } else {
-            connector.target_fields
-        };
+        let fields = if is_source { connector.source_fields } else { connector.target_fields };
         let Some(fields) = fields else {
-            errors.push(endpoint.error(
-                "type",
-                format!("`{}` cannot be a {}", connector.name, endpoint.role),
-            ));
+            errors.push(endpoint.error("type", format!("`{}` cannot be a {}", connector.name, endpoint.role)));
             continue;
         };
         if !connector.built {
@@ -125,11 +111,7 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 format!(
                     "missing required field `path` (the {} {})",
                     connector.name,
-                    if connector.name == "sqlite" {
-                        "database file"
-                    } else {
-                        "directory"
-                    }
+                    if connector.name == "sqlite" { "database file" } else { "directory" }
                 ),
             ));
         }
@@ -137,25 +119,25 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
             errors.push(SpecError {
                 path: "mode".into(),
                 line: None,
-                message: format!("mode {} needs a source with a change log; a `{}` source supports snapshot only", job.mode, connector.name),
+                message: format!(
+                    "mode {} needs a source with a change log; a `{}` source supports snapshot only",
+                    job.mode, connector.name
+                ),
             });
         }
         if !is_source && endpoint.write_mode == WriteMode::Upsert && !connector.upsert {
             errors.push(endpoint.error(
                 "write_mode",
-                format!(
-                    "a `{}` target appends; it supports write_mode: insert only",
-                    connector.name
-                ),
+                format!("a `{}` target appends; it supports write_mode: insert only", connector.name),
             ));
         }
         if let Some(node) = endpoint.options.get("delimiter") {
-            let valid = matches!(&node.kind, NodeKind::Scalar { text, .. } if text.len() == 1 && text != "\"" && text != "\n");
+            let valid =
+                matches!(&node.kind, NodeKind::Scalar { text, .. } if text.len() == 1 && text != "\"" && text != "\n");
             if !valid {
-                errors.push(endpoint.error(
-                    "delimiter",
-                    "expected one ASCII character other than a quote or a line break",
-                ));
+                errors.push(
+                    endpoint.error("delimiter", "expected one ASCII character other than a quote or a line break"),
+                );
             }
         }
     }
@@ -170,14 +152,8 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(sqlite::SqliteSource::new(path(endpoint)?, filter))),
         #[cfg(feature = "file")]
-        "csv" | "jsonl" => Ok(Arc::new(file::FileSource::new(
-            path(endpoint)?,
-            file_format(endpoint),
-            filter,
-        ))),
-        other => Err(Error::config(format!(
-            "source.type: `{other}` is not available as a source in this build"
-        ))),
+        "csv" | "jsonl" => Ok(Arc::new(file::FileSource::new(path(endpoint)?, file_format(endpoint), filter))),
+        other => Err(Error::config(format!("source.type: `{other}` is not available as a source in this build"))),
     }
 }
 
@@ -186,29 +162,16 @@ pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
     let endpoint = &job.target;
     match endpoint.connector.as_str() {
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(
-            path(endpoint)?,
-            endpoint.write_mode,
-            endpoint.create_tables,
-        ))),
+        "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(path(endpoint)?, endpoint.write_mode, endpoint.create_tables))),
         #[cfg(feature = "file")]
-        "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(
-            path(endpoint)?,
-            file_format(endpoint),
-        ))),
-        other => Err(Error::config(format!(
-            "target.type: `{other}` is not available as a target in this build"
-        ))),
+        "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(path(endpoint)?, file_format(endpoint)))),
+        other => Err(Error::config(format!("target.type: `{other}` is not available as a target in this build"))),
     }
 }
 
 #[allow(dead_code)]
 fn path(endpoint: &EndpointSpec) -> Result<PathBuf> {
-    endpoint
-        .path
-        .as_ref()
-        .map(PathBuf::from)
-        .ok_or_else(|| Error::config(format!("{}.path: missing", endpoint.role)))
+    endpoint.path.as_ref().map(PathBuf::from).ok_or_else(|| Error::config(format!("{}.path: missing", endpoint.role)))
 }
 
 #[cfg(feature = "file")]
@@ -216,9 +179,7 @@ fn file_format(endpoint: &EndpointSpec) -> file::Format {
     match endpoint.connector.as_str() {
         "csv" => {
             let delimiter = match endpoint.options.get("delimiter").map(|node| &node.kind) {
-                Some(NodeKind::Scalar { text, .. }) => {
-                    text.as_bytes().first().copied().unwrap_or(b',')
-                }
+                Some(NodeKind::Scalar { text, .. }) => text.as_bytes().first().copied().unwrap_or(b','),
                 _ => b',',
             };
             file::Format::Csv { delimiter }

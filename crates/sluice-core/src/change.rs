@@ -27,10 +27,7 @@ pub enum ChangeKind {
 
 impl Change {
     pub fn insert(table: Arc<TableSchema>, after: Row) -> Change {
-        Change {
-            table,
-            kind: ChangeKind::Insert { after },
-        }
+        Change { table, kind: ChangeKind::Insert { after } }
     }
 
     /// The image that identifies the row: the new one for inserts and updates, the old one for
@@ -50,11 +47,7 @@ impl Change {
     pub fn approximate_size(&self) -> usize {
         let images = match &self.kind {
             ChangeKind::Insert { after } => after.iter().map(Value::approximate_size).sum(),
-            ChangeKind::Update { before, after } => before
-                .iter()
-                .chain(after)
-                .map(Value::approximate_size)
-                .sum(),
+            ChangeKind::Update { before, after } => before.iter().chain(after).map(Value::approximate_size).sum(),
             ChangeKind::Delete { before } => before.iter().map(Value::approximate_size).sum(),
         };
         images
@@ -64,20 +57,11 @@ impl Change {
 /// Renders a row's identity for dirty records and error messages: the primary key when the table
 /// has one, otherwise every column.
 pub fn key_text(table: &TableSchema, row: &Row) -> String {
-    let indexes: Vec<usize> = if table.primary_key.is_empty() {
-        (0..table.columns.len()).collect()
-    } else {
-        table.primary_key.clone()
-    };
+    let indexes: Vec<usize> =
+        if table.primary_key.is_empty() { (0..table.columns.len()).collect() } else { table.primary_key.clone() };
     indexes
         .iter()
-        .filter_map(|&index| {
-            Some(format!(
-                "{}={}",
-                table.columns.get(index)?.name,
-                row.get(index)?
-            ))
-        })
+        .filter_map(|&index| Some(format!("{}={}", table.columns.get(index)?.name, row.get(index)?)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -115,15 +99,7 @@ pub struct Batch {
 
 impl Batch {
     pub fn new(changes: Vec<Change>, position: Position) -> Batch {
-        let bytes = changes
-            .iter()
-            .map(|change| change.approximate_size() as u64)
-            .sum();
-        Batch {
-            changes,
-            position,
-            rejected: Vec::new(),
-            bytes,
-        }
+        let bytes = changes.iter().map(|change| change.approximate_size() as u64).sum();
+        Batch { changes, position, rejected: Vec::new(), bytes }
     }
 }

@@ -67,12 +67,7 @@ pub trait Source: Send + Sync {
 
     /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
     /// the task that owns the split, possibly again after a retry.
-    async fn open(
-        &self,
-        split: &Split,
-        resume_after: Option<&Position>,
-        batch_rows: usize,
-    ) -> Result<Box<dyn Reader>>;
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
 }
 
 /// Reads one split in order.
@@ -104,8 +99,7 @@ pub trait Sink: Send + Sync {
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;
 
     /// Opens the writer of one task. `table` carries the target name.
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>)
-        -> Result<Box<dyn Writer>>;
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>>;
 }
 
 /// Writes one task's batches.

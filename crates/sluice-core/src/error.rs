@@ -65,12 +65,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error {
-            kind,
-            side: None,
-            message: secret::scrub(&message.into()),
-            hint: None,
-        }
+        Error { kind, side: None, message: secret::scrub(&message.into()), hint: None }
     }
 
     pub fn config(message: impl Into<String>) -> Error {

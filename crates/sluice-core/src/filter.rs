@@ -24,16 +24,8 @@ impl TableFilter {
     }
 
     pub fn matches(&self, table: &TableName) -> bool {
-        let included = self.includes.is_empty()
-            || self
-                .includes
-                .iter()
-                .any(|pattern| pattern_matches(pattern, table));
-        included
-            && !self
-                .excludes
-                .iter()
-                .any(|pattern| pattern_matches(pattern, table))
+        let included = self.includes.is_empty() || self.includes.iter().any(|pattern| pattern_matches(pattern, table));
+        included && !self.excludes.iter().any(|pattern| pattern_matches(pattern, table))
     }
 
     /// Keeps the selected tables, sorted, and fails if an include without glob characters names
@@ -41,11 +33,7 @@ impl TableFilter {
     pub fn select(&self, available: Vec<TableName>) -> Result<Vec<TableName>> {
         for (index, pattern) in self.includes.iter().enumerate() {
             let literal = !pattern.contains(['*', '?']);
-            if literal
-                && !available
-                    .iter()
-                    .any(|table| pattern_matches(pattern, table))
-            {
+            if literal && !available.iter().any(|table| pattern_matches(pattern, table)) {
                 let mut known: Vec<String> = available.iter().map(ToString::to_string).collect();
                 known.sort();
                 known.truncate(20);
@@ -56,18 +44,11 @@ impl TableFilter {
                 .on(Side::Source)
                 .hint(format!(
                     "tables found: {}",
-                    if known.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        known.join(", ")
-                    }
+                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
                 )));
             }
         }
-        let mut selected: Vec<TableName> = available
-            .into_iter()
-            .filter(|table| self.matches(table))
-            .collect();
+        let mut selected: Vec<TableName> = available.into_iter().filter(|table| self.matches(table)).collect();
         selected.sort();
         Ok(selected)
     }
@@ -116,47 +97,26 @@ mod tests {
 
     fn names(filter: &TableFilter, tables: &[&str]) -> Vec<String> {
         let available = tables.iter().map(|table| TableName::parse(table)).collect();
-        filter
-            .select(available)
-            .unwrap()
-            .iter()
-            .map(ToString::to_string)
-            .collect()
+        filter.select(available).unwrap().iter().map(ToString::to_string).collect()
     }
 
     #[test]
     fn includes_and_excludes_select_tables() {
         let filter = TableFilter::new(&["shop.*".into(), "!shop.tmp_*".into()]);
         assert_eq!(
-            names(
-                &filter,
-                &["shop.orders", "shop.tmp_x", "crm.users", "shop.items"]
-            ),
+            names(&filter, &["shop.orders", "shop.tmp_x", "crm.users", "shop.items"]),
             vec!["shop.items", "shop.orders"]
         );
         let filter = TableFilter::new(&["or?ers".into()]);
-        assert_eq!(
-            names(&filter, &["orders", "shop.orders", "order"]),
-            vec!["orders", "shop.orders"]
-        );
+        assert_eq!(names(&filter, &["orders", "shop.orders", "order"]), vec!["orders", "shop.orders"]);
         assert_eq!(names(&TableFilter::default(), &["b", "a"]), vec!["a", "b"]);
     }
 
     #[test]
     fn a_missing_literal_table_is_an_error_naming_it() {
         let filter = TableFilter::new(&["orders".into(), "custmers".into()]);
-        let error = filter
-            .select(vec![
-                TableName::parse("orders"),
-                TableName::parse("customers"),
-            ])
-            .unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .contains("`custmers` named in source.tables[1] does not exist"),
-            "{error}"
-        );
+        let error = filter.select(vec![TableName::parse("orders"), TableName::parse("customers")]).unwrap_err();
+        assert!(error.to_string().contains("`custmers` named in source.tables[1] does not exist"), "{error}");
         assert!(error.to_string().contains("customers, orders"), "{error}");
     }
 }

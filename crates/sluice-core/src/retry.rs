@@ -26,10 +26,7 @@ pub fn is_transient(error: &Error) -> bool {
 /// the initial backoff, capped.
 pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     let exponent = attempt.saturating_sub(2).min(20);
-    let millis = policy
-        .initial_backoff_ms
-        .saturating_mul(1 << exponent)
-        .min(policy.max_backoff_ms);
+    let millis = policy.initial_backoff_ms.saturating_mul(1 << exponent).min(policy.max_backoff_ms);
     Duration::from_millis(millis)
 }
 
@@ -39,23 +36,14 @@ mod tests {
 
     #[test]
     fn backoff_grows_and_is_capped() {
-        let policy = RetryPolicy {
-            max_attempts: 10,
-            initial_backoff_ms: 100,
-            max_backoff_ms: 1_000,
-        };
-        let waits: Vec<u128> = (2..7)
-            .map(|attempt| backoff(&policy, attempt).as_millis())
-            .collect();
+        let policy = RetryPolicy { max_attempts: 10, initial_backoff_ms: 100, max_backoff_ms: 1_000 };
+        let waits: Vec<u128> = (2..7).map(|attempt| backoff(&policy, attempt).as_millis()).collect();
         assert_eq!(waits, vec![100, 200, 400, 800, 1_000]);
     }
 
     #[test]
     fn only_connection_failures_are_retried() {
-        assert!(is_transient(&Error::new(
-            ErrorKind::Unavailable,
-            "connection reset"
-        )));
+        assert!(is_transient(&Error::new(ErrorKind::Unavailable, "connection reset")));
         assert!(!is_transient(&Error::new(ErrorKind::Auth, "access denied")));
         assert!(!is_transient(&Error::config("bad field")));
     }

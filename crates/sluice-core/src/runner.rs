@@ -17,8 +17,8 @@ use crate::state::{Plan, PlannedTable, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
 use crate::throttle::Throttle;
 
-/// Rows per split the planner asks sources for.
-const ROWS_PER_SPLIT: u64 = 100_000;
+/// Splits waiting for a worker, each with the counters of its table.
+type TaskQueue = VecDeque<(Split, Arc<TableStats>)>;
 
 /// Runs one job to completion, failure or stop.
 pub struct Runner {
@@ -38,10 +38,7 @@ pub struct Runner {
 
 impl std::fmt::Debug for Runner {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter
-            .debug_struct("Runner")
-            .field("job", &self.job.name)
-            .finish_non_exhaustive()
+        formatter.debug_struct("Runner").field("job", &self.job.name).finish_non_exhaustive()
     }
 }
 
@@ -78,11 +75,8 @@ impl Runner {
         let result = self.run_tasks().await;
         let mut summary = RunSummary::new(&self.job.name, &self.job.mode.to_string(), &self.stats);
         summary.splits_resumed_done = self.resumed_done.load(std::sync::atomic::Ordering::Relaxed);
-        summary.dirty_records_total = self
-            .state
-            .dirty_records(&self.job.name)
-            .map(|records| records.len() as u64)
-            .unwrap_or(0);
+        summary.dirty_records_total =
+            self.state.dirty_records(&self.job.name).map(|records| records.len() as u64).unwrap_or(0);
         let error = result.err();
         summary.status = match &error {
             None => "succeeded",
@@ -104,36 +98,21 @@ impl Runner {
             .iter()
             .filter_map(|table| {
                 let first = table.splits.first()?;
-                Some(TableSchema {
-                    name: table.target.clone(),
-                    ..(*first.table).clone()
-                })
+                Some(TableSchema { name: table.target.clone(), ..(*first.table).clone() })
             })
             .collect();
         self.sink.prepare(&targets).await?;
 
-        let queue: Arc<Mutex<VecDeque<(Split, Arc<TableStats>)>>> =
-            Arc::new(Mutex::new(VecDeque::new()));
+        let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(VecDeque::new()));
         for table in &plan.tables {
             for split in &table.splits {
                 let stats = self.stats.table(&split.table.name, &table.target);
                 TableStats::add(&stats.splits_total, 1);
-                queue
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .push_back((split.clone(), stats));
+                queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push_back((split.clone(), stats));
             }
         }
-        let workers = self
-            .job
-            .parallelism
-            .min(
-                queue
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .len(),
-            )
-            .max(1);
+        let workers =
+            self.job.parallelism.min(queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()).max(1);
         let mut handles = Vec::with_capacity(workers);
         for _ in 0..workers {
             let runner = self.clone();
@@ -143,10 +122,7 @@ impl Runner {
                     if runner.should_stop() {
                         return Ok(());
                     }
-                    let next = queue
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .pop_front();
+                    let next = queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop_front();
                     let Some((split, stats)) = next else {
                         return Ok(());
                     };
@@ -161,20 +137,14 @@ impl Runner {
         }
         let mut first_error: Option<Error> = None;
         for handle in handles {
-            let outcome = handle.await.unwrap_or_else(|panic| {
-                Err(Error::new(
-                    ErrorKind::Write,
-                    format!("a task panicked: {panic}"),
-                ))
-            });
+            let outcome = handle
+                .await
+                .unwrap_or_else(|panic| Err(Error::new(ErrorKind::Write, format!("a task panicked: {panic}"))));
             if let Err(error) = outcome {
                 // A real failure outranks the interruptions it caused in the other tasks.
                 let replace = match &first_error {
                     None => true,
-                    Some(current) => {
-                        current.kind() == ErrorKind::Interrupted
-                            && error.kind() != ErrorKind::Interrupted
-                    }
+                    Some(current) => current.kind() == ErrorKind::Interrupted && error.kind() != ErrorKind::Interrupted,
                 };
                 if replace {
                     first_error = Some(error);
@@ -182,10 +152,7 @@ impl Runner {
             }
         }
         if first_error.is_none() && *self.stop.borrow() {
-            let pending = queue
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .len();
+            let pending = queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len();
             if pending > 0 {
                 first_error = Some(interrupted());
             }
@@ -195,15 +162,11 @@ impl Runner {
 
     /// Loads the stored plan, keeps its splits for tables still selected, and splits the new ones.
     async fn plan(&self) -> Result<Plan> {
-        let tables = self
-            .with_retry("discover the source tables", || self.source.discover())
-            .await?;
+        let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
         if tables.is_empty() {
-            return Err(
-                Error::new(ErrorKind::Schema, "no table matches `source.tables`")
-                    .on(Side::Source)
-                    .hint("check the include and exclude globs and that the tables exist"),
-            );
+            return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
+                .on(Side::Source)
+                .hint("check the include and exclude globs and that the tables exist"));
         }
         let stored: BTreeMap<_, _> = self
             .state
@@ -217,20 +180,12 @@ impl Runner {
         for table in tables {
             let target = self.sink.target_name(&table.name);
             let planned = match stored.get(&table.name) {
-                Some(stored) => PlannedTable {
-                    target,
-                    splits: stored.splits.clone(),
-                },
+                Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
                 None => {
                     let table = Arc::new(table);
                     let splits = self
                         .with_retry("split the source table", || {
-                            self.source.split(
-                                &table,
-                                SplitHint {
-                                    rows_per_split: ROWS_PER_SPLIT,
-                                },
-                            )
+                            self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
                         })
                         .await?;
                     PlannedTable { target, splits }
@@ -257,17 +212,11 @@ impl Runner {
             match step().await {
                 Ok(value) => return Ok(value),
                 Err(error)
-                    if retry::is_transient(&error)
-                        && attempt < self.job.retry.max_attempts
-                        && !self.should_stop() =>
+                    if retry::is_transient(&error) && attempt < self.job.retry.max_attempts && !self.should_stop() =>
                 {
                     attempt += 1;
                     let wait = retry::backoff(&self.job.retry, attempt);
-                    log::warn!(
-                        "{what}: {error}; attempt {attempt} of {} in {:?}",
-                        self.job.retry.max_attempts,
-                        wait
-                    );
+                    log::warn!("{what}: {error}; attempt {attempt} of {} in {:?}", self.job.retry.max_attempts, wait);
                     let mut stop = self.stop.clone();
                     let mut abort = self.abort.subscribe();
                     tokio::select! {
@@ -282,11 +231,7 @@ impl Runner {
     }
 
     async fn run_task(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
-        self.with_retry(&format!("task {}", split.id), || {
-            self.copy_split(split, stats)
-        })
-        .await
-        .map_err(|error| {
+        self.with_retry(&format!("task {}", split.id), || self.copy_split(split, stats)).await.map_err(|error| {
             if error.kind() == ErrorKind::Interrupted {
                 error
             } else {
@@ -297,46 +242,22 @@ impl Runner {
 
     /// Copies one split from its checkpoint to its end.
     async fn copy_split(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
-        let target_table = Arc::new(TableSchema {
-            name: stats.target.clone(),
-            ..(*split.table).clone()
-        });
-        let mut writer = self
-            .sink
-            .open(&self.job.name, &split.id, target_table)
-            .await?;
+        let target_table = Arc::new(TableSchema { name: stats.target.clone(), ..(*split.table).clone() });
+        let mut writer = self.sink.open(&self.job.name, &split.id, target_table).await?;
         let recovered = writer.recover().await?;
-        let mut rows_written = recovered
-            .as_ref()
-            .map_or(0, |checkpoint| checkpoint.rows_written);
-        let mut position = recovered
-            .as_ref()
-            .and_then(|checkpoint| checkpoint.position.clone());
+        let mut rows_written = recovered.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
+        let mut position = recovered.as_ref().and_then(|checkpoint| checkpoint.position.clone());
         if recovered.as_ref().is_some_and(|checkpoint| checkpoint.done) {
             TableStats::add(&stats.splits_done, 1);
-            self.resumed_done
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.resumed_done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(());
         }
-        TableStats::add(
-            &stats.rows_expected,
-            split.estimated_rows.saturating_sub(rows_written),
-        );
-        let reader = self
-            .source
-            .open(split, position.as_ref(), self.job.limits.batch_rows)
-            .await?;
+        TableStats::add(&stats.rows_expected, split.estimated_rows.saturating_sub(rows_written));
+        let reader = self.source.open(split, position.as_ref(), self.job.limits.batch_rows).await?;
 
-        let (batches, mut received) =
-            mpsc::channel::<Result<Option<Batch>>>(self.job.limits.queue_batches);
+        let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(self.job.limits.queue_batches);
         let (acks, ack_queue) = mpsc::unbounded_channel::<Position>();
-        let producer = tokio::spawn(produce(
-            reader,
-            batches,
-            ack_queue,
-            self.stop.clone(),
-            self.abort.subscribe(),
-        ));
+        let producer = tokio::spawn(produce(reader, batches, ack_queue, self.stop.clone(), self.abort.subscribe()));
 
         let outcome = async {
             loop {
@@ -345,8 +266,7 @@ impl Runner {
                     return Err(interrupted());
                 };
                 let Some(batch) = item? else { break };
-                self.write_batch(split, stats, &mut *writer, &batch, &mut rows_written)
-                    .await?;
+                self.write_batch(split, stats, &mut *writer, &batch, &mut rows_written).await?;
                 position = Some(batch.position.clone());
                 // A closed ack channel means the producer is gone; the next receive says why.
                 let _ = acks.send(batch.position);
@@ -354,12 +274,7 @@ impl Runner {
                     return Err(interrupted());
                 }
             }
-            let done = Checkpoint {
-                task: split.id.clone(),
-                position: position.clone(),
-                done: true,
-                rows_written,
-            };
+            let done = Checkpoint { task: split.id.clone(), position: position.clone(), done: true, rows_written };
             writer.commit(&done).await?;
             self.state.save_checkpoint(&self.job.name, &done)?;
             TableStats::add(&stats.splits_done, 1);
@@ -386,26 +301,14 @@ impl Runner {
         self.throttle.admit(rows, batch.bytes).await;
         let target_rejects = writer.write(batch).await?;
         let written = rows - target_rejects.len() as u64;
-        let rejects: Vec<_> = batch
-            .rejected
-            .iter()
-            .cloned()
-            .chain(target_rejects)
-            .collect();
+        let rejects: Vec<_> = batch.rejected.iter().cloned().chain(target_rejects).collect();
         if !rejects.is_empty() {
             // Dirty records are stored before the commit that moves past them, so a crash cannot
             // lose them; storing is idempotent, so a replay cannot count them twice.
-            let total = self
-                .state
-                .record_dirty(&self.job.name, &split.id, &rejects)?;
+            let total = self.state.record_dirty(&self.job.name, &split.id, &rejects)?;
             TableStats::add(&stats.rows_skipped, rejects.len() as u64);
             for reject in &rejects {
-                log::warn!(
-                    "dirty record in {} ({}): {}",
-                    reject.table,
-                    reject.key,
-                    reject.reason
-                );
+                log::warn!("dirty record in {} ({}): {}", reject.table, reject.key, reject.reason);
             }
             if total > self.job.errors.max_dirty_records {
                 let last = rejects.last().expect("rejects is not empty");
@@ -416,7 +319,9 @@ impl Runner {
                         self.job.errors.max_dirty_records, last.table, last.key, last.reason
                     ),
                 )
-                .hint("fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory"));
+                .hint(
+                    "fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory",
+                ));
             }
         }
         *rows_written += written;
@@ -434,10 +339,7 @@ impl Runner {
 }
 
 fn interrupted() -> Error {
-    Error::new(
-        ErrorKind::Interrupted,
-        "stopped before completion; run the job again to resume",
-    )
+    Error::new(ErrorKind::Interrupted, "stopped before completion; run the job again to resume")
 }
 
 /// Pulls batches from a reader into the channel until the split ends, the writer goes away, or a

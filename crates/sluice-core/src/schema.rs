@@ -14,10 +14,7 @@ pub struct TableName {
 
 impl TableName {
     pub fn new(namespace: Option<&str>, name: &str) -> TableName {
-        TableName {
-            namespace: namespace.map(str::to_owned),
-            name: name.to_owned(),
-        }
+        TableName { namespace: namespace.map(str::to_owned), name: name.to_owned() }
     }
 
     /// Parses `namespace.table` or `table`; the first dot separates.
@@ -115,9 +112,6 @@ impl TableSchema {
     }
 
     pub fn primary_key_names(&self) -> Vec<&str> {
-        self.primary_key
-            .iter()
-            .map(|&index| self.columns[index].name.as_str())
-            .collect()
+        self.primary_key.iter().map(|&index| self.columns[index].name.as_str()).collect()
     }
 }

@@ -47,9 +47,7 @@ pub fn register(secret: &str) {
     if secret.len() < 3 {
         return;
     }
-    let mut secrets = registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut secrets = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if !secrets.iter().any(|known| known == secret) {
         secrets.push(secret.to_owned());
         // Longest first, so a secret containing another is removed whole.
@@ -60,9 +58,7 @@ pub fn register(secret: &str) {
 /// Replaces every registered secret, and any password inside a URL, with `***`.
 pub fn scrub(text: &str) -> String {
     let mut text = redact_url_passwords(text);
-    let secrets = registry()
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let secrets = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for secret in secrets.iter() {
         if text.contains(secret.as_str()) {
             text = text.replace(secret.as_str(), REDACTED);
@@ -78,9 +74,7 @@ pub fn redact_url_passwords(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         let (before, after) = rest.split_at(at + 3);
         output.push_str(before);
-        let authority_end = after
-            .find(['/', ' ', '"', '\'', '\n', '?', '#'])
-            .unwrap_or(after.len());
+        let authority_end = after.find(['/', ' ', '"', '\'', '\n', '?', '#']).unwrap_or(after.len());
         let authority = &after[..authority_end];
         match (authority.rfind('@'), authority.find(':')) {
             (Some(at_sign), Some(colon)) if colon < at_sign => {
@@ -104,18 +98,13 @@ mod tests {
     fn secrets_never_print() {
         let secret = Secret::new("CANARY-unit-4b1d");
         assert_eq!(format!("{secret} {secret:?}"), "*** ***");
-        assert_eq!(
-            scrub("login with CANARY-unit-4b1d failed"),
-            "login with *** failed"
-        );
+        assert_eq!(scrub("login with CANARY-unit-4b1d failed"), "login with *** failed");
     }
 
     #[test]
     fn url_passwords_are_redacted_wherever_they_appear() {
         assert_eq!(
-            redact_url_passwords(
-                "cannot reach mysql://repl:p@ss:w0rd@db:3306/x and postgres://u@h/db"
-            ),
+            redact_url_passwords("cannot reach mysql://repl:p@ss:w0rd@db:3306/x and postgres://u@h/db"),
             "cannot reach mysql://repl:***@db:3306/x and postgres://u@h/db"
         );
         assert_eq!(redact_url_passwords("no url here"), "no url here");

@@ -68,9 +68,7 @@ struct MemoryState {
 
 impl MemoryStateStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryState> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The number of runs recorded.
@@ -91,10 +89,8 @@ impl StateStore for MemoryStateStore {
 
     fn save_checkpoint(&self, job: &str, checkpoint: &Checkpoint) -> Result<()> {
         let mut state = self.lock();
-        let entry = state
-            .checkpoints
-            .entry((job.to_owned(), checkpoint.task.clone()))
-            .or_insert_with(|| checkpoint.clone());
+        let entry =
+            state.checkpoints.entry((job.to_owned(), checkpoint.task.clone())).or_insert_with(|| checkpoint.clone());
         if checkpoint.rows_written >= entry.rows_written {
             *entry = checkpoint.clone();
         }

@@ -69,20 +69,14 @@ pub struct JobStats {
 
 impl Default for JobStats {
     fn default() -> Self {
-        JobStats {
-            started: Instant::now(),
-            tables: Mutex::new(BTreeMap::new()),
-        }
+        JobStats { started: Instant::now(), tables: Mutex::new(BTreeMap::new()) }
     }
 }
 
 impl JobStats {
     /// The counters of a table, created on first use.
     pub fn table(&self, source: &TableName, target: &TableName) -> Arc<TableStats> {
-        let mut tables = self
-            .tables
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut tables = self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         tables
             .entry(source.clone())
             .or_insert_with(|| Arc::new(TableStats::new(source.clone(), target.clone())))
@@ -95,10 +89,7 @@ impl JobStats {
 
     /// A consistent-enough copy of every counter, for display and summaries.
     pub fn snapshot(&self) -> Vec<TableSummary> {
-        let tables = self
-            .tables
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let tables = self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         tables.values().map(|table| table.snapshot()).collect()
     }
 }
@@ -154,11 +145,7 @@ impl RunSummary {
             rows_written,
             rows_skipped: sum(|table| table.rows_skipped),
             bytes_read: sum(|table| table.bytes_read),
-            rows_per_sec: if elapsed > 0.0 {
-                (rows_written as f64 / elapsed).round()
-            } else {
-                0.0
-            },
+            rows_per_sec: if elapsed > 0.0 { (rows_written as f64 / elapsed).round() } else { 0.0 },
             dirty_records_total: 0,
             splits_resumed_done: 0,
             tables,

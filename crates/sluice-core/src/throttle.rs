@@ -20,11 +20,7 @@ impl Throttle {
     /// A throttle; 0 means unlimited for that measure.
     pub fn new(rows_per_sec: u64, bytes_per_sec: u64) -> Throttle {
         let now = Instant::now();
-        Throttle {
-            rows_per_sec,
-            bytes_per_sec,
-            paid_until: Mutex::new((now, now)),
-        }
+        Throttle { rows_per_sec, bytes_per_sec, paid_until: Mutex::new((now, now)) }
     }
 
     /// Waits until `rows` and `bytes` may pass.
@@ -33,17 +29,12 @@ impl Throttle {
             return;
         }
         let start = {
-            let mut paid_until = self
-                .paid_until
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut paid_until = self.paid_until.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let now = Instant::now();
             let mut start = now;
             let (rows_paid, bytes_paid) = &mut *paid_until;
-            for (paid, amount, rate) in [
-                (rows_paid, rows, self.rows_per_sec),
-                (bytes_paid, bytes, self.bytes_per_sec),
-            ] {
+            for (paid, amount, rate) in [(rows_paid, rows, self.rows_per_sec), (bytes_paid, bytes, self.bytes_per_sec)]
+            {
                 if rate > 0 {
                     let slot = (*paid).max(now);
                     *paid = slot + Duration::from_secs_f64(amount as f64 / rate as f64);

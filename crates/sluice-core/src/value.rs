@@ -125,15 +125,9 @@ pub fn parse_text(text: &str, data_type: &DataType) -> Result<Value, String> {
             Some(value) => Value::Decimal(value),
             None => return invalid("a decimal number"),
         },
-        DataType::Bits { width } => match text
-            .strip_prefix("b'")
-            .and_then(|bits| bits.strip_suffix('\''))
-        {
+        DataType::Bits { width } => match text.strip_prefix("b'").and_then(|bits| bits.strip_suffix('\'')) {
             Some(bits) => match u64::from_str_radix(bits, 2) {
-                Ok(value) => Value::Bits {
-                    width: *width,
-                    value,
-                },
+                Ok(value) => Value::Bits { width: *width, value },
                 Err(_) => return invalid("a bit string b'0101'"),
             },
             None => return invalid("a bit string b'0101'"),
@@ -150,19 +144,13 @@ pub fn parse_text(text: &str, data_type: &DataType) -> Result<Value, String> {
             Some(value) => Value::DateTime(value),
             None => return invalid("a date-time YYYY-MM-DD HH:MM:SS[.ffffff]"),
         },
-        DataType::Timestamp { .. } => {
-            match DateTime::parse(text.strip_suffix("+00:00").unwrap_or(text)) {
-                Some(value) => Value::Timestamp(value),
-                None => return invalid("a UTC timestamp YYYY-MM-DD HH:MM:SS[.ffffff]Z"),
-            }
-        }
+        DataType::Timestamp { .. } => match DateTime::parse(text.strip_suffix("+00:00").unwrap_or(text)) {
+            Some(value) => Value::Timestamp(value),
+            None => return invalid("a UTC timestamp YYYY-MM-DD HH:MM:SS[.ffffff]Z"),
+        },
         DataType::Json => Value::Json(text.to_owned()),
-        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => {
-            Value::Text(text.to_owned())
-        }
-        DataType::Bytes { .. } | DataType::Geometry => {
-            return Err("bytes have no plain text form".to_owned())
-        }
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => Value::Text(text.to_owned()),
+        DataType::Bytes { .. } | DataType::Geometry => return Err("bytes have no plain text form".to_owned()),
     })
 }
 
@@ -227,11 +215,23 @@ impl Decimal {
         &self.0
     }
 
+    /// The same number with at least `scale` digits after the point (`1.5` → `1.50`).
+    pub fn with_minimum_scale(self, scale: usize) -> Decimal {
+        let current = self.scale();
+        if current >= scale {
+            return self;
+        }
+        let mut text = self.0;
+        if current == 0 {
+            text.push('.');
+        }
+        text.push_str(&"0".repeat(scale - current));
+        Decimal(text)
+    }
+
     /// Number of digits after the point.
     pub fn scale(&self) -> usize {
-        self.0
-            .split_once('.')
-            .map_or(0, |(_, fraction)| fraction.len())
+        self.0.split_once('.').map_or(0, |(_, fraction)| fraction.len())
     }
 }
 
@@ -272,11 +272,7 @@ impl Date {
 
 impl fmt::Display for Date {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            formatter,
-            "{:04}-{:02}-{:02}",
-            self.year, self.month, self.day
-        )
+        write!(formatter, "{:04}-{:02}-{:02}", self.year, self.month, self.day)
     }
 }
 
@@ -301,13 +297,7 @@ impl Time {
         let hours = parse_digits(parts.next()?)?;
         let minutes = parse_digits(parts.next()?)? as u8;
         let (seconds, microseconds) = parse_seconds(parts.next()?)?;
-        (minutes < 60 && seconds < 60).then_some(Time {
-            negative,
-            hours,
-            minutes,
-            seconds,
-            microseconds,
-        })
+        (minutes < 60 && seconds < 60).then_some(Time { negative, hours, minutes, seconds, microseconds })
     }
 }
 
@@ -316,11 +306,7 @@ impl fmt::Display for Time {
         if self.negative {
             formatter.write_str("-")?;
         }
-        write!(
-            formatter,
-            "{:02}:{:02}:{:02}",
-            self.hours, self.minutes, self.seconds
-        )?;
+        write!(formatter, "{:02}:{:02}:{:02}", self.hours, self.minutes, self.seconds)?;
         write_microseconds(formatter, self.microseconds)
     }
 }
@@ -340,13 +326,7 @@ impl DateTime {
     pub fn parse(text: &str) -> Option<DateTime> {
         let text = text.strip_suffix('Z').unwrap_or(text);
         if text.len() == 10 {
-            return Some(DateTime {
-                date: Date::parse(text)?,
-                hour: 0,
-                minute: 0,
-                second: 0,
-                microsecond: 0,
-            });
+            return Some(DateTime { date: Date::parse(text)?, hour: 0, minute: 0, second: 0, microsecond: 0 });
         }
         if text.len() < 19 || !matches!(text.as_bytes()[10], b' ' | b'T') {
             return None;
@@ -357,33 +337,23 @@ impl DateTime {
         let hour = parse_digits(parts.next()?)? as u8;
         let minute = parse_digits(parts.next()?)? as u8;
         let (second, microsecond) = parse_seconds(parts.next()?)?;
-        (hour < 24 && minute < 60 && second < 60).then_some(DateTime {
-            date,
-            hour,
-            minute,
-            second,
-            microsecond,
-        })
+        (hour < 24 && minute < 60 && second < 60).then_some(DateTime { date, hour, minute, second, microsecond })
     }
 }
 
 impl fmt::Display for DateTime {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            formatter,
-            "{} {:02}:{:02}:{:02}",
-            self.date, self.hour, self.minute, self.second
-        )?;
+        write!(formatter, "{} {:02}:{:02}:{:02}", self.date, self.hour, self.minute, self.second)?;
         write_microseconds(formatter, self.microsecond)
     }
 }
 
+/// Writes `.ffffff` (all six digits, as MySQL prints DATETIME(6)) when there is a fraction.
 fn write_microseconds(formatter: &mut fmt::Formatter<'_>, microseconds: u32) -> fmt::Result {
     if microseconds == 0 {
         return Ok(());
     }
-    let digits = format!("{microseconds:06}");
-    write!(formatter, ".{}", digits.trim_end_matches('0'))
+    write!(formatter, ".{microseconds:06}")
 }
 
 fn parse_digits(text: &str) -> Option<u32> {
@@ -399,11 +369,8 @@ fn parse_seconds(text: &str) -> Option<(u8, u32)> {
     if seconds.len() != 2 || fraction.len() > 6 {
         return None;
     }
-    let microseconds = if fraction.is_empty() {
-        0
-    } else {
-        parse_digits(fraction)? * 10u32.pow(6 - fraction.len() as u32)
-    };
+    let microseconds =
+        if fraction.is_empty() { 0 } else { parse_digits(fraction)? * 10u32.pow(6 - fraction.len() as u32) };
     Some((parse_digits(seconds)? as u8, microseconds))
 }
 
@@ -421,6 +388,9 @@ mod tests {
         assert_eq!(Decimal::parse("1.5E+3").unwrap().as_str(), "1500");
         assert_eq!(Decimal::parse("-25e-3").unwrap().as_str(), "-0.025");
         assert_eq!(Decimal::parse(".5").unwrap().as_str(), "0.5");
+        assert_eq!(Decimal::parse("1.5").unwrap().with_minimum_scale(2).as_str(), "1.50");
+        assert_eq!(Decimal::parse("7").unwrap().with_minimum_scale(1).as_str(), "7.0");
+        assert_eq!(Decimal::parse("1.234").unwrap().with_minimum_scale(2).as_str(), "1.234");
         for bad in ["", "-", "1.2.3", "abc", "1e", "NaN", "1,5"] {
             assert_eq!(Decimal::parse(bad), None, "{bad:?} must be refused");
         }
@@ -432,22 +402,13 @@ mod tests {
             assert_eq!(Date::parse(text).unwrap().to_string(), text);
         }
         assert!(Date::parse("0000-00-00").unwrap().is_zero_or_partial());
-        for text in ["-838:59:59", "838:59:59.000001", "00:00:00", "-00:00:01.5"] {
+        for text in ["-838:59:59", "838:59:59.000001", "00:00:00", "-00:00:01.500000"] {
             assert_eq!(Time::parse(text).unwrap().to_string(), text);
         }
-        for text in [
-            "1000-01-01 00:00:00",
-            "2038-01-19 03:14:07.999999",
-            "0000-00-00 00:00:00",
-        ] {
+        for text in ["1000-01-01 00:00:00", "2038-01-19 03:14:07.999999", "0000-00-00 00:00:00"] {
             assert_eq!(DateTime::parse(text).unwrap().to_string(), text);
         }
-        assert_eq!(
-            DateTime::parse("2024-02-29T12:00:00.25")
-                .unwrap()
-                .to_string(),
-            "2024-02-29 12:00:00.25"
-        );
+        assert_eq!(DateTime::parse("2024-02-29T12:00:00.25").unwrap().to_string(), "2024-02-29 12:00:00.250000");
         assert_eq!(DateTime::parse("2024-02-29 24:00:00"), None);
         assert_eq!(Time::parse("12:60:00"), None);
     }

@@ -1,1 +1,249 @@
-fn main() {}
+//! The `sluice` binary: the command line, and the wiring of a standalone run.
+
+mod job_file;
+mod logger;
+mod progress;
+mod state_store;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use sluice_core::runner::Runner;
+use sluice_core::spec::JobSpec;
+use sluice_core::stats::RunSummary;
+use sluice_core::{Error, ErrorKind};
+use tokio::sync::watch;
+
+use crate::state_store::SqliteStateStore;
+
+/// Sluice moves data between databases and files: snapshot, cdc, or both.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one job standalone; running it again resumes where it stopped.
+    Run {
+        /// The job file (YAML, or JSON when it ends in .json).
+        job: PathBuf,
+        /// Where checkpoints, the plan, dirty records and run history are kept.
+        #[arg(long, default_value = ".sluice")]
+        state_dir: PathBuf,
+        /// Also write the run summary as JSON to this file.
+        #[arg(long)]
+        summary_json: Option<PathBuf>,
+    },
+    /// Preflight: validate the job file, reach the source and the target, check their settings.
+    Check {
+        /// The job file.
+        job: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    logger::install();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
+            Command::Check { job } => check(job).await,
+        }
+    });
+    ExitCode::from(code)
+}
+
+/// Loads and validates a job, printing every error; `None` means exit 2.
+fn load(path: &std::path::Path) -> Option<JobSpec> {
+    match job_file::load(path) {
+        Ok(job) => Some(job),
+        Err(errors) => {
+            eprintln!("error: invalid job {}:", path.display());
+            for error in errors {
+                eprintln!("  {error}");
+            }
+            None
+        }
+    }
+}
+
+fn fail(error: &Error) -> u8 {
+    eprintln!("error: {error}");
+    error.exit_code() as u8
+}
+
+async fn check(path: PathBuf) -> u8 {
+    let Some(job) = load(&path) else { return 2 };
+    println!(
+        "ok    job file: {} is valid ({} → {}, {})",
+        path.display(),
+        job.source.connector,
+        job.target.connector,
+        job.mode
+    );
+    let mut failed = false;
+    match sluice_connectors::source(&job) {
+        Ok(source) => match source.check().await {
+            Ok(items) => items
+                .iter()
+                .for_each(|item| println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail)),
+            Err(error) => {
+                println!("FAIL  {error}");
+                failed = true;
+            }
+        },
+        Err(error) => return fail(&error),
+    }
+    match sluice_connectors::sink(&job) {
+        Ok(sink) => match sink.check().await {
+            Ok(items) => items
+                .iter()
+                .for_each(|item| println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail)),
+            Err(error) => {
+                println!("FAIL  {error}");
+                failed = true;
+            }
+        },
+        Err(error) => return fail(&error),
+    }
+    u8::from(failed)
+}
+
+async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -> u8 {
+    let Some(job) = load(&path) else { return 2 };
+    let job = Arc::new(job);
+    let prepared = async {
+        let source = sluice_connectors::source(&job)?;
+        let sink = sluice_connectors::sink(&job)?;
+        source.check().await?;
+        sink.check().await?;
+        let state = Arc::new(SqliteStateStore::open(&state_dir)?);
+        Ok::<_, Error>((source, sink, state))
+    }
+    .await;
+    let (source, sink, state) = match prepared {
+        Ok(parts) => parts,
+        Err(error) => {
+            let summary = RunSummary {
+                status: "failed".into(),
+                error: Some(error.to_string()),
+                ..RunSummary::new(&job.name, &job.mode.to_string(), &Default::default())
+            };
+            write_summary(summary_json.as_deref(), &summary);
+            return fail(&error);
+        }
+    };
+
+    let (stop, stop_requested) = watch::channel(false);
+    tokio::spawn(watch_signals(stop));
+    log::info!(
+        "job {} ({}): {} → {}, state in {}",
+        job.name,
+        job.mode,
+        job.source.connector,
+        job.target.connector,
+        state_dir.display()
+    );
+    let runner = Arc::new(Runner::new(job.clone(), source, sink, state.clone(), stop_requested));
+    let (display_done, display_wait) = watch::channel(false);
+    let display = tokio::spawn(progress::display(runner.stats(), display_wait));
+    let (summary, error) = runner.run().await;
+    display_done.send_replace(true);
+    let _ = display.await;
+
+    if summary.dirty_records_total > 0 {
+        match state.export_dirty(&job.name) {
+            Ok(path) => log::warn!("{} dirty records kept; listed in {}", summary.dirty_records_total, path.display()),
+            Err(error) => log::error!("{error}"),
+        }
+    }
+    print_summary(&summary);
+    write_summary(summary_json.as_deref(), &summary);
+    match error {
+        None => 0,
+        Some(error) if error.kind() == ErrorKind::Interrupted => {
+            eprintln!("stopped: {error}");
+            1
+        }
+        Some(error) => fail(&error),
+    }
+}
+
+/// The first SIGINT or SIGTERM asks for a graceful stop; a second one exits at once.
+async fn watch_signals(stop: watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
+        log::error!("cannot listen for signals; stop with SIGKILL and run again to resume");
+        return;
+    };
+    for count in 1.. {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        if count == 1 {
+            log::warn!("stopping: finishing the batches in flight and saving checkpoints (signal again to exit now)");
+            stop.send_replace(true);
+        } else {
+            log::error!("exiting without waiting; run the job again to resume from the last checkpoint");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn print_summary(summary: &RunSummary) {
+    use progress::group;
+    println!("job {}: {} in {:.2}s", summary.job, summary.status, summary.elapsed_secs);
+    let width =
+        summary.tables.iter().map(|table| table.source.len().max(table.target.len())).max().unwrap_or(5).clamp(6, 48);
+    println!(
+        "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
+        "source", "target", "rows read", "rows written", "skipped"
+    );
+    for table in &summary.tables {
+        println!(
+            "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
+            table.source,
+            table.target,
+            group(table.rows_read),
+            group(table.rows_written),
+            group(table.rows_skipped)
+        );
+    }
+    println!(
+        "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
+        "total",
+        "",
+        group(summary.rows_read),
+        group(summary.rows_written),
+        group(summary.rows_skipped)
+    );
+    println!("  {} rows/s; {} bytes read", group(summary.rows_per_sec as u64), group(summary.bytes_read));
+    if summary.splits_resumed_done > 0 {
+        println!(
+            "  {} splits were already complete from an earlier run and were not copied again",
+            summary.splits_resumed_done
+        );
+    }
+}
+
+fn write_summary(path: Option<&std::path::Path>, summary: &RunSummary) {
+    let Some(path) = path else { return };
+    let text = serde_json::to_string_pretty(summary).expect("summaries serialize");
+    if let Err(error) = std::fs::write(path, text + "\n") {
+        log::error!("cannot write the summary to {}: {error}", path.display());
+    }
+}

@@ -25,11 +25,8 @@ impl Format {
     pub fn header(&self, table: &TableSchema) -> String {
         match self {
             Format::Csv { delimiter } => {
-                let names: Vec<String> = table
-                    .columns
-                    .iter()
-                    .map(|column| csv_field(&column.name, *delimiter))
-                    .collect();
+                let names: Vec<String> =
+                    table.columns.iter().map(|column| csv_field(&column.name, *delimiter)).collect();
                 format!("{}\n", names.join(&(*delimiter as char).to_string()))
             }
             Format::Jsonl => String::new(),
@@ -46,12 +43,8 @@ impl Format {
                     }
                     match value {
                         Value::Null => {}
-                        Value::Text(text) | Value::Json(text) => {
-                            output.push_str(&csv_field(text, *delimiter))
-                        }
-                        Value::Bytes(bytes) => {
-                            output.push_str(&csv_field(&base64_encode(bytes), *delimiter))
-                        }
+                        Value::Text(text) | Value::Json(text) => output.push_str(&csv_field(text, *delimiter)),
+                        Value::Bytes(bytes) => output.push_str(&csv_field(&base64_encode(bytes), *delimiter)),
                         other => output.push_str(&csv_field(&other.to_string(), *delimiter)),
                     }
                 }
@@ -101,9 +94,7 @@ fn encode_json(value: &Value, output: &mut String) {
 /// quote, a line break, or edge spaces.
 fn csv_field(text: &str, delimiter: u8) -> String {
     let needs_quotes = text.is_empty()
-        || text
-            .bytes()
-            .any(|byte| byte == delimiter || byte == b'"' || byte == b'\n' || byte == b'\r')
+        || text.bytes().any(|byte| byte == delimiter || byte == b'"' || byte == b'\n' || byte == b'\r')
         || text.starts_with(' ')
         || text.ends_with(' ');
     if needs_quotes {
@@ -121,19 +112,13 @@ pub struct CsvField {
 }
 
 /// Reads the next CSV record, which may span lines inside quotes. `None` at the end of input.
-pub fn read_csv_record(
-    input: &mut impl BufRead,
-    delimiter: u8,
-) -> std::io::Result<Option<Vec<CsvField>>> {
+pub fn read_csv_record(input: &mut impl BufRead, delimiter: u8) -> std::io::Result<Option<Vec<CsvField>>> {
     let mut line = String::new();
     if input.read_line(&mut line)? == 0 {
         return Ok(None);
     }
     let mut fields = Vec::new();
-    let mut field = CsvField {
-        text: String::new(),
-        quoted: false,
-    };
+    let mut field = CsvField { text: String::new(), quoted: false };
     let mut in_quotes = false;
     let delimiter = delimiter as char;
     loop {
@@ -154,13 +139,9 @@ pub fn read_csv_record(
                         in_quotes = true;
                         field.quoted = true;
                     }
-                    character if character == delimiter => fields.push(std::mem::replace(
-                        &mut field,
-                        CsvField {
-                            text: String::new(),
-                            quoted: false,
-                        },
-                    )),
+                    character if character == delimiter => {
+                        fields.push(std::mem::replace(&mut field, CsvField { text: String::new(), quoted: false }))
+                    }
                     '\n' => {}
                     '\r' if characters.peek() == Some(&'\n') => {}
                     other => field.text.push(other),
@@ -185,11 +166,7 @@ pub fn read_csv_record(
 /// Decodes a CSV record into a row of `table`, or says which column is wrong.
 pub fn decode_csv(table: &TableSchema, fields: Vec<CsvField>) -> Result<Row, String> {
     if fields.len() != table.columns.len() {
-        return Err(format!(
-            "expected {} fields, found {}",
-            table.columns.len(),
-            fields.len()
-        ));
+        return Err(format!("expected {} fields, found {}", table.columns.len(), fields.len()));
     }
     table
         .columns
@@ -199,8 +176,7 @@ pub fn decode_csv(table: &TableSchema, fields: Vec<CsvField>) -> Result<Row, Str
             if field.text.is_empty() && !field.quoted {
                 return Ok(Value::Null);
             }
-            decode_text(&field.text, &column.data_type)
-                .map_err(|reason| format!("column {}: {reason}", column.name))
+            decode_text(&field.text, &column.data_type).map_err(|reason| format!("column {}: {reason}", column.name))
         })
         .collect()
 }
@@ -218,8 +194,7 @@ pub fn decode_json(table: &TableSchema, line: &str) -> Result<Row, String> {
         .iter()
         .map(|column| {
             let value = object.get(&column.name).unwrap_or(&serde_json::Value::Null);
-            json_value(value, &column.data_type)
-                .map_err(|reason| format!("column {}: {reason}", column.name))
+            json_value(value, &column.data_type).map_err(|reason| format!("column {}: {reason}", column.name))
         })
         .collect()
 }
@@ -238,9 +213,9 @@ fn json_value(value: &serde_json::Value, data_type: &DataType) -> Result<Value, 
 
 fn decode_text(text: &str, data_type: &DataType) -> Result<Value, String> {
     match data_type {
-        DataType::Bytes { .. } | DataType::Geometry => base64_decode(text)
-            .map(Value::Bytes)
-            .ok_or_else(|| "expected base64 bytes".to_owned()),
+        DataType::Bytes { .. } | DataType::Geometry => {
+            base64_decode(text).map(Value::Bytes).ok_or_else(|| "expected base64 bytes".to_owned())
+        }
         _ => parse_text(text, data_type),
     }
 }
@@ -292,43 +267,15 @@ mod tests {
     use super::*;
 
     fn table() -> TableSchema {
-        let column = |name: &str, data_type| Column {
-            name: name.into(),
-            data_type,
-            nullable: true,
-            native_type: String::new(),
-        };
+        let column =
+            |name: &str, data_type| Column { name: name.into(), data_type, nullable: true, native_type: String::new() };
         TableSchema {
             name: TableName::parse("t"),
             columns: vec![
-                column(
-                    "id",
-                    DataType::Integer {
-                        bytes: 8,
-                        unsigned: true,
-                    },
-                ),
-                column(
-                    "note",
-                    DataType::Text {
-                        length: None,
-                        fixed: false,
-                    },
-                ),
-                column(
-                    "raw",
-                    DataType::Bytes {
-                        length: None,
-                        fixed: false,
-                    },
-                ),
-                column(
-                    "price",
-                    DataType::Decimal {
-                        precision: Some(65),
-                        scale: Some(30),
-                    },
-                ),
+                column("id", DataType::Integer { bytes: 8, unsigned: true }),
+                column("note", DataType::Text { length: None, fixed: false }),
+                column("raw", DataType::Bytes { length: None, fixed: false }),
+                column("price", DataType::Decimal { precision: Some(65), scale: Some(30) }),
             ],
             primary_key: vec![0],
         }
@@ -343,18 +290,8 @@ mod tests {
                 Value::Bytes(vec![0, 255, 10]),
                 decimal("0.000000000000000000000000000001"),
             ],
-            vec![
-                Value::UInt(0),
-                Value::Text(String::new()),
-                Value::Bytes(vec![]),
-                Value::Null,
-            ],
-            vec![
-                Value::UInt(1),
-                Value::Null,
-                Value::Null,
-                decimal("-99999999999999999999999999999999999.5"),
-            ],
+            vec![Value::UInt(0), Value::Text(String::new()), Value::Bytes(vec![]), Value::Null],
+            vec![Value::UInt(1), Value::Null, Value::Null, decimal("-99999999999999999999999999999999999.5")],
         ]
     }
 

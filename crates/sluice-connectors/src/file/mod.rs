@@ -15,9 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::json;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
-use sluice_core::connector::{
-    CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, Writer,
-};
+use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, Writer};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -43,11 +41,7 @@ fn io_error(side: Side, doing: impl std::fmt::Display, error: std::io::Error) ->
 
 /// The directory name of a table: its qualified name with `/`, `%` and a leading `.` escaped.
 fn directory_name(table: &TableName) -> String {
-    let mut name = table
-        .to_string()
-        .replace('%', "%25")
-        .replace('/', "%2F")
-        .replace('\\', "%5C");
+    let mut name = table.to_string().replace('%', "%25").replace('/', "%2F").replace('\\', "%5C");
     if name.starts_with('.') {
         name.replace_range(0..1, "%2E");
     }
@@ -55,22 +49,13 @@ fn directory_name(table: &TableName) -> String {
 }
 
 fn table_from_directory_name(name: &str) -> TableName {
-    TableName::parse(
-        &name
-            .replace("%2F", "/")
-            .replace("%5C", "\\")
-            .replace("%2E", ".")
-            .replace("%25", "%"),
-    )
+    TableName::parse(&name.replace("%2F", "/").replace("%5C", "\\").replace("%2E", ".").replace("%25", "%"))
 }
 
-async fn blocking<T: Send + 'static>(
-    side: Side,
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work).await.map_err(|error| {
-        Error::new(ErrorKind::Write, format!("file worker failed: {error}")).on(side)
-    })?
+async fn blocking<T: Send + 'static>(side: Side, work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|error| Error::new(ErrorKind::Write, format!("file worker failed: {error}")).on(side))?
 }
 
 /// Writes each table as a directory of part files.
@@ -91,23 +76,12 @@ impl Sink for FileSink {
     async fn check(&self) -> Result<Vec<CheckItem>> {
         let directory = self.directory.clone();
         blocking(Side::Target, move || {
-            fs::create_dir_all(&directory).map_err(|error| {
-                io_error(
-                    Side::Target,
-                    format!("create {}", directory.display()),
-                    error,
-                )
-            })?;
+            fs::create_dir_all(&directory)
+                .map_err(|error| io_error(Side::Target, format!("create {}", directory.display()), error))?;
             let probe = directory.join(".sluice-write-probe");
             File::create(&probe)
                 .and_then(|_| fs::remove_file(&probe))
-                .map_err(|error| {
-                    io_error(
-                        Side::Target,
-                        format!("write into {}", directory.display()),
-                        error,
-                    )
-                })?;
+                .map_err(|error| io_error(Side::Target, format!("write into {}", directory.display()), error))?;
             Ok(vec![CheckItem {
                 what: "target directory".into(),
                 ok: true,
@@ -126,40 +100,21 @@ impl Sink for FileSink {
         blocking(Side::Target, move || {
             for table in &tables {
                 let table_directory = directory.join(directory_name(&table.name));
-                fs::create_dir_all(&table_directory).map_err(|error| {
-                    io_error(
-                        Side::Target,
-                        format!("create {}", table_directory.display()),
-                        error,
-                    )
-                })?;
+                fs::create_dir_all(&table_directory)
+                    .map_err(|error| io_error(Side::Target, format!("create {}", table_directory.display()), error))?;
                 let schema = serde_json::to_string_pretty(table).expect("schemas serialize");
-                write_atomically(&table_directory.join(SCHEMA_FILE), schema.as_bytes()).map_err(
-                    |error| {
-                        io_error(
-                            Side::Target,
-                            format!("write the schema of {}", table.name),
-                            error,
-                        )
-                    },
-                )?;
+                write_atomically(&table_directory.join(SCHEMA_FILE), schema.as_bytes())
+                    .map_err(|error| io_error(Side::Target, format!("write the schema of {}", table.name), error))?;
             }
             Ok(())
         })
         .await
     }
 
-    async fn open(
-        &self,
-        _job: &str,
-        task: &str,
-        table: Arc<TableSchema>,
-    ) -> Result<Box<dyn Writer>> {
+    async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         let part = task.rsplit_once('#').map_or(task, |(_, index)| index);
-        let final_path = self
-            .directory
-            .join(directory_name(&table.name))
-            .join(format!("part-{part}.{}", self.format.extension()));
+        let final_path =
+            self.directory.join(directory_name(&table.name)).join(format!("part-{part}.{}", self.format.extension()));
         let temporary_path = final_path.with_extension(format!("{}.tmp", self.format.extension()));
         Ok(Box::new(FileWriter {
             format: self.format,
@@ -194,21 +149,10 @@ struct FileWriter {
 impl FileWriter {
     fn output(&mut self) -> Result<&mut BufWriter<File>> {
         if self.output.is_none() {
-            let mut file = File::create(&self.temporary_path).map_err(|error| {
-                io_error(
-                    Side::Target,
-                    format!("create {}", self.temporary_path.display()),
-                    error,
-                )
-            })?;
+            let mut file = File::create(&self.temporary_path)
+                .map_err(|error| io_error(Side::Target, format!("create {}", self.temporary_path.display()), error))?;
             file.write_all(self.format.header(&self.table).as_bytes())
-                .map_err(|error| {
-                    io_error(
-                        Side::Target,
-                        format!("write {}", self.temporary_path.display()),
-                        error,
-                    )
-                })?;
+                .map_err(|error| io_error(Side::Target, format!("write {}", self.temporary_path.display()), error))?;
             self.output = Some(BufWriter::with_capacity(1 << 20, file));
         }
         Ok(self.output.as_mut().expect("opened above"))
@@ -219,22 +163,13 @@ impl FileWriter {
 impl Writer for FileWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         if self.final_path.exists() {
-            return Ok(Some(Checkpoint {
-                task: self.task.clone(),
-                position: None,
-                done: true,
-                rows_written: 0,
-            }));
+            return Ok(Some(Checkpoint { task: self.task.clone(), position: None, done: true, rows_written: 0 }));
         }
         // A partial part from a run that stopped is discarded: its split starts over.
         match fs::remove_file(&self.temporary_path) {
             Ok(()) => Ok(None),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(io_error(
-                Side::Target,
-                format!("remove {}", self.temporary_path.display()),
-                error,
-            )),
+            Err(error) => Err(io_error(Side::Target, format!("remove {}", self.temporary_path.display()), error)),
         }
     }
 
@@ -243,11 +178,9 @@ impl Writer for FileWriter {
         buffer.clear();
         for change in &batch.changes {
             let ChangeKind::Insert { after } = &change.kind else {
-                return Err(Error::new(
-                    ErrorKind::Write,
-                    "file targets take inserts only (snapshot mode)",
-                )
-                .on(Side::Target));
+                return Err(
+                    Error::new(ErrorKind::Write, "file targets take inserts only (snapshot mode)").on(Side::Target)
+                );
             };
             self.format.encode(&self.table, after, &mut buffer);
         }
@@ -278,12 +211,17 @@ impl Writer for FileWriter {
         if let Some(parent) = self.final_path.parent() {
             File::open(parent)
                 .and_then(|directory| directory.sync_all())
-                .map_err(|error| {
-                    io_error(Side::Target, format!("sync {}", parent.display()), error)
-                })?;
+                .map_err(|error| io_error(Side::Target, format!("sync {}", parent.display()), error))?;
         }
         Ok(())
     }
+}
+
+/// A table found in a source directory: its files and its schema file, if any.
+struct FileTable {
+    name: TableName,
+    files: Vec<PathBuf>,
+    schema_file: Option<PathBuf>,
 }
 
 /// Reads tables from a directory of part directories or plain files.
@@ -296,64 +234,36 @@ pub struct FileSource {
 
 impl FileSource {
     pub fn new(path: PathBuf, format: Format, filter: TableFilter) -> FileSource {
-        FileSource {
-            path,
-            format,
-            filter,
-        }
+        FileSource { path, format, filter }
     }
 
-    /// The tables found under the path: name → its files, sorted.
-    fn tables(&self) -> Result<Vec<(TableName, Vec<PathBuf>, Option<PathBuf>)>> {
+    /// The tables found under the path, sorted.
+    fn tables(&self) -> Result<Vec<FileTable>> {
         let extension = self.format.extension();
         let read_directory = |path: &Path| -> Result<Vec<PathBuf>> {
             let mut entries: Vec<PathBuf> = fs::read_dir(path)
-                .and_then(|entries| {
-                    entries
-                        .map(|entry| entry.map(|entry| entry.path()))
-                        .collect()
-                })
-                .map_err(|error| {
-                    io_error(Side::Source, format!("list {}", path.display()), error)
-                })?;
+                .and_then(|entries| entries.map(|entry| entry.map(|entry| entry.path())).collect())
+                .map_err(|error| io_error(Side::Source, format!("list {}", path.display()), error))?;
             entries.sort();
             Ok(entries)
         };
         if self.path.is_file() {
-            let name = self
-                .path
-                .file_stem()
-                .map(|stem| stem.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            return Ok(vec![(
-                table_from_directory_name(&name),
-                vec![self.path.clone()],
-                None,
-            )]);
+            let name = self.path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+            return Ok(vec![FileTable { name: table_from_directory_name(&name), files: vec![self.path.clone()], schema_file: None }]);
         }
         let mut tables = Vec::new();
         for entry in read_directory(&self.path)? {
-            let name = entry
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default();
+            let name = entry.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
             if entry.is_dir() {
                 let parts: Vec<PathBuf> = read_directory(&entry)?
                     .into_iter()
                     .filter(|part| part.extension().is_some_and(|found| found == extension))
                     .collect();
                 let schema = entry.join(SCHEMA_FILE);
-                tables.push((
-                    table_from_directory_name(&name),
-                    parts,
-                    schema.exists().then_some(schema),
-                ));
+                tables.push(FileTable { name: table_from_directory_name(&name), files: parts, schema_file: schema.exists().then_some(schema) });
             } else if entry.extension().is_some_and(|found| found == extension) {
-                let stem = entry
-                    .file_stem()
-                    .map(|stem| stem.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                tables.push((table_from_directory_name(&stem), vec![entry], None));
+                let stem = entry.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
+                tables.push(FileTable { name: table_from_directory_name(&stem), files: vec![entry], schema_file: None });
             }
         }
         Ok(tables)
@@ -361,90 +271,48 @@ impl FileSource {
 
     /// A table's schema: its `_schema.json` when present, otherwise the CSV header (all text) or
     /// the first JSON object's keys (types from its values).
-    fn schema(
-        &self,
-        name: &TableName,
-        files: &[PathBuf],
-        schema_file: Option<&Path>,
-    ) -> Result<TableSchema> {
+    fn schema(&self, name: &TableName, files: &[PathBuf], schema_file: Option<&Path>) -> Result<TableSchema> {
         if let Some(schema_file) = schema_file {
-            let text = fs::read_to_string(schema_file).map_err(|error| {
-                io_error(
-                    Side::Source,
-                    format!("read {}", schema_file.display()),
-                    error,
-                )
-            })?;
+            let text = fs::read_to_string(schema_file)
+                .map_err(|error| io_error(Side::Source, format!("read {}", schema_file.display()), error))?;
             let mut schema: TableSchema = serde_json::from_str(&text).map_err(|error| {
-                Error::new(
-                    ErrorKind::Schema,
-                    format!(
-                        "{} is not a valid table schema: {error}",
-                        schema_file.display()
-                    ),
-                )
-                .on(Side::Source)
+                Error::new(ErrorKind::Schema, format!("{} is not a valid table schema: {error}", schema_file.display()))
+                    .on(Side::Source)
             })?;
             schema.name = name.clone();
             return Ok(schema);
         }
-        let text_column = |name: String, data_type: DataType| Column {
-            name,
-            data_type,
-            nullable: true,
-            native_type: String::new(),
-        };
+        let text_column =
+            |name: String, data_type: DataType| Column { name, data_type, nullable: true, native_type: String::new() };
         let mut columns = Vec::new();
         if let Some(first) = files.first() {
-            let file = File::open(first).map_err(|error| {
-                io_error(Side::Source, format!("open {}", first.display()), error)
-            })?;
+            let file = File::open(first)
+                .map_err(|error| io_error(Side::Source, format!("open {}", first.display()), error))?;
             let mut input = BufReader::new(file);
             match self.format {
                 Format::Csv { delimiter } => {
-                    let header =
-                        format::read_csv_record(&mut input, delimiter).map_err(|error| {
-                            io_error(
-                                Side::Source,
-                                format!("read the header of {}", first.display()),
-                                error,
-                            )
-                        })?;
+                    let header = format::read_csv_record(&mut input, delimiter).map_err(|error| {
+                        io_error(Side::Source, format!("read the header of {}", first.display()), error)
+                    })?;
                     columns = header
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|field| {
-                            text_column(
-                                field.text,
-                                DataType::Text {
-                                    length: None,
-                                    fixed: false,
-                                },
-                            )
-                        })
+                        .map(|field| text_column(field.text, DataType::Text { length: None, fixed: false }))
                         .collect();
                 }
                 Format::Jsonl => {
                     let mut line = String::new();
-                    input.read_line(&mut line).map_err(|error| {
-                        io_error(Side::Source, format!("read {}", first.display()), error)
-                    })?;
-                    if let Ok(serde_json::Value::Object(object)) =
-                        serde_json::from_str::<serde_json::Value>(&line)
-                    {
-                        columns = object
-                            .into_iter()
-                            .map(|(key, value)| text_column(key, inferred_type(&value)))
-                            .collect();
+                    input
+                        .read_line(&mut line)
+                        .map_err(|error| io_error(Side::Source, format!("read {}", first.display()), error))?;
+                    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(&line) {
+                        columns =
+                            object.into_iter().map(|(key, value)| text_column(key, inferred_type(&value))).collect();
                     }
                 }
             }
         }
-        Ok(TableSchema {
-            name: name.clone(),
-            columns,
-            primary_key: Vec::new(),
-        })
+        Ok(TableSchema { name: name.clone(), columns, primary_key: Vec::new() })
     }
 }
 
@@ -452,17 +320,11 @@ fn inferred_type(value: &serde_json::Value) -> DataType {
     match value {
         serde_json::Value::Bool(_) => DataType::Boolean,
         serde_json::Value::Number(number) if number.is_i64() || number.is_u64() => {
-            DataType::Integer {
-                bytes: 8,
-                unsigned: !number.is_i64(),
-            }
+            DataType::Integer { bytes: 8, unsigned: !number.is_i64() }
         }
         serde_json::Value::Number(_) => DataType::Float64,
         serde_json::Value::Array(_) | serde_json::Value::Object(_) => DataType::Json,
-        serde_json::Value::Null | serde_json::Value::String(_) => DataType::Text {
-            length: None,
-            fixed: false,
-        },
+        serde_json::Value::Null | serde_json::Value::String(_) => DataType::Text { length: None, fixed: false },
     }
 }
 
@@ -470,12 +332,9 @@ fn inferred_type(value: &serde_json::Value) -> DataType {
 impl Source for FileSource {
     async fn check(&self) -> Result<Vec<CheckItem>> {
         if !self.path.exists() {
-            return Err(Error::new(
-                ErrorKind::Connect,
-                format!("{} does not exist", self.path.display()),
-            )
-            .on(Side::Source)
-            .hint("check source.path"));
+            return Err(Error::new(ErrorKind::Connect, format!("{} does not exist", self.path.display()))
+                .on(Side::Source)
+                .hint("check source.path"));
         }
         let count = self.tables()?.len();
         Ok(vec![CheckItem {
@@ -488,30 +347,23 @@ impl Source for FileSource {
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         self.check().await?;
         let tables = self.tables()?;
-        let selected = self
-            .filter
-            .select(tables.iter().map(|(name, _, _)| name.clone()).collect())?;
+        let selected = self.filter.select(tables.iter().map(|table| table.name.clone()).collect())?;
         tables
             .iter()
-            .filter(|(name, _, _)| selected.contains(name))
-            .map(|(name, files, schema)| self.schema(name, files, schema.as_deref()))
+            .filter(|table| selected.contains(&table.name))
+            .map(|table| self.schema(&table.name, &table.files, table.schema_file.as_deref()))
             .collect()
     }
 
     async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
         let tables = self.tables()?;
-        let files = tables
-            .into_iter()
-            .find(|(name, _, _)| *name == table.name)
-            .map(|(_, files, _)| files)
-            .unwrap_or_default();
+        let files =
+            tables.into_iter().find(|found| found.name == table.name).map(|found| found.files).unwrap_or_default();
         Ok(files
             .into_iter()
             .enumerate()
             .map(|(index, file)| {
-                let size = fs::metadata(&file)
-                    .map(|metadata| metadata.len())
-                    .unwrap_or(0);
+                let size = fs::metadata(&file).map(|metadata| metadata.len()).unwrap_or(0);
                 Split {
                     id: format!("{}#{index}", table.name),
                     table: table.clone(),
@@ -522,21 +374,10 @@ impl Source for FileSource {
             .collect())
     }
 
-    async fn open(
-        &self,
-        split: &Split,
-        resume_after: Option<&Position>,
-        batch_rows: usize,
-    ) -> Result<Box<dyn Reader>> {
-        let path = PathBuf::from(
-            split
-                .descriptor
-                .get("file")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default(),
-        );
-        let file = File::open(&path)
-            .map_err(|error| io_error(Side::Source, format!("open {}", path.display()), error))?;
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
+        let path = PathBuf::from(split.descriptor.get("file").and_then(serde_json::Value::as_str).unwrap_or_default());
+        let file =
+            File::open(&path).map_err(|error| io_error(Side::Source, format!("open {}", path.display()), error))?;
         let mut reader = FileReader {
             input: BufReader::with_capacity(1 << 20, file),
             path,
@@ -548,20 +389,11 @@ impl Source for FileSource {
         };
         if let Format::Csv { delimiter } = self.format {
             format::read_csv_record(&mut reader.input, delimiter).map_err(|error| {
-                io_error(
-                    Side::Source,
-                    format!("read the header of {}", reader.path.display()),
-                    error,
-                )
+                io_error(Side::Source, format!("read the header of {}", reader.path.display()), error)
             })?;
         }
         let skip = resume_after
-            .and_then(|position| {
-                position
-                    .0
-                    .get("records")
-                    .and_then(serde_json::Value::as_u64)
-            })
+            .and_then(|position| position.0.get("records").and_then(serde_json::Value::as_u64))
             .unwrap_or(0);
         while reader.records < skip {
             if reader.next_record()?.is_none() {
@@ -586,8 +418,7 @@ struct FileReader {
 impl FileReader {
     /// The next record decoded, or the reason it cannot be; `None` at the end of the file.
     fn next_record(&mut self) -> Result<Option<Result<sluice_core::Row, String>>> {
-        let read_error =
-            |error| io_error(Side::Source, format!("read {}", self.path.display()), error);
+        let read_error = |error| io_error(Side::Source, format!("read {}", self.path.display()), error);
         let record = match self.format {
             Format::Csv { delimiter } => {
                 match format::read_csv_record(&mut self.input, delimiter).map_err(read_error)? {
@@ -646,10 +477,7 @@ mod tests {
         for name in ["shop.orders", "a/b", "..x", "100%"] {
             let table = TableName::parse(name);
             let directory = directory_name(&table);
-            assert!(
-                !directory.contains('/') && !directory.starts_with('.'),
-                "{directory}"
-            );
+            assert!(!directory.contains('/') && !directory.starts_with('.'), "{directory}");
             assert_eq!(table_from_directory_name(&directory), table);
         }
     }

@@ -18,30 +18,17 @@ pub use source::SqliteSource;
 fn open(path: &Path, side: Side) -> Result<Connection, Error> {
     let flags = match side {
         Side::Source => OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        _ => {
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-        }
+        _ => OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     };
     if side == Side::Source && !path.exists() {
-        return Err(Error::new(
-            ErrorKind::Connect,
-            format!("SQLite database {} does not exist", path.display()),
-        )
-        .on(side)
-        .hint("check source.path"));
+        return Err(Error::new(ErrorKind::Connect, format!("SQLite database {} does not exist", path.display()))
+            .on(side)
+            .hint("check source.path"));
     }
     let connection = Connection::open_with_flags(path, flags).map_err(|error| {
-        Error::new(
-            ErrorKind::Connect,
-            format!("cannot open SQLite database {}: {error}", path.display()),
-        )
-        .on(side)
-        .hint(format!(
-            "check {}.path and that the directory exists and is writable",
-            side
-        ))
+        Error::new(ErrorKind::Connect, format!("cannot open SQLite database {}: {error}", path.display()))
+            .on(side)
+            .hint(format!("check {}.path and that the directory exists and is writable", side))
     })?;
     connection
         .busy_timeout(Duration::from_secs(30))
@@ -49,13 +36,7 @@ fn open(path: &Path, side: Side) -> Result<Connection, Error> {
     if side == Side::Target {
         connection
             .execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;")
-            .map_err(|error| {
-                sqlite_error(
-                    error,
-                    side,
-                    &format!("prepare {} for writing", path.display()),
-                )
-            })?;
+            .map_err(|error| sqlite_error(error, side, &format!("prepare {} for writing", path.display())))?;
     }
     Ok(connection)
 }
@@ -66,9 +47,7 @@ fn sqlite_error(error: rusqlite::Error, side: Side, doing: &str) -> Error {
     use rusqlite::ErrorCode;
     let kind = match error.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => ErrorKind::Unavailable,
-        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
-            ErrorKind::Connect
-        }
+        Some(ErrorCode::CannotOpen | ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => ErrorKind::Connect,
         _ if side == Side::Source => ErrorKind::Read,
         _ => ErrorKind::Write,
     };
@@ -92,67 +71,35 @@ fn data_type(declared: &str) -> DataType {
     let upper = declared.to_ascii_uppercase();
     let arguments: Vec<u32> = upper
         .split_once('(')
-        .map(|(_, rest)| {
-            rest.trim_end_matches(')')
-                .split(',')
-                .filter_map(|part| part.trim().parse().ok())
-                .collect()
-        })
+        .map(|(_, rest)| rest.trim_end_matches(')').split(',').filter_map(|part| part.trim().parse().ok()).collect())
         .unwrap_or_default();
     let base = upper.split('(').next().unwrap_or("").trim();
     let has = |word: &str| base.split_whitespace().any(|part| part == word);
     match base {
-        _ if base.starts_with("DECIMAL") || base.starts_with("NUMERIC") => DataType::Decimal {
-            precision: arguments.first().copied(),
-            scale: arguments.get(1).copied(),
-        },
-        _ if has("UNSIGNED") && (base.contains("BIG") || has("U64")) => DataType::Integer {
-            bytes: 8,
-            unsigned: true,
-        },
-        _ if base.starts_with("TINYINT") => DataType::Integer {
-            bytes: 1,
-            unsigned: has("UNSIGNED"),
-        },
-        _ if base.starts_with("SMALLINT") => DataType::Integer {
-            bytes: 2,
-            unsigned: has("UNSIGNED"),
-        },
-        _ if base.starts_with("MEDIUMINT") => DataType::Integer {
-            bytes: 3,
-            unsigned: has("UNSIGNED"),
-        },
-        _ if base.contains("INT") => DataType::Integer {
-            bytes: 8,
-            unsigned: false,
-        },
+        _ if base.starts_with("DECIMAL") || base.starts_with("NUMERIC") => {
+            DataType::Decimal { precision: arguments.first().copied(), scale: arguments.get(1).copied() }
+        }
+        _ if has("UNSIGNED") && (base.contains("BIG") || has("U64")) => DataType::Integer { bytes: 8, unsigned: true },
+        _ if base.starts_with("TINYINT") => DataType::Integer { bytes: 1, unsigned: has("UNSIGNED") },
+        _ if base.starts_with("SMALLINT") => DataType::Integer { bytes: 2, unsigned: has("UNSIGNED") },
+        _ if base.starts_with("MEDIUMINT") => DataType::Integer { bytes: 3, unsigned: has("UNSIGNED") },
+        _ if base.contains("INT") => DataType::Integer { bytes: 8, unsigned: false },
         "BOOL" | "BOOLEAN" => DataType::Boolean,
         _ if base.starts_with("DATETIME") => DataType::DateTime { precision: 6 },
         _ if base.starts_with("TIMESTAMP") => DataType::Timestamp { precision: 6 },
         "DATE" => DataType::Date,
         "TIME" => DataType::Time { precision: 6 },
         "JSON" => DataType::Json,
-        _ if base.contains("CHAR") || base.contains("CLOB") || base.contains("TEXT") => {
-            DataType::Text {
-                length: arguments.first().copied(),
-                fixed: base.starts_with("CHAR") || base.starts_with("CHARACTER"),
-            }
+        _ if base.contains("CHAR") || base.contains("CLOB") || base.contains("TEXT") => DataType::Text {
+            length: arguments.first().copied(),
+            fixed: base.starts_with("CHAR") || base.starts_with("CHARACTER"),
+        },
+        _ if base.contains("BLOB") || base.is_empty() && !declared.is_empty() => {
+            DataType::Bytes { length: None, fixed: false }
         }
-        _ if base.contains("BLOB") || base.is_empty() && !declared.is_empty() => DataType::Bytes {
-            length: None,
-            fixed: false,
-        },
-        _ if base.contains("REAL") || base.contains("FLOA") || base.contains("DOUB") => {
-            DataType::Float64
-        }
-        "" => DataType::Text {
-            length: None,
-            fixed: false,
-        },
-        _ => DataType::Decimal {
-            precision: None,
-            scale: None,
-        },
+        _ if base.contains("REAL") || base.contains("FLOA") || base.contains("DOUB") => DataType::Float64,
+        "" => DataType::Text { length: None, fixed: false },
+        _ => DataType::Decimal { precision: None, scale: None },
     }
 }
 
@@ -162,10 +109,7 @@ fn data_type(declared: &str) -> DataType {
 fn declared_type(data_type: &DataType) -> String {
     match data_type {
         DataType::Boolean => "BOOLEAN".into(),
-        DataType::Integer {
-            bytes: 8,
-            unsigned: true,
-        } => "UNSIGNED BIG TEXT".into(),
+        DataType::Integer { bytes: 8, unsigned: true } => "UNSIGNED BIG TEXT".into(),
         DataType::Integer { bytes: 1, unsigned } => {
             format!("TINYINT{}", if *unsigned { " UNSIGNED" } else { "" })
         }
@@ -174,19 +118,12 @@ fn declared_type(data_type: &DataType) -> String {
         }
         DataType::Integer { .. } | DataType::Year => "INTEGER".into(),
         DataType::Float32 | DataType::Float64 => "REAL".into(),
-        DataType::Decimal {
-            precision: Some(precision),
-            scale,
-        } => format!("DECIMAL TEXT({precision},{})", scale.unwrap_or(0)),
+        DataType::Decimal { precision: Some(precision), scale } => {
+            format!("DECIMAL TEXT({precision},{})", scale.unwrap_or(0))
+        }
         DataType::Decimal { .. } => "DECIMAL TEXT".into(),
-        DataType::Text {
-            length: Some(length),
-            fixed: false,
-        } => format!("VARCHAR({length})"),
-        DataType::Text {
-            length: Some(length),
-            fixed: true,
-        } => format!("CHAR({length})"),
+        DataType::Text { length: Some(length), fixed: false } => format!("VARCHAR({length})"),
+        DataType::Text { length: Some(length), fixed: true } => format!("CHAR({length})"),
         DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => "TEXT".into(),
         DataType::Bytes { .. } | DataType::Geometry => "BLOB".into(),
         DataType::Bits { .. } => "INTEGER".into(),
@@ -238,13 +175,16 @@ fn read_value(value: ValueRef<'_>, data_type: &DataType) -> Result<Value, String
             ValueRef::Integer(integer) => Value::Float64(integer as f64),
             _ => return mismatch("a number"),
         },
-        DataType::Decimal { .. } => match Decimal::parse(&text(value)?) {
-            Some(decimal) => Value::Decimal(decimal),
+        DataType::Decimal { scale, .. } => match Decimal::parse(&text(value)?) {
+            // SQLite's numeric affinity stores 1.50 as the real 1.5; the declared scale restores
+            // the trailing zeros. Digits are only ever added, never dropped.
+            Some(decimal) => Value::Decimal(match scale {
+                Some(scale) => decimal.with_minimum_scale(*scale as usize),
+                None => decimal,
+            }),
             None => return mismatch("a decimal number"),
         },
-        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => {
-            Value::Text(text(value)?)
-        }
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => Value::Text(text(value)?),
         DataType::Json => Value::Json(text(value)?),
         DataType::Bytes { .. } | DataType::Geometry => match value {
             ValueRef::Blob(bytes) | ValueRef::Text(bytes) => Value::Bytes(bytes.to_vec()),
@@ -277,10 +217,7 @@ fn describe(value: ValueRef<'_>) -> String {
         ValueRef::Null => "NULL".into(),
         ValueRef::Integer(integer) => format!("integer {integer}"),
         ValueRef::Real(real) => format!("real {real}"),
-        ValueRef::Text(bytes) => format!(
-            "text '{}'",
-            String::from_utf8_lossy(&bytes[..bytes.len().min(64)])
-        ),
+        ValueRef::Text(bytes) => format!("text '{}'", String::from_utf8_lossy(&bytes[..bytes.len().min(64)])),
         ValueRef::Blob(bytes) => format!("a {}-byte BLOB", bytes.len()),
     }
 }
@@ -304,12 +241,9 @@ fn to_sql(value: &Value) -> rusqlite::types::Value {
         },
         Value::Bytes(bytes) => Sql::Blob(bytes.clone()),
         Value::Timestamp(value) => Sql::Text(format!("{value}+00:00")),
-        Value::Decimal(_)
-        | Value::Text(_)
-        | Value::Json(_)
-        | Value::Date(_)
-        | Value::Time(_)
-        | Value::DateTime(_) => Sql::Text(value.to_string()),
+        Value::Decimal(_) | Value::Text(_) | Value::Json(_) | Value::Date(_) | Value::Time(_) | Value::DateTime(_) => {
+            Sql::Text(value.to_string())
+        }
     }
 }
 
@@ -321,31 +255,13 @@ mod tests {
     fn declared_types_round_trip_through_the_mapping() {
         let types = [
             DataType::Boolean,
-            DataType::Integer {
-                bytes: 8,
-                unsigned: true,
-            },
-            DataType::Integer {
-                bytes: 8,
-                unsigned: false,
-            },
+            DataType::Integer { bytes: 8, unsigned: true },
+            DataType::Integer { bytes: 8, unsigned: false },
             DataType::Float64,
-            DataType::Decimal {
-                precision: Some(65),
-                scale: Some(30),
-            },
-            DataType::Text {
-                length: Some(20),
-                fixed: false,
-            },
-            DataType::Text {
-                length: None,
-                fixed: false,
-            },
-            DataType::Bytes {
-                length: None,
-                fixed: false,
-            },
+            DataType::Decimal { precision: Some(65), scale: Some(30) },
+            DataType::Text { length: Some(20), fixed: false },
+            DataType::Text { length: None, fixed: false },
+            DataType::Bytes { length: None, fixed: false },
             DataType::Date,
             DataType::Time { precision: 6 },
             DataType::DateTime { precision: 6 },
@@ -353,50 +269,26 @@ mod tests {
             DataType::Json,
         ];
         for data_type in types {
-            assert_eq!(
-                super::data_type(&declared_type(&data_type)),
-                data_type,
-                "{}",
-                declared_type(&data_type)
-            );
+            assert_eq!(super::data_type(&declared_type(&data_type)), data_type, "{}", declared_type(&data_type));
         }
     }
 
     #[test]
     fn values_that_numeric_affinity_would_round_survive_a_table() {
         let connection = Connection::open_in_memory().unwrap();
-        let decimal = DataType::Decimal {
-            precision: Some(65),
-            scale: Some(30),
-        };
-        let unsigned = DataType::Integer {
-            bytes: 8,
-            unsigned: true,
-        };
+        let decimal = DataType::Decimal { precision: Some(65), scale: Some(30) };
+        let unsigned = DataType::Integer { bytes: 8, unsigned: true };
         connection
-            .execute_batch(&format!(
-                "CREATE TABLE t (d {}, u {})",
-                declared_type(&decimal),
-                declared_type(&unsigned)
-            ))
+            .execute_batch(&format!("CREATE TABLE t (d {}, u {})", declared_type(&decimal), declared_type(&unsigned)))
             .unwrap();
         let wide = Value::Decimal(
-            Decimal::parse("12345678901234567890123456789012345.123456789012345678901234567890")
-                .unwrap(),
+            Decimal::parse("12345678901234567890123456789012345.123456789012345678901234567890").unwrap(),
         );
         let max = Value::UInt(u64::MAX);
-        connection
-            .execute(
-                "INSERT INTO t VALUES (?1, ?2)",
-                [to_sql(&wide), to_sql(&max)],
-            )
-            .unwrap();
+        connection.execute("INSERT INTO t VALUES (?1, ?2)", [to_sql(&wide), to_sql(&max)]).unwrap();
         let (d, u) = connection
             .query_row("SELECT d, u FROM t", [], |row| {
-                Ok((
-                    read_value(row.get_ref(0)?, &decimal).unwrap(),
-                    read_value(row.get_ref(1)?, &unsigned).unwrap(),
-                ))
+                Ok((read_value(row.get_ref(0)?, &decimal).unwrap(), read_value(row.get_ref(1)?, &unsigned).unwrap()))
             })
             .unwrap();
         assert_eq!((d, u), (wide, max));
@@ -404,14 +296,7 @@ mod tests {
 
     #[test]
     fn a_value_that_does_not_fit_its_column_says_why() {
-        let reason = read_value(
-            ValueRef::Text(b"soon"),
-            &DataType::DateTime { precision: 6 },
-        )
-        .unwrap_err();
-        assert_eq!(
-            reason,
-            "expected a date-time YYYY-MM-DD HH:MM:SS[.ffffff], found text 'soon'"
-        );
+        let reason = read_value(ValueRef::Text(b"soon"), &DataType::DateTime { precision: 6 }).unwrap_err();
+        assert_eq!(reason, "expected a date-time YYYY-MM-DD HH:MM:SS[.ffffff], found text 'soon'");
     }
 }

@@ -26,11 +26,7 @@ pub struct SqliteSink {
 
 impl SqliteSink {
     pub fn new(path: PathBuf, write_mode: WriteMode, create_tables: bool) -> SqliteSink {
-        SqliteSink {
-            path,
-            write_mode,
-            create_tables,
-        }
+        SqliteSink { path, write_mode, create_tables }
     }
 
     async fn blocking<T: Send + 'static>(
@@ -40,10 +36,7 @@ impl SqliteSink {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || work(open(&path, Side::Target)?))
             .await
-            .map_err(|error| {
-                Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}"))
-                    .on(Side::Target)
-            })?
+            .map_err(|error| Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target))?
     }
 }
 
@@ -55,13 +48,7 @@ impl Sink for SqliteSink {
             // BEGIN IMMEDIATE takes the write lock: it fails on a read-only file or directory.
             connection
                 .execute_batch("BEGIN IMMEDIATE; ROLLBACK;")
-                .map_err(|error| {
-                    sqlite_error(
-                        error,
-                        Side::Target,
-                        &format!("open {} for writing", path.display()),
-                    )
-                })?;
+                .map_err(|error| sqlite_error(error, Side::Target, &format!("open {} for writing", path.display())))?;
             Ok(vec![CheckItem {
                 what: "target database".into(),
                 ok: true,
@@ -116,19 +103,11 @@ impl Sink for SqliteSink {
         .await
     }
 
-    async fn open(
-        &self,
-        job: &str,
-        task: &str,
-        table: Arc<TableSchema>,
-    ) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         let path = self.path.clone();
-        let connection = tokio::task::spawn_blocking(move || open(&path, Side::Target))
-            .await
-            .map_err(|error| {
-                Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}"))
-                    .on(Side::Target)
-            })??;
+        let connection = tokio::task::spawn_blocking(move || open(&path, Side::Target)).await.map_err(|error| {
+            Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target)
+        })??;
         let insert = insert_sql(&table, self.write_mode);
         Ok(Box::new(SqliteWriter {
             state: Some(WriterState {
@@ -147,23 +126,11 @@ impl Sink for SqliteSink {
 fn check_columns(connection: &Connection, table: &TableSchema) -> Result<()> {
     let mut statement = connection
         .prepare("SELECT name FROM pragma_table_info(?1)")
-        .map_err(|error| {
-            sqlite_error(
-                error,
-                Side::Target,
-                &format!("describe table {}", table.name),
-            )
-        })?;
+        .map_err(|error| sqlite_error(error, Side::Target, &format!("describe table {}", table.name)))?;
     let existing: Vec<String> = statement
         .query_map([&table.name.name], |row| row.get(0))
         .and_then(|rows| rows.collect())
-        .map_err(|error| {
-            sqlite_error(
-                error,
-                Side::Target,
-                &format!("describe table {}", table.name),
-            )
-        })?;
+        .map_err(|error| sqlite_error(error, Side::Target, &format!("describe table {}", table.name)))?;
     let missing: Vec<&str> = table
         .columns
         .iter()
@@ -173,16 +140,9 @@ fn check_columns(connection: &Connection, table: &TableSchema) -> Result<()> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(Error::new(
-            ErrorKind::Schema,
-            format!(
-                "table `{}` lacks columns {}",
-                table.name,
-                missing.join(", ")
-            ),
-        )
-        .on(Side::Target)
-        .hint("add the columns or drop the table so it is created"))
+        Err(Error::new(ErrorKind::Schema, format!("table `{}` lacks columns {}", table.name, missing.join(", ")))
+            .on(Side::Target)
+            .hint("add the columns or drop the table so it is created"))
     }
 }
 
@@ -192,48 +152,24 @@ fn create_table_sql(table: &TableSchema) -> String {
         .iter()
         .map(|column| {
             let not_null = if column.nullable { "" } else { " NOT NULL" };
-            format!(
-                "{} {}{not_null}",
-                quote(&column.name),
-                declared_type(&column.data_type)
-            )
+            format!("{} {}{not_null}", quote(&column.name), declared_type(&column.data_type))
         })
         .collect();
     if !table.primary_key.is_empty() {
-        let key: Vec<String> = table
-            .primary_key
-            .iter()
-            .map(|&index| quote(&table.columns[index].name))
-            .collect();
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
     }
-    format!(
-        "CREATE TABLE IF NOT EXISTS {} ({})",
-        quote(&table.name.name),
-        definitions.join(", ")
-    )
+    format!("CREATE TABLE IF NOT EXISTS {} ({})", quote(&table.name.name), definitions.join(", "))
 }
 
 /// The row statement: a plain insert, or an upsert that matches the primary key only — a
 /// conflict on another unique key still fails, and becomes a dirty record.
 fn insert_sql(table: &TableSchema, write_mode: WriteMode) -> String {
-    let columns: Vec<String> = table
-        .columns
-        .iter()
-        .map(|column| quote(&column.name))
-        .collect();
+    let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
     let placeholders = vec!["?"; columns.len()].join(", ");
-    let mut sql = format!(
-        "INSERT INTO {} ({}) VALUES ({placeholders})",
-        quote(&table.name.name),
-        columns.join(", ")
-    );
+    let mut sql = format!("INSERT INTO {} ({}) VALUES ({placeholders})", quote(&table.name.name), columns.join(", "));
     if write_mode == WriteMode::Upsert {
-        let key: Vec<String> = table
-            .primary_key
-            .iter()
-            .map(|&index| quote(&table.columns[index].name))
-            .collect();
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         let updates: Vec<String> = (0..table.columns.len())
             .filter(|index| !table.primary_key.contains(index))
             .map(|index| format!("{0} = excluded.{0}", quote(&table.columns[index].name)))
@@ -266,18 +202,13 @@ impl SqliteWriter {
         &mut self,
         work: impl FnOnce(&mut WriterState) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let mut state = self
-            .state
-            .take()
-            .expect("a writer is not used after an error");
+        let mut state = self.state.take().expect("a writer is not used after an error");
         let (state, result) = tokio::task::spawn_blocking(move || {
             let result = work(&mut state);
             (state, result)
         })
         .await
-        .map_err(|error| {
-            Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target)
-        })?;
+        .map_err(|error| Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target))?;
         self.state = Some(state);
         result
     }
@@ -297,10 +228,11 @@ impl Writer for SqliteWriter {
                 .optional()
                 .map_err(|error| sqlite_error(error, Side::Target, "read the checkpoint"))?;
             let Some((position, done, rows_written)) = row else { return Ok(None) };
-            let position = position
-                .map(|text| serde_json::from_str(&text).map(Position))
-                .transpose()
-                .map_err(|error| Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", state.task)).on(Side::Target))?;
+            let position =
+                position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+                    Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", state.task))
+                        .on(Side::Target)
+                })?;
             Ok(Some(Checkpoint { task: state.task.clone(), position, done, rows_written }))
         })
         .await
@@ -317,33 +249,19 @@ impl Writer for SqliteWriter {
                     .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
                 state.in_transaction = true;
             }
-            let write_error = |error| {
-                sqlite_error(
-                    error,
-                    Side::Target,
-                    &format!("write table {}", state.table.name),
-                )
-            };
-            let mut statement = state
-                .connection
-                .prepare_cached(&state.insert)
-                .map_err(write_error)?;
+            let write_error = |error| sqlite_error(error, Side::Target, &format!("write table {}", state.table.name));
+            let mut statement = state.connection.prepare_cached(&state.insert).map_err(write_error)?;
             let mut rejected = Vec::new();
             for change in &batch.changes {
                 let ChangeKind::Insert { after } = &change.kind else {
-                    return Err(Error::new(
-                        ErrorKind::Write,
-                        "the SQLite target applies inserts only (snapshot mode)",
-                    )
-                    .on(Side::Target));
+                    return Err(Error::new(ErrorKind::Write, "the SQLite target applies inserts only (snapshot mode)")
+                        .on(Side::Target));
                 };
                 let values = after.iter().map(super::to_sql);
                 match statement.execute(rusqlite::params_from_iter(values)) {
                     Ok(_) => {}
                     // A constraint refuses this row only; SQLite rolls back just the statement.
-                    Err(error)
-                        if error.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) =>
-                    {
+                    Err(error) if error.sqlite_error_code() == Some(ErrorCode::ConstraintViolation) => {
                         rejected.push(Rejected {
                             table: state.table.name.to_string(),
                             key: key_text(&state.table, after),

@@ -35,10 +35,7 @@ impl SqliteSource {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || work(open(&path, Side::Source)?))
             .await
-            .map_err(|error| {
-                Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}"))
-                    .on(Side::Source)
-            })?
+            .map_err(|error| Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source))?
     }
 }
 
@@ -48,17 +45,9 @@ impl Source for SqliteSource {
         let path = self.path.clone();
         self.blocking(move |connection| {
             let tables: i64 = connection
-                .query_row(
-                    "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
-                    [],
-                    |row| row.get(0),
-                )
+                .query_row("SELECT count(*) FROM sqlite_schema WHERE type = 'table'", [], |row| row.get(0))
                 .map_err(|error| {
-                    sqlite_error(
-                        error,
-                        Side::Source,
-                        &format!("read the schema of {}", path.display()),
-                    )
+                    sqlite_error(error, Side::Source, &format!("read the schema of {}", path.display()))
                 })?;
             Ok(vec![CheckItem {
                 what: "source database".into(),
@@ -73,11 +62,7 @@ impl Source for SqliteSource {
         let filter = self.filter.clone();
         self.blocking(move |connection| {
             let names = table_names(&connection)?;
-            filter
-                .select(names)?
-                .into_iter()
-                .map(|name| describe_table(&connection, name))
-                .collect()
+            filter.select(names)?.into_iter().map(|name| describe_table(&connection, name)).collect()
         })
         .await
     }
@@ -86,17 +71,10 @@ impl Source for SqliteSource {
         let table = table.clone();
         self.blocking(move |connection| {
             let quoted = quote(&table.name.name);
-            let bounds = connection.query_row(
-                &format!("SELECT min(rowid), max(rowid), count(*) FROM {quoted}"),
-                [],
-                |row| {
-                    Ok((
-                        row.get::<_, Option<i64>>(0)?,
-                        row.get::<_, Option<i64>>(1)?,
-                        row.get::<_, u64>(2)?,
-                    ))
-                },
-            );
+            let bounds =
+                connection.query_row(&format!("SELECT min(rowid), max(rowid), count(*) FROM {quoted}"), [], |row| {
+                    Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?, row.get::<_, u64>(2)?))
+                });
             let split = |index: usize, descriptor: serde_json::Value, estimated_rows: u64| Split {
                 id: format!("{}#{index}", table.name),
                 table: table.clone(),
@@ -112,36 +90,18 @@ impl Source for SqliteSource {
                     // outside the bounds seen at planning are still copied.
                     Ok((0..splits)
                         .map(|index| {
-                            let from =
-                                (index > 0).then(|| (min as i128 + width * index as i128) as i64);
-                            let to = (index + 1 < splits)
-                                .then(|| (min as i128 + width * (index as i128 + 1)) as i64);
-                            split(
-                                index as usize,
-                                json!({"rowid_from": from, "rowid_to": to}),
-                                per_split,
-                            )
+                            let from = (index > 0).then(|| (min as i128 + width * index as i128) as i64);
+                            let to = (index + 1 < splits).then(|| (min as i128 + width * (index as i128 + 1)) as i64);
+                            split(index as usize, json!({"rowid_from": from, "rowid_to": to}), per_split)
                         })
                         .collect())
                 }
-                Ok((_, _, count)) => Ok(vec![split(
-                    0,
-                    json!({"rowid_from": null, "rowid_to": null}),
-                    count,
-                )]),
+                Ok((_, _, count)) => Ok(vec![split(0, json!({"rowid_from": null, "rowid_to": null}), count)]),
                 // WITHOUT ROWID tables have no rowid: one split, paginated on the primary key.
                 Err(_) => {
                     let count: u64 = connection
-                        .query_row(&format!("SELECT count(*) FROM {quoted}"), [], |row| {
-                            row.get(0)
-                        })
-                        .map_err(|error| {
-                            sqlite_error(
-                                error,
-                                Side::Source,
-                                &format!("count table {}", table.name),
-                            )
-                        })?;
+                        .query_row(&format!("SELECT count(*) FROM {quoted}"), [], |row| row.get(0))
+                        .map_err(|error| sqlite_error(error, Side::Source, &format!("count table {}", table.name)))?;
                     Ok(vec![split(0, json!({"primary_key": true}), count)])
                 }
             }
@@ -149,12 +109,7 @@ impl Source for SqliteSource {
         .await
     }
 
-    async fn open(
-        &self,
-        split: &Split,
-        resume_after: Option<&Position>,
-        batch_rows: usize,
-    ) -> Result<Box<dyn Reader>> {
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
         let path = self.path.clone();
         let split = split.clone();
         let resume_after = resume_after.cloned();
@@ -162,9 +117,7 @@ impl Source for SqliteSource {
             ChunkReader::new(open(&path, Side::Source)?, split, resume_after, batch_rows)
         })
         .await
-        .map_err(|error| {
-            Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source)
-        })??;
+        .map_err(|error| Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source))??;
         Ok(Box::new(SqliteReader { state: Some(state) }))
     }
 }
@@ -177,10 +130,7 @@ fn table_names(connection: &Connection) -> Result<Vec<TableName>> {
         .query_map([], |row| row.get::<_, String>(0))
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(|error| sqlite_error(error, Side::Source, "list tables"))?;
-    Ok(names
-        .into_iter()
-        .map(|name| TableName::new(None, &name))
-        .collect())
+    Ok(names.into_iter().map(|name| TableName::new(None, &name)).collect())
 }
 
 fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchema> {
@@ -189,12 +139,7 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
         .map_err(|error| sqlite_error(error, Side::Source, &format!("describe table {name}")))?;
     let rows = statement
         .query_map([&name.name], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, bool>(2)?,
-                row.get::<_, usize>(3)?,
-            ))
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?, row.get::<_, bool>(2)?, row.get::<_, usize>(3)?))
         })
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(|error| sqlite_error(error, Side::Source, &format!("describe table {name}")))?;
@@ -215,11 +160,7 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
         })
         .collect();
     key.sort();
-    Ok(TableSchema {
-        name,
-        columns,
-        primary_key: key.into_iter().map(|(_, index)| index).collect(),
-    })
+    Ok(TableSchema { name, columns, primary_key: key.into_iter().map(|(_, index)| index).collect() })
 }
 
 /// The async face of a `ChunkReader`, which runs on a blocking thread between calls.
@@ -230,18 +171,13 @@ struct SqliteReader {
 #[async_trait]
 impl Reader for SqliteReader {
     async fn next(&mut self) -> Result<Option<Batch>> {
-        let mut state = self
-            .state
-            .take()
-            .expect("a reader is not used after an error");
+        let mut state = self.state.take().expect("a reader is not used after an error");
         let (state, batch) = tokio::task::spawn_blocking(move || {
             let batch = state.next_batch();
             (state, batch)
         })
         .await
-        .map_err(|error| {
-            Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source)
-        })?;
+        .map_err(|error| Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source))?;
         self.state = Some(state);
         batch
     }
@@ -252,9 +188,7 @@ enum Cursor {
     /// Rowid tables: after this rowid, below the split's upper bound.
     Rowid { after: Option<i64>, to: Option<i64> },
     /// `WITHOUT ROWID` tables: after this primary-key tuple.
-    Key {
-        after: Option<Vec<serde_json::Value>>,
-    },
+    Key { after: Option<Vec<serde_json::Value>> },
 }
 
 struct ChunkReader {
@@ -274,48 +208,23 @@ impl ChunkReader {
     ) -> Result<ChunkReader> {
         let descriptor = &split.descriptor;
         let cursor = if descriptor.get("primary_key").is_some() {
-            let after = resume_after.map(|position| {
-                position
-                    .0
-                    .get("key")
-                    .and_then(|key| key.as_array().cloned())
-                    .unwrap_or_default()
-            });
+            let after = resume_after
+                .map(|position| position.0.get("key").and_then(|key| key.as_array().cloned()).unwrap_or_default());
             Cursor::Key { after }
         } else {
-            let resume = resume_after
-                .and_then(|position| position.0.get("rowid").and_then(serde_json::Value::as_i64));
+            let resume = resume_after.and_then(|position| position.0.get("rowid").and_then(serde_json::Value::as_i64));
             // The lower bound is inclusive; "after" is exclusive.
-            let from = descriptor
-                .get("rowid_from")
-                .and_then(serde_json::Value::as_i64)
-                .map(|from| from - 1);
-            Cursor::Rowid {
-                after: resume.or(from),
-                to: descriptor
-                    .get("rowid_to")
-                    .and_then(serde_json::Value::as_i64),
-            }
+            let from = descriptor.get("rowid_from").and_then(serde_json::Value::as_i64).map(|from| from - 1);
+            Cursor::Rowid { after: resume.or(from), to: descriptor.get("rowid_to").and_then(serde_json::Value::as_i64) }
         };
-        Ok(ChunkReader {
-            connection,
-            table: split.table.clone(),
-            cursor,
-            batch_rows,
-            finished: false,
-        })
+        Ok(ChunkReader { connection, table: split.table.clone(), cursor, batch_rows, finished: false })
     }
 
     fn next_batch(&mut self) -> Result<Option<Batch>> {
         if self.finished {
             return Ok(None);
         }
-        let columns: Vec<String> = self
-            .table
-            .columns
-            .iter()
-            .map(|column| quote(&column.name))
-            .collect();
+        let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
         let table = quote(&self.table.name.name);
         let mut parameters: Vec<rusqlite::types::Value> = Vec::new();
         let sql = match &self.cursor {
@@ -329,11 +238,8 @@ impl ChunkReader {
                     conditions.push("rowid < ?".to_owned());
                     parameters.push((*to).into());
                 }
-                let filter = if conditions.is_empty() {
-                    String::new()
-                } else {
-                    format!(" WHERE {}", conditions.join(" AND "))
-                };
+                let filter =
+                    if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
                 format!(
                     "SELECT rowid, {} FROM {table}{filter} ORDER BY rowid LIMIT {}",
                     columns.join(", "),
@@ -341,12 +247,8 @@ impl ChunkReader {
                 )
             }
             Cursor::Key { after } => {
-                let key: Vec<String> = self
-                    .table
-                    .primary_key
-                    .iter()
-                    .map(|&index| quote(&self.table.columns[index].name))
-                    .collect();
+                let key: Vec<String> =
+                    self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
                 let filter = match after {
                     Some(values) => {
                         parameters.extend(values.iter().map(json_to_sql));
@@ -363,17 +265,9 @@ impl ChunkReader {
                 )
             }
         };
-        let read_error = |error| {
-            sqlite_error(
-                error,
-                Side::Source,
-                &format!("read table {}", self.table.name),
-            )
-        };
+        let read_error = |error| sqlite_error(error, Side::Source, &format!("read table {}", self.table.name));
         let mut statement = self.connection.prepare_cached(&sql).map_err(read_error)?;
-        let mut rows = statement
-            .query(rusqlite::params_from_iter(parameters))
-            .map_err(read_error)?;
+        let mut rows = statement.query(rusqlite::params_from_iter(parameters)).map_err(read_error)?;
         let mut changes = Vec::with_capacity(self.batch_rows);
         let mut rejected = Vec::new();
         let mut last_rowid = None;
@@ -456,9 +350,9 @@ fn sql_to_json(value: rusqlite::Result<ValueRef<'_>>) -> rusqlite::Result<serde_
 fn json_to_sql(value: &serde_json::Value) -> rusqlite::types::Value {
     use rusqlite::types::Value as Sql;
     match value {
-        serde_json::Value::Number(number) => number
-            .as_i64()
-            .map_or_else(|| Sql::Real(number.as_f64().unwrap_or(0.0)), Sql::Integer),
+        serde_json::Value::Number(number) => {
+            number.as_i64().map_or_else(|| Sql::Real(number.as_f64().unwrap_or(0.0)), Sql::Integer)
+        }
         serde_json::Value::String(text) => Sql::Text(text.clone()),
         serde_json::Value::Object(object) => {
             let bytes = object

@@ -15,11 +15,7 @@ pub struct SpecError {
 
 impl fmt::Display for SpecError {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = if self.path.is_empty() {
-            "(document)"
-        } else {
-            &self.path
-        };
+        let path = if self.path.is_empty() { "(document)" } else { &self.path };
         write!(formatter, "{path}")?;
         if let Some(line) = self.line {
             write!(formatter, " (line {line})")?;
@@ -39,18 +35,11 @@ pub struct Decoder {
 
 impl Decoder {
     pub fn new(environment: fn(&str) -> Option<String>) -> Decoder {
-        Decoder {
-            errors: Vec::new(),
-            environment: Some(environment),
-        }
+        Decoder { errors: Vec::new(), environment: Some(environment) }
     }
 
     pub fn error(&mut self, path: &str, line: Option<usize>, message: impl Into<String>) {
-        self.errors.push(SpecError {
-            path: path.to_owned(),
-            line,
-            message: message.into(),
-        });
+        self.errors.push(SpecError { path: path.to_owned(), line, message: message.into() });
     }
 
     pub fn into_errors(self) -> Vec<SpecError> {
@@ -58,18 +47,9 @@ impl Decoder {
     }
 
     /// Opens a mapping and reports every key not in `allowed`.
-    pub fn mapping<'a>(
-        &mut self,
-        node: &'a Node,
-        path: &str,
-        allowed: &[&str],
-    ) -> Option<Fields<'a>> {
+    pub fn mapping<'a>(&mut self, node: &'a Node, path: &str, allowed: &[&str]) -> Option<Fields<'a>> {
         let NodeKind::Mapping(entries) = &node.kind else {
-            self.error(
-                path,
-                node.line,
-                format!("expected a mapping, found {}", node.shape()),
-            );
+            self.error(path, node.line, format!("expected a mapping, found {}", node.shape()));
             return None;
         };
         for (key, value) in entries {
@@ -77,28 +57,17 @@ impl Decoder {
                 self.error(
                     &join(path, key),
                     value.line,
-                    format!(
-                        "unknown field `{key}`; expected one of: {}",
-                        allowed.join(", ")
-                    ),
+                    format!("unknown field `{key}`; expected one of: {}", allowed.join(", ")),
                 );
             }
         }
-        Some(Fields {
-            entries,
-            path: path.to_owned(),
-            line: node.line,
-        })
+        Some(Fields { entries, path: path.to_owned(), line: node.line })
     }
 
     /// Reads a string scalar, substituting `${VAR}` from the environment (`$$` is a literal `$`).
     pub fn string(&mut self, node: &Node, path: &str) -> Option<String> {
         let NodeKind::Scalar { text, .. } = &node.kind else {
-            self.error(
-                path,
-                node.line,
-                format!("expected a string, found {}", node.shape()),
-            );
+            self.error(path, node.line, format!("expected a string, found {}", node.shape()));
             return None;
         };
         self.substitute(text, path, node.line)
@@ -106,20 +75,12 @@ impl Decoder {
 
     pub fn boolean(&mut self, node: &Node, path: &str) -> Option<bool> {
         match &node.kind {
-            NodeKind::Scalar {
-                text,
-                quoted: false,
-            } if matches!(text.as_str(), "true" | "True" | "TRUE") => Some(true),
-            NodeKind::Scalar {
-                text,
-                quoted: false,
-            } if matches!(text.as_str(), "false" | "False" | "FALSE") => Some(false),
+            NodeKind::Scalar { text, quoted: false } if matches!(text.as_str(), "true" | "True" | "TRUE") => Some(true),
+            NodeKind::Scalar { text, quoted: false } if matches!(text.as_str(), "false" | "False" | "FALSE") => {
+                Some(false)
+            }
             _ => {
-                self.error(
-                    path,
-                    node.line,
-                    format!("expected true or false, found {}", describe(node)),
-                );
+                self.error(path, node.line, format!("expected true or false, found {}", describe(node)));
                 None
             }
         }
@@ -128,10 +89,7 @@ impl Decoder {
     /// Reads a non-negative integer no larger than `maximum`.
     pub fn unsigned(&mut self, node: &Node, path: &str, maximum: u64) -> Option<u64> {
         let parsed = match &node.kind {
-            NodeKind::Scalar {
-                text,
-                quoted: false,
-            } => text.replace('_', "").parse::<u64>().ok(),
+            NodeKind::Scalar { text, quoted: false } => text.replace('_', "").parse::<u64>().ok(),
             _ => None,
         };
         match parsed {
@@ -140,10 +98,7 @@ impl Decoder {
                 self.error(
                     path,
                     node.line,
-                    format!(
-                        "expected a whole number from 0 to {maximum}, found {}",
-                        describe(node)
-                    ),
+                    format!("expected a whole number from 0 to {maximum}, found {}", describe(node)),
                 );
                 None
             }
@@ -164,11 +119,7 @@ impl Decoder {
                 Some(values)
             }
             _ => {
-                self.error(
-                    path,
-                    node.line,
-                    format!("expected a list of strings, found {}", node.shape()),
-                );
+                self.error(path, node.line, format!("expected a list of strings, found {}", node.shape()));
                 None
             }
         }
@@ -189,11 +140,7 @@ impl Decoder {
                 rest = after_dollar;
             } else if let Some(body) = after.strip_prefix('{') {
                 let Some(end) = body.find('}') else {
-                    self.error(
-                        path,
-                        line,
-                        "unclosed `${` in value; write `$$` for a literal `$`",
-                    );
+                    self.error(path, line, "unclosed `${` in value; write `$$` for a literal `$`");
                     return None;
                 };
                 let name = &body[..end];
@@ -201,15 +148,15 @@ impl Decoder {
                 match value {
                     Some(value) if is_variable_name(name) => output.push_str(&value),
                     _ if !is_variable_name(name) => {
-                        self.error(
-                            path,
-                            line,
-                            format!("`${{{name}}}` is not a valid environment variable name"),
-                        );
+                        self.error(path, line, format!("`${{{name}}}` is not a valid environment variable name"));
                         ok = false;
                     }
                     _ => {
-                        self.error(path, line, format!("environment variable `{name}` is not set; export it or change the job file"));
+                        self.error(
+                            path,
+                            line,
+                            format!("environment variable `{name}` is not set; export it or change the job file"),
+                        );
                         ok = false;
                     }
                 }
@@ -225,10 +172,7 @@ impl Decoder {
 }
 
 fn is_variable_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
+    !name.is_empty() && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
 }
 
 /// Describes a node for messages; scalars are quoted, so the user sees what they wrote.
@@ -259,22 +203,14 @@ pub struct Fields<'a> {
 impl<'a> Fields<'a> {
     /// The value of `key`, treating an explicit null as absent.
     pub fn get(&self, key: &str) -> Option<&'a Node> {
-        self.entries
-            .iter()
-            .find(|(name, _)| name == key)
-            .map(|(_, node)| node)
-            .filter(|node| !node.is_null())
+        self.entries.iter().find(|(name, _)| name == key).map(|(_, node)| node).filter(|node| !node.is_null())
     }
 
     /// The value of `key`, or an error naming the missing field.
     pub fn require(&self, decoder: &mut Decoder, key: &str, what: &str) -> Option<&'a Node> {
         let node = self.get(key);
         if node.is_none() {
-            decoder.error(
-                &self.path(key),
-                self.line,
-                format!("missing required field `{key}` ({what})"),
-            );
+            decoder.error(&self.path(key), self.line, format!("missing required field `{key}` ({what})"));
         }
         node
     }
@@ -289,9 +225,6 @@ impl<'a> Fields<'a> {
 
     /// The keys present, with their lines.
     pub fn keys(&self) -> impl Iterator<Item = (&'a str, Option<usize>)> + '_ {
-        self.entries
-            .iter()
-            .filter(|(_, node)| !node.is_null())
-            .map(|(key, node)| (key.as_str(), node.line))
+        self.entries.iter().filter(|(_, node)| !node.is_null()).map(|(key, node)| (key.as_str(), node.line))
     }
 }

@@ -81,15 +81,10 @@ fn from_json(value: serde_json::Value) -> Node {
         serde_json::Value::Bool(value) => scalar(value.to_string(), false),
         serde_json::Value::Number(value) => scalar(value.to_string(), false),
         serde_json::Value::String(value) => scalar(value, true),
-        serde_json::Value::Array(items) => {
-            NodeKind::Sequence(items.into_iter().map(from_json).collect())
+        serde_json::Value::Array(items) => NodeKind::Sequence(items.into_iter().map(from_json).collect()),
+        serde_json::Value::Object(entries) => {
+            NodeKind::Mapping(entries.into_iter().map(|(key, value)| (key, from_json(value))).collect())
         }
-        serde_json::Value::Object(entries) => NodeKind::Mapping(
-            entries
-                .into_iter()
-                .map(|(key, value)| (key, from_json(value)))
-                .collect(),
-        ),
     };
     Node { kind, line: None }
 }
@@ -113,37 +108,23 @@ impl Builder {
     fn accept(&mut self, event: Event<'_>, span: Span) -> Result<(), SyntaxError> {
         let line = Some(span.start.line());
         match event {
-            Event::MappingStart(anchor, _) => {
-                self.open(NodeKind::Mapping(Vec::new()), anchor, line)
-            }
-            Event::SequenceStart(anchor, _) => {
-                self.open(NodeKind::Sequence(Vec::new()), anchor, line)
-            }
+            Event::MappingStart(anchor, _) => self.open(NodeKind::Mapping(Vec::new()), anchor, line),
+            Event::SequenceStart(anchor, _) => self.open(NodeKind::Sequence(Vec::new()), anchor, line),
             Event::MappingEnd | Event::SequenceEnd => {
                 let open = self.stack.pop().expect("the parser balances collections");
                 self.add(open.node, open.anchor, span)?;
             }
             Event::Scalar(text, style, anchor, _) => {
                 let quoted = !matches!(style, ScalarStyle::Plain);
-                let node = Node {
-                    kind: NodeKind::Scalar {
-                        text: text.into_owned(),
-                        quoted,
-                    },
-                    line,
-                };
+                let node = Node { kind: NodeKind::Scalar { text: text.into_owned(), quoted }, line };
                 self.add(node, anchor, span)?;
             }
             Event::Alias(anchor) => {
-                let node = self
-                    .anchors
-                    .get(&anchor)
-                    .cloned()
-                    .ok_or_else(|| SyntaxError {
-                        line,
-                        column: Some(span.start.col() + 1),
-                        message: "alias refers to an unknown anchor".into(),
-                    })?;
+                let node = self.anchors.get(&anchor).cloned().ok_or_else(|| SyntaxError {
+                    line,
+                    column: Some(span.start.col() + 1),
+                    message: "alias refers to an unknown anchor".into(),
+                })?;
                 self.add(node, 0, span)?;
             }
             Event::DocumentStart(_) if self.root.is_some() => {
@@ -159,11 +140,7 @@ impl Builder {
     }
 
     fn open(&mut self, kind: NodeKind, anchor: usize, line: Option<usize>) {
-        self.stack.push(Open {
-            node: Node { kind, line },
-            anchor,
-            pending_key: None,
-        });
+        self.stack.push(Open { node: Node { kind, line }, anchor, pending_key: None });
     }
 
     fn add(&mut self, node: Node, anchor: usize, span: Span) -> Result<(), SyntaxError> {
@@ -178,9 +155,7 @@ impl Builder {
             NodeKind::Sequence(items) => items.push(node),
             NodeKind::Mapping(entries) => match parent.pending_key.take() {
                 None => match node.kind {
-                    NodeKind::Scalar { text, .. } => {
-                        parent.pending_key = Some((text, span.start.line()))
-                    }
+                    NodeKind::Scalar { text, .. } => parent.pending_key = Some((text, span.start.line())),
                     _ => {
                         return Err(SyntaxError {
                             line: node.line,
@@ -198,10 +173,7 @@ impl Builder {
                         });
                     }
                     // A value's line is its key's line: that is where a reader looks.
-                    let node = Node {
-                        line: Some(key_line),
-                        ..node
-                    };
+                    let node = Node { line: Some(key_line), ..node };
                     entries.push((key, node));
                 }
             },
@@ -211,11 +183,7 @@ impl Builder {
     }
 
     fn finish(self) -> Result<Node, SyntaxError> {
-        self.root.ok_or_else(|| SyntaxError {
-            line: Some(1),
-            column: Some(1),
-            message: "the document is empty".into(),
-        })
+        self.root.ok_or_else(|| SyntaxError { line: Some(1), column: Some(1), message: "the document is empty".into() })
     }
 }
 
@@ -226,32 +194,14 @@ mod tests {
     #[test]
     fn yaml_nodes_carry_the_line_of_their_key() {
         let node = parse_yaml("name: a\nsource:\n  type: sqlite\n  tables: [\"x\", y]\n").unwrap();
-        let NodeKind::Mapping(entries) = &node.kind else {
-            panic!("root is a mapping")
-        };
+        let NodeKind::Mapping(entries) = &node.kind else { panic!("root is a mapping") };
         assert_eq!(entries[0].0, "name");
         assert_eq!(entries[1].1.line, Some(2));
-        let NodeKind::Mapping(source) = &entries[1].1.kind else {
-            panic!("source is a mapping")
-        };
+        let NodeKind::Mapping(source) = &entries[1].1.kind else { panic!("source is a mapping") };
         assert_eq!(source[1].1.line, Some(4));
-        let NodeKind::Sequence(tables) = &source[1].1.kind else {
-            panic!("tables is a list")
-        };
-        assert_eq!(
-            tables[0].kind,
-            NodeKind::Scalar {
-                text: "x".into(),
-                quoted: true
-            }
-        );
-        assert_eq!(
-            tables[1].kind,
-            NodeKind::Scalar {
-                text: "y".into(),
-                quoted: false
-            }
-        );
+        let NodeKind::Sequence(tables) = &source[1].1.kind else { panic!("tables is a list") };
+        assert_eq!(tables[0].kind, NodeKind::Scalar { text: "x".into(), quoted: true });
+        assert_eq!(tables[1].kind, NodeKind::Scalar { text: "y".into(), quoted: false });
     }
 
     #[test]
@@ -259,18 +209,13 @@ mod tests {
         let error = parse_yaml("name: a\nsource: [unclosed\ntarget: b\n").unwrap_err();
         assert!(error.line.is_some() && error.column.is_some(), "{error:?}");
         let error = parse_yaml("a: 1\na: 2\n").unwrap_err();
-        assert_eq!(
-            (error.line, error.message.as_str()),
-            (Some(2), "duplicate key `a`")
-        );
+        assert_eq!((error.line, error.message.as_str()), (Some(2), "duplicate key `a`"));
     }
 
     #[test]
     fn aliases_resolve_to_their_anchor() {
         let node = parse_yaml("base: &b {x: 1}\ncopy: *b\n").unwrap();
-        let NodeKind::Mapping(entries) = &node.kind else {
-            panic!()
-        };
+        let NodeKind::Mapping(entries) = &node.kind else { panic!() };
         assert_eq!(entries[0].1.kind, entries[1].1.kind);
     }
 }

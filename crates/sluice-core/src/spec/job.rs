@@ -74,11 +74,7 @@ pub struct EndpointSpec {
 impl EndpointSpec {
     /// The line of a field, for messages.
     pub fn line_of(&self, field: &str) -> Option<usize> {
-        self.present
-            .iter()
-            .find(|(name, _)| name == field)
-            .and_then(|(_, line)| *line)
-            .or(self.line)
+        self.present.iter().find(|(name, _)| name == field).and_then(|(_, line)| *line).or(self.line)
     }
 
     pub fn path_of(&self, field: &str) -> String {
@@ -87,18 +83,12 @@ impl EndpointSpec {
 
     /// An error about one of this endpoint's fields.
     pub fn error(&self, field: &str, message: impl Into<String>) -> SpecError {
-        SpecError {
-            path: self.path_of(field),
-            line: self.line_of(field),
-            message: message.into(),
-        }
+        SpecError { path: self.path_of(field), line: self.line_of(field), message: message.into() }
     }
 
     /// The URL with its password replaced by `***`, for messages.
     pub fn display_url(&self) -> String {
-        self.url.as_ref().map_or_else(String::new, |url| {
-            secret::redact_url_passwords(url.expose())
-        })
+        self.url.as_ref().map_or_else(String::new, |url| secret::redact_url_passwords(url.expose()))
     }
 }
 
@@ -113,6 +103,8 @@ pub struct Limits {
     /// Batches buffered between a reader and its writer; with `batch_rows` and `parallelism` this
     /// bounds memory.
     pub queue_batches: usize,
+    /// Rows per split when a table is cut into parallel chunks.
+    pub split_rows: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,27 +121,12 @@ pub struct RetryPolicy {
     pub max_backoff_ms: u64,
 }
 
-const ENDPOINT_FIELDS: [&str; 6] = [
-    "type",
-    "url",
-    "path",
-    "tables",
-    "write_mode",
-    "create_tables",
-];
+const ENDPOINT_FIELDS: [&str; 6] = ["type", "url", "path", "tables", "write_mode", "create_tables"];
 
 /// Parses a job document (YAML, or JSON when `json` is set) and validates its structure,
 /// returning every error found. Connector-specific checks are the registry's.
-pub fn parse_job(
-    text: &str,
-    json: bool,
-    environment: fn(&str) -> Option<String>,
-) -> Result<JobSpec, Vec<SpecError>> {
-    let root = if json {
-        document::parse_json(text)
-    } else {
-        document::parse_yaml(text)
-    };
+pub fn parse_job(text: &str, json: bool, environment: fn(&str) -> Option<String>) -> Result<JobSpec, Vec<SpecError>> {
+    let root = if json { document::parse_json(text) } else { document::parse_yaml(text) };
     let root = root.map_err(|error| {
         let location = match (error.line, error.column) {
             (Some(line), Some(column)) => format!(" at line {line}, column {column}"),
@@ -175,41 +152,24 @@ pub fn parse_job(
 }
 
 fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
-    let fields = decoder.mapping(
-        root,
-        "",
-        &[
-            "name",
-            "mode",
-            "source",
-            "target",
-            "parallelism",
-            "limits",
-            "errors",
-            "retry",
-        ],
-    )?;
-    let name = fields
-        .require(decoder, "name", "the job's name, [a-z0-9_-]+")
-        .and_then(|node| {
-            let name = decoder.string(node, "name")?;
-            let valid = !name.is_empty()
-                && name.len() <= 128
-                && name.bytes().all(|byte| {
-                    byte.is_ascii_lowercase()
-                        || byte.is_ascii_digit()
-                        || byte == b'_'
-                        || byte == b'-'
-                });
-            if !valid {
-                decoder.error(
-                    "name",
-                    node.line,
-                    format!("`{name}` is not a valid job name; use 1 to 128 of a-z, 0-9, _ and -"),
-                );
-            }
-            valid.then_some(name)
-        });
+    let fields =
+        decoder.mapping(root, "", &["name", "mode", "source", "target", "parallelism", "limits", "errors", "retry"])?;
+    let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
+        let name = decoder.string(node, "name")?;
+        let valid = !name.is_empty()
+            && name.len() <= 128
+            && name
+                .bytes()
+                .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-');
+        if !valid {
+            decoder.error(
+                "name",
+                node.line,
+                format!("`{name}` is not a valid job name; use 1 to 128 of a-z, 0-9, _ and -"),
+            );
+        }
+        valid.then_some(name)
+    });
     let mode = match fields.get("mode") {
         None => Some(Mode::Snapshot),
         Some(node) => decoder.string(node, "mode").and_then(|text| {
@@ -228,20 +188,17 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let source = fields
         .require(decoder, "source", "where data comes from")
         .and_then(|node| decode_endpoint(decoder, node, "source"));
-    let target = fields
-        .require(decoder, "target", "where data goes")
-        .and_then(|node| decode_endpoint(decoder, node, "target"));
+    let target =
+        fields.require(decoder, "target", "where data goes").and_then(|node| decode_endpoint(decoder, node, "target"));
     let parallelism = match fields.get("parallelism") {
         None => Some(4),
-        Some(node) => decoder
-            .unsigned(node, "parallelism", 256)
-            .and_then(|value| {
-                if value == 0 {
-                    decoder.error("parallelism", node.line, "must be at least 1");
-                    return None;
-                }
-                Some(value as usize)
-            }),
+        Some(node) => decoder.unsigned(node, "parallelism", 256).and_then(|value| {
+            if value == 0 {
+                decoder.error("parallelism", node.line, "must be at least 1");
+                return None;
+            }
+            Some(value as usize)
+        }),
     };
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -261,55 +218,37 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
 fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Option<EndpointSpec> {
     // Connector-specific keys are allowed here and checked by the registry, which knows them.
     let document::NodeKind::Mapping(entries) = &node.kind else {
-        decoder.error(
-            role,
-            node.line,
-            format!(
-                "expected a mapping with at least `type`, found {}",
-                node.shape()
-            ),
-        );
+        decoder.error(role, node.line, format!("expected a mapping with at least `type`, found {}", node.shape()));
         return None;
     };
     let every_key: Vec<&str> = entries.iter().map(|(key, _)| key.as_str()).collect();
     let fields = decoder.mapping(node, role, &every_key)?;
     let connector = fields
-        .require(
-            decoder,
-            "type",
-            "the connector, e.g. sqlite, mysql, postgres, jsonl",
-        )
+        .require(decoder, "type", "the connector, e.g. sqlite, mysql, postgres, jsonl")
         .and_then(|node| decoder.string(node, &fields.path("type")));
-    let url = fields
-        .get("url")
-        .and_then(|node| decoder.string(node, &fields.path("url")))
-        .map(|url| {
-            register_url_password(&url);
-            Secret::new(url)
-        });
-    let path = fields
-        .get("path")
-        .and_then(|node| decoder.string(node, &fields.path("path")));
+    let url = fields.get("url").and_then(|node| decoder.string(node, &fields.path("url"))).map(|url| {
+        register_url_password(&url);
+        Secret::new(url)
+    });
+    let path = fields.get("path").and_then(|node| decoder.string(node, &fields.path("path")));
     let tables = match fields.get("tables") {
         Some(node) => decoder.string_list(node, &fields.path("tables"))?,
         None => Vec::new(),
     };
     let write_mode = match fields.get("write_mode") {
         None => Some(WriteMode::Insert),
-        Some(node) => decoder
-            .string(node, &fields.path("write_mode"))
-            .and_then(|text| match text.as_str() {
-                "insert" => Some(WriteMode::Insert),
-                "upsert" => Some(WriteMode::Upsert),
-                _ => {
-                    decoder.error(
-                        &fields.path("write_mode"),
-                        node.line,
-                        format!("unknown write mode `{text}`; expected insert or upsert"),
-                    );
-                    None
-                }
-            }),
+        Some(node) => decoder.string(node, &fields.path("write_mode")).and_then(|text| match text.as_str() {
+            "insert" => Some(WriteMode::Insert),
+            "upsert" => Some(WriteMode::Upsert),
+            _ => {
+                decoder.error(
+                    &fields.path("write_mode"),
+                    node.line,
+                    format!("unknown write mode `{text}`; expected insert or upsert"),
+                );
+                None
+            }
+        }),
     };
     let create_tables = match fields.get("create_tables") {
         None => Some(true),
@@ -328,10 +267,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
         tables,
         write_mode: write_mode?,
         create_tables: create_tables?,
-        present: fields
-            .keys()
-            .map(|(key, line)| (key.to_owned(), line))
-            .collect(),
+        present: fields.keys().map(|(key, line)| (key.to_owned(), line)).collect(),
         options,
         line: node.line,
     })
@@ -375,35 +311,22 @@ fn percent_decode(text: &str) -> Option<String> {
 }
 
 fn decode_limits(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Limits> {
-    let defaults = Limits {
-        rows_per_sec: 0,
-        bytes_per_sec: 0,
-        batch_rows: 5_000,
-        queue_batches: 4,
-    };
+    let defaults =
+        Limits { rows_per_sec: 0, bytes_per_sec: 0, batch_rows: 5_000, queue_batches: 4, split_rows: 100_000 };
     let Some(node) = fields.get("limits") else {
         return Some(defaults);
     };
     let limits = decoder.mapping(
         node,
         "limits",
-        &[
-            "rows_per_sec",
-            "bytes_per_sec",
-            "batch_rows",
-            "queue_batches",
-        ],
+        &["rows_per_sec", "bytes_per_sec", "batch_rows", "queue_batches", "split_rows"],
     )?;
     let mut read = |key: &str, default: u64, minimum: u64, maximum: u64| match limits.get(key) {
         None => Some(default),
         Some(node) => {
             let value = decoder.unsigned(node, &limits.path(key), maximum)?;
             if value < minimum {
-                decoder.error(
-                    &limits.path(key),
-                    node.line,
-                    format!("must be at least {minimum}"),
-                );
+                decoder.error(&limits.path(key), node.line, format!("must be at least {minimum}"));
                 return None;
             }
             Some(value)
@@ -413,19 +336,19 @@ fn decode_limits(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Limits> {
     let bytes_per_sec = read("bytes_per_sec", 0, 0, u64::MAX);
     let batch_rows = read("batch_rows", defaults.batch_rows as u64, 1, 1_000_000);
     let queue_batches = read("queue_batches", defaults.queue_batches as u64, 1, 1_024);
+    let split_rows = read("split_rows", defaults.split_rows, 1, u64::MAX);
     Some(Limits {
         rows_per_sec: rows_per_sec?,
         bytes_per_sec: bytes_per_sec?,
         batch_rows: batch_rows? as usize,
         queue_batches: queue_batches? as usize,
+        split_rows: split_rows?,
     })
 }
 
 fn decode_error_policy(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<ErrorPolicy> {
     let Some(node) = fields.get("errors") else {
-        return Some(ErrorPolicy {
-            max_dirty_records: 0,
-        });
+        return Some(ErrorPolicy { max_dirty_records: 0 });
     };
     let errors = decoder.mapping(node, "errors", &["max_dirty_records"])?;
     let max_dirty_records = match errors.get("max_dirty_records") {
@@ -436,19 +359,11 @@ fn decode_error_policy(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Err
 }
 
 fn decode_retry(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RetryPolicy> {
-    let defaults = RetryPolicy {
-        max_attempts: 5,
-        initial_backoff_ms: 200,
-        max_backoff_ms: 10_000,
-    };
+    let defaults = RetryPolicy { max_attempts: 5, initial_backoff_ms: 200, max_backoff_ms: 10_000 };
     let Some(node) = fields.get("retry") else {
         return Some(defaults);
     };
-    let retry = decoder.mapping(
-        node,
-        "retry",
-        &["max_attempts", "initial_backoff_ms", "max_backoff_ms"],
-    )?;
+    let retry = decoder.mapping(node, "retry", &["max_attempts", "initial_backoff_ms", "max_backoff_ms"])?;
     let mut read = |key: &str, default: u64, maximum: u64| match retry.get(key) {
         None => Some(default),
         Some(node) => decoder.unsigned(node, &retry.path(key), maximum),
@@ -475,8 +390,7 @@ mod tests {
         parse_job(text, false, environment)
     }
 
-    const MINIMAL: &str =
-        "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
+    const MINIMAL: &str = "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
 
     #[test]
     fn a_minimal_job_gets_defaults() {
@@ -491,10 +405,8 @@ mod tests {
     fn every_error_is_reported_with_its_path_and_line() {
         let text = "name: Bad Name\nmode: sometimes\nsource:\n  type: sqlite\ntarget:\n  type: jsonl\n  write_mode: merge\nparallelism: zero\nlimits: {rows_per_sec: -1}\nextra: 1\n";
         let errors = parse(text).unwrap_err();
-        let located: Vec<(&str, Option<usize>)> = errors
-            .iter()
-            .map(|error| (error.path.as_str(), error.line))
-            .collect();
+        let located: Vec<(&str, Option<usize>)> =
+            errors.iter().map(|error| (error.path.as_str(), error.line)).collect();
         assert_eq!(
             located,
             vec![
@@ -506,11 +418,7 @@ mod tests {
                 ("limits.rows_per_sec", Some(9)),
             ]
         );
-        assert!(
-            errors[0].message.contains("unknown field `extra`"),
-            "{}",
-            errors[0]
-        );
+        assert!(errors[0].message.contains("unknown field `extra`"), "{}", errors[0]);
     }
 
     #[test]
@@ -518,16 +426,10 @@ mod tests {
         let text = "name: copy\nsource:\n  type: mysql\n  url: mysql://u:${PASSWORD}@h:3306\ntarget:\n  type: jsonl\n  path: ${NOPE}\n";
         let errors = parse(text).unwrap_err();
         assert_eq!(errors.len(), 1);
-        assert_eq!(
-            (errors[0].path.as_str(), errors[0].line),
-            ("target.path", Some(7))
-        );
+        assert_eq!((errors[0].path.as_str(), errors[0].line), ("target.path", Some(7)));
         assert!(errors[0].message.contains("`NOPE` is not set"));
         let job = parse(&text.replace("${NOPE}", "out")).unwrap();
-        assert_eq!(
-            job.source.url.as_ref().unwrap().expose(),
-            "mysql://u:CANARY-spec-91c2@h:3306"
-        );
+        assert_eq!(job.source.url.as_ref().unwrap().expose(), "mysql://u:CANARY-spec-91c2@h:3306");
         assert_eq!(job.source.display_url(), "mysql://u:***@h:3306");
         assert!(!format!("{job:?}").contains("CANARY"));
         assert_eq!(secret::scrub("x CANARY-spec-91c2 y"), "x *** y");
@@ -539,10 +441,6 @@ mod tests {
         let job = parse_job(text, true, environment).unwrap();
         assert_eq!((job.mode, job.parallelism), (Mode::Snapshot, 2));
         let errors = parse_job(r#"{"name": 5"#, true, environment).unwrap_err();
-        assert!(
-            errors[0].message.contains("not valid JSON at line 1"),
-            "{}",
-            errors[0]
-        );
+        assert!(errors[0].message.contains("not valid JSON at line 1"), "{}", errors[0]);
     }
 }

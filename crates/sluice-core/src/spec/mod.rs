@@ -7,6 +7,4 @@ mod job;
 
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{Node, NodeKind};
-pub use job::{
-    parse_job, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode,
-};
+pub use job::{parse_job, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode};

@@ -1,0 +1,236 @@
+//! The standalone state store: one SQLite database, `state.db`, under `--state-dir`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use sluice_core::change::{Position, Rejected};
+use sluice_core::connector::Checkpoint;
+use sluice_core::state::{Plan, StateStore};
+use sluice_core::stats::RunSummary;
+use sluice_core::{Error, Result};
+
+/// Version of the stored layout; bumped when tables change, checked on open.
+const LAYOUT_VERSION: i64 = 1;
+
+#[derive(Debug)]
+pub struct SqliteStateStore {
+    connection: Mutex<Connection>,
+    directory: PathBuf,
+}
+
+fn state_error(doing: &str, error: impl std::fmt::Display) -> Error {
+    Error::state(format!("{doing}: {error}"))
+}
+
+impl SqliteStateStore {
+    /// Opens (creating when missing) the store in `directory`.
+    pub fn open(directory: &Path) -> Result<SqliteStateStore> {
+        std::fs::create_dir_all(directory).map_err(|error| {
+            state_error(&format!("cannot create the state directory {}", directory.display()), error)
+                .hint("choose a writable --state-dir")
+        })?;
+        let path = directory.join("state.db");
+        let connection =
+            Connection::open(&path).map_err(|error| state_error(&format!("cannot open {}", path.display()), error))?;
+        connection
+            .busy_timeout(std::time::Duration::from_secs(30))
+            .and_then(|()| {
+                connection.execute_batch(
+                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;
+                     CREATE TABLE IF NOT EXISTS layout (version INTEGER NOT NULL);
+                     CREATE TABLE IF NOT EXISTS plans (job TEXT PRIMARY KEY, plan TEXT NOT NULL, updated_at TEXT NOT NULL);
+                     CREATE TABLE IF NOT EXISTS checkpoints (job TEXT NOT NULL, task TEXT NOT NULL, position TEXT, done INTEGER NOT NULL,
+                         rows_written INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (job, task));
+                     CREATE TABLE IF NOT EXISTS dirty_records (id INTEGER PRIMARY KEY, job TEXT NOT NULL, task TEXT NOT NULL,
+                         table_name TEXT NOT NULL, key TEXT NOT NULL, reason TEXT NOT NULL, record TEXT, created_at TEXT NOT NULL,
+                         UNIQUE (job, task, table_name, key));
+                     CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, job TEXT NOT NULL, status TEXT NOT NULL,
+                         summary TEXT NOT NULL, finished_at TEXT NOT NULL);",
+                )
+            })
+            .map_err(|error| state_error(&format!("cannot prepare {}", path.display()), error))?;
+        let version: Option<i64> = connection
+            .query_row("SELECT version FROM layout", [], |row| row.get(0))
+            .optional()
+            .map_err(|error| state_error("cannot read the state layout", error))?;
+        match version {
+            None => {
+                connection
+                    .execute("INSERT INTO layout (version) VALUES (?1)", [LAYOUT_VERSION])
+                    .map_err(|error| state_error("cannot write the state layout", error))?;
+            }
+            Some(LAYOUT_VERSION) => {}
+            Some(other) => {
+                return Err(Error::state(format!(
+                    "{} has layout version {other}; this sluice reads version {LAYOUT_VERSION}",
+                    path.display()
+                ))
+                .hint("use the sluice version that wrote it, or a new --state-dir"))
+            }
+        }
+        Ok(SqliteStateStore { connection: Mutex::new(connection), directory: directory.to_owned() })
+    }
+
+    fn connection(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Writes the job's dirty records as JSON Lines to `<state-dir>/<job>/dirty.jsonl`, for
+    /// operators to read with any tool. Returns the file's path.
+    pub fn export_dirty(&self, job: &str) -> Result<PathBuf> {
+        let records = self.dirty_records(job)?;
+        let directory = self.directory.join(job);
+        let path = directory.join("dirty.jsonl");
+        let mut text = String::new();
+        for record in &records {
+            text.push_str(&serde_json::to_string(record).expect("records serialize"));
+            text.push('\n');
+        }
+        std::fs::create_dir_all(&directory)
+            .and_then(|()| std::fs::write(&path, text))
+            .map_err(|error| state_error(&format!("cannot write {}", path.display()), error))?;
+        Ok(path)
+    }
+}
+
+impl StateStore for SqliteStateStore {
+    fn load_plan(&self, job: &str) -> Result<Option<Plan>> {
+        let text: Option<String> = self
+            .connection()
+            .query_row("SELECT plan FROM plans WHERE job = ?1", [job], |row| row.get(0))
+            .optional()
+            .map_err(|error| state_error("cannot read the plan", error))?;
+        text.map(|text| {
+            serde_json::from_str(&text).map_err(|error| {
+                state_error(&format!("the stored plan of job {job} is unreadable"), error).hint("use a new --state-dir")
+            })
+        })
+        .transpose()
+    }
+
+    fn save_plan(&self, job: &str, plan: &Plan) -> Result<()> {
+        let text = serde_json::to_string(plan).expect("plans serialize");
+        self.connection()
+            .execute(
+                "INSERT INTO plans (job, plan, updated_at) VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ'))
+                 ON CONFLICT (job) DO UPDATE SET plan = excluded.plan, updated_at = excluded.updated_at",
+                params![job, text],
+            )
+            .map_err(|error| state_error("cannot save the plan", error))?;
+        Ok(())
+    }
+
+    fn save_checkpoint(&self, job: &str, checkpoint: &Checkpoint) -> Result<()> {
+        let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+        self.connection()
+            .execute(
+                "INSERT INTO checkpoints (job, task, position, done, rows_written, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ'))
+                 ON CONFLICT (job, task) DO UPDATE SET position = excluded.position, done = excluded.done,
+                     rows_written = excluded.rows_written, updated_at = excluded.updated_at
+                 WHERE excluded.rows_written >= checkpoints.rows_written",
+                params![job, checkpoint.task, position, checkpoint.done, checkpoint.rows_written],
+            )
+            .map_err(|error| state_error("cannot save a checkpoint", error))?;
+        Ok(())
+    }
+
+    fn checkpoints(&self, job: &str) -> Result<Vec<Checkpoint>> {
+        let connection = self.connection();
+        let mut statement = connection
+            .prepare("SELECT task, position, done, rows_written FROM checkpoints WHERE job = ?1 ORDER BY task")
+            .map_err(|error| state_error("cannot read checkpoints", error))?;
+        let rows = statement
+            .query_map([job], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, Option<String>>(1)?,
+                    row.get::<_, bool>(2)?,
+                    row.get::<_, u64>(3)?,
+                ))
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|error| state_error("cannot read checkpoints", error))?;
+        Ok(rows
+            .into_iter()
+            .map(|(task, position, done, rows_written)| Checkpoint {
+                task,
+                position: position.and_then(|text| serde_json::from_str(&text).ok()).map(Position),
+                done,
+                rows_written,
+            })
+            .collect())
+    }
+
+    fn record_dirty(&self, job: &str, task: &str, records: &[Rejected]) -> Result<u64> {
+        let mut connection = self.connection();
+        let transaction = connection.transaction().map_err(|error| state_error("cannot store dirty records", error))?;
+        for record in records {
+            transaction
+                .execute(
+                    "INSERT OR IGNORE INTO dirty_records (job, task, table_name, key, reason, record, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, strftime('%Y-%m-%dT%H:%M:%fZ'))",
+                    params![job, task, record.table, record.key, record.reason, record.record],
+                )
+                .map_err(|error| state_error("cannot store a dirty record", error))?;
+        }
+        let total: u64 = transaction
+            .query_row("SELECT count(*) FROM dirty_records WHERE job = ?1", [job], |row| row.get(0))
+            .map_err(|error| state_error("cannot count dirty records", error))?;
+        transaction.commit().map_err(|error| state_error("cannot store dirty records", error))?;
+        Ok(total)
+    }
+
+    fn dirty_records(&self, job: &str) -> Result<Vec<Rejected>> {
+        let connection = self.connection();
+        let mut statement = connection
+            .prepare("SELECT table_name, key, reason, record FROM dirty_records WHERE job = ?1 ORDER BY id")
+            .map_err(|error| state_error("cannot read dirty records", error))?;
+        let records = statement
+            .query_map([job], |row| {
+                Ok(Rejected { table: row.get(0)?, key: row.get(1)?, reason: row.get(2)?, record: row.get(3)? })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|error| state_error("cannot read dirty records", error))?;
+        Ok(records)
+    }
+
+    fn record_run(&self, summary: &RunSummary) -> Result<()> {
+        let text = serde_json::to_string(summary).expect("summaries serialize");
+        self.connection()
+            .execute(
+                "INSERT INTO runs (job, status, summary, finished_at) VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ'))",
+                params![summary.job, summary.status, text],
+            )
+            .map_err(|error| state_error("cannot record the run", error))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_records_are_idempotent_and_checkpoints_never_go_back() {
+        let directory = tempfile::tempdir().unwrap();
+        let store = SqliteStateStore::open(directory.path()).unwrap();
+        let record =
+            Rejected { table: "t".into(), key: "id=1".into(), reason: "target: NOT NULL".into(), record: None };
+        assert_eq!(store.record_dirty("job", "t#0", std::slice::from_ref(&record)).unwrap(), 1);
+        assert_eq!(store.record_dirty("job", "t#0", std::slice::from_ref(&record)).unwrap(), 1);
+        let ahead = Checkpoint {
+            task: "t#0".into(),
+            position: Some(Position(serde_json::json!({"rowid": 10}))),
+            done: false,
+            rows_written: 10,
+        };
+        let behind =
+            Checkpoint { rows_written: 5, position: Some(Position(serde_json::json!({"rowid": 5}))), ..ahead.clone() };
+        store.save_checkpoint("job", &ahead).unwrap();
+        store.save_checkpoint("job", &behind).unwrap();
+        assert_eq!(store.checkpoints("job").unwrap(), vec![ahead]);
+        let exported = std::fs::read_to_string(store.export_dirty("job").unwrap()).unwrap();
+        assert!(exported.contains("\"key\":\"id=1\""), "{exported}");
+    }
+}

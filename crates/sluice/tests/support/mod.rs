@@ -1,0 +1,207 @@
+//! Helpers for the integration tests: a scratch directory, job files, running the real `sluice`
+//! binary as a child process, sample SQLite sources, and value-by-value table comparison.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use rusqlite::types::ValueRef;
+use rusqlite::Connection;
+
+/// A scratch directory that the binary runs in.
+pub struct Workspace {
+    pub directory: tempfile::TempDir,
+}
+
+impl Workspace {
+    pub fn new() -> Workspace {
+        Workspace { directory: tempfile::tempdir().expect("a temporary directory") }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.directory.path().join(name)
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path(name);
+        std::fs::write(&path, text).expect("write a file");
+        path
+    }
+
+    pub fn command(&self, arguments: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        command.args(arguments).current_dir(self.directory.path()).stdin(Stdio::null()).env("SLUICE_PROGRESS_SECS", "0.2");
+        command
+    }
+
+    /// Runs sluice to completion.
+    pub fn sluice(&self, arguments: &[&str]) -> Run {
+        let output = self.command(arguments).output().expect("sluice runs");
+        Run::from(output)
+    }
+
+    /// Starts sluice in the background.
+    pub fn spawn(&self, arguments: &[&str]) -> Child {
+        self.command(arguments).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sluice starts")
+    }
+}
+
+/// What a finished run printed and returned.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn from(output: Output) -> Run {
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    pub fn all(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+
+    pub fn assert_code(&self, code: i32) -> &Run {
+        assert_eq!(self.code, code, "exit code\n--- stdout\n{}\n--- stderr\n{}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// Waits for `condition`, checking every 20 ms, failing after `limit`.
+pub fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A source database with a keyed table of `rows` rows covering the value kinds, a keyless
+/// table (where a replayed batch would show as duplicates) and a `WITHOUT ROWID` table.
+pub fn make_source(path: &Path, rows: u64) {
+    let mut connection = Connection::open(path).expect("open the source");
+    connection
+        .execute_batch(
+            "CREATE TABLE items (id INTEGER PRIMARY KEY, name VARCHAR(40) NOT NULL, price DECIMAL(12,2), created DATETIME,
+                 payload BLOB, active BOOLEAN, note TEXT);
+             CREATE TABLE events (at INTEGER NOT NULL, kind TEXT);
+             CREATE TABLE tags (item_id INTEGER NOT NULL, tag TEXT NOT NULL, PRIMARY KEY (item_id, tag)) WITHOUT ROWID;",
+        )
+        .expect("create source tables");
+    let transaction = connection.transaction().expect("begin");
+    {
+        let mut items = transaction.prepare("INSERT INTO items VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)").unwrap();
+        let mut events = transaction.prepare("INSERT INTO events VALUES (?1, ?2)").unwrap();
+        let mut tags = transaction.prepare("INSERT INTO tags VALUES (?1, ?2)").unwrap();
+        for id in 1..=rows {
+            let note = match id % 5 {
+                0 => None,
+                1 => Some(String::new()),
+                2 => Some(format!("naïve “quote” \"{id}\" 🚀")),
+                3 => Some("line\nbreak, comma".to_owned()),
+                _ => Some("   padded   ".to_owned()),
+            };
+            let price = (id % 7 != 0).then(|| format!("{}.{:02}", id * 3, id % 100));
+            let created = format!("2024-{:02}-{:02} {:02}:{:02}:{:02}.{:06}", 1 + id % 12, 1 + id % 28, id % 24, id % 60, id % 60, id % 1_000_000);
+            let payload: Option<Vec<u8>> = (id % 3 != 0).then(|| (0..(id % 40) as u8).collect());
+            items.execute(rusqlite::params![id as i64, format!("item {id}"), price, created, payload, id % 2 == 0, note]).unwrap();
+            events.execute(rusqlite::params![(id % 1_000) as i64, (id % 4 == 0).then_some("click")]).unwrap();
+            if id % 10 == 0 {
+                tags.execute(rusqlite::params![id as i64, format!("tag-{}", id % 7)]).unwrap();
+                tags.execute(rusqlite::params![id as i64, "all"]).unwrap();
+            }
+        }
+    }
+    transaction.commit().expect("commit");
+}
+
+/// A value in a form that compares equal across SQLite storage classes: `1.5` (REAL) equals
+/// `'1.50'` (TEXT under a decimal column), blobs as hex.
+fn canonical(value: ValueRef<'_>) -> String {
+    let number = |text: String| -> String {
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_owned()
+        } else {
+            text
+        }
+    };
+    match value {
+        ValueRef::Null => "NULL".into(),
+        ValueRef::Integer(integer) => integer.to_string(),
+        ValueRef::Real(real) => number(format!("{real}")),
+        ValueRef::Text(bytes) => {
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            if !text.is_empty() && text.parse::<f64>().is_ok() && !text.contains(['e', 'E', ' ']) {
+                number(text)
+            } else {
+                format!("'{text}'")
+            }
+        }
+        ValueRef::Blob(bytes) => bytes.iter().map(|byte| format!("{byte:02x}")).collect(),
+    }
+}
+
+/// Every row of a table, canonical, sorted: equal lists mean equal tables, duplicates included.
+pub fn table_rows(path: &Path, table: &str) -> Vec<Vec<String>> {
+    let connection = Connection::open(path).expect("open a database");
+    let mut statement = connection.prepare(&format!("SELECT * FROM \"{table}\"")).expect("select");
+    let columns = statement.column_count();
+    let mut rows: Vec<Vec<String>> = statement
+        .query_map([], |row| (0..columns).map(|index| row.get_ref(index).map(canonical)).collect())
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    rows.sort();
+    rows
+}
+
+/// Asserts two tables hold the same rows, showing the first differences only.
+pub fn assert_same_rows(actual: &Path, expected: &Path, table: &str) {
+    let (actual_rows, expected_rows) = (table_rows(actual, table), table_rows(expected, table));
+    if actual_rows != expected_rows {
+        let missing: Vec<_> = expected_rows.iter().filter(|row| !actual_rows.contains(row)).take(3).collect();
+        let extra: Vec<_> = actual_rows.iter().filter(|row| !expected_rows.contains(row)).take(3).collect();
+        panic!(
+            "table {table}: {} rows, expected {}; first missing {missing:?}; first extra {extra:?}",
+            actual_rows.len(),
+            expected_rows.len()
+        );
+    }
+}
+
+pub fn count(path: &Path, table: &str) -> u64 {
+    let connection = Connection::open(path).expect("open a database");
+    connection.query_row(&format!("SELECT count(*) FROM \"{table}\""), [], |row| row.get(0)).unwrap_or(0)
+}
+
+/// Rows the target has committed for a job, read from its checkpoint table (0 before it exists).
+pub fn committed_rows(path: &Path, job: &str) -> u64 {
+    let Ok(connection) = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else { return 0 };
+    connection
+        .query_row("SELECT coalesce(sum(rows_written), 0) FROM _sluice_checkpoints WHERE job = ?1", [job], |row| row.get(0))
+        .unwrap_or(0)
+}
+
+/// SIGKILL: the process gets no chance to clean up.
+pub fn kill(child: &mut Child) {
+    child.kill().expect("SIGKILL the run");
+    child.wait().expect("reap the run");
+}
+
+/// Sends a signal by name (`TERM`, `INT`) with the system's `kill`.
+pub fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status().expect("run kill");
+    assert!(status.success(), "send SIG{name}");
+}
+
+pub fn summary(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the summary file exists")).expect("the summary is JSON")
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The whole test suite, on a fresh machine or a used one: installs what is missing, starts
+# hermetic MariaDB and PostgreSQL servers (own temp dirs and ports, see scripts/testdb), runs the
+# lints and every test against them, and stops the servers whatever happens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# The password of the test servers is a canary: tests assert it never appears in any output.
+export SLUICE_TEST_PASSWORD=${SLUICE_TEST_PASSWORD:-CANARY-7f3a9c-secret}
+
+scripts/testdb install
+
+base=$(mktemp -d /dev/shm/sluice-test.XXXXXX 2>/dev/null || mktemp -d /tmp/sluice-test.XXXXXX)
+cleanup() {
+  scripts/testdb stop mariadb "$base/mariadb" >/dev/null 2>&1 || true
+  scripts/testdb stop postgres "$base/postgres" >/dev/null 2>&1 || true
+  rm -rf "$base"
+}
+trap cleanup EXIT
+
+mysql_url=$(scripts/testdb start mariadb "$base/mariadb")
+postgres_url=$(scripts/testdb start postgres "$base/postgres")
+export SLUICE_TEST_MYSQL_URL=${mysql_url#URL=}
+export SLUICE_TEST_POSTGRES_URL=${postgres_url#URL=}
+export SLUICE_TEST_MYSQL_SOCKET="$base/mariadb/mysql.sock"
+echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on port $(cat "$base/postgres/port")"
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
