@@ -3,6 +3,10 @@
 
 #[cfg(feature = "file")]
 pub mod file;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -31,6 +35,8 @@ const FILE_SOURCE: &[&str] = &["type", "path", "tables", "delimiter"];
 const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "delimiter"];
 const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
 const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
+const SERVER_SOURCE: &[&str] = &["type", "url", "tables"];
+const SERVER_TARGET: &[&str] = &["type", "url", "write_mode", "create_tables"];
 
 const CONNECTORS: &[Connector] = &[
     Connector {
@@ -40,6 +46,22 @@ const CONNECTORS: &[Connector] = &[
         change_capture: false,
         upsert: true,
         built: cfg!(feature = "sqlite"),
+    },
+    Connector {
+        name: "mysql",
+        source_fields: Some(SERVER_SOURCE),
+        target_fields: None,
+        change_capture: false,
+        upsert: true,
+        built: cfg!(feature = "mysql"),
+    },
+    Connector {
+        name: "postgres",
+        source_fields: None,
+        target_fields: Some(SERVER_TARGET),
+        change_capture: false,
+        upsert: true,
+        built: cfg!(feature = "postgres"),
     },
     Connector {
         name: "csv",
@@ -115,6 +137,12 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ),
             ));
         }
+        if fields.contains(&"url") && endpoint.url.is_none() {
+            errors.push(endpoint.error(
+                "url",
+                format!("missing required field `url` (e.g. {}://user:${{PASSWORD}}@host:port)", connector.name),
+            ));
+        }
         if is_source && job.mode != Mode::Snapshot && !connector.change_capture {
             errors.push(SpecError {
                 path: "mode".into(),
@@ -153,6 +181,14 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
         "sqlite" => Ok(Arc::new(sqlite::SqliteSource::new(path(endpoint)?, filter))),
         #[cfg(feature = "file")]
         "csv" | "jsonl" => Ok(Arc::new(file::FileSource::new(path(endpoint)?, file_format(endpoint), filter))),
+        #[cfg(feature = "mysql")]
+        "mysql" => Ok(Arc::new(mysql::MysqlSource::new(
+            url(endpoint)?,
+            endpoint.display_url(),
+            filter,
+            job.mode,
+            job.parallelism,
+        )?)),
         other => Err(Error::config(format!("source.type: `{other}` is not available as a source in this build"))),
     }
 }
@@ -165,8 +201,20 @@ pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
         "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(path(endpoint)?, endpoint.write_mode, endpoint.create_tables))),
         #[cfg(feature = "file")]
         "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(path(endpoint)?, file_format(endpoint)))),
+        #[cfg(feature = "postgres")]
+        "postgres" => Ok(Arc::new(postgres::PostgresSink::new(
+            url(endpoint)?.clone(),
+            endpoint.display_url(),
+            endpoint.write_mode,
+            endpoint.create_tables,
+        ))),
         other => Err(Error::config(format!("target.type: `{other}` is not available as a target in this build"))),
     }
+}
+
+#[allow(dead_code)]
+fn url(endpoint: &EndpointSpec) -> Result<&sluice_core::secret::Secret> {
+    endpoint.url.as_ref().ok_or_else(|| Error::config(format!("{}.url: missing", endpoint.role)))
 }
 
 #[allow(dead_code)]

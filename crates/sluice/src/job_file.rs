@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use sluice_core::spec::{parse_job, JobSpec, SpecError};
+use sluice_core::spec::{parse_job_partially, JobSpec, SpecError};
 
 /// Reads, parses and validates a job file, returning every error found.
 pub fn load(path: &Path) -> Result<JobSpec, Vec<SpecError>> {
@@ -14,11 +14,13 @@ pub fn load(path: &Path) -> Result<JobSpec, Vec<SpecError>> {
         }]
     })?;
     let json = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-    let job = parse_job(&text, json, |name| std::env::var(name).ok())?;
-    let errors = sluice_connectors::validate(&job);
-    if errors.is_empty() {
-        Ok(job)
-    } else {
-        Err(errors)
+    let (job, mut errors) = parse_job_partially(&text, json, |name| std::env::var(name).ok());
+    if let Some(job) = &job {
+        errors.extend(sluice_connectors::validate(job));
+    }
+    errors.sort_by_key(|error| error.line.unwrap_or(usize::MAX));
+    match job {
+        Some(job) if errors.is_empty() => Ok(job),
+        _ => Err(errors),
     }
 }

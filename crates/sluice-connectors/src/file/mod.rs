@@ -249,7 +249,11 @@ impl FileSource {
         };
         if self.path.is_file() {
             let name = self.path.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-            return Ok(vec![FileTable { name: table_from_directory_name(&name), files: vec![self.path.clone()], schema_file: None }]);
+            return Ok(vec![FileTable {
+                name: table_from_directory_name(&name),
+                files: vec![self.path.clone()],
+                schema_file: None,
+            }]);
         }
         let mut tables = Vec::new();
         for entry in read_directory(&self.path)? {
@@ -260,10 +264,18 @@ impl FileSource {
                     .filter(|part| part.extension().is_some_and(|found| found == extension))
                     .collect();
                 let schema = entry.join(SCHEMA_FILE);
-                tables.push(FileTable { name: table_from_directory_name(&name), files: parts, schema_file: schema.exists().then_some(schema) });
+                tables.push(FileTable {
+                    name: table_from_directory_name(&name),
+                    files: parts,
+                    schema_file: schema.exists().then_some(schema),
+                });
             } else if entry.extension().is_some_and(|found| found == extension) {
                 let stem = entry.file_stem().map(|stem| stem.to_string_lossy().into_owned()).unwrap_or_default();
-                tables.push(FileTable { name: table_from_directory_name(&stem), files: vec![entry], schema_file: None });
+                tables.push(FileTable {
+                    name: table_from_directory_name(&stem),
+                    files: vec![entry],
+                    schema_file: None,
+                });
             }
         }
         Ok(tables)

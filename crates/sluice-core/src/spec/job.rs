@@ -126,29 +126,35 @@ const ENDPOINT_FIELDS: [&str; 6] = ["type", "url", "path", "tables", "write_mode
 /// Parses a job document (YAML, or JSON when `json` is set) and validates its structure,
 /// returning every error found. Connector-specific checks are the registry's.
 pub fn parse_job(text: &str, json: bool, environment: fn(&str) -> Option<String>) -> Result<JobSpec, Vec<SpecError>> {
+    match parse_job_partially(text, json, environment) {
+        (Some(job), errors) if errors.is_empty() => Ok(job),
+        (_, errors) => Err(errors),
+    }
+}
+
+/// Like `parse_job`, but also returns the job when every field could be read despite errors
+/// elsewhere (an unknown field), so later checks can still report their own errors.
+pub fn parse_job_partially(
+    text: &str,
+    json: bool,
+    environment: fn(&str) -> Option<String>,
+) -> (Option<JobSpec>, Vec<SpecError>) {
     let root = if json { document::parse_json(text) } else { document::parse_yaml(text) };
-    let root = root.map_err(|error| {
-        let location = match (error.line, error.column) {
-            (Some(line), Some(column)) => format!(" at line {line}, column {column}"),
-            _ => String::new(),
-        };
-        vec![SpecError {
-            path: String::new(),
-            line: error.line,
-            message: format!(
-                "the job file is not valid {}{location}: {}",
-                if json { "JSON" } else { "YAML" },
-                error.message
-            ),
-        }]
-    })?;
+    let root = match root {
+        Ok(root) => root,
+        Err(error) => {
+            let location = match (error.line, error.column) {
+                (Some(line), Some(column)) => format!(" at line {line}, column {column}"),
+                _ => String::new(),
+            };
+            let format = if json { "JSON" } else { "YAML" };
+            let message = format!("the job file is not valid {format}{location}: {}", error.message);
+            return (None, vec![SpecError { path: String::new(), line: error.line, message }]);
+        }
+    };
     let mut decoder = Decoder::new(environment);
     let job = decode_job(&mut decoder, &root);
-    let errors = decoder.into_errors();
-    match job {
-        Some(job) if errors.is_empty() => Ok(job),
-        _ => Err(errors),
-    }
+    (job, decoder.into_errors())
 }
 
 fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {

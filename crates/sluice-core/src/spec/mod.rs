@@ -7,4 +7,6 @@ mod job;
 
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{Node, NodeKind};
-pub use job::{parse_job, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode};
+pub use job::{
+    parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode,
+};

@@ -32,7 +32,11 @@ impl Workspace {
 
     pub fn command(&self, arguments: &[&str]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        command.args(arguments).current_dir(self.directory.path()).stdin(Stdio::null()).env("SLUICE_PROGRESS_SECS", "0.2");
+        command
+            .args(arguments)
+            .current_dir(self.directory.path())
+            .stdin(Stdio::null())
+            .env("SLUICE_PROGRESS_SECS", "0.2");
         command
     }
 
@@ -110,9 +114,19 @@ pub fn make_source(path: &Path, rows: u64) {
                 _ => Some("   padded   ".to_owned()),
             };
             let price = (id % 7 != 0).then(|| format!("{}.{:02}", id * 3, id % 100));
-            let created = format!("2024-{:02}-{:02} {:02}:{:02}:{:02}.{:06}", 1 + id % 12, 1 + id % 28, id % 24, id % 60, id % 60, id % 1_000_000);
+            let created = format!(
+                "2024-{:02}-{:02} {:02}:{:02}:{:02}.{:06}",
+                1 + id % 12,
+                1 + id % 28,
+                id % 24,
+                id % 60,
+                id % 60,
+                id % 1_000_000
+            );
             let payload: Option<Vec<u8>> = (id % 3 != 0).then(|| (0..(id % 40) as u8).collect());
-            items.execute(rusqlite::params![id as i64, format!("item {id}"), price, created, payload, id % 2 == 0, note]).unwrap();
+            items
+                .execute(rusqlite::params![id as i64, format!("item {id}"), price, created, payload, id % 2 == 0, note])
+                .unwrap();
             events.execute(rusqlite::params![(id % 1_000) as i64, (id % 4 == 0).then_some("click")]).unwrap();
             if id % 10 == 0 {
                 tags.execute(rusqlite::params![id as i64, format!("tag-{}", id % 7)]).unwrap();
@@ -184,9 +198,13 @@ pub fn count(path: &Path, table: &str) -> u64 {
 
 /// Rows the target has committed for a job, read from its checkpoint table (0 before it exists).
 pub fn committed_rows(path: &Path, job: &str) -> u64 {
-    let Ok(connection) = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else { return 0 };
+    let Ok(connection) = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY) else {
+        return 0;
+    };
     connection
-        .query_row("SELECT coalesce(sum(rows_written), 0) FROM _sluice_checkpoints WHERE job = ?1", [job], |row| row.get(0))
+        .query_row("SELECT coalesce(sum(rows_written), 0) FROM _sluice_checkpoints WHERE job = ?1", [job], |row| {
+            row.get(0)
+        })
         .unwrap_or(0)
 }
 
@@ -204,4 +222,59 @@ pub fn signal(child: &Child, name: &str) {
 
 pub fn summary(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("the summary file exists")).expect("the summary is JSON")
+}
+
+/// The URL of the test MariaDB started by scripts/test.sh.
+pub fn mysql_url() -> String {
+    std::env::var("SLUICE_TEST_MYSQL_URL")
+        .expect("SLUICE_TEST_MYSQL_URL is set by scripts/test.sh, which starts the test servers")
+}
+
+/// The URL of the test PostgreSQL started by scripts/test.sh.
+pub fn postgres_url() -> String {
+    std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .expect("SLUICE_TEST_POSTGRES_URL is set by scripts/test.sh, which starts the test servers")
+}
+
+/// The password of the test servers: a canary that must never appear in any output.
+pub fn canary() -> String {
+    std::env::var("SLUICE_TEST_PASSWORD").expect("SLUICE_TEST_PASSWORD is set by scripts/test.sh")
+}
+
+/// Runs SQL on the test MariaDB as root over its socket; returns the tab-separated rows.
+pub fn mariadb(sql: &str) -> String {
+    let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
+    let output = Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "--default-character-set=utf8mb4",
+            "-uroot",
+            "-S",
+            &socket,
+            "--batch",
+            "--skip-column-names",
+            "-e",
+            sql,
+        ])
+        .output()
+        .expect("run the mariadb client");
+    assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Runs SQL on the test PostgreSQL; returns the rows, `|`-separated.
+pub fn psql(sql: &str) -> String {
+    let output = Command::new("psql")
+        .args([postgres_url().as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A database name unique to one test, so tests can run in parallel on one server.
+pub fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }

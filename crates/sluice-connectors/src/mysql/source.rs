@@ -1,0 +1,403 @@
+//! Reading MySQL/MariaDB tables: discovery from information_schema, primary-key range splits,
+//! and keyset-paginated reads whose bounds the server compares in the key's own collation.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Pool, Row};
+use serde_json::json;
+use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
+use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::filter::TableFilter;
+use sluice_core::secret::Secret;
+use sluice_core::spec::Mode;
+use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
+
+use super::{decode, mysql_error, pool, quote, ColumnType};
+
+const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
+
+/// A MySQL or MariaDB server read as a source.
+#[derive(Debug)]
+pub struct MysqlSource {
+    pool: Pool,
+    /// The URL without its password, for messages.
+    server: String,
+    filter: TableFilter,
+    mode: Mode,
+}
+
+impl MysqlSource {
+    pub fn new(
+        url: &Secret,
+        display_url: String,
+        filter: TableFilter,
+        mode: Mode,
+        connections: usize,
+    ) -> Result<MysqlSource> {
+        Ok(MysqlSource { pool: pool(url, Side::Source, connections + 1)?, server: display_url, filter, mode })
+    }
+
+    async fn connection(&self) -> Result<Conn> {
+        self.pool.get_conn().await.map_err(|error| mysql_error(error, Side::Source, &self.server, "connect"))
+    }
+
+    fn error(&self, doing: &str) -> impl Fn(mysql_async::Error) -> Error + '_ {
+        let doing = doing.to_owned();
+        move |error| mysql_error(error, Side::Source, &self.server, &doing)
+    }
+}
+
+#[async_trait]
+impl Source for MysqlSource {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let mut connection = self.connection().await?;
+        let version: Option<String> =
+            connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
+        let mut items = vec![CheckItem {
+            what: "source connection".into(),
+            ok: true,
+            detail: format!("{} (server {})", self.server, version.unwrap_or_default()),
+        }];
+        if self.mode != Mode::Snapshot {
+            let settings: Option<(String, String)> = connection
+                .query_first("SELECT @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image")
+                .await
+                .map_err(self.error("read the binlog settings"))?;
+            let (format, image) = settings.unwrap_or_default();
+            let ok = format.eq_ignore_ascii_case("ROW") && image.eq_ignore_ascii_case("FULL");
+            if !ok {
+                return Err(Error::new(ErrorKind::Config, format!("binlog_format is {format} and binlog_row_image is {image}; change data capture needs ROW and FULL"))
+                    .on(Side::Source)
+                    .hint("SET GLOBAL binlog_format = 'ROW'; SET GLOBAL binlog_row_image = 'FULL' (and in the server config)"));
+            }
+            items.push(CheckItem {
+                what: "binlog settings".into(),
+                ok,
+                detail: format!("binlog_format={format}, binlog_row_image={image}"),
+            });
+        }
+        Ok(items)
+    }
+
+    async fn discover(&self) -> Result<Vec<TableSchema>> {
+        let mut connection = self.connection().await?;
+        let names: Vec<(String, String)> = connection
+            .query("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+            .await
+            .map_err(self.error("list tables"))?;
+        let available = names
+            .into_iter()
+            .filter(|(schema, _)| !SYSTEM_SCHEMAS.contains(&schema.to_ascii_lowercase().as_str()))
+            .map(|(schema, table)| TableName::new(Some(&schema), &table))
+            .collect();
+        let mut tables = Vec::new();
+        for name in self.filter.select(available)? {
+            tables.push(describe_table(&mut connection, &name, &self.server).await?);
+        }
+        Ok(tables)
+    }
+
+    async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
+        if table.primary_key.is_empty() {
+            return Err(Error::new(ErrorKind::Schema, format!("table {} has no primary key and no unique NOT NULL key", table.name))
+                .on(Side::Source)
+                .hint("add a primary key, or exclude the table with \"!name\" in source.tables; a keyless table cannot be resumed without duplicates"));
+        }
+        let mut connection = self.connection().await?;
+        let estimated: Option<u64> = connection
+            .exec_first(
+                "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (schema_of(&table.name), &table.name.name),
+            )
+            .await
+            .map_err(self.error("estimate the table size"))?;
+        let estimated = estimated.unwrap_or(0);
+        let split = |index: usize, descriptor: serde_json::Value, estimated_rows: u64| Split {
+            id: format!("{}#{index}", table.name),
+            table: table.clone(),
+            descriptor,
+            estimated_rows,
+        };
+        let integer_key = table.primary_key.len() == 1
+            && matches!(table.columns[table.primary_key[0]].data_type, DataType::Integer { .. });
+        if !integer_key {
+            return Ok(vec![split(0, json!({}), estimated)]);
+        }
+        let key = quote(&table.columns[table.primary_key[0]].name);
+        let bounds: Option<(Option<i128>, Option<i128>)> = connection
+            .query_first(format!(
+                "SELECT CAST(MIN({key}) AS CHAR), CAST(MAX({key}) AS CHAR) FROM {}",
+                qualified(&table.name)
+            ))
+            .await
+            .map(|row: Option<(Option<String>, Option<String>)>| {
+                row.map(|(min, max)| (min.and_then(|min| min.parse().ok()), max.and_then(|max| max.parse().ok())))
+            })
+            .map_err(self.error(&format!("read the key range of {}", table.name)))?;
+        let Some((Some(min), Some(max))) = bounds else { return Ok(vec![split(0, json!({}), estimated)]) };
+        let count = if estimated > 0 { estimated } else { (max - min + 1) as u64 };
+        let splits = count.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
+        let width = ((max - min + 1) / i128::from(splits)).max(1);
+        // The first split has no lower bound and the last none upper, so rows inserted outside
+        // the bounds seen at planning are still copied.
+        Ok((0..splits)
+            .map(|index| {
+                let from = (index > 0).then(|| (min + width * i128::from(index)).to_string());
+                let to = (index + 1 < splits).then(|| (min + width * (i128::from(index) + 1)).to_string());
+                split(index as usize, json!({"from": from, "to": to}), count / splits)
+            })
+            .collect())
+    }
+
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
+        let connection = self.connection().await?;
+        let after = match resume_after {
+            Some(position) => Some(key_from_position(position)?),
+            None => None,
+        };
+        let integer_bound =
+            |name: &str| split.descriptor.get(name).and_then(serde_json::Value::as_str).map(str::to_owned);
+        Ok(Box::new(MysqlReader {
+            connection,
+            server: self.server.clone(),
+            table: split.table.clone(),
+            from: integer_bound("from"),
+            to: integer_bound("to"),
+            after,
+            batch_rows,
+            finished: false,
+        }))
+    }
+}
+
+fn schema_of(name: &TableName) -> &str {
+    name.namespace.as_deref().unwrap_or("")
+}
+
+fn qualified(name: &TableName) -> String {
+    format!("{}.{}", quote(schema_of(name)), quote(&name.name))
+}
+
+type ColumnRow = (String, String, String, String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, String);
+
+async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -> Result<TableSchema> {
+    let schema = schema_of(name);
+    let rows: Vec<ColumnRow> = connection
+        .exec(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,
+                    CHARACTER_MAXIMUM_LENGTH, DATETIME_PRECISION, EXTRA
+             FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
+            (schema, &name.name),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Source, server, &format!("describe table {name}")))?;
+    let mut generated = Vec::new();
+    let columns: Vec<Column> = rows
+        .into_iter()
+        .filter_map(
+            |(column, data_type, column_type, nullable, precision, scale, length, datetime_precision, extra)| {
+                // Generated columns are computed by the target's own definition, never written.
+                if extra.to_ascii_uppercase().contains("GENERATED")
+                    || extra.to_ascii_uppercase().contains("VIRTUAL")
+                    || extra.to_ascii_uppercase().contains("STORED")
+                {
+                    generated.push(column);
+                    return None;
+                }
+                let logical = ColumnType {
+                    data_type: &data_type.to_ascii_lowercase(),
+                    column_type: &column_type.to_ascii_lowercase(),
+                    precision,
+                    scale,
+                    length,
+                    datetime_precision,
+                }
+                .logical();
+                Some(Column { name: column, data_type: logical, nullable: nullable == "YES", native_type: column_type })
+            },
+        )
+        .collect();
+    if !generated.is_empty() {
+        log::info!("table {name}: generated columns {} are not copied", generated.join(", "));
+    }
+    // The primary key, else the first unique key whose columns are all NOT NULL.
+    let keys: Vec<(String, u64, String)> = connection
+        .exec(
+            "SELECT s.INDEX_NAME, s.SEQ_IN_INDEX, s.COLUMN_NAME FROM information_schema.STATISTICS s
+             WHERE s.TABLE_SCHEMA = ? AND s.TABLE_NAME = ? AND s.NON_UNIQUE = 0
+             ORDER BY s.INDEX_NAME = 'PRIMARY' DESC, s.INDEX_NAME, s.SEQ_IN_INDEX",
+            (schema, &name.name),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Source, server, &format!("read the keys of {name}")))?;
+    let mut candidates: Vec<(String, Vec<String>)> = Vec::new();
+    for (index, _, column) in keys {
+        match candidates.last_mut() {
+            Some((last, columns)) if *last == index => columns.push(column),
+            _ => candidates.push((index, vec![column])),
+        }
+    }
+    let primary_key = candidates
+        .iter()
+        .map(|(_, key)| {
+            key.iter()
+                .map(|column| columns.iter().position(|known| known.name == *column))
+                .collect::<Option<Vec<usize>>>()
+        })
+        .find_map(|key| key.filter(|key| key.iter().all(|&index| !columns[index].nullable)))
+        .unwrap_or_default();
+    Ok(TableSchema { name: name.clone(), columns, primary_key })
+}
+
+/// Positions keep the last key read as JSON values.
+fn key_to_json(value: &Value) -> serde_json::Value {
+    match value {
+        Value::Int(integer) => json!(integer),
+        Value::UInt(integer) => json!({"u": integer.to_string()}),
+        Value::Bytes(bytes) => json!({"b": bytes}),
+        other => json!(other.to_string()),
+    }
+}
+
+fn key_from_position(position: &Position) -> Result<Vec<mysql_async::Value>> {
+    let corrupt =
+        || Error::new(ErrorKind::Read, format!("checkpoint position {} is not a key", position.0)).on(Side::Target);
+    let values = position.0.get("key").and_then(serde_json::Value::as_array).ok_or_else(corrupt)?;
+    values
+        .iter()
+        .map(|value| match value {
+            serde_json::Value::Number(number) => number.as_i64().map(mysql_async::Value::Int).ok_or_else(corrupt),
+            serde_json::Value::String(text) => Ok(mysql_async::Value::Bytes(text.clone().into_bytes())),
+            serde_json::Value::Object(object) => {
+                if let Some(serde_json::Value::String(digits)) = object.get("u") {
+                    return digits.parse().map(mysql_async::Value::UInt).map_err(|_| corrupt());
+                }
+                let bytes = object
+                    .get("b")
+                    .and_then(|bytes| serde_json::from_value::<Vec<u8>>(bytes.clone()).ok())
+                    .ok_or_else(corrupt)?;
+                Ok(mysql_async::Value::Bytes(bytes))
+            }
+            _ => Err(corrupt()),
+        })
+        .collect()
+}
+
+struct MysqlReader {
+    connection: Conn,
+    server: String,
+    table: Arc<TableSchema>,
+    /// Integer-range splits: inclusive lower and exclusive upper bound, as decimal text.
+    from: Option<String>,
+    to: Option<String>,
+    /// The last key read: the next batch starts strictly after it.
+    after: Option<Vec<mysql_async::Value>>,
+    batch_rows: usize,
+    finished: bool,
+}
+
+impl MysqlReader {
+    /// `SELECT ... WHERE <after the last key> AND <in the split> ORDER BY key LIMIT n`, with the
+    /// "after" condition expanded (`a > ? OR (a = ? AND b > ?)`) so every server uses the index.
+    fn statement(&self) -> (String, Vec<mysql_async::Value>) {
+        let key: Vec<String> =
+            self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
+        let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
+        let mut conditions = Vec::new();
+        let mut parameters = Vec::new();
+        match &self.after {
+            Some(after) => {
+                let mut alternatives = Vec::new();
+                for length in 1..=key.len() {
+                    let mut terms = Vec::new();
+                    for index in 0..length {
+                        terms.push(format!("{} {} ?", key[index], if index + 1 == length { ">" } else { "=" }));
+                        parameters.push(after[index].clone());
+                    }
+                    alternatives.push(format!("({})", terms.join(" AND ")));
+                }
+                conditions.push(format!("({})", alternatives.join(" OR ")));
+            }
+            None => {
+                if let Some(from) = &self.from {
+                    conditions.push(format!("{} >= ?", key[0]));
+                    parameters.push(mysql_async::Value::Bytes(from.clone().into_bytes()));
+                }
+            }
+        }
+        if let Some(to) = &self.to {
+            conditions.push(format!("{} < ?", key[0]));
+            parameters.push(mysql_async::Value::Bytes(to.clone().into_bytes()));
+        }
+        let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
+        let sql = format!(
+            "SELECT {} FROM {}{filter} ORDER BY {} LIMIT {}",
+            columns.join(", "),
+            qualified(&self.table.name),
+            key.join(", "),
+            self.batch_rows
+        );
+        (sql, parameters)
+    }
+}
+
+#[async_trait]
+impl Reader for MysqlReader {
+    async fn next(&mut self) -> Result<Option<Batch>> {
+        if self.finished {
+            return Ok(None);
+        }
+        let (sql, parameters) = self.statement();
+        let rows: Vec<Row> = self.connection.exec(sql, parameters).await.map_err(|error| {
+            mysql_error(error, Side::Source, &self.server, &format!("read table {}", self.table.name))
+        })?;
+        if rows.len() < self.batch_rows {
+            self.finished = true;
+        }
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut changes = Vec::with_capacity(rows.len());
+        let mut rejected = Vec::new();
+        let mut last_key = Vec::new();
+        for row in rows {
+            let raw = row.unwrap();
+            last_key = self.table.primary_key.iter().map(|&index| raw[index].clone()).collect();
+            let mut values = Vec::with_capacity(raw.len());
+            let mut problem = None;
+            for (value, column) in raw.into_iter().zip(&self.table.columns) {
+                match decode(value, &column.data_type) {
+                    Ok(value) => values.push(value),
+                    Err(reason) => {
+                        problem.get_or_insert(format!("column {}: {reason}", column.name));
+                        values.push(Value::Null);
+                    }
+                }
+            }
+            match problem {
+                None => changes.push(Change::insert(self.table.clone(), values)),
+                Some(reason) => rejected.push(Rejected {
+                    table: self.table.name.to_string(),
+                    key: key_text(&self.table, &values),
+                    reason: format!("source: {reason}"),
+                    record: None,
+                }),
+            }
+        }
+        let key_json: Vec<serde_json::Value> = last_key
+            .iter()
+            .zip(&self.table.primary_key)
+            .map(|(value, &index)| {
+                decode(value.clone(), &self.table.columns[index].data_type)
+                    .map(|value| key_to_json(&value))
+                    .unwrap_or(serde_json::Value::Null)
+            })
+            .collect();
+        self.after = Some(last_key);
+        let mut batch = Batch::new(changes, Position(json!({"key": key_json})));
+        batch.rejected = rejected;
+        Ok(Some(batch))
+    }
+}

@@ -1,0 +1,208 @@
+//! PostgreSQL as a target: connections, error classification, the type mapping and the COPY text
+//! encoding.
+
+mod sink;
+
+use sluice_core::secret::Secret;
+use sluice_core::{DataType, Error, ErrorKind, Side, Value};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+pub use sink::PostgresSink;
+
+/// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC.
+async fn connect(url: &Secret, side: Side, server: &str) -> Result<Client, Error> {
+    let (client, connection) = tokio_postgres::connect(url.expose(), NoTls)
+        .await
+        .map_err(|error| postgres_error(error, side, server, "connect"))?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            log::debug!("postgres connection closed: {error}");
+        }
+    });
+    client
+        .batch_execute("SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'")
+        .await
+        .map_err(|error| postgres_error(error, side, server, "set up the session"))?;
+    Ok(client)
+}
+
+/// Classifies a driver error and names the side and the server (without its password).
+fn postgres_error(error: tokio_postgres::Error, side: Side, server: &str, doing: &str) -> Error {
+    let (kind, hint) = match error.code() {
+        Some(code) if *code == SqlState::INVALID_PASSWORD || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
+            (ErrorKind::Auth, Some(format!("check the user and password in {side}.url")))
+        }
+        Some(code) if *code == SqlState::INSUFFICIENT_PRIVILEGE => {
+            (ErrorKind::Auth, Some("grant the missing privilege to the user".to_owned()))
+        }
+        Some(code) if *code == SqlState::INVALID_CATALOG_NAME => {
+            (ErrorKind::Connect, Some(format!("create the database or fix {side}.url")))
+        }
+        Some(code)
+            if *code == SqlState::T_R_SERIALIZATION_FAILURE
+                || *code == SqlState::T_R_DEADLOCK_DETECTED
+                || *code == SqlState::TOO_MANY_CONNECTIONS
+                || *code == SqlState::ADMIN_SHUTDOWN =>
+        {
+            (ErrorKind::Unavailable, None)
+        }
+        Some(code) if *code == SqlState::UNDEFINED_TABLE || *code == SqlState::UNDEFINED_COLUMN => {
+            (ErrorKind::Schema, None)
+        }
+        Some(code) if code.code().starts_with("08") => (ErrorKind::Unavailable, None),
+        Some(_) if side == Side::Source => (ErrorKind::Read, None),
+        Some(_) => (ErrorKind::Write, None),
+        None if doing == "connect" => {
+            (ErrorKind::Connect, Some(format!("check that the server at {server} is up and reachable")))
+        }
+        None => (ErrorKind::Unavailable, None),
+    };
+    // The driver's Display omits the server's detail; the database error carries it.
+    let detail = match error.as_db_error() {
+        Some(database) => format!("{}: {}", database.severity(), database.message()),
+        None => {
+            let mut text = error.to_string();
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                text.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            text
+        }
+    };
+    let error = Error::new(kind, format!("{doing} on {server}: {detail}")).on(side);
+    match hint {
+        Some(hint) => error.hint(hint),
+        None => error,
+    }
+}
+
+/// True for errors caused by one row's content (class 22 data exception, class 23 integrity
+/// constraint violation): the row is dirty, the batch is not.
+fn is_row_error(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| code.code().starts_with("22") || code.code().starts_with("23"))
+}
+
+/// Quotes an identifier for PostgreSQL: double quotes, inner quotes doubled.
+fn quote(identifier: &str) -> String {
+    format!("\"{}\"", identifier.replace('"', "\"\""))
+}
+
+/// The PostgreSQL type a logical type is created as. Every mapping holds every value of the
+/// source type: unsigned integers widen, MySQL TIME (±838 h) becomes an interval.
+fn column_type(data_type: &DataType) -> String {
+    match data_type {
+        DataType::Boolean => "boolean".into(),
+        DataType::Integer { bytes: 1 | 2, unsigned: false } | DataType::Integer { bytes: 1, unsigned: true } => {
+            "smallint".into()
+        }
+        DataType::Integer { bytes: 2 | 3, .. } | DataType::Integer { bytes: 4, unsigned: false } => "integer".into(),
+        DataType::Integer { bytes: 4, unsigned: true } | DataType::Integer { bytes: 8, unsigned: false } => {
+            "bigint".into()
+        }
+        DataType::Integer { .. } => "numeric(20,0)".into(),
+        DataType::Float32 => "real".into(),
+        DataType::Float64 => "double precision".into(),
+        DataType::Decimal { precision: Some(precision), scale } => {
+            format!("numeric({precision},{})", scale.unwrap_or(0))
+        }
+        DataType::Decimal { .. } => "numeric".into(),
+        DataType::Text { length: Some(length), .. } => format!("varchar({length})"),
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } => "text".into(),
+        DataType::Bytes { .. } | DataType::Geometry => "bytea".into(),
+        DataType::Bits { width } => format!("bit({width})"),
+        DataType::Date => "date".into(),
+        DataType::Time { .. } => "interval".into(),
+        DataType::DateTime { precision } => format!("timestamp({precision})"),
+        DataType::Timestamp { precision } => format!("timestamptz({precision})"),
+        DataType::Year => "smallint".into(),
+        // `json` keeps the document's text as the source wrote it; `jsonb` would reorder keys.
+        DataType::Json => "json".into(),
+    }
+}
+
+/// Appends a value in COPY text format: `\N` for NULL, backslash escapes for the rest.
+fn encode_copy(value: &Value, output: &mut String) {
+    use std::fmt::Write;
+    match value {
+        Value::Null => output.push_str("\\N"),
+        Value::Bool(value) => output.push(if *value { 't' } else { 'f' }),
+        Value::Int(value) => {
+            let _ = write!(output, "{value}");
+        }
+        Value::UInt(value) => {
+            let _ = write!(output, "{value}");
+        }
+        Value::Float32(value) => encode_float(f64::from(*value), &value.to_string(), output),
+        Value::Float64(value) => encode_float(*value, &value.to_string(), output),
+        Value::Decimal(value) => output.push_str(value.as_str()),
+        Value::Text(text) | Value::Json(text) => escape_copy(text, output),
+        Value::Bytes(bytes) => {
+            output.push_str("\\\\x");
+            for byte in bytes {
+                let _ = write!(output, "{byte:02x}");
+            }
+        }
+        Value::Bits { width, value } => {
+            let _ = write!(output, "{value:0width$b}", width = *width as usize);
+        }
+        Value::Timestamp(value) => {
+            let _ = write!(output, "{value}+00");
+        }
+        Value::Date(_) | Value::Time(_) | Value::DateTime(_) => {
+            let _ = write!(output, "{value}");
+        }
+    }
+}
+
+fn encode_float(value: f64, text: &str, output: &mut String) {
+    if value.is_nan() {
+        output.push_str("NaN");
+    } else if value.is_infinite() {
+        output.push_str(if value > 0.0 { "Infinity" } else { "-Infinity" });
+    } else {
+        output.push_str(text);
+    }
+}
+
+fn escape_copy(text: &str, output: &mut String) {
+    for character in text.chars() {
+        match character {
+            '\\' => output.push_str("\\\\"),
+            '\n' => output.push_str("\\n"),
+            '\r' => output.push_str("\\r"),
+            '\t' => output.push_str("\\t"),
+            other => output.push(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_what_copy_reads_specially() {
+        let mut output = String::new();
+        for value in [
+            Value::Text("a\tb\\c\nd".into()),
+            Value::Null,
+            Value::Bytes(vec![0, 255]),
+            Value::Float64(f64::NEG_INFINITY),
+            Value::Bits { width: 3, value: 1 },
+        ] {
+            encode_copy(&value, &mut output);
+            output.push('|');
+        }
+        assert_eq!(output, "a\\tb\\\\c\\nd|\\N|\\\\x00ff|-Infinity|001|");
+    }
+
+    #[test]
+    fn every_integer_type_fits_its_column() {
+        assert_eq!(column_type(&DataType::Integer { bytes: 8, unsigned: true }), "numeric(20,0)");
+        assert_eq!(column_type(&DataType::Integer { bytes: 4, unsigned: true }), "bigint");
+        assert_eq!(column_type(&DataType::Integer { bytes: 2, unsigned: true }), "integer");
+        assert_eq!(quote("a\"b"), "\"a\"\"b\"");
+    }
+}

@@ -1,0 +1,353 @@
+//! Writing into PostgreSQL: created schemas and tables, COPY in one transaction per commit that
+//! also updates the task's row in `sluice.checkpoints`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::SinkExt;
+use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
+use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::secret::Secret;
+use sluice_core::spec::WriteMode;
+use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
+use tokio_postgres::Client;
+
+use super::{column_type, connect, encode_copy, is_row_error, postgres_error, quote};
+
+/// A PostgreSQL database written as a target.
+#[derive(Debug)]
+pub struct PostgresSink {
+    url: Secret,
+    /// The URL without its password, for messages.
+    server: String,
+    write_mode: WriteMode,
+    create_tables: bool,
+}
+
+impl PostgresSink {
+    pub fn new(url: Secret, server: String, write_mode: WriteMode, create_tables: bool) -> PostgresSink {
+        PostgresSink { url, server, write_mode, create_tables }
+    }
+
+    fn error(&self, doing: &str) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
+        let doing = doing.to_owned();
+        move |error| postgres_error(error, Side::Target, &self.server, &doing)
+    }
+}
+
+fn qualified(name: &TableName) -> String {
+    match &name.namespace {
+        Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
+        None => quote(&name.name),
+    }
+}
+
+#[async_trait]
+impl Sink for PostgresSink {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        let row = client
+            .query_one("SELECT version(), current_user", &[])
+            .await
+            .map_err(self.error("read the server version"))?;
+        let (version, user): (String, String) = (row.get(0), row.get(1));
+        let version = version.split(" on ").next().unwrap_or(&version).to_owned();
+        Ok(vec![CheckItem {
+            what: "target connection".into(),
+            ok: true,
+            detail: format!("{} as {user} ({version})", self.server),
+        }])
+    }
+
+    /// `db.table` lands as schema `db`, table `table`; a name without namespace in `public`.
+    fn target_name(&self, source: &TableName) -> TableName {
+        TableName::new(Some(source.namespace.as_deref().unwrap_or("public")), &source.name)
+    }
+
+    async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        client
+            .batch_execute(
+                "CREATE SCHEMA IF NOT EXISTS sluice;
+                 CREATE TABLE IF NOT EXISTS sluice.checkpoints (job text NOT NULL, task text NOT NULL, position jsonb,
+                     done boolean NOT NULL, rows_written bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
+                     PRIMARY KEY (job, task))",
+            )
+            .await
+            .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
+        for table in tables {
+            if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
+                )
+                .on(Side::Target)
+                .hint("use write_mode: insert for this table"));
+            }
+            let namespace = table.name.namespace.as_deref().unwrap_or("public");
+            let existing: Vec<String> = client
+                .query("SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2", &[&namespace, &table.name.name])
+                .await
+                .map_err(self.error(&format!("describe table {}", table.name)))?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            if existing.is_empty() {
+                if !self.create_tables {
+                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
+                        .on(Side::Target)
+                        .hint("create it, or set target.create_tables: true"));
+                }
+                client
+                    .batch_execute(&create_table_sql(table))
+                    .await
+                    .map_err(self.error(&format!("create table {}", table.name)))?;
+                continue;
+            }
+            let missing: Vec<&str> = table
+                .columns
+                .iter()
+                .map(|column| column.name.as_str())
+                .filter(|name| !existing.iter().any(|known| known == name))
+                .collect();
+            if !missing.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("table `{}` lacks columns {}", table.name, missing.join(", ")),
+                )
+                .on(Side::Target)
+                .hint("add the columns or drop the table so it is created"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
+        let stage = (self.write_mode == WriteMode::Upsert).then(|| format!("sluice_stage_{}", std::process::id()));
+        let copy_target = stage.clone().unwrap_or_else(|| qualified(&table.name));
+        Ok(Box::new(PostgresWriter {
+            client,
+            server: self.server.clone(),
+            job: job.to_owned(),
+            task: task.to_owned(),
+            copy: format!("COPY {copy_target} ({}) FROM STDIN", columns.join(", ")),
+            upsert: stage.as_ref().map(|stage| upsert_sql(&table, stage)),
+            stage,
+            table,
+            in_transaction: false,
+            buffer: String::new(),
+        }))
+    }
+}
+
+fn create_table_sql(table: &TableSchema) -> String {
+    let mut definitions: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| {
+            format!(
+                "{} {}{}",
+                quote(&column.name),
+                column_type(&column.data_type),
+                if column.nullable { "" } else { " NOT NULL" }
+            )
+        })
+        .collect();
+    if !table.primary_key.is_empty() {
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+        definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    }
+    let schema = table.name.namespace.as_deref().unwrap_or("public");
+    format!(
+        "CREATE SCHEMA IF NOT EXISTS {}; CREATE TABLE IF NOT EXISTS {} ({})",
+        quote(schema),
+        qualified(&table.name),
+        definitions.join(", ")
+    )
+}
+
+/// Moves staged rows into the table, replacing rows with the same primary key only: a conflict
+/// on any other unique key still fails.
+fn upsert_sql(table: &TableSchema, stage: &str) -> String {
+    let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
+    let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+    let updates: Vec<String> = (0..table.columns.len())
+        .filter(|index| !table.primary_key.contains(index))
+        .map(|index| format!("{0} = EXCLUDED.{0}", quote(&table.columns[index].name)))
+        .collect();
+    let action = if updates.is_empty() { "NOTHING".to_owned() } else { format!("UPDATE SET {}", updates.join(", ")) };
+    format!(
+        "INSERT INTO {} ({cols}) SELECT {cols} FROM {stage} ON CONFLICT ({}) DO {action}; DELETE FROM {stage}",
+        qualified(&table.name),
+        key.join(", "),
+        cols = columns.join(", ")
+    )
+}
+
+struct PostgresWriter {
+    client: Client,
+    server: String,
+    job: String,
+    task: String,
+    table: Arc<TableSchema>,
+    copy: String,
+    /// For upsert: the session's staging table and the statement that merges it.
+    stage: Option<String>,
+    upsert: Option<String>,
+    in_transaction: bool,
+    buffer: String,
+}
+
+impl PostgresWriter {
+    fn error(&self, doing: &str) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
+        let doing = doing.to_owned();
+        move |error| postgres_error(error, Side::Target, &self.server, &doing)
+    }
+
+    async fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            self.client.batch_execute("BEGIN").await.map_err(self.error("begin a transaction"))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    /// COPYs rows (and merges them, for upsert) inside the open transaction.
+    async fn copy_rows(&mut self, rows: &[&Row]) -> Result<(), tokio_postgres::Error> {
+        self.buffer.clear();
+        for row in rows {
+            for (index, value) in row.iter().enumerate() {
+                if index > 0 {
+                    self.buffer.push('\t');
+                }
+                encode_copy(value, &mut self.buffer);
+            }
+            self.buffer.push('\n');
+        }
+        let sink = self.client.copy_in::<_, Bytes>(self.copy.as_str()).await?;
+        futures_util::pin_mut!(sink);
+        sink.send(Bytes::from(std::mem::take(&mut self.buffer))).await?;
+        sink.finish().await?;
+        if let Some(upsert) = &self.upsert {
+            self.client.batch_execute(upsert).await?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Writer for PostgresWriter {
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        if let Some(stage) = &self.stage {
+            let create = format!(
+                "CREATE TEMP TABLE IF NOT EXISTS {stage} (LIKE {} INCLUDING DEFAULTS)",
+                qualified(&self.table.name)
+            );
+            self.client.batch_execute(&create).await.map_err(self.error("create the staging table"))?;
+        }
+        let row = self
+            .client
+            .query_opt(
+                "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
+                &[&self.job, &self.task],
+            )
+            .await
+            .map_err(self.error("read the checkpoint"))?;
+        let Some(row) = row else { return Ok(None) };
+        let position: Option<String> = row.get(0);
+        let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+            Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", self.task))
+                .on(Side::Target)
+        })?;
+        Ok(Some(Checkpoint {
+            task: self.task.clone(),
+            position,
+            done: row.get(1),
+            rows_written: row.get::<_, i64>(2) as u64,
+        }))
+    }
+
+    async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+        self.begin().await?;
+        let mut rows = Vec::with_capacity(batch.changes.len());
+        for change in &batch.changes {
+            let ChangeKind::Insert { after } = &change.kind else {
+                return Err(Error::new(ErrorKind::Write, "the PostgreSQL target applies inserts only (snapshot mode)")
+                    .on(Side::Target));
+            };
+            rows.push(after);
+        }
+        self.client.batch_execute("SAVEPOINT batch").await.map_err(self.error("set a savepoint"))?;
+        match self.copy_rows(&rows).await {
+            Ok(()) => return Ok(Vec::new()),
+            Err(error) if is_row_error(&error) => {
+                self.client
+                    .batch_execute("ROLLBACK TO SAVEPOINT batch")
+                    .await
+                    .map_err(self.error("roll back a failed batch"))?;
+            }
+            Err(error) => {
+                return Err(postgres_error(
+                    error,
+                    Side::Target,
+                    &self.server,
+                    &format!("copy into {}", self.table.name),
+                ))
+            }
+        }
+        // One row's content failed the batch: copy row by row to find it and keep the rest.
+        let mut rejected = Vec::new();
+        for row in rows {
+            self.client.batch_execute("SAVEPOINT single").await.map_err(self.error("set a savepoint"))?;
+            match self.copy_rows(&[row]).await {
+                Ok(()) => {}
+                Err(error) if is_row_error(&error) => {
+                    self.client
+                        .batch_execute("ROLLBACK TO SAVEPOINT single")
+                        .await
+                        .map_err(self.error("roll back a failed row"))?;
+                    let reason =
+                        error.as_db_error().map_or_else(|| error.to_string(), |database| database.message().to_owned());
+                    rejected.push(Rejected {
+                        table: self.table.name.to_string(),
+                        key: key_text(&self.table, row),
+                        reason: format!("target: {reason}"),
+                        record: None,
+                    });
+                }
+                Err(error) => {
+                    return Err(postgres_error(
+                        error,
+                        Side::Target,
+                        &self.server,
+                        &format!("copy into {}", self.table.name),
+                    ))
+                }
+            }
+        }
+        Ok(rejected)
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        self.begin().await?;
+        let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+        let saved = self
+            .client
+            .execute(
+                "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written, updated_at) VALUES ($1, $2, $3::text::jsonb, $4, $5, now())
+                 ON CONFLICT (job, task) DO UPDATE SET position = EXCLUDED.position, done = EXCLUDED.done,
+                     rows_written = EXCLUDED.rows_written, updated_at = EXCLUDED.updated_at",
+                &[&self.job, &self.task, &position, &checkpoint.done, &(checkpoint.rows_written as i64)],
+            )
+            .await;
+        let committed = match saved {
+            Ok(_) => self.client.batch_execute("COMMIT").await,
+            Err(error) => Err(error),
+        };
+        self.in_transaction = false;
+        committed.map_err(self.error("commit"))
+    }
+}

@@ -1,0 +1,161 @@
+//! Bad input gets a clear error that names the field or the side, with the right exit code, and
+//! never echoes a secret.
+
+mod support;
+
+use support::{canary, mariadb, mysql_url, postgres_url, unique_name, Run, Workspace};
+
+const GOOD_TARGET: &str = "target:\n  type: jsonl\n  path: out\n";
+
+fn assert_no_secret(run: &Run) {
+    let output = run.all();
+    assert!(!output.contains(&canary()), "the password leaked:\n{output}");
+    assert!(!output.contains("wrong-CANARY"), "the wrong password leaked:\n{output}");
+}
+
+#[test]
+fn malformed_yaml_names_the_line_and_column() {
+    let workspace = Workspace::new();
+    let job =
+        workspace.write("job.yaml", "name: broken\nsource:\n  type: sqlite\n  tables: [a, b\ntarget: {type: jsonl}\n");
+    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(run.stderr.contains("not valid YAML at line 5, column"), "{}", run.stderr);
+    workspace.sluice(&["check", job.to_str().unwrap()]).assert_code(2);
+}
+
+#[test]
+fn unknown_fields_are_named_with_their_path_and_line() {
+    let workspace = Workspace::new();
+    let job = workspace.write("job.yaml", "name: typo\nsource:\n  type: sqlite\n  path: a.db\n  tabels: [x]\ntarget:\n  type: jsonl\n  path: out\nparalelism: 2\n");
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(run.stderr.contains("paralelism (line 9): unknown field `paralelism`"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("source.tabels (line 5): unknown field `tabels` for a `sqlite` source"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn an_unknown_connector_type_lists_the_known_ones() {
+    let workspace = Workspace::new();
+    let job =
+        workspace.write("job.yaml", &format!("name: x\nsource:\n  type: oracle\n  url: oracle://h\n{GOOD_TARGET}"));
+    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains(
+            "source.type (line 3): unknown connector type `oracle`; known types: sqlite, mysql, postgres, csv, jsonl"
+        ),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_missing_source_table_is_named() {
+    let workspace = Workspace::new();
+    support::make_source(&workspace.path("source.db"), 10);
+    let job = workspace.write(
+        "job.yaml",
+        &format!("name: x\nsource:\n  type: sqlite\n  path: source.db\n  tables: [items, itmes]\n{GOOD_TARGET}"),
+    );
+    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
+    run.assert_code(1);
+    assert!(run.stderr.contains("source: table `itmes` named in source.tables[1] does not exist"), "{}", run.stderr);
+}
+
+#[test]
+fn a_missing_mysql_table_is_named() {
+    let database = unique_name("missing");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.present (id INT PRIMARY KEY)"));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: x\nsource:\n  type: mysql\n  url: ${{SOURCE_URL}}\n  tables: [{database}.absent]\n{GOOD_TARGET}"
+        ),
+    );
+    let run =
+        Run::from(workspace.command(&["run", job.to_str().unwrap()]).env("SOURCE_URL", mysql_url()).output().unwrap());
+    run.assert_code(1);
+    assert!(
+        run.stderr.contains(&format!("source: table `{database}.absent` named in source.tables[0] does not exist")),
+        "{}",
+        run.stderr
+    );
+    assert_no_secret(&run);
+}
+
+#[test]
+fn an_unreachable_host_names_the_side() {
+    let workspace = Workspace::new();
+    // Port 1 on loopback: nothing listens there, so the connection is refused at once.
+    let source = workspace.write(
+        "source.yaml",
+        &format!("name: x\nsource:\n  type: mysql\n  url: mysql://sluice:${{PW}}@127.0.0.1:1\n{GOOD_TARGET}"),
+    );
+    let run = Run::from(workspace.command(&["check", source.to_str().unwrap()]).env("PW", canary()).output().unwrap());
+    run.assert_code(1);
+    assert!(run.stdout.contains("FAIL  source: connect on mysql://sluice:***@127.0.0.1:1"), "{}", run.stdout);
+    assert!(run.stdout.contains("check that the server at mysql://sluice:***@127.0.0.1:1 is up"), "{}", run.stdout);
+    assert_no_secret(&run);
+
+    let target = workspace.write("target.yaml", "name: x\nsource:\n  type: sqlite\n  path: s.db\ntarget:\n  type: postgres\n  url: postgres://sluice:${PW}@127.0.0.1:1/db\n");
+    support::make_source(&workspace.path("s.db"), 1);
+    let run = Run::from(workspace.command(&["run", target.to_str().unwrap()]).env("PW", canary()).output().unwrap());
+    run.assert_code(1);
+    assert!(run.stderr.contains("error: target: connect on postgres://sluice:***@127.0.0.1:1/db"), "{}", run.stderr);
+    assert_no_secret(&run);
+}
+
+#[test]
+fn a_wrong_password_is_refused_without_echoing_it() {
+    let workspace = Workspace::new();
+    let wrong_source = mysql_url().replace(&canary(), "wrong-CANARY-4e1d");
+    let job =
+        workspace.write("source.yaml", &format!("name: x\nsource:\n  type: mysql\n  url: ${{URL}}\n{GOOD_TARGET}"));
+    let run = Run::from(workspace.command(&["run", job.to_str().unwrap()]).env("URL", &wrong_source).output().unwrap());
+    run.assert_code(1);
+    assert!(run.stderr.contains("error: source: connect on mysql://sluice:***@"), "{}", run.stderr);
+    assert!(run.stderr.contains("Access denied"), "{}", run.stderr);
+    assert!(run.stderr.contains("hint: check the user and password in source.url"), "{}", run.stderr);
+    assert_no_secret(&run);
+
+    let wrong_target = postgres_url().replace(&canary(), "wrong-CANARY-4e1d");
+    support::make_source(&workspace.path("s.db"), 1);
+    let job = workspace.write(
+        "target.yaml",
+        "name: x\nsource:\n  type: sqlite\n  path: s.db\ntarget:\n  type: postgres\n  url: ${URL}\n",
+    );
+    let run =
+        Run::from(workspace.command(&["check", job.to_str().unwrap()]).env("URL", &wrong_target).output().unwrap());
+    run.assert_code(1);
+    assert!(run.stdout.contains("FAIL  target: connect on postgres://sluice:***@"), "{}", run.stdout);
+    assert!(run.stdout.contains("password authentication failed"), "{}", run.stdout);
+    assert_no_secret(&run);
+}
+
+#[test]
+fn an_unwritable_target_names_the_side() {
+    let workspace = Workspace::new();
+    support::make_source(&workspace.path("s.db"), 1);
+    // A path below a regular file cannot be created, even by root.
+    workspace.write("file", "");
+    let job = workspace.write(
+        "job.yaml",
+        "name: x\nsource:\n  type: sqlite\n  path: s.db\ntarget:\n  type: sqlite\n  path: file/target.db\n",
+    );
+    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
+    run.assert_code(1);
+    assert!(run.stderr.contains("error: target: cannot open SQLite database file/target.db"), "{}", run.stderr);
+    let job = workspace.write(
+        "files.yaml",
+        "name: x\nsource:\n  type: sqlite\n  path: s.db\ntarget:\n  type: jsonl\n  path: file/out\n",
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(1);
+    assert!(run.stdout.contains("FAIL  target: create file/out"), "{}", run.stdout);
+}
