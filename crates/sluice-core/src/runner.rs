@@ -369,3 +369,220 @@ async fn produce(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use serde_json::json;
+
+    use super::*;
+    use crate::change::{Change, Rejected};
+    use crate::connector::{CheckItem, Reader, Writer};
+    use crate::schema::{Column, DataType, TableName};
+    use crate::spec::parse_job;
+    use crate::state::MemoryStateStore;
+    use crate::value::Value;
+
+    fn table() -> Arc<TableSchema> {
+        Arc::new(TableSchema {
+            name: TableName::parse("t"),
+            columns: vec![Column {
+                name: "id".into(),
+                data_type: DataType::Integer { bytes: 8, unsigned: false },
+                nullable: false,
+                native_type: String::new(),
+            }],
+            primary_key: vec![0],
+        })
+    }
+
+    /// Rows 1..=rows in two splits; a row whose id is in `bad` cannot be decoded.
+    struct MemorySource {
+        rows: i64,
+        bad: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Source for MemorySource {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        async fn discover(&self) -> Result<Vec<TableSchema>> {
+            Ok(vec![(*table()).clone()])
+        }
+        async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
+            let half = self.rows / 2;
+            Ok([(1, half), (half + 1, self.rows)]
+                .iter()
+                .enumerate()
+                .map(|(index, (from, to))| Split {
+                    id: format!("t#{index}"),
+                    table: table.clone(),
+                    descriptor: json!([from, to]),
+                    estimated_rows: (to - from + 1) as u64,
+                })
+                .collect())
+        }
+        async fn open(
+            &self,
+            split: &Split,
+            resume_after: Option<&Position>,
+            batch_rows: usize,
+        ) -> Result<Box<dyn Reader>> {
+            let from =
+                resume_after.map_or(split.descriptor[0].as_i64().unwrap(), |position| position.0.as_i64().unwrap() + 1);
+            Ok(Box::new(MemoryReader {
+                next: from,
+                to: split.descriptor[1].as_i64().unwrap(),
+                batch_rows: batch_rows as i64,
+                bad: self.bad.clone(),
+            }))
+        }
+    }
+
+    struct MemoryReader {
+        next: i64,
+        to: i64,
+        batch_rows: i64,
+        bad: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Reader for MemoryReader {
+        async fn next(&mut self) -> Result<Option<Batch>> {
+            if self.next > self.to {
+                return Ok(None);
+            }
+            let last = (self.next + self.batch_rows - 1).min(self.to);
+            let mut changes = Vec::new();
+            let mut rejected = Vec::new();
+            for id in self.next..=last {
+                if self.bad.contains(&id) {
+                    rejected.push(Rejected {
+                        table: "t".into(),
+                        key: format!("id={id}"),
+                        reason: "source: bad".into(),
+                        record: None,
+                    });
+                } else {
+                    changes.push(Change::insert(table(), vec![Value::Int(id)]));
+                }
+            }
+            self.next = last + 1;
+            let mut batch = Batch::new(changes, Position(json!(last)));
+            batch.rejected = rejected;
+            Ok(Some(batch))
+        }
+    }
+
+    /// A transactional target in memory whose commits fail with a transient error on the
+    /// commit numbers in `failing_commits`.
+    #[derive(Default)]
+    struct MemoryTarget {
+        committed: Mutex<(Vec<i64>, BTreeMap<String, Checkpoint>)>,
+        commits: AtomicU32,
+        failing_commits: Vec<u32>,
+    }
+
+    struct MemorySink(Arc<MemoryTarget>);
+
+    #[async_trait]
+    impl Sink for MemorySink {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        fn target_name(&self, source: &TableName) -> TableName {
+            source.clone()
+        }
+        async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
+            Ok(())
+        }
+        async fn open(&self, _job: &str, task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+            Ok(Box::new(MemoryWriter { target: self.0.clone(), task: task.to_owned(), staged: Vec::new() }))
+        }
+    }
+
+    struct MemoryWriter {
+        target: Arc<MemoryTarget>,
+        task: String,
+        staged: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Writer for MemoryWriter {
+        async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+            Ok(self.target.committed.lock().unwrap().1.get(&self.task).cloned())
+        }
+        async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+            self.staged.extend(batch.changes.iter().map(|change| match change.row()[0] {
+                Value::Int(id) => id,
+                _ => unreachable!(),
+            }));
+            Ok(Vec::new())
+        }
+        async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+            let number = self.target.commits.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.target.failing_commits.contains(&number) {
+                return Err(Error::new(ErrorKind::Unavailable, "connection reset").on(Side::Target));
+            }
+            let mut committed = self.target.committed.lock().unwrap();
+            committed.0.append(&mut self.staged);
+            committed.1.insert(self.task.clone(), checkpoint.clone());
+            Ok(())
+        }
+    }
+
+    fn job(extra: &str) -> Arc<JobSpec> {
+        let text = format!("name: unit\nsource: {{type: memory}}\ntarget: {{type: memory}}\nlimits: {{batch_rows: 10}}\nretry: {{initial_backoff_ms: 1}}\n{extra}");
+        Arc::new(parse_job(&text, false, |_| None).unwrap())
+    }
+
+    #[tokio::test]
+    async fn transient_commit_failures_are_retried_without_duplicates() {
+        let target = Arc::new(MemoryTarget { failing_commits: vec![3, 4, 9], ..Default::default() });
+        let sink = Arc::new(MemorySink(target.clone()));
+        let state = Arc::new(MemoryStateStore::default());
+        let (_stop, stopped) = watch::channel(false);
+        let runner = Arc::new(Runner::new(
+            job(""),
+            Arc::new(MemorySource { rows: 100, bad: vec![] }),
+            sink,
+            state.clone(),
+            stopped,
+        ));
+        let (summary, error) = runner.run().await;
+        assert!(error.is_none(), "{error:?}");
+        let mut ids = target.committed.lock().unwrap().0.clone();
+        ids.sort_unstable();
+        assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+        assert_eq!((summary.status.as_str(), summary.rows_written), ("succeeded", 100));
+        assert_eq!(state.runs(), 1);
+    }
+
+    #[tokio::test]
+    async fn dirty_records_past_the_limit_fail_before_their_batch_commits() {
+        let target = Arc::new(MemoryTarget::default());
+        let sink = Arc::new(MemorySink(target.clone()));
+        let state = Arc::new(MemoryStateStore::default());
+        let (_stop, stopped) = watch::channel(false);
+        let source = Arc::new(MemorySource { rows: 100, bad: vec![5, 15] });
+        let runner = Arc::new(Runner::new(
+            job("parallelism: 1\nerrors: {max_dirty_records: 1}\n"),
+            source,
+            sink,
+            state.clone(),
+            stopped,
+        ));
+        let (summary, error) = runner.run().await;
+        let error = error.expect("the second dirty record fails the job");
+        assert!(error.to_string().contains("2 dirty records exceed errors.max_dirty_records = 1"), "{error}");
+        assert_eq!(summary.status, "failed");
+        // Rows 1-10 (with the first dirty record) committed; the batch holding id 15 did not.
+        let committed = target.committed.lock().unwrap().0.clone();
+        assert_eq!(committed, (1..=10).filter(|id| *id != 5).collect::<Vec<_>>());
+        assert_eq!(state.dirty_records("unit").unwrap().len(), 2, "both are kept for inspection");
+    }
+}

@@ -159,3 +159,62 @@ fn an_unwritable_target_names_the_side() {
     run.assert_code(1);
     assert!(run.stdout.contains("FAIL  target: create file/out"), "{}", run.stdout);
 }
+
+#[test]
+fn the_canary_password_appears_in_no_output_and_no_file_a_run_writes() {
+    let database = unique_name("canary");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, d DATE); INSERT INTO {database}.t VALUES (1, '2024-01-01')"));
+    let workspace = Workspace::new();
+    let good = workspace.write("good.yaml", &format!("name: canary\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n"));
+    // Fails at the target: the table exists with a missing column, and creating is off.
+    support::psql(&format!("CREATE SCHEMA {database}_failing; CREATE TABLE {database}_failing.t (id int)"));
+    mariadb(&format!(
+        "CREATE DATABASE {database}_failing; CREATE TABLE {database}_failing.t (id INT PRIMARY KEY, d DATE)"
+    ));
+    let failing = workspace.write(
+        "failing.yaml",
+        &format!("name: canary-failing\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}_failing.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: false\n"),
+    );
+    let mut outputs = String::new();
+    for (job, code) in [(&good, 0), (&failing, 1)] {
+        for command in ["check", "run"] {
+            let run = Run::from(
+                workspace
+                    .command(
+                        &[command, job.to_str().unwrap(), "--summary-json", "summary.json"]
+                            [..if command == "run" { 4 } else { 2 }],
+                    )
+                    .env("URL", mysql_url())
+                    .env("TARGET", postgres_url())
+                    .env("SLUICE_LOG", "debug")
+                    .output()
+                    .unwrap(),
+            );
+            if command == "run" {
+                run.assert_code(code);
+            }
+            outputs.push_str(&run.all());
+        }
+    }
+    assert!(outputs.contains("lacks columns d"), "the failing run failed for the expected reason:\n{outputs}");
+    assert!(!outputs.contains(&canary()), "the password leaked into the output:\n{outputs}");
+    let mut files = vec![workspace.directory.path().to_path_buf()];
+    let mut scanned = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+        } else if path.extension().is_none_or(|extension| extension != "yaml") {
+            let bytes = std::fs::read(&path).unwrap();
+            scanned += 1;
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(&canary()),
+                "the password leaked into {}",
+                path.display()
+            );
+        }
+    }
+    assert!(
+        scanned >= 2 && workspace.path(".sluice/state.db").exists(),
+        "the summary and the state store were scanned ({scanned} files)"
+    );
+}
