@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
 use sluice_core::spec::JobSpec;
 use sluice_core::stats::RunSummary;
@@ -93,32 +94,29 @@ async fn check(path: PathBuf) -> u8 {
         job.target.connector,
         job.mode
     );
-    let mut failed = false;
-    match sluice_connectors::source(&job) {
-        Ok(source) => match source.check().await {
-            Ok(items) => items
-                .iter()
-                .for_each(|item| println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail)),
-            Err(error) => {
-                println!("FAIL  {error}");
-                failed = true;
+    let (source, sink) = match (sluice_connectors::source(&job), sluice_connectors::sink(&job)) {
+        (Ok(source), Ok(sink)) => (source, sink),
+        (Err(error), _) | (_, Err(error)) => return fail(&error),
+    };
+    let source_ok = report(source.check().await);
+    let sink_ok = report(sink.check().await);
+    u8::from(!(source_ok && sink_ok))
+}
+
+/// Prints the lines of one side's check; false when it failed.
+fn report(result: Result<Vec<CheckItem>, Error>) -> bool {
+    match result {
+        Ok(items) => {
+            for item in &items {
+                println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail);
             }
-        },
-        Err(error) => return fail(&error),
+            items.iter().all(|item| item.ok)
+        }
+        Err(error) => {
+            println!("FAIL  {error}");
+            false
+        }
     }
-    match sluice_connectors::sink(&job) {
-        Ok(sink) => match sink.check().await {
-            Ok(items) => items
-                .iter()
-                .for_each(|item| println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail)),
-            Err(error) => {
-                println!("FAIL  {error}");
-                failed = true;
-            }
-        },
-        Err(error) => return fail(&error),
-    }
-    u8::from(failed)
 }
 
 async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -> u8 {
