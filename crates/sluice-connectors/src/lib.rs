@@ -36,7 +36,7 @@ const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "d
 const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
 const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
 const SERVER_SOURCE: &[&str] = &["type", "url", "tables"];
-const SERVER_TARGET: &[&str] = &["type", "url", "write_mode", "create_tables"];
+const SERVER_TARGET: &[&str] = &["type", "url", "write_mode", "create_tables", "namespace"];
 
 const CONNECTORS: &[Connector] = &[
     Connector {
@@ -50,7 +50,7 @@ const CONNECTORS: &[Connector] = &[
     Connector {
         name: "mysql",
         source_fields: Some(SERVER_SOURCE),
-        target_fields: None,
+        target_fields: Some(SERVER_TARGET),
         change_capture: false,
         upsert: true,
         built: cfg!(feature = "mysql"),
@@ -201,14 +201,34 @@ pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
         "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(path(endpoint)?, endpoint.write_mode, endpoint.create_tables))),
         #[cfg(feature = "file")]
         "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(path(endpoint)?, file_format(endpoint)))),
+        #[cfg(feature = "mysql")]
+        "mysql" => Ok(Arc::new(mysql::MysqlSink::new(
+            url(endpoint)?,
+            endpoint.display_url(),
+            endpoint.write_mode,
+            endpoint.create_tables,
+            namespace(endpoint),
+            job.parallelism,
+        )?)),
         #[cfg(feature = "postgres")]
         "postgres" => Ok(Arc::new(postgres::PostgresSink::new(
             url(endpoint)?.clone(),
             endpoint.display_url(),
             endpoint.write_mode,
             endpoint.create_tables,
+            namespace(endpoint),
         ))),
         other => Err(Error::config(format!("target.type: `{other}` is not available as a target in this build"))),
+    }
+}
+
+/// `namespace:` puts every table into one target database (MySQL) or schema (PostgreSQL)
+/// instead of the source's own.
+#[allow(dead_code)]
+fn namespace(endpoint: &EndpointSpec) -> Option<String> {
+    match endpoint.options.get("namespace").map(|node| &node.kind) {
+        Some(NodeKind::Scalar { text, .. }) => Some(text.clone()),
+        _ => None,
     }
 }
 

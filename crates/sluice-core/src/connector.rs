@@ -94,6 +94,10 @@ pub trait Sink: Send + Sync {
     /// The name a source table gets in this target.
     fn target_name(&self, source: &TableName) -> TableName;
 
+    /// The statements that create `tables` (target names) in this target, for `sluice schema`.
+    /// Targets without DDL (files) describe what they would write instead.
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String>;
+
     /// Creates the missing tables (when the job allows it) and checks that the others exist.
     /// Idempotent; called once per run, before any writer opens. `tables` carry target names.
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;

@@ -11,7 +11,7 @@ use crate::change::{Batch, Position};
 use crate::connector::{Checkpoint, Sink, Source, Split, SplitHint};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::retry;
-use crate::schema::TableSchema;
+use crate::schema::{TableName, TableSchema};
 use crate::spec::JobSpec;
 use crate::state::{Plan, PlannedTable, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
@@ -177,8 +177,17 @@ impl Runner {
             .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
             .collect();
         let mut plan = Plan::default();
+        let mut targets: BTreeMap<_, TableName> = BTreeMap::new();
         for table in tables {
             let target = self.sink.target_name(&table.name);
+            if let Some(other) = targets.insert(target.clone(), table.name.clone()) {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("source tables {other} and {} both map to target table {target}", table.name),
+                )
+                .on(Side::Target)
+                .hint("select only one of them in source.tables, or remove target.namespace"));
+            }
             let planned = match stored.get(&table.name) {
                 Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
                 None => {
@@ -496,6 +505,9 @@ mod tests {
         }
         fn target_name(&self, source: &TableName) -> TableName {
             source.clone()
+        }
+        fn create_statements(&self, _tables: &[TableSchema]) -> Vec<String> {
+            Vec::new()
         }
         async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
             Ok(())

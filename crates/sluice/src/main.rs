@@ -14,7 +14,7 @@ use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
 use sluice_core::spec::JobSpec;
 use sluice_core::stats::RunSummary;
-use sluice_core::{Error, ErrorKind};
+use sluice_core::{Error, ErrorKind, TableSchema};
 use tokio::sync::watch;
 
 use crate::state_store::SqliteStateStore;
@@ -45,6 +45,14 @@ enum Command {
         /// The job file.
         job: PathBuf,
     },
+    /// Print the target DDL derived from the source schema; with --apply, create what is missing.
+    Schema {
+        /// The job file.
+        job: PathBuf,
+        /// Create the missing schemas and tables in the target.
+        #[arg(long)]
+        apply: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -61,6 +69,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
             Command::Check { job } => check(job).await,
+            Command::Schema { job, apply } => schema(job, apply).await,
         }
     });
     ExitCode::from(code)
@@ -101,6 +110,35 @@ async fn check(path: PathBuf) -> u8 {
     let source_ok = report(source.check().await);
     let sink_ok = report(sink.check().await);
     u8::from(!(source_ok && sink_ok))
+}
+
+async fn schema(path: PathBuf, apply: bool) -> u8 {
+    let Some(mut job) = load(&path) else { return 2 };
+    // Applying is an explicit request to create, whatever the job says for runs.
+    job.target.create_tables |= apply;
+    let result = async {
+        let source = sluice_connectors::source(&job)?;
+        let sink = sluice_connectors::sink(&job)?;
+        let tables: Vec<TableSchema> = source
+            .discover()
+            .await?
+            .into_iter()
+            .map(|table| TableSchema { name: sink.target_name(&table.name), ..table })
+            .collect();
+        for statement in sink.create_statements(&tables) {
+            println!("{statement};");
+        }
+        if apply {
+            sink.prepare(&tables).await?;
+            eprintln!("applied: {} tables exist in the target", tables.len());
+        }
+        Ok::<_, Error>(())
+    }
+    .await;
+    match result {
+        Ok(()) => 0,
+        Err(error) => fail(&error),
+    }
 }
 
 /// Prints the lines of one side's check; false when it failed.

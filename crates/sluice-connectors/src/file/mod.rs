@@ -95,6 +95,16 @@ impl Sink for FileSink {
         source.clone()
     }
 
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
+        tables
+            .iter()
+            .map(|table| {
+                let path = self.directory.join(directory_name(&table.name)).join(SCHEMA_FILE);
+                format!("-- {}\n{}", path.display(), serde_json::to_string_pretty(table).expect("schemas serialize"))
+            })
+            .collect()
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         let (directory, tables) = (self.directory.clone(), tables.to_vec());
         blocking(Side::Target, move || {

@@ -1,11 +1,13 @@
 //! MySQL and MariaDB: connections, error classification, the type mapping and value decoding.
 
+mod sink;
 mod source;
 
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 use sluice_core::secret::{self, Secret};
 use sluice_core::{DataType, Date, DateTime, Decimal, Error, ErrorKind, Side, Time, Value};
 
+pub use sink::MysqlSink;
 pub use source::MysqlSource;
 
 /// Every session is pinned to UTC, so `TIMESTAMP` values arrive as UTC instants, and to
@@ -76,7 +78,6 @@ impl ColumnType<'_> {
         let fsp = self.datetime_precision.unwrap_or(0).min(6) as u8;
         let length = self.length.and_then(|length| u32::try_from(length).ok());
         match self.data_type {
-            "tinyint" if self.column_type.starts_with("tinyint(1)") && !unsigned => DataType::Boolean,
             "tinyint" => DataType::Integer { bytes: 1, unsigned },
             "smallint" => DataType::Integer { bytes: 2, unsigned },
             "mediumint" => DataType::Integer { bytes: 3, unsigned },

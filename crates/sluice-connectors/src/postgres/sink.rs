@@ -23,11 +23,19 @@ pub struct PostgresSink {
     server: String,
     write_mode: WriteMode,
     create_tables: bool,
+    /// Every table goes into this namespace when set.
+    namespace: Option<String>,
 }
 
 impl PostgresSink {
-    pub fn new(url: Secret, server: String, write_mode: WriteMode, create_tables: bool) -> PostgresSink {
-        PostgresSink { url, server, write_mode, create_tables }
+    pub fn new(
+        url: Secret,
+        server: String,
+        write_mode: WriteMode,
+        create_tables: bool,
+        namespace: Option<String>,
+    ) -> PostgresSink {
+        PostgresSink { url, server, write_mode, create_tables, namespace }
     }
 
     fn error(&self, doing: &str) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
@@ -60,9 +68,15 @@ impl Sink for PostgresSink {
         }])
     }
 
-    /// `db.table` lands as schema `db`, table `table`; a name without namespace in `public`.
+    /// `db.table` lands as schema `db` (or the job's `namespace`), table `table`; a name
+    /// without namespace in `public`.
     fn target_name(&self, source: &TableName) -> TableName {
-        TableName::new(Some(source.namespace.as_deref().unwrap_or("public")), &source.name)
+        let namespace = self.namespace.as_deref().or(source.namespace.as_deref()).unwrap_or("public");
+        TableName::new(Some(namespace), &source.name)
+    }
+
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
+        tables.iter().map(create_table_sql).collect()
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {

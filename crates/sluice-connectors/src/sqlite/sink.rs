@@ -63,6 +63,10 @@ impl Sink for SqliteSink {
         TableName::new(None, &source.name)
     }
 
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
+        tables.iter().map(create_table_sql).collect()
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         let tables = tables.to_vec();
         let (write_mode, create_tables) = (self.write_mode, self.create_tables);
@@ -73,13 +77,7 @@ impl Sink for SqliteSink {
                     "CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (job TEXT NOT NULL, task TEXT NOT NULL, position TEXT, done INTEGER NOT NULL, rows_written INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (job, task))"
                 ))
                 .map_err(ddl_error)?;
-            let mut seen = std::collections::BTreeSet::new();
             for table in &tables {
-                if !seen.insert(table.name.name.clone()) {
-                    return Err(Error::new(ErrorKind::Schema, format!("two source tables map to target table `{}`", table.name))
-                        .on(Side::Target)
-                        .hint("SQLite has one namespace; select only one of the tables in source.tables"));
-                }
                 if write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
                     return Err(Error::new(ErrorKind::Schema, format!("table `{}` has no primary key, which write_mode: upsert needs", table.name))
                         .on(Side::Target)

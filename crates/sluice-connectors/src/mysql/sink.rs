@@ -1,0 +1,424 @@
+//! Writing into MySQL/MariaDB: created databases and tables, multi-row prepared INSERTs in one
+//! transaction per commit that also updates the task's row in `sluice.checkpoints`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Pool};
+use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
+use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::secret::Secret;
+use sluice_core::spec::WriteMode;
+use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
+
+use super::{mysql_error, pool, quote};
+
+/// The most placeholders one MySQL statement may hold.
+const MAX_PLACEHOLDERS: usize = 65_535;
+
+/// A MySQL or MariaDB server written as a target.
+#[derive(Debug)]
+pub struct MysqlSink {
+    pool: Pool,
+    server: String,
+    write_mode: WriteMode,
+    create_tables: bool,
+    /// Every table goes into this namespace when set.
+    namespace: Option<String>,
+}
+
+impl MysqlSink {
+    pub fn new(
+        url: &Secret,
+        server: String,
+        write_mode: WriteMode,
+        create_tables: bool,
+        namespace: Option<String>,
+        connections: usize,
+    ) -> Result<MysqlSink> {
+        Ok(MysqlSink { pool: pool(url, Side::Target, connections + 1)?, server, write_mode, create_tables, namespace })
+    }
+
+    async fn connection(&self) -> Result<Conn> {
+        let mut connection =
+            self.pool.get_conn().await.map_err(|error| mysql_error(error, Side::Target, &self.server, "connect"))?;
+        // Strict, so a value the column cannot hold fails (and becomes a dirty record) instead of
+        // being truncated; zero dates allowed, so MySQL-to-MySQL copies carry them as they are;
+        // an explicit 0 in an AUTO_INCREMENT column stays 0.
+        connection
+            .query_drop("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_AUTO_VALUE_ON_ZERO,NO_ENGINE_SUBSTITUTION'")
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, "set the session's sql_mode"))?;
+        Ok(connection)
+    }
+}
+
+fn qualified(name: &TableName) -> String {
+    match &name.namespace {
+        Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
+        None => quote(&name.name),
+    }
+}
+
+/// The MySQL type a logical type is created as.
+fn column_type(data_type: &DataType) -> String {
+    let unsigned = |unsigned: &bool| if *unsigned { " UNSIGNED" } else { "" };
+    let list = |values: &[String]| {
+        values
+            .iter()
+            .map(|value| format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''")))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    match data_type {
+        DataType::Boolean => "TINYINT(1)".into(),
+        DataType::Integer { bytes: 1, unsigned: sign } => format!("TINYINT{}", unsigned(sign)),
+        DataType::Integer { bytes: 2, unsigned: sign } => format!("SMALLINT{}", unsigned(sign)),
+        DataType::Integer { bytes: 3, unsigned: sign } => format!("MEDIUMINT{}", unsigned(sign)),
+        DataType::Integer { bytes: 4, unsigned: sign } => format!("INT{}", unsigned(sign)),
+        DataType::Integer { unsigned: sign, .. } => format!("BIGINT{}", unsigned(sign)),
+        DataType::Float32 => "FLOAT".into(),
+        DataType::Float64 => "DOUBLE".into(),
+        DataType::Decimal { precision: Some(precision), scale } if *precision <= 65 => {
+            format!("DECIMAL({precision},{})", scale.unwrap_or(0).min(30))
+        }
+        DataType::Decimal { .. } => "DECIMAL(65,30)".into(),
+        DataType::Text { length: Some(length), fixed: true } if *length <= 255 => format!("CHAR({length})"),
+        DataType::Text { length: Some(length), .. } if *length <= 16_383 => format!("VARCHAR({length})"),
+        DataType::Text { .. } => "LONGTEXT".into(),
+        DataType::Bytes { length: Some(length), fixed: true } if *length <= 255 => format!("BINARY({length})"),
+        DataType::Bytes { length: Some(length), .. } if *length <= 65_535 => format!("VARBINARY({length})"),
+        DataType::Bytes { .. } => "LONGBLOB".into(),
+        DataType::Bits { width } => format!("BIT({width})"),
+        DataType::Date => "DATE".into(),
+        DataType::Time { precision } => format!("TIME({precision})"),
+        DataType::DateTime { precision } => format!("DATETIME({precision})"),
+        DataType::Timestamp { precision } => format!("TIMESTAMP({precision})"),
+        DataType::Year => "YEAR".into(),
+        DataType::Json => "JSON".into(),
+        DataType::Enum { values } => format!("ENUM({})", list(values)),
+        DataType::Set { values } => format!("SET({})", list(values)),
+        DataType::Geometry => "GEOMETRY".into(),
+    }
+}
+
+fn create_table_sql(table: &TableSchema) -> String {
+    let mut definitions: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| {
+            // TIMESTAMP columns get an explicit NULL/NOT NULL and no implicit default.
+            let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
+            format!("{} {}{nullability}", quote(&column.name), column_type(&column.data_type))
+        })
+        .collect();
+    if !table.primary_key.is_empty() {
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+        definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
+    }
+    let database = table.name.namespace.as_deref().unwrap_or("sluice_default");
+    format!(
+        "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4; CREATE TABLE IF NOT EXISTS {} ({}) DEFAULT CHARSET = utf8mb4",
+        quote(database),
+        qualified(&table.name),
+        definitions.join(", ")
+    )
+}
+
+#[async_trait]
+impl Sink for MysqlSink {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let mut connection = self.connection().await?;
+        let version: Option<String> = connection
+            .query_first("SELECT VERSION()")
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, "read the server version"))?;
+        Ok(vec![CheckItem {
+            what: "target connection".into(),
+            ok: true,
+            detail: format!("{} (server {})", self.server, version.unwrap_or_default()),
+        }])
+    }
+
+    /// `db.table` lands as database `db` (or the job's `namespace`), table `table`.
+    fn target_name(&self, source: &TableName) -> TableName {
+        let namespace = self.namespace.as_deref().or(source.namespace.as_deref()).unwrap_or("sluice_default");
+        TableName::new(Some(namespace), &source.name)
+    }
+
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
+        tables.iter().map(create_table_sql).collect()
+    }
+
+    async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        let mut connection = self.connection().await?;
+        let error = |doing: &str| {
+            let doing = doing.to_owned();
+            move |error| mysql_error(error, Side::Target, &self.server, &doing)
+        };
+        connection
+            .query_drop(
+                "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
+                 CREATE TABLE IF NOT EXISTS sluice.checkpoints (job VARCHAR(128) NOT NULL, task VARCHAR(512) NOT NULL,
+                     position LONGTEXT, done TINYINT(1) NOT NULL, rows_written BIGINT UNSIGNED NOT NULL,
+                     updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), PRIMARY KEY (job, task)) DEFAULT CHARSET = utf8mb4",
+            )
+            .await
+            .map_err(error("create the checkpoint table sluice.checkpoints"))?;
+        for table in tables {
+            if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
+                )
+                .on(Side::Target)
+                .hint("use write_mode: insert for this table"));
+            }
+            let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
+            let existing: Vec<String> = connection
+                .exec(
+                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (namespace, &table.name.name),
+                )
+                .await
+                .map_err(error(&format!("describe table {}", table.name)))?;
+            if existing.is_empty() {
+                if !self.create_tables {
+                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
+                        .on(Side::Target)
+                        .hint("create it, or set target.create_tables: true"));
+                }
+                connection
+                    .query_drop(create_table_sql(table))
+                    .await
+                    .map_err(error(&format!("create table {}", table.name)))?;
+                continue;
+            }
+            let missing: Vec<&str> = table
+                .columns
+                .iter()
+                .map(|column| column.name.as_str())
+                .filter(|name| !existing.iter().any(|known| known.eq_ignore_ascii_case(name)))
+                .collect();
+            if !missing.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("table `{}` lacks columns {}", table.name, missing.join(", ")),
+                )
+                .on(Side::Target)
+                .hint("add the columns or drop the table so it is created"));
+            }
+        }
+        Ok(())
+    }
+
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+        let connection = self.connection().await?;
+        Ok(Box::new(MysqlWriter {
+            connection,
+            server: self.server.clone(),
+            job: job.to_owned(),
+            task: task.to_owned(),
+            rows_per_statement: (MAX_PLACEHOLDERS / table.columns.len().max(1)).clamp(1, 1_000),
+            upsert: self.write_mode == WriteMode::Upsert,
+            table,
+            in_transaction: false,
+        }))
+    }
+}
+
+struct MysqlWriter {
+    connection: Conn,
+    server: String,
+    job: String,
+    task: String,
+    table: Arc<TableSchema>,
+    rows_per_statement: usize,
+    upsert: bool,
+    in_transaction: bool,
+}
+
+/// Server errors caused by one row's content: the row is dirty, the batch is not.
+fn is_row_error(error: &mysql_async::Error) -> bool {
+    // Out of range, incorrect value, too long, bad date, duplicate key, NULL in NOT NULL,
+    // foreign key, check constraint, bad enum/set member, truncated.
+    matches!(error, mysql_async::Error::Server(server) if matches!(server.code, 1264 | 1366 | 1406 | 1292 | 1062 | 1048 | 1452 | 4025 | 1265 | 1367 | 3819))
+}
+
+impl MysqlWriter {
+    fn error(&self, doing: &str) -> impl Fn(mysql_async::Error) -> Error + '_ {
+        let doing = doing.to_owned();
+        move |error| mysql_error(error, Side::Target, &self.server, &doing)
+    }
+
+    async fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    /// Inserts rows with multi-row prepared statements; for upsert, first deletes the rows with
+    /// the same primary keys, so only the primary key ever matches.
+    async fn insert_rows(&mut self, rows: &[&Row]) -> std::result::Result<(), mysql_async::Error> {
+        let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
+        let row_placeholder = format!("({})", vec!["?"; columns.len()].join(", "));
+        for chunk in rows.chunks(self.rows_per_statement) {
+            if self.upsert {
+                let key: Vec<String> =
+                    self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
+                let key_placeholder = format!("({})", vec!["?"; key.len()].join(", "));
+                let sql = format!(
+                    "DELETE FROM {} WHERE ({}) IN ({})",
+                    qualified(&self.table.name),
+                    key.join(", "),
+                    vec![key_placeholder; chunk.len()].join(", ")
+                );
+                let parameters: Vec<mysql_async::Value> = chunk
+                    .iter()
+                    .flat_map(|row| self.table.primary_key.iter().map(|&index| encode(&row[index])))
+                    .collect();
+                self.connection.exec_drop(sql, parameters).await?;
+            }
+            let sql = format!(
+                "INSERT INTO {} ({}) VALUES {}",
+                qualified(&self.table.name),
+                columns.join(", "),
+                vec![row_placeholder.as_str(); chunk.len()].join(", ")
+            );
+            let parameters: Vec<mysql_async::Value> = chunk.iter().flat_map(|row| row.iter().map(encode)).collect();
+            self.connection.exec_drop(sql, parameters).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The parameter a value is bound as.
+fn encode(value: &Value) -> mysql_async::Value {
+    use mysql_async::Value as My;
+    match value {
+        Value::Null => My::NULL,
+        Value::Bool(value) => My::Int(i64::from(*value)),
+        Value::Int(value) => My::Int(*value),
+        Value::UInt(value) => My::UInt(*value),
+        Value::Float32(value) => My::Float(*value),
+        Value::Float64(value) => My::Double(*value),
+        Value::Bits { value, .. } => My::UInt(*value),
+        Value::Bytes(bytes) => My::Bytes(bytes.clone()),
+        Value::Date(date) => My::Date(date.year, date.month, date.day, 0, 0, 0, 0),
+        Value::DateTime(value) | Value::Timestamp(value) => My::Date(
+            value.date.year,
+            value.date.month,
+            value.date.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+        ),
+        Value::Time(time) => My::Time(
+            time.negative,
+            time.hours / 24,
+            (time.hours % 24) as u8,
+            time.minutes,
+            time.seconds,
+            time.microseconds,
+        ),
+        Value::Decimal(_) | Value::Text(_) | Value::Json(_) => My::Bytes(value.to_string().into_bytes()),
+    }
+}
+
+#[async_trait]
+impl Writer for MysqlWriter {
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        let row: Option<(Option<String>, bool, u64)> = self
+            .connection
+            .exec_first(
+                "SELECT position, done, rows_written FROM sluice.checkpoints WHERE job = ? AND task = ?",
+                (&self.job, &self.task),
+            )
+            .await
+            .map_err(self.error("read the checkpoint"))?;
+        let Some((position, done, rows_written)) = row else { return Ok(None) };
+        let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+            Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", self.task))
+                .on(Side::Target)
+        })?;
+        Ok(Some(Checkpoint { task: self.task.clone(), position, done, rows_written }))
+    }
+
+    async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+        self.begin().await?;
+        let mut rows = Vec::with_capacity(batch.changes.len());
+        for change in &batch.changes {
+            let ChangeKind::Insert { after } = &change.kind else {
+                return Err(Error::new(ErrorKind::Write, "the MySQL target applies inserts only (snapshot mode)")
+                    .on(Side::Target));
+            };
+            rows.push(after);
+        }
+        self.connection.query_drop("SAVEPOINT batch").await.map_err(self.error("set a savepoint"))?;
+        match self.insert_rows(&rows).await {
+            Ok(()) => return Ok(Vec::new()),
+            Err(error) if is_row_error(&error) => {
+                self.connection
+                    .query_drop("ROLLBACK TO SAVEPOINT batch")
+                    .await
+                    .map_err(self.error("roll back a failed batch"))?;
+            }
+            Err(error) => {
+                return Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", self.table.name)))
+            }
+        }
+        // One row's content failed the batch: insert row by row to find it and keep the rest.
+        let mut rejected = Vec::new();
+        for row in rows {
+            self.connection.query_drop("SAVEPOINT single").await.map_err(self.error("set a savepoint"))?;
+            match self.insert_rows(&[row]).await {
+                Ok(()) => {}
+                Err(error) if is_row_error(&error) => {
+                    self.connection
+                        .query_drop("ROLLBACK TO SAVEPOINT single")
+                        .await
+                        .map_err(self.error("roll back a failed row"))?;
+                    rejected.push(Rejected {
+                        table: self.table.name.to_string(),
+                        key: key_text(&self.table, row),
+                        reason: format!("target: {error}"),
+                        record: None,
+                    });
+                }
+                Err(error) => {
+                    return Err(mysql_error(
+                        error,
+                        Side::Target,
+                        &self.server,
+                        &format!("insert into {}", self.table.name),
+                    ))
+                }
+            }
+        }
+        Ok(rejected)
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        self.begin().await?;
+        let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+        let saved = self
+            .connection
+            .exec_drop(
+                "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written) VALUES (?, ?, ?, ?, ?)
+                 ON DUPLICATE KEY UPDATE position = VALUES(position), done = VALUES(done),
+                     rows_written = VALUES(rows_written), updated_at = CURRENT_TIMESTAMP(6)",
+                (&self.job, &self.task, position, checkpoint.done, checkpoint.rows_written),
+            )
+            .await;
+        let committed = match saved {
+            Ok(()) => self.connection.query_drop("COMMIT").await,
+            Err(error) => Err(error),
+        };
+        self.in_transaction = false;
+        committed.map_err(self.error("commit"))
+    }
+}
