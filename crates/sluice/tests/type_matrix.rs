@@ -1,0 +1,267 @@
+//! The type matrix: edge values of every MySQL type, copied into PostgreSQL and into MySQL and
+//! compared value by value.
+
+mod support;
+
+use std::process::Command;
+
+use support::{mariadb, mysql_url, postgres_url, unique_name, Run, Workspace};
+
+/// One MySQL column type, the values to put in it (SQL literals), and the text PostgreSQL must
+/// show for each (`NULL` for NULL).
+struct Case {
+    mysql_type: &'static str,
+    values: &'static [(&'static str, &'static str)],
+}
+
+const CASES: &[Case] = &[
+    Case { mysql_type: "TINYINT", values: &[("-128", "-128"), ("127", "127"), ("0", "0"), ("NULL", "NULL")] },
+    Case { mysql_type: "TINYINT UNSIGNED", values: &[("0", "0"), ("255", "255")] },
+    Case { mysql_type: "TINYINT(1)", values: &[("0", "0"), ("1", "1"), ("-5", "-5")] },
+    Case { mysql_type: "SMALLINT", values: &[("-32768", "-32768"), ("32767", "32767"), ("0", "0")] },
+    Case { mysql_type: "SMALLINT UNSIGNED", values: &[("65535", "65535")] },
+    Case { mysql_type: "MEDIUMINT", values: &[("-8388608", "-8388608"), ("8388607", "8388607")] },
+    Case { mysql_type: "MEDIUMINT UNSIGNED", values: &[("16777215", "16777215")] },
+    Case {
+        mysql_type: "INT",
+        values: &[("-2147483648", "-2147483648"), ("2147483647", "2147483647"), ("0", "0"), ("-1", "-1")],
+    },
+    Case { mysql_type: "INT UNSIGNED", values: &[("4294967295", "4294967295")] },
+    Case {
+        mysql_type: "BIGINT",
+        values: &[("-9223372036854775808", "-9223372036854775808"), ("9223372036854775807", "9223372036854775807")],
+    },
+    Case { mysql_type: "BIGINT UNSIGNED", values: &[("18446744073709551615", "18446744073709551615"), ("0", "0")] },
+    Case {
+        mysql_type: "DECIMAL(65,30)",
+        values: &[
+            (
+                "'99999999999999999999999999999999999.999999999999999999999999999999'",
+                "99999999999999999999999999999999999.999999999999999999999999999999",
+            ),
+            (
+                "'-99999999999999999999999999999999999.999999999999999999999999999999'",
+                "-99999999999999999999999999999999999.999999999999999999999999999999",
+            ),
+            ("'0.000000000000000000000000000001'", "0.000000000000000000000000000001"),
+            ("'-0.5'", "-0.500000000000000000000000000000"),
+            ("0", "0.000000000000000000000000000000"),
+        ],
+    },
+    Case {
+        mysql_type: "DECIMAL(10,2)",
+        values: &[("1.5", "1.50"), ("-0.01", "-0.01"), ("99999999.99", "99999999.99")],
+    },
+    Case { mysql_type: "DECIMAL(5,0)", values: &[("-99999", "-99999")] },
+    Case {
+        mysql_type: "FLOAT",
+        values: &[
+            ("0.1", "0.1"),
+            ("-3.40282e38", "-3.40282e+38"),
+            ("1.17549e-38", "1.17549e-38"),
+            ("0", "0"),
+            ("3.14", "3.14"),
+        ],
+    },
+    Case {
+        mysql_type: "DOUBLE",
+        values: &[
+            ("0.1", "0.1"),
+            ("1.7976931348623157e308", "1.7976931348623157e+308"),
+            ("5e-324", "5e-324"),
+            ("-2.5", "-2.5"),
+            ("1e15", "1e+15"),
+        ],
+    },
+    Case { mysql_type: "BIT(1)", values: &[("b'0'", "0"), ("b'1'", "1")] },
+    Case {
+        mysql_type: "BIT(64)",
+        values: &[
+            (
+                "b'1111111111111111111111111111111111111111111111111111111111111111'",
+                "1111111111111111111111111111111111111111111111111111111111111111",
+            ),
+            ("b'0'", "0000000000000000000000000000000000000000000000000000000000000000"),
+        ],
+    },
+    Case {
+        mysql_type: "DATE",
+        values: &[
+            ("'1000-01-01'", "1000-01-01"),
+            ("'9999-12-31'", "9999-12-31"),
+            ("'2024-02-29'", "2024-02-29"),
+            ("'2000-01-01'", "2000-01-01"),
+        ],
+    },
+    Case {
+        mysql_type: "DATETIME(6)",
+        values: &[
+            ("'1000-01-01 00:00:00'", "1000-01-01 00:00:00"),
+            ("'9999-12-31 23:59:59.999999'", "9999-12-31 23:59:59.999999"),
+            ("'2024-01-01 00:00:00.000001'", "2024-01-01 00:00:00.000001"),
+            ("'2038-01-19 03:14:08'", "2038-01-19 03:14:08"),
+        ],
+    },
+    Case { mysql_type: "DATETIME", values: &[("'2024-06-01 12:34:56'", "2024-06-01 12:34:56")] },
+    Case { mysql_type: "DATETIME(3)", values: &[("'2024-06-01 12:34:56.789'", "2024-06-01 12:34:56.789")] },
+    Case {
+        mysql_type: "TIMESTAMP(6) NULL",
+        values: &[
+            ("'1970-01-01 00:00:01'", "1970-01-01 00:00:01+00"),
+            ("'2038-01-19 03:14:07.999999'", "2038-01-19 03:14:07.999999+00"),
+            ("NULL", "NULL"),
+        ],
+    },
+    Case {
+        mysql_type: "TIME(6)",
+        values: &[
+            ("'-838:59:59'", "-838:59:59"),
+            ("'838:59:59'", "838:59:59"),
+            ("'00:00:00'", "00:00:00"),
+            ("'-00:00:00.000001'", "-00:00:00.000001"),
+            ("'123:45:06.789'", "123:45:06.789"),
+        ],
+    },
+    Case { mysql_type: "YEAR", values: &[("1901", "1901"), ("2155", "2155"), ("0", "0")] },
+    Case { mysql_type: "CHAR(10)", values: &[("'abc'", "abc"), ("''", ""), ("NULL", "NULL")] },
+    Case {
+        mysql_type: "VARCHAR(255) CHARACTER SET utf8mb4",
+        values: &[
+            ("'😀𠀀'", "😀𠀀"),
+            ("'naïve e\u{301}'", "naïve e\u{301}"),
+            ("'quote''\"\\\\'", "quote'\"\\"),
+            ("'tab\\tnew\\nline\\r'", "tab\tnew\nline\r"),
+            ("''", ""),
+            ("'  trailing  '", "  trailing  "),
+            ("'A'", "A"),
+            ("'ǅ ß ﬁ'", "ǅ ß ﬁ"),
+        ],
+    },
+    Case { mysql_type: "VARCHAR(20) CHARACTER SET latin1", values: &[("'café'", "café"), ("'ÿ±'", "ÿ±")] },
+    Case { mysql_type: "MEDIUMTEXT", values: &[("REPEAT('x', 70000)", "x{70000}"), ("''", "")] },
+    Case { mysql_type: "BINARY(4)", values: &[("0x00010203", "\\x00010203"), ("0x41", "\\x41000000")] },
+    Case { mysql_type: "VARBINARY(10)", values: &[("0x00", "\\x00"), ("0xFFFE", "\\xfffe"), ("''", "\\x")] },
+    Case { mysql_type: "BLOB", values: &[("0x000102FF", "\\x000102ff"), ("NULL", "NULL"), ("''", "\\x")] },
+    Case { mysql_type: "ENUM('a','b c','')", values: &[("'a'", "a"), ("'b c'", "b c"), ("''", "")] },
+    Case { mysql_type: "SET('x','y','z')", values: &[("'x,y'", "x,y"), ("''", ""), ("'z,x'", "x,z")] },
+    Case {
+        mysql_type: "JSON",
+        values: &[
+            ("'{\"a\": 1}'", "{\"a\": 1}"),
+            ("'[1, 2, 3]'", "[1, 2, 3]"),
+            ("'12345678901234567890123'", "12345678901234567890123"),
+            ("'\"text\"'", "\"text\""),
+            ("'{\"k\": [1, {\"n\": null}]}'", "{\"k\": [1, {\"n\": null}]}"),
+        ],
+    },
+    Case {
+        mysql_type: "POINT",
+        values: &[("ST_GeomFromText('POINT(1 2)')", "\\x000000000101000000000000000000f03f0000000000000040")],
+    },
+];
+
+fn value_count() -> usize {
+    CASES.iter().map(|case| case.values.len()).sum()
+}
+
+/// Creates one table per case in a fresh database and fills it.
+fn create_source(database: &str) {
+    let mut sql = format!("CREATE DATABASE {database}; USE {database}; SET SESSION sql_mode = 'STRICT_ALL_TABLES';");
+    for (index, case) in CASES.iter().enumerate() {
+        sql.push_str(&format!("CREATE TABLE t{index:02} (id INT PRIMARY KEY, v {});", case.mysql_type));
+        let rows: Vec<String> =
+            case.values.iter().enumerate().map(|(row, (literal, _))| format!("({row}, {literal})")).collect();
+        sql.push_str(&format!("INSERT INTO t{index:02} VALUES {};", rows.join(", ")));
+    }
+    mariadb(&sql);
+}
+
+/// The rows of a one-column PostgreSQL query, separated so values may hold line breaks.
+fn postgres_records(sql: &str) -> Vec<String> {
+    let output = Command::new("psql")
+        .args([postgres_url().as_str(), "-X", "-At", "-R", "\u{1e}", "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    text.trim_end_matches('\n').split('\u{1e}').map(str::to_owned).collect()
+}
+
+/// Raw bytes of `SELECT id, v` from a MariaDB table, for byte-exact comparison.
+fn mariadb_bytes(sql: &str) -> Vec<u8> {
+    let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
+    let output = Command::new("mariadb")
+        .args([
+            "--no-defaults",
+            "--default-character-set=utf8mb4",
+            "-uroot",
+            "-S",
+            &socket,
+            "--batch",
+            "--skip-column-names",
+            "-e",
+            sql,
+        ])
+        .output()
+        .expect("run the mariadb client");
+    assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
+    output.stdout
+}
+
+#[test]
+fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
+    assert!(value_count() >= 100, "the matrix has {} values", value_count());
+    let database = unique_name("matrix");
+    create_source(&database);
+    let workspace = Workspace::new();
+    let copy = |target: &str, name: &str, namespace: &str| {
+        let job = workspace.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n"
+            ),
+        );
+        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+        let run = Run::from(
+            workspace
+                .command(&["run", job.to_str().unwrap()])
+                .env("SOURCE", mysql_url())
+                .env("TARGET", target_url)
+                .output()
+                .unwrap(),
+        );
+        run.assert_code(0);
+    };
+    let pg_schema = format!("{database}_pg");
+    let my_copy = format!("{database}_copy");
+    copy("postgres", "to-postgres", &pg_schema);
+    copy("mysql", "to-mysql", &my_copy);
+
+    let mut mismatches = Vec::new();
+    for (index, case) in CASES.iter().enumerate() {
+        let shown =
+            postgres_records(&format!("SELECT coalesce(v::text, 'NULL') FROM {pg_schema}.t{index:02} ORDER BY id"));
+        for (row, (literal, expected)) in case.values.iter().enumerate() {
+            let expected = match expected.strip_prefix("x{") {
+                Some(count) => "x".repeat(count.trim_end_matches('}').parse().unwrap()),
+                None => (*expected).to_owned(),
+            };
+            let actual = shown.get(row).map_or("<missing>", String::as_str);
+            if actual != expected {
+                mismatches
+                    .push(format!("postgres {} {literal}: got {actual:?}, expected {expected:?}", case.mysql_type));
+            }
+        }
+        let source = mariadb_bytes(&format!("SELECT id, v FROM {database}.t{index:02} ORDER BY id"));
+        let target = mariadb_bytes(&format!("SELECT id, v FROM {my_copy}.t{index:02} ORDER BY id"));
+        if source != target {
+            mismatches.push(format!(
+                "mysql {}: got {:?}, expected {:?}",
+                case.mysql_type,
+                String::from_utf8_lossy(&target),
+                String::from_utf8_lossy(&source)
+            ));
+        }
+    }
+    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+}
