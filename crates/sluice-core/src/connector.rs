@@ -56,6 +56,13 @@ pub trait Source: Send + Sync {
     /// `sluice check` and at the start of every run; an error names the source side.
     async fn check(&self) -> Result<Vec<CheckItem>>;
 
+    /// The source's current change-log position (for MySQL: the GTID set and binlog file:pos),
+    /// or `None` for sources without a log. Called once, when a job is first planned and before
+    /// any split is read, so a change stream started from it misses nothing the snapshot missed.
+    async fn log_position(&self) -> Result<Option<Position>> {
+        Ok(None)
+    }
+
     /// Lists the tables that the job's `tables` filter selects, with their schemas, sorted by
     /// name. Called once per run at planning. A filter entry that names a table which does not
     /// exist (no glob characters) is an error.
@@ -90,6 +97,12 @@ pub trait Reader: Send {
 pub trait Sink: Send + Sync {
     /// Probes connectivity, credentials and writability; an error names the target side.
     async fn check(&self) -> Result<Vec<CheckItem>>;
+
+    /// Whether the target stores MySQL zero dates (`0000-00-00`) as they are. When it does not,
+    /// the runner applies the job's `errors.zero_dates` policy before `write`.
+    fn holds_zero_dates(&self) -> bool {
+        false
+    }
 
     /// The name a source table gets in this target.
     fn target_name(&self, source: &TableName) -> TableName;

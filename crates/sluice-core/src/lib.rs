@@ -14,6 +14,7 @@ pub mod state;
 pub mod stats;
 pub mod throttle;
 pub mod value;
+pub mod zero_dates;
 
 pub use change::{Batch, Change, ChangeKind, Position, Rejected, Row};
 pub use error::{Error, ErrorKind, Result, Side};

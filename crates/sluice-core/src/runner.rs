@@ -16,6 +16,7 @@ use crate::spec::JobSpec;
 use crate::state::{Plan, PlannedTable, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
 use crate::throttle::Throttle;
+use crate::zero_dates;
 
 /// Splits waiting for a worker, each with the counters of its table.
 type TaskQueue = VecDeque<(Split, Arc<TableStats>)>;
@@ -34,6 +35,8 @@ pub struct Runner {
     abort: watch::Sender<bool>,
     /// Splits found complete in the target at start.
     resumed_done: std::sync::atomic::AtomicU64,
+    /// The source's log position recorded in the plan.
+    source_position: Mutex<Option<Position>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -61,6 +64,7 @@ impl Runner {
             stop,
             abort: watch::channel(false).0,
             resumed_done: Default::default(),
+            source_position: Mutex::new(None),
         }
     }
 
@@ -75,6 +79,12 @@ impl Runner {
         let result = self.run_tasks().await;
         let mut summary = RunSummary::new(&self.job.name, &self.job.mode.to_string(), &self.stats);
         summary.splits_resumed_done = self.resumed_done.load(std::sync::atomic::Ordering::Relaxed);
+        summary.source_position = self
+            .source_position
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+            .map(|position| position.0.clone());
         summary.dirty_records_total =
             self.state.dirty_records(&self.job.name).map(|records| records.len() as u64).unwrap_or(0);
         let error = result.err();
@@ -168,15 +178,23 @@ impl Runner {
                 .on(Side::Source)
                 .hint("check the include and exclude globs and that the tables exist"));
         }
-        let stored: BTreeMap<_, _> = self
-            .state
-            .load_plan(&self.job.name)?
-            .unwrap_or_default()
+        let stored_plan = self.state.load_plan(&self.job.name)?.unwrap_or_default();
+        let mut plan = Plan::default();
+        // Captured once, on first planning: a resumed run keeps the position of the snapshot
+        // it continues.
+        plan.source_position = match stored_plan.source_position {
+            Some(position) => Some(position),
+            None => self.with_retry("read the source's log position", || self.source.log_position()).await?,
+        };
+        if let Some(position) = &plan.source_position {
+            log::info!("source log position at snapshot start: {}", position.0);
+        }
+        *self.source_position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.source_position.clone();
+        let stored: BTreeMap<_, _> = stored_plan
             .tables
             .into_iter()
             .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
             .collect();
-        let mut plan = Plan::default();
         let mut targets: BTreeMap<_, TableName> = BTreeMap::new();
         for table in tables {
             let target = self.sink.target_name(&table.name);
@@ -308,9 +326,20 @@ impl Runner {
         TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
         TableStats::add(&stats.bytes_read, batch.bytes);
         self.throttle.admit(rows, batch.bytes).await;
-        let target_rejects = writer.write(batch).await?;
-        let written = rows - target_rejects.len() as u64;
-        let rejects: Vec<_> = batch.rejected.iter().cloned().chain(target_rejects).collect();
+        let mut rejects = batch.rejected.clone();
+        let mut to_write = batch;
+        let adjusted;
+        if !self.sink.holds_zero_dates() {
+            if let Some(outcome) = zero_dates::apply(batch, self.job.errors.zero_dates, &self.job.target.connector) {
+                TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
+                rejects.extend(outcome.rejected);
+                adjusted = outcome.batch;
+                to_write = &adjusted;
+            }
+        }
+        let target_rejects = writer.write(to_write).await?;
+        let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
+        rejects.extend(target_rejects);
         if !rejects.is_empty() {
             // Dirty records are stored before the commit that moves past them, so a crash cannot
             // lose them; storing is idempotent, so a replay cannot count them twice.

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::change::Rejected;
+
 use crate::connector::{Checkpoint, Split};
 use crate::error::Result;
 use crate::schema::TableName;
@@ -17,6 +18,9 @@ use crate::stats::RunSummary;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
     pub tables: Vec<PlannedTable>,
+    /// The source's log position captured before the first split was read.
+    #[serde(default)]
+    pub source_position: Option<crate::change::Position>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -18,6 +18,8 @@ pub struct TableStats {
     pub rows_read: AtomicU64,
     pub rows_written: AtomicU64,
     pub rows_skipped: AtomicU64,
+    /// Zero dates stored as NULL under `errors.zero_dates: null`.
+    pub zero_dates_nulled: AtomicU64,
     pub bytes_read: AtomicU64,
     /// Rows the source expects in this run (for ETA).
     pub rows_expected: AtomicU64,
@@ -33,6 +35,7 @@ impl TableStats {
             rows_read: AtomicU64::new(0),
             rows_written: AtomicU64::new(0),
             rows_skipped: AtomicU64::new(0),
+            zero_dates_nulled: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             rows_expected: AtomicU64::new(0),
             splits_total: AtomicU64::new(0),
@@ -52,6 +55,7 @@ impl TableStats {
             rows_read: load(&self.rows_read),
             rows_written: load(&self.rows_written),
             rows_skipped: load(&self.rows_skipped),
+            zero_dates_nulled: load(&self.zero_dates_nulled),
             bytes_read: load(&self.bytes_read),
             rows_expected: load(&self.rows_expected),
             splits_total: load(&self.splits_total),
@@ -102,6 +106,7 @@ pub struct TableSummary {
     pub rows_read: u64,
     pub rows_written: u64,
     pub rows_skipped: u64,
+    pub zero_dates_nulled: u64,
     pub bytes_read: u64,
     pub rows_expected: u64,
     pub splits_total: u64,
@@ -120,12 +125,16 @@ pub struct RunSummary {
     pub rows_read: u64,
     pub rows_written: u64,
     pub rows_skipped: u64,
+    pub zero_dates_nulled: u64,
     pub bytes_read: u64,
     pub rows_per_sec: f64,
     /// Dirty records kept in the state directory for this job over all runs.
     pub dirty_records_total: u64,
     /// Splits already complete from an earlier run and not copied again.
     pub splits_resumed_done: u64,
+    /// The source's log position captured before the snapshot's first read, where a change
+    /// stream continues from.
+    pub source_position: Option<serde_json::Value>,
     pub tables: Vec<TableSummary>,
 }
 
@@ -144,10 +153,12 @@ impl RunSummary {
             rows_read: sum(|table| table.rows_read),
             rows_written,
             rows_skipped: sum(|table| table.rows_skipped),
+            zero_dates_nulled: sum(|table| table.zero_dates_nulled),
             bytes_read: sum(|table| table.bytes_read),
             rows_per_sec: if elapsed > 0.0 { (rows_written as f64 / elapsed).round() } else { 0.0 },
             dirty_records_total: 0,
             splits_resumed_done: 0,
+            source_position: None,
             tables,
         }
     }

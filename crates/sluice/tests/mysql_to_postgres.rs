@@ -43,8 +43,8 @@ fn a_mysql_snapshot_lands_in_postgres_value_for_value_and_resumes_without_duplic
     let rows = psql(&format!("SELECT id, amount, note, created, ts, t, y, b, e, s, bin, f, d, flag, emoji FROM {database}.orders ORDER BY id"));
     assert_eq!(
         rows,
-        "1|||1000-01-01 00:00:00||00:00:00|1901|0000000000|a||\\x|-1e+38|1e+308|f|\n\
-         18446744073709551615|12345678901234567890123456789012345.123456789012345678901234567890|café|2024-01-02 03:04:05.000006|2038-01-19 03:14:07.999+00|-838:59:59|2155|1010101010|b|x,y|\\x00ff|0.1|0.1|t|😀𠀀\n"
+        "1|||1000-01-01 00:00:00||00:00:00|1901|0000000000|a||\\x|-1e+38|1e+308|0|\n\
+         18446744073709551615|12345678901234567890123456789012345.123456789012345678901234567890|café|2024-01-02 03:04:05.000006|2038-01-19 03:14:07.999+00|-838:59:59|2155|1010101010|b|x,y|\\x00ff|0.1|0.1|1|😀𠀀\n"
     );
     assert_eq!(
         psql(&format!("SELECT k || '|' || n FROM {database}.\"we\"\"ird name\" ORDER BY n, k")),
@@ -54,6 +54,12 @@ fn a_mysql_snapshot_lands_in_postgres_value_for_value_and_resumes_without_duplic
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(workspace.path("first.json")).unwrap()).unwrap();
     assert_eq!(summary["rows_written"], 5_005);
+    let position = &summary["source_position"];
+    assert_eq!(position["flavor"], "mariadb", "the snapshot records where a change stream continues: {position}");
+    assert!(
+        position["file"].as_str().is_some_and(|file| !file.is_empty()) && position["position"].as_u64().is_some(),
+        "{position}"
+    );
 
     let again = run("second.json");
     again.assert_code(0);

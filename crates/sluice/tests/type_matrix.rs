@@ -265,3 +265,56 @@ fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
     }
     assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
 }
+
+#[test]
+fn zero_dates_follow_the_policy_and_are_never_silent() {
+    let database = unique_name("zero");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database}; SET SESSION sql_mode = '';
+         CREATE TABLE dates (id INT PRIMARY KEY, d DATE NULL, dt DATETIME NULL, required DATE NOT NULL);
+         INSERT INTO dates VALUES (1, '0000-00-00', '0000-00-00 00:00:00', '2024-01-01'), (2, '2020-00-15', NULL, '2024-01-02'),
+                                  (3, '2024-03-01', '2024-03-01 10:00:00', '2024-01-03'), (4, NULL, NULL, '0000-00-00');"
+    ));
+    let workspace = Workspace::new();
+    let job = |name: &str, target: &str, errors: &str| {
+        let path = workspace.write(
+            &format!("{name}.yaml"),
+            &format!("name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {database}_{name}\nerrors: {errors}\n"),
+        );
+        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+        Run::from(
+            workspace
+                .command(&["run", path.to_str().unwrap(), "--summary-json", &format!("{name}.json")])
+                .env("SOURCE", mysql_url())
+                .env("TARGET", target_url)
+                .output()
+                .unwrap(),
+        )
+    };
+    let rejected = job("reject", "postgres", "{max_dirty_records: 0}");
+    rejected.assert_code(1);
+    assert!(
+        rejected.stderr.contains("zero date '0000-00-00' cannot be stored in postgres; set errors.zero_dates: null"),
+        "{}",
+        rejected.stderr
+    );
+
+    job("nulled", "postgres", "{max_dirty_records: 1, zero_dates: 'null'}").assert_code(0);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(workspace.path("nulled.json")).unwrap()).unwrap();
+    assert_eq!(
+        (summary["zero_dates_nulled"].as_u64(), summary["rows_skipped"].as_u64(), summary["rows_written"].as_u64()),
+        (Some(3), Some(1), Some(3))
+    );
+    let rows = postgres_records(&format!("SELECT id || ':' || coalesce(d::text, 'NULL') || ':' || coalesce(dt::text, 'NULL') FROM {database}_nulled.dates ORDER BY id"));
+    assert_eq!(rows, vec!["1:NULL:NULL", "2:NULL:NULL", "3:2024-03-01:2024-03-01 10:00:00"]);
+
+    job("kept", "mysql", "{}").assert_code(0);
+    let source = mariadb_bytes(&format!("SELECT * FROM {database}.dates ORDER BY id"));
+    let copy = mariadb_bytes(&format!("SELECT * FROM {database}_kept.dates ORDER BY id"));
+    assert_eq!(
+        String::from_utf8_lossy(&copy),
+        String::from_utf8_lossy(&source),
+        "MySQL to MySQL carries zero dates as they are"
+    );
+}

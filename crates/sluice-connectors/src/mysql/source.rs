@@ -81,6 +81,40 @@ impl Source for MysqlSource {
         Ok(items)
     }
 
+    async fn log_position(&self) -> Result<Option<Position>> {
+        let mut connection = self.connection().await?;
+        let version: Option<String> =
+            connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
+        let mariadb = version.unwrap_or_default().contains("MariaDB");
+        let status: std::result::Result<Option<Row>, _> = connection.query_first("SHOW MASTER STATUS").await;
+        let (file, offset) = match status {
+            Ok(Some(row)) => (row.get::<String, _>(0), row.get::<u64, _>(1)),
+            Ok(None) => {
+                log::warn!(
+                    "the source has no binary log (log_bin is off): no position to continue a change stream from"
+                );
+                return Ok(None);
+            }
+            Err(error) if self.mode == Mode::Snapshot => {
+                log::warn!("cannot read the source's binlog position ({error}); a snapshot does not need it");
+                return Ok(None);
+            }
+            Err(error) => {
+                return Err(mysql_error(error, Side::Source, &self.server, "read the binlog position")
+                    .hint("grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB)"))
+            }
+        };
+        let gtid_query = if mariadb { "SELECT @@GLOBAL.gtid_binlog_pos" } else { "SELECT @@GLOBAL.gtid_executed" };
+        let gtid: Option<String> =
+            connection.query_first(gtid_query).await.map_err(self.error("read the GTID position"))?;
+        Ok(Some(Position(json!({
+            "flavor": if mariadb { "mariadb" } else { "mysql" },
+            "gtid": gtid.unwrap_or_default(),
+            "file": file,
+            "position": offset,
+        }))))
+    }
+
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         let mut connection = self.connection().await?;
         let names: Vec<(String, String)> = connection

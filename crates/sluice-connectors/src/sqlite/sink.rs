@@ -63,6 +63,12 @@ impl Sink for SqliteSink {
         TableName::new(None, &source.name)
     }
 
+    /// Zero dates are stored as they are (MySQL with a session sql_mode that allows them;
+    /// SQLite and files as text).
+    fn holds_zero_dates(&self) -> bool {
+        true
+    }
+
     fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
         tables.iter().map(create_table_sql).collect()
     }

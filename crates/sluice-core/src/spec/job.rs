@@ -111,6 +111,19 @@ pub struct Limits {
 pub struct ErrorPolicy {
     /// Dirty records tolerated before the job fails; 0 fails on the first.
     pub max_dirty_records: u64,
+    /// What to do with a MySQL zero date (`0000-00-00`, `2020-00-15`) that the target cannot
+    /// hold.
+    pub zero_dates: ZeroDates,
+}
+
+/// The zero-date policy. Neither choice is silent: rejected rows are dirty records, nulled
+/// values are counted per table in the summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ZeroDates {
+    /// The row is a dirty record (and fails the job past `max_dirty_records`).
+    Reject,
+    /// The value is stored as NULL where the column allows it; otherwise the row is dirty.
+    Null,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -353,15 +366,31 @@ fn decode_limits(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Limits> {
 }
 
 fn decode_error_policy(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<ErrorPolicy> {
+    let defaults = ErrorPolicy { max_dirty_records: 0, zero_dates: ZeroDates::Reject };
     let Some(node) = fields.get("errors") else {
-        return Some(ErrorPolicy { max_dirty_records: 0 });
+        return Some(defaults);
     };
-    let errors = decoder.mapping(node, "errors", &["max_dirty_records"])?;
+    let errors = decoder.mapping(node, "errors", &["max_dirty_records", "zero_dates"])?;
     let max_dirty_records = match errors.get("max_dirty_records") {
-        None => 0,
-        Some(node) => decoder.unsigned(node, "errors.max_dirty_records", u64::MAX)?,
+        None => Some(0),
+        Some(node) => decoder.unsigned(node, "errors.max_dirty_records", u64::MAX),
     };
-    Some(ErrorPolicy { max_dirty_records })
+    let zero_dates = match errors.get("zero_dates") {
+        None => Some(ZeroDates::Reject),
+        Some(node) => decoder.string(node, "errors.zero_dates").and_then(|text| match text.as_str() {
+            "reject" => Some(ZeroDates::Reject),
+            "null" => Some(ZeroDates::Null),
+            _ => {
+                decoder.error(
+                    "errors.zero_dates",
+                    node.line,
+                    format!("unknown policy `{text}`; expected reject or null"),
+                );
+                None
+            }
+        }),
+    };
+    Some(ErrorPolicy { max_dirty_records: max_dirty_records?, zero_dates: zero_dates? })
 }
 
 fn decode_retry(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RetryPolicy> {

@@ -8,5 +8,5 @@ mod job;
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{Node, NodeKind};
 pub use job::{
-    parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode,
+    parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode, ZeroDates,
 };
