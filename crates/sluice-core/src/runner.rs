@@ -179,13 +179,13 @@ impl Runner {
                 .hint("check the include and exclude globs and that the tables exist"));
         }
         let stored_plan = self.state.load_plan(&self.job.name)?.unwrap_or_default();
-        let mut plan = Plan::default();
         // Captured once, on first planning: a resumed run keeps the position of the snapshot
         // it continues.
-        plan.source_position = match stored_plan.source_position {
+        let source_position = match stored_plan.source_position {
             Some(position) => Some(position),
             None => self.with_retry("read the source's log position", || self.source.log_position()).await?,
         };
+        let mut plan = Plan { tables: Vec::new(), source_position };
         if let Some(position) = &plan.source_position {
             log::info!("source log position at snapshot start: {}", position.0);
         }
