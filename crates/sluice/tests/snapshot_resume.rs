@@ -53,7 +53,7 @@ fn resumes_exactly(target: &str) {
     let workspace = Workspace::new();
     let job = |limits: &str| {
         format!(
-            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {copy}\nparallelism: 3\nlimits: {{split_rows: 4000, batch_rows: 250{limits}}}\n"
+            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {copy}\nparallelism: 3\nlimits: {{split_rows: 1000, batch_rows: 250{limits}}}\n"
         )
     };
     let slow = workspace.write("slow.yaml", &job(", rows_per_sec: 15000"));
@@ -103,6 +103,14 @@ fn resumes_exactly(target: &str) {
         expected_words.len()
     );
     assert_eq!(committed(target, &job_name), ROWS + KEYED_ROWS, "the checkpoints account for every row exactly once");
+    // Both tables were cut into several splits: integer ranges, and sampled string-key ranges.
+    let state = rusqlite::Connection::open(workspace.path(".sluice/state.db")).unwrap();
+    let plan: String = state.query_row("SELECT plan FROM plans WHERE job = ?1", [&job_name], |row| row.get(0)).unwrap();
+    let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();
+    for table in plan["tables"].as_array().unwrap() {
+        let splits = table["splits"].as_array().unwrap().len();
+        assert!(splits >= 3, "{} has {splits} splits", table["target"]);
+    }
 }
 
 #[test]

@@ -148,39 +148,27 @@ impl Source for MysqlSource {
             .await
             .map_err(self.error("estimate the table size"))?;
         let estimated = estimated.unwrap_or(0);
-        let split = |index: usize, descriptor: serde_json::Value, estimated_rows: u64| Split {
-            id: format!("{}#{index}", table.name),
-            table: table.clone(),
-            descriptor,
-            estimated_rows,
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+        let integer_key =
+            key.len() == 1 && matches!(table.columns[table.primary_key[0]].data_type, DataType::Integer { .. });
+        let bounds: Vec<(Option<serde_json::Value>, Option<serde_json::Value>)> = if integer_key {
+            self.integer_bounds(&mut connection, table, estimated, hint).await?
+        } else if estimated > hint.rows_per_split.saturating_mul(3) / 2 {
+            self.sampled_bounds(&mut connection, table, hint).await?
+        } else {
+            vec![(None, None)]
         };
-        let integer_key = table.primary_key.len() == 1
-            && matches!(table.columns[table.primary_key[0]].data_type, DataType::Integer { .. });
-        if !integer_key {
-            return Ok(vec![split(0, json!({}), estimated)]);
-        }
-        let key = quote(&table.columns[table.primary_key[0]].name);
-        let bounds: Option<(Option<i128>, Option<i128>)> = connection
-            .query_first(format!(
-                "SELECT CAST(MIN({key}) AS CHAR), CAST(MAX({key}) AS CHAR) FROM {}",
-                qualified(&table.name)
-            ))
-            .await
-            .map(|row: Option<(Option<String>, Option<String>)>| {
-                row.map(|(min, max)| (min.and_then(|min| min.parse().ok()), max.and_then(|max| max.parse().ok())))
-            })
-            .map_err(self.error(&format!("read the key range of {}", table.name)))?;
-        let Some((Some(min), Some(max))) = bounds else { return Ok(vec![split(0, json!({}), estimated)]) };
-        let count = if estimated > 0 { estimated } else { (max - min + 1) as u64 };
-        let splits = count.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
-        let width = ((max - min + 1) / i128::from(splits)).max(1);
+        let count = bounds.len() as u64;
         // The first split has no lower bound and the last none upper, so rows inserted outside
         // the bounds seen at planning are still copied.
-        Ok((0..splits)
-            .map(|index| {
-                let from = (index > 0).then(|| (min + width * i128::from(index)).to_string());
-                let to = (index + 1 < splits).then(|| (min + width * (i128::from(index) + 1)).to_string());
-                split(index as usize, json!({"from": from, "to": to}), count / splits)
+        Ok(bounds
+            .into_iter()
+            .enumerate()
+            .map(|(index, (after, through))| Split {
+                id: format!("{}#{index}", table.name),
+                table: table.clone(),
+                descriptor: json!({"after": after, "through": through}),
+                estimated_rows: estimated / count,
             })
             .collect())
     }
@@ -188,18 +176,21 @@ impl Source for MysqlSource {
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
         let connection = self.connection().await?;
         let after = match resume_after {
-            Some(position) => Some(key_from_position(position)?),
+            Some(position) => Some(keys_from_json(position.0.get("key").unwrap_or(&serde_json::Value::Null))?),
             None => None,
         };
-        let integer_bound =
-            |name: &str| split.descriptor.get(name).and_then(serde_json::Value::as_str).map(str::to_owned);
+        let bound = |name: &str| -> Result<Option<Vec<mysql_async::Value>>> {
+            match split.descriptor.get(name) {
+                Some(keys @ serde_json::Value::Array(_)) => Ok(Some(keys_from_json(keys)?)),
+                _ => Ok(None),
+            }
+        };
         Ok(Box::new(MysqlReader {
             connection,
             server: self.server.clone(),
             table: split.table.clone(),
-            from: integer_bound("from"),
-            to: integer_bound("to"),
-            after,
+            after: after.or(bound("after")?),
+            through: bound("through")?,
             batch_rows,
             finished: false,
         }))
@@ -295,10 +286,17 @@ fn key_to_json(value: &Value) -> serde_json::Value {
     }
 }
 
-fn key_from_position(position: &Position) -> Result<Vec<mysql_async::Value>> {
-    let corrupt =
-        || Error::new(ErrorKind::Read, format!("checkpoint position {} is not a key", position.0)).on(Side::Target);
-    let values = position.0.get("key").and_then(serde_json::Value::as_array).ok_or_else(corrupt)?;
+/// An integer key as it is kept in positions.
+fn integer_json(value: i128) -> serde_json::Value {
+    match i64::try_from(value) {
+        Ok(value) => json!(value),
+        Err(_) => json!({"u": value.to_string()}),
+    }
+}
+
+fn keys_from_json(keys: &serde_json::Value) -> Result<Vec<mysql_async::Value>> {
+    let corrupt = || Error::new(ErrorKind::Read, format!("stored key {keys} is not a key")).on(Side::Source);
+    let values = keys.as_array().ok_or_else(corrupt)?;
     values
         .iter()
         .map(|value| match value {
@@ -319,51 +317,143 @@ fn key_from_position(position: &Position) -> Result<Vec<mysql_async::Value>> {
         .collect()
 }
 
+/// A condition on a key tuple, expanded so every server uses the index: strictly after `values`
+/// (`a > ? OR (a = ? AND b > ?)`), or up to and including them (`a < ? OR (a = ? AND b <= ?)`).
+fn key_condition(
+    key: &[String],
+    values: &[mysql_async::Value],
+    after: bool,
+    parameters: &mut Vec<mysql_async::Value>,
+) -> String {
+    let mut alternatives = Vec::new();
+    for length in 1..=key.len() {
+        let mut terms = Vec::new();
+        for index in 0..length {
+            let operator = match (index + 1 == length, after, length == key.len()) {
+                (false, _, _) => "=",
+                (true, true, _) => ">",
+                (true, false, false) => "<",
+                (true, false, true) => "<=",
+            };
+            terms.push(format!("{} {operator} ?", key[index]));
+            parameters.push(values[index].clone());
+        }
+        alternatives.push(format!("({})", terms.join(" AND ")));
+    }
+    format!("({})", alternatives.join(" OR "))
+}
+
+impl MysqlSource {
+    /// Even ranges between the key's minimum and maximum.
+    async fn integer_bounds(
+        &self,
+        connection: &mut Conn,
+        table: &TableSchema,
+        estimated: u64,
+        hint: SplitHint,
+    ) -> Result<Vec<(Option<serde_json::Value>, Option<serde_json::Value>)>> {
+        let key = quote(&table.columns[table.primary_key[0]].name);
+        let range: Option<(Option<String>, Option<String>)> = connection
+            .query_first(format!(
+                "SELECT CAST(MIN({key}) AS CHAR), CAST(MAX({key}) AS CHAR) FROM {}",
+                qualified(&table.name)
+            ))
+            .await
+            .map_err(self.error(&format!("read the key range of {}", table.name)))?;
+        let parse = |text: Option<String>| text.and_then(|text| text.parse::<i128>().ok());
+        let Some((Some(min), Some(max))) = range.map(|(min, max)| (parse(min), parse(max))) else {
+            return Ok(vec![(None, None)]);
+        };
+        let count = if estimated > 0 { estimated } else { (max - min + 1) as u64 };
+        let splits = count.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
+        let width = ((max - min + 1) / i128::from(splits)).max(1);
+        Ok((0..splits)
+            .map(|index| {
+                let boundary = |index: u64| json!([integer_json(min + width * i128::from(index) - 1)]);
+                ((index > 0).then(|| boundary(index)), (index + 1 < splits).then(|| boundary(index + 1)))
+            })
+            .collect())
+    }
+
+    /// Boundaries every `rows_per_split` keys, found by skipping through the key in its own
+    /// order (and collation), so any key shape splits evenly.
+    async fn sampled_bounds(
+        &self,
+        connection: &mut Conn,
+        table: &TableSchema,
+        hint: SplitHint,
+    ) -> Result<Vec<(Option<serde_json::Value>, Option<serde_json::Value>)>> {
+        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+        let mut boundaries: Vec<serde_json::Value> = Vec::new();
+        let mut after: Option<Vec<mysql_async::Value>> = None;
+        while boundaries.len() < 10_000 {
+            let mut parameters = Vec::new();
+            let filter = match &after {
+                Some(values) => format!(" WHERE {}", key_condition(&key, values, true, &mut parameters)),
+                None => String::new(),
+            };
+            let sql = format!(
+                "SELECT {} FROM {}{filter} ORDER BY {} LIMIT 1 OFFSET {}",
+                key.join(", "),
+                qualified(&table.name),
+                key.join(", "),
+                hint.rows_per_split.max(1) - 1
+            );
+            let row: Option<Row> = connection
+                .exec_first(sql, parameters)
+                .await
+                .map_err(self.error(&format!("split table {}", table.name)))?;
+            let Some(row) = row else { break };
+            let raw = row.unwrap();
+            let keys: Vec<serde_json::Value> = raw
+                .iter()
+                .zip(&table.primary_key)
+                .map(|(value, &index)| {
+                    decode(value.clone(), &table.columns[index].data_type)
+                        .map(|value| key_to_json(&value))
+                        .unwrap_or_default()
+                })
+                .collect();
+            boundaries.push(serde_json::Value::Array(keys));
+            after = Some(raw);
+        }
+        let mut bounds = Vec::with_capacity(boundaries.len() + 1);
+        let mut previous = None;
+        for boundary in boundaries {
+            bounds.push((previous.take(), Some(boundary.clone())));
+            previous = Some(boundary);
+        }
+        bounds.push((previous, None));
+        Ok(bounds)
+    }
+}
+
 struct MysqlReader {
     connection: Conn,
     server: String,
     table: Arc<TableSchema>,
-    /// Integer-range splits: inclusive lower and exclusive upper bound, as decimal text.
-    from: Option<String>,
-    to: Option<String>,
-    /// The last key read: the next batch starts strictly after it.
+    /// The last key read (or the split's lower bound): the next batch starts strictly after it.
     after: Option<Vec<mysql_async::Value>>,
+    /// The split's last key, included; `None` for the last split.
+    through: Option<Vec<mysql_async::Value>>,
     batch_rows: usize,
     finished: bool,
 }
 
 impl MysqlReader {
-    /// `SELECT ... WHERE <after the last key> AND <in the split> ORDER BY key LIMIT n`, with the
-    /// "after" condition expanded (`a > ? OR (a = ? AND b > ?)`) so every server uses the index.
+    /// `SELECT ... WHERE <after the last key> AND <up to the split's last key> ORDER BY key
+    /// LIMIT n`: the server compares the bounds in the key's own collation.
     fn statement(&self) -> (String, Vec<mysql_async::Value>) {
         let key: Vec<String> =
             self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
         let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
         let mut conditions = Vec::new();
         let mut parameters = Vec::new();
-        match &self.after {
-            Some(after) => {
-                let mut alternatives = Vec::new();
-                for length in 1..=key.len() {
-                    let mut terms = Vec::new();
-                    for index in 0..length {
-                        terms.push(format!("{} {} ?", key[index], if index + 1 == length { ">" } else { "=" }));
-                        parameters.push(after[index].clone());
-                    }
-                    alternatives.push(format!("({})", terms.join(" AND ")));
-                }
-                conditions.push(format!("({})", alternatives.join(" OR ")));
-            }
-            None => {
-                if let Some(from) = &self.from {
-                    conditions.push(format!("{} >= ?", key[0]));
-                    parameters.push(mysql_async::Value::Bytes(from.clone().into_bytes()));
-                }
-            }
+        if let Some(after) = &self.after {
+            conditions.push(key_condition(&key, after, true, &mut parameters));
         }
-        if let Some(to) = &self.to {
-            conditions.push(format!("{} < ?", key[0]));
-            parameters.push(mysql_async::Value::Bytes(to.clone().into_bytes()));
+        if let Some(through) = &self.through {
+            conditions.push(key_condition(&key, through, false, &mut parameters));
         }
         let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
         let sql = format!(
