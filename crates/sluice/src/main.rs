@@ -19,6 +19,11 @@ use tokio::sync::watch;
 
 use crate::state_store::SqliteStateStore;
 
+/// Rows are many small allocations freed on other threads; mimalloc handles that pattern with a
+/// fraction of glibc's cost (measured in BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sluice moves data between databases and files: snapshot, cdc, or both.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]

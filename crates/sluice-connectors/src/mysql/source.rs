@@ -486,9 +486,12 @@ impl Reader for MysqlReader {
         let mut changes = Vec::with_capacity(rows.len());
         let mut rejected = Vec::new();
         let mut last_key = Vec::new();
-        for row in rows {
+        let count = rows.len();
+        for (number, row) in rows.into_iter().enumerate() {
             let raw = row.unwrap();
-            last_key = self.table.primary_key.iter().map(|&index| raw[index].clone()).collect();
+            if number + 1 == count {
+                last_key = self.table.primary_key.iter().map(|&index| raw[index].clone()).collect();
+            }
             let mut values = Vec::with_capacity(raw.len());
             let mut problem = None;
             for (value, column) in raw.into_iter().zip(&self.table.columns) {

@@ -243,7 +243,10 @@ impl PostgresWriter {
         }
         let sink = self.client.copy_in::<_, Bytes>(self.copy.as_str()).await?;
         futures_util::pin_mut!(sink);
-        sink.send(Bytes::from(std::mem::take(&mut self.buffer))).await?;
+        // The next batch is about as large: reserve it now instead of growing step by step.
+        let capacity = self.buffer.len() + self.buffer.len() / 8;
+        let data = std::mem::replace(&mut self.buffer, String::with_capacity(capacity));
+        sink.send(Bytes::from(data)).await?;
         sink.finish().await?;
         if let Some(upsert) = &self.upsert {
             self.client.batch_execute(upsert).await?;
