@@ -5,6 +5,8 @@
 pub mod file;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
@@ -33,6 +35,7 @@ struct Connector {
 
 const FILE_SOURCE: &[&str] = &["type", "path", "tables", "delimiter"];
 const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "delimiter"];
+const PARQUET_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
 const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
 const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
 const SERVER_SOURCE: &[&str] = &["type", "url", "tables"];
@@ -70,6 +73,14 @@ const CONNECTORS: &[Connector] = &[
         change_capture: false,
         upsert: false,
         built: cfg!(feature = "file"),
+    },
+    Connector {
+        name: "parquet",
+        source_fields: None,
+        target_fields: Some(PARQUET_TARGET),
+        change_capture: false,
+        upsert: false,
+        built: cfg!(feature = "parquet"),
     },
     Connector {
         name: "jsonl",
@@ -201,6 +212,8 @@ pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
         "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(path(endpoint)?, endpoint.write_mode, endpoint.create_tables))),
         #[cfg(feature = "file")]
         "csv" | "jsonl" => Ok(Arc::new(file::FileSink::new(path(endpoint)?, file_format(endpoint)))),
+        #[cfg(feature = "parquet")]
+        "parquet" => Ok(Arc::new(parquet::ParquetSink::new(path(endpoint)?))),
         #[cfg(feature = "mysql")]
         "mysql" => Ok(Arc::new(mysql::MysqlSink::new(
             url(endpoint)?,

@@ -40,7 +40,7 @@ fn io_error(side: Side, doing: impl std::fmt::Display, error: std::io::Error) ->
 }
 
 /// The directory name of a table: its qualified name with `/`, `%` and a leading `.` escaped.
-fn directory_name(table: &TableName) -> String {
+pub(crate) fn directory_name(table: &TableName) -> String {
     let mut name = table.to_string().replace('%', "%25").replace('/', "%2F").replace('\\', "%5C");
     if name.starts_with('.') {
         name.replace_range(0..1, "%2E");

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Snapshot benchmark (performance.md's protocol): sysbench tables in a hermetic MariaDB, copied
+# into a hermetic PostgreSQL and MariaDB by sluice and by the peers, in the same run, next to the
+# physical limit (the source's full read and the target's bulk load of the same rows from a file).
+#
+#   bench/snapshot.sh [--tables 4] [--rows 1000000] [--only sluice] [--out bench/results]
+#
+# Prints a Markdown table and writes it, with the raw figures as JSON lines, under --out.
+# Peers missing on the machine are installed (apt: sysbench pgloader mydumper; PyPI:
+# sling-linux-amd64==1.4.11). Each tool is timed by /usr/bin/time: wall, user+sys CPU of the
+# tool's own process tree (servers excluded), peak RSS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+tables=4
+rows=1000000
+only=""
+out=bench/results
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --tables) tables=$2; shift 2 ;;
+    --rows) rows=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "usage: $0 [--tables N] [--rows N] [--only TOOL] [--out DIR]" >&2; exit 2 ;;
+  esac
+done
+
+install_peers() {
+  local missing=()
+  for tool in sysbench pgloader mydumper /usr/bin/time; do
+    command -v "$tool" >/dev/null || missing+=("$(basename "$tool")")
+  done
+  if [[ ${#missing[@]} -gt 0 ]]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  if ! python3 -c "import sling_linux_amd64" 2>/dev/null; then
+    python3 -m pip install -q sling-linux-amd64==1.4.11
+  fi
+  sling=$(python3 -c "import sling_linux_amd64, os; print(os.path.join(os.path.dirname(sling_linux_amd64.__file__), 'bin', 'sling-linux-amd64'))")
+}
+
+install_peers
+export SLUICE_TEST_PASSWORD=bench-pw
+cargo build --release --quiet -p sluice --bin sluice
+sluice=$PWD/target/release/sluice
+
+base=$(mktemp -d /dev/shm/sluice-bench.XXXXXX)
+cleanup() {
+  scripts/testdb stop mariadb "$base/mariadb" >/dev/null 2>&1 || true
+  scripts/testdb stop postgres "$base/postgres" >/dev/null 2>&1 || true
+  rm -rf "$base"
+}
+trap cleanup EXIT
+mysql_url=$(scripts/testdb start mariadb "$base/mariadb"); mysql_url=${mysql_url#URL=}
+postgres_url=$(scripts/testdb start postgres "$base/postgres"); postgres_url=${postgres_url#URL=}
+my_port=$(cat "$base/mariadb/port")
+pg_port=$(cat "$base/postgres/port")
+# Plain strings (no arrays), exported with the step functions, so /usr/bin/time can time a step
+# as `bash -c step`.
+export my="mariadb --no-defaults -uroot -S $base/mariadb/mysql.sock"
+export pg="psql -X -q -h $base/postgres -p $pg_port -U postgres -d sluice"
+export base tables my_port pg_port sling mysql_url postgres_url
+
+$my -e "SET GLOBAL innodb_buffer_pool_size = 1073741824; SET GLOBAL local_infile = 1; CREATE DATABASE sbtest"
+echo "preparing $tables x $rows sysbench rows" >&2
+sysbench oltp_read_write --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
+  --mysql-db=sbtest --tables="$tables" --table-size="$rows" --threads="$tables" prepare >/dev/null
+total=$((tables * rows))
+bytes=$($my -N -e "SELECT sum(data_length) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'sbtest'")
+# Warm the buffer pool, so every tool reads from memory.
+for t in $(seq 1 "$tables"); do $my -N -e "SELECT count(*), sum(length(c)) FROM sbtest.sbtest$t" >/dev/null; done
+
+mkdir -p "$out"
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+results="$out/snapshot-$stamp.jsonl"
+: > "$results"
+
+# measure NAME KIND COMMAND...: times the command, appends a JSON line.
+measure() {
+  local name=$1 kind=$2
+  shift 2
+  if [[ -n "$only" && "$name" != *"$only"* ]]; then return; fi
+  echo "running $name" >&2
+  local timing
+  timing=$(mktemp)
+  if declare -F "$1" >/dev/null; then
+    export -f "$1"
+    set -- bash -c "$1"
+  fi
+  if ! /usr/bin/time -f "%e %U %S %M" -o "$timing" "$@" >"$base/$name.log" 2>&1; then
+    echo "$name failed:" >&2; tail -20 "$base/$name.log" >&2; rm -f "$timing"; return
+  fi
+  read -r wall user system rss < <(tail -1 "$timing")
+  rm -f "$timing"
+  printf '{"name":"%s","kind":"%s","rows":%d,"bytes":%d,"wall":%s,"cpu":%s,"rss_kb":%d}\n' \
+    "$name" "$kind" "$total" "$bytes" "$wall" "$(awk "BEGIN{print $user + $system}")" "$rss" >> "$results"
+}
+
+fresh_pg() { $pg -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "DROP SCHEMA IF EXISTS sluice CASCADE" >/dev/null 2>&1; }
+fresh_my() { $my -e "DROP DATABASE IF EXISTS $1; DROP DATABASE IF EXISTS sluice"; }
+
+# --- the physical limit -------------------------------------------------------------------
+export export_dir="$base/export"; mkdir -p "$export_dir"; chmod 777 "$export_dir"
+read_all() { for t in $(seq 1 "$tables"); do $my --quick -N -e "SELECT * FROM sbtest.sbtest$t" > /dev/null; done; }
+measure "limit: source full read (mariadb --quick)" limit-read read_all
+for t in $(seq 1 "$tables"); do
+  $my -e "SELECT * FROM sbtest.sbtest$t INTO OUTFILE '$export_dir/sbtest$t.tsv'"
+done
+fresh_pg limit_pg
+$pg -c "CREATE SCHEMA limit_pg" >/dev/null
+for t in $(seq 1 "$tables"); do
+  $pg -c "CREATE TABLE limit_pg.sbtest$t (id integer NOT NULL, k integer NOT NULL, c varchar(120) NOT NULL, pad varchar(60) NOT NULL, PRIMARY KEY (id))" >/dev/null
+done
+copy_all() { for t in $(seq 1 "$tables"); do $pg -c "\\copy limit_pg.sbtest$t FROM '$export_dir/sbtest$t.tsv'"; done; }
+measure "limit: PostgreSQL COPY from a file" limit-pg copy_all
+fresh_my limit_my
+$my -e "CREATE DATABASE limit_my"
+for t in $(seq 1 "$tables"); do $my -e "CREATE TABLE limit_my.sbtest$t LIKE sbtest.sbtest$t"; done
+load_all() { for t in $(seq 1 "$tables"); do $my --local-infile=1 -e "LOAD DATA LOCAL INFILE '$export_dir/sbtest$t.tsv' INTO TABLE limit_my.sbtest$t"; done; }
+measure "limit: MariaDB LOAD DATA from a file" limit-my load_all
+
+# --- MySQL -> PostgreSQL --------------------------------------------------------------------
+job() {
+  cat > "$base/$1.yaml" <<EOF
+name: $1
+source:
+  type: mysql
+  url: $mysql_url
+  tables: ["sbtest.*"]
+target:
+  type: $2
+  url: $3
+  namespace: $4
+parallelism: 4
+EOF
+  echo "$base/$1.yaml"
+}
+fresh_pg sluice_pg
+measure "sluice MySQL→PostgreSQL" pg "$sluice" run "$(job bench-pg postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg"
+fresh_pg sling_pg
+sling_pg() {
+  for t in $(seq 1 "$tables"); do
+    MYSQL="mysql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$my_port/sbtest" PG="postgresql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$pg_port/sluice?sslmode=disable" \
+      "$sling" run --src-conn MYSQL --src-stream "sbtest.sbtest$t" --tgt-conn PG --tgt-object "sling_pg.sbtest$t" --mode full-refresh
+  done
+}
+measure "Sling 1.4.11 MySQL→PostgreSQL" pg sling_pg
+$pg -c "DROP SCHEMA IF EXISTS sbtest CASCADE" >/dev/null
+# One table per pgloader run: loading all four at once exhausts its 1 GiB heap here.
+pgloader_pg() {
+  for t in $(seq 1 "$tables"); do
+    cat > "$base/pgloader-$t.load" <<LOAD
+LOAD DATABASE
+  FROM mysql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$my_port/sbtest
+  INTO postgresql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$pg_port/sluice
+  WITH prefetch rows = 10000
+  INCLUDING ONLY TABLE NAMES MATCHING 'sbtest$t';
+LOAD
+    pgloader --quiet "$base/pgloader-$t.load"
+  done
+}
+measure "pgloader MySQL→PostgreSQL" pg pgloader_pg
+
+# --- MySQL -> MySQL -------------------------------------------------------------------------
+fresh_my sluice_my
+measure "sluice MySQL→MySQL" my "$sluice" run "$(job bench-my mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my"
+fresh_my dump_my
+dump_pipe() {
+  $my -e "CREATE DATABASE dump_my"
+  mariadb-dump --no-defaults -uroot -S "$base/mariadb/mysql.sock" --single-transaction --quick sbtest | $my dump_my
+}
+measure "mariadb-dump | mariadb" my dump_pipe
+fresh_my mydumper_my
+mydumper_pipe() {
+  rm -rf "$base/mydumper"
+  mydumper -h 127.0.0.1 -P "$my_port" -u sluice -p "$SLUICE_TEST_PASSWORD" -B sbtest -o "$base/mydumper" -t 4 >/dev/null
+  myloader -h 127.0.0.1 -P "$my_port" -u sluice -p "$SLUICE_TEST_PASSWORD" -d "$base/mydumper" -B mydumper_my -t 4 -o >/dev/null
+}
+measure "mydumper + myloader (4 threads)" my mydumper_pipe
+
+# --- report ---------------------------------------------------------------------------------
+python3 - "$results" "$tables" "$rows" <<'PY' | tee "$out/snapshot-$stamp.md"
+import json, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+by = {run["name"]: run for run in runs}
+limit_read = next((r["wall"] for r in runs if r["kind"] == "limit-read"), None)
+limits = {"pg": next((r["wall"] for r in runs if r["kind"] == "limit-pg"), None),
+          "my": next((r["wall"] for r in runs if r["kind"] == "limit-my"), None)}
+print(f"{sys.argv[2]} × {int(sys.argv[3]):,} sysbench rows\n")
+for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL")):
+    physical = max(x for x in (limit_read, limits[kind]) if x) if limit_read and limits[kind] else None
+    sluice = next((r for r in runs if r["kind"] == kind and r["name"].startswith("sluice")), None)
+    print(f"### {title}\n")
+    print(f"physical limit: {physical:.2f} s (max of source read {limit_read:.2f} s and target load {limits[kind]:.2f} s)\n" if physical else "")
+    print("| tool | × sluice's time | × physical limit | wall s | rows/s | MB/s | tool CPU s | rows per tool CPU-s | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["wall"]):
+        vs = f"{r['wall'] / sluice['wall']:.2f}" if sluice else "-"
+        vl = f"{r['wall'] / physical:.2f}" if physical else "-"
+        cpu = r["cpu"] or 0.001
+        print(f"| {r['name']} | {vs} | {vl} | {r['wall']:.2f} | {r['rows'] / r['wall']:,.0f} | {r['bytes'] / r['wall'] / 1e6:,.1f} | {r['cpu']:.2f} | {r['rows'] / cpu:,.0f} | {r['rss_kb'] / 1024:,.0f} |")
+    print()
+PY

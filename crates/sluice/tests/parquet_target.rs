@@ -1,0 +1,82 @@
+//! MySQL into Parquet: one dataset per table, typed columns, every value read back exactly.
+
+mod support;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Date32Type, Decimal128Type, Decimal256Type, Int64Type, TimestampMicrosecondType, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use support::{mariadb, mysql_url, unique_name, Run, Workspace};
+
+fn read_dataset(directory: &std::path::Path) -> Vec<RecordBatch> {
+    let mut parts: Vec<_> = std::fs::read_dir(directory).unwrap().map(|entry| entry.unwrap().path()).collect();
+    parts.sort();
+    assert!(
+        parts.iter().all(|part| part.extension().is_some_and(|extension| extension == "parquet")),
+        "only whole parts: {parts:?}"
+    );
+    parts
+        .iter()
+        .flat_map(|part| {
+            let reader =
+                ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part).unwrap()).unwrap().build().unwrap();
+            reader.map(Result::unwrap).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_mysql_snapshot_lands_in_parquet_with_exact_typed_values() {
+    let database = unique_name("parquet");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE t (id BIGINT UNSIGNED PRIMARY KEY, wide DECIMAL(65,30), money DECIMAL(10,2), at DATETIME(6),
+                         instant TIMESTAMP(6) NULL, day DATE, span TIME(6), name VARCHAR(20), raw VARBINARY(4));
+         INSERT INTO t VALUES
+           (18446744073709551615, '-99999999999999999999999999999999999.999999999999999999999999999999', 1.5,
+            '1000-01-01 00:00:00.000001', '2038-01-19 03:14:07.999999', '9999-12-31', '-838:59:59.000001', '😀𠀀', 0x00FF),
+           (1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+         CREATE TABLE numbers (id INT PRIMARY KEY);
+         INSERT INTO numbers SELECT seq FROM seq_1_to_2500;"
+    ));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!("name: to-parquet\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: parquet\n  path: lake\nlimits: {{split_rows: 1000, batch_rows: 300}}\n"),
+    );
+    let run =
+        Run::from(workspace.command(&["run", job.to_str().unwrap()]).env("SOURCE", mysql_url()).output().unwrap());
+    run.assert_code(0);
+
+    let numbers = read_dataset(&workspace.path(&format!("lake/{database}.numbers")));
+    let mut ids: Vec<i32> = numbers
+        .iter()
+        .flat_map(|batch| batch.column(0).as_primitive::<arrow_array::types::Int32Type>().values().to_vec())
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=2500).collect::<Vec<_>>(), "three splits, every row once");
+
+    let batches = read_dataset(&workspace.path(&format!("lake/{database}.t")));
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
+    let (batch, row) = batches
+        .iter()
+        .flat_map(|batch| (0..batch.num_rows()).map(move |row| (batch, row)))
+        .find(|(batch, row)| batch.column(0).as_primitive::<UInt64Type>().value(*row) == u64::MAX)
+        .expect("the u64 max row");
+    let wide = batch.column(1).as_primitive::<Decimal256Type>();
+    assert_eq!(wide.value_as_string(row), "-99999999999999999999999999999999999.999999999999999999999999999999");
+    assert_eq!(batch.column(2).as_primitive::<Decimal128Type>().value_as_string(row), "1.50");
+    // 1000-01-01 00:00:00.000001 in microseconds since the epoch.
+    assert_eq!(batch.column(3).as_primitive::<TimestampMicrosecondType>().value(row), -30_610_224_000_000_000 + 1);
+    assert_eq!(batch.column(4).as_primitive::<TimestampMicrosecondType>().value(row), 2_147_483_647_999_999);
+    assert_eq!(batch.column(5).as_primitive::<Date32Type>().value(row), 2_932_896);
+    assert_eq!(batch.column(6).as_primitive::<Int64Type>().value(row), -(838 * 3600 + 59 * 60 + 59) * 1_000_000 - 1);
+    assert_eq!(batch.column(7).as_string::<i32>().value(row), "😀𠀀");
+    assert_eq!(batch.column(8).as_binary::<i32>().value(row), &[0x00, 0xFF]);
+    let (other, other_row) = batches
+        .iter()
+        .flat_map(|batch| (0..batch.num_rows()).map(move |row| (batch, row)))
+        .find(|(batch, row)| batch.column(0).as_primitive::<UInt64Type>().value(*row) == 1)
+        .expect("the row of NULLs");
+    assert!((1..9).all(|column| other.column(column).is_null(other_row)), "NULLs stay NULL");
+}
