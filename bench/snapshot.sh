@@ -59,7 +59,7 @@ my_port=$(cat "$base/mariadb/port")
 pg_port=$(cat "$base/postgres/port")
 # Plain strings (no arrays), exported with the step functions, so /usr/bin/time can time a step
 # as `bash -c step`.
-export my="mariadb --no-defaults -uroot -S $base/mariadb/mysql.sock"
+export my="mariadb --no-defaults --default-character-set=utf8mb4 -uroot -S $base/mariadb/mysql.sock"
 export pg="psql -X -q -h $base/postgres -p $pg_port -U postgres -d sluice"
 export base tables my_port pg_port sling mysql_url postgres_url
 
@@ -68,6 +68,7 @@ echo "preparing $tables x $rows sysbench rows" >&2
 sysbench oltp_read_write --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
   --mysql-db=sbtest --tables="$tables" --table-size="$rows" --threads="$tables" prepare >/dev/null
 total=$((tables * rows))
+for t in $(seq 1 "$tables"); do $my -e "ANALYZE TABLE sbtest.sbtest$t" >/dev/null; done
 bytes=$($my -N -e "SELECT sum(data_length) FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'sbtest'")
 # Warm the buffer pool, so every tool reads from memory.
 for t in $(seq 1 "$tables"); do $my -N -e "SELECT count(*), sum(length(c)) FROM sbtest.sbtest$t" >/dev/null; done
@@ -90,7 +91,11 @@ measure() {
     set -- bash -c "$1"
   fi
   if ! /usr/bin/time -f "%e %U %S %M" -o "$timing" "$@" >"$base/$name.log" 2>&1; then
-    echo "$name failed:" >&2; tail -20 "$base/$name.log" >&2; rm -f "$timing"; return
+    echo "$name failed:" >&2; tail -5 "$base/$name.log" >&2; rm -f "$timing"
+    local reason
+    reason=$(grep -v '^\s*$' "$base/$name.log" | grep -v 'Command exited' | tail -1 | tr -d '"\\' | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-120)
+    printf '{"name":"%s","kind":"%s","rows":%d,"bytes":%d,"failed":"%s"}\n' "$name" "$kind" "$total" "$bytes" "$reason" >> "$results"
+    return
   fi
   read -r wall user system rss < <(tail -1 "$timing")
   rm -f "$timing"
@@ -122,17 +127,20 @@ load_all() { for t in $(seq 1 "$tables"); do $my --local-infile=1 -e "LOAD DATA 
 measure "limit: MariaDB LOAD DATA from a file" limit-my load_all
 
 # --- MySQL -> PostgreSQL --------------------------------------------------------------------
+# job NAME TYPE URL NAMESPACE [DATABASE]: a job file copying DATABASE (sbtest) into a target.
 job() {
+  local target="  url: $3
+  namespace: $4"
+  if [[ "$2" == parquet ]]; then target="  path: $base/lake-$1"; fi
   cat > "$base/$1.yaml" <<EOF
 name: $1
 source:
   type: mysql
   url: $mysql_url
-  tables: ["sbtest.*"]
+  tables: ["${5:-sbtest}.*"]
 target:
   type: $2
-  url: $3
-  namespace: $4
+$target
 parallelism: 4
 EOF
   echo "$base/$1.yaml"
@@ -163,6 +171,9 @@ LOAD
 }
 measure "pgloader MySQL→PostgreSQL" pg pgloader_pg
 
+# --- MySQL -> Parquet -----------------------------------------------------------------------
+measure "sluice MySQL→Parquet" parquet "$sluice" run "$(job bench-parquet parquet "" "")" --state-dir "$base/state-parquet"
+
 # --- MySQL -> MySQL -------------------------------------------------------------------------
 fresh_my sluice_my
 measure "sluice MySQL→MySQL" my "$sluice" run "$(job bench-my mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my"
@@ -180,23 +191,52 @@ mydumper_pipe() {
 }
 measure "mydumper + myloader (4 threads)" my mydumper_pipe
 
+# --- the wide table: every common type -----------------------------------------------------
+wide_rows=$((rows / 2))
+$my -e "CREATE DATABASE wide; USE wide; CREATE TABLE wide.items (
+  id BIGINT UNSIGNED PRIMARY KEY, amount DECIMAL(20,6), price DECIMAL(10,2), qty INT, ratio DOUBLE, score FLOAT,
+  created DATETIME(6), updated TIMESTAMP(6) NULL, birthday DATE, duration TIME(3), title VARCHAR(200), body TEXT,
+  tags JSON, status ENUM('new','paid','shipped'), flags SET('a','b','c'), payload BLOB, active TINYINT(1), code CHAR(8),
+  token BINARY(16));
+  INSERT INTO wide.items SELECT seq, seq * 1.000001, (seq % 100000) / 100, seq % 1000, seq / 7, seq / 3,
+    '2024-01-01' + INTERVAL seq SECOND + INTERVAL (seq % 1000000) MICROSECOND, FROM_UNIXTIME(1700000000 + seq),
+    '1990-01-01' + INTERVAL (seq % 10000) DAY, SEC_TO_TIME(seq % 300000), CONCAT('Item ', seq, ' — naïve café ✓'),
+    REPEAT(CONCAT('body ', seq, ' '), 1 + seq % 20), CONCAT('{\"n\": ', seq, ', \"tags\": [\"x\", \"y\"]}'),
+    ELT(1 + seq % 3, 'new', 'paid', 'shipped'), ELT(1 + seq % 4, '', 'a', 'a,b', 'a,b,c'), UNHEX(SHA1(seq)),
+    seq % 2, LPAD(seq % 99999999, 8, '0'), UNHEX(MD5(seq)) FROM seq_1_to_$wide_rows"
+$my -e "ANALYZE TABLE wide.items" >/dev/null
+wide_bytes=$($my -N -e "SELECT data_length + index_length FROM information_schema.TABLES WHERE TABLE_SCHEMA = 'wide'")
+total_sbtest=$total; bytes_sbtest=$bytes
+total=$wide_rows; bytes=$wide_bytes
+measure "wide: sluice MySQL→PostgreSQL" wide "$sluice" run "$(job wide-pg postgres "$postgres_url" wide_pg wide)" --state-dir "$base/state-wide-pg"
+measure "wide: sluice MySQL→MySQL" wide "$sluice" run "$(job wide-my mysql "$mysql_url" wide_my wide)" --state-dir "$base/state-wide-my"
+measure "wide: sluice MySQL→Parquet" wide "$sluice" run "$(job wide-parquet parquet "" "" wide)" --state-dir "$base/state-wide-parquet"
+measure "wide: Sling 1.4.11 MySQL→PostgreSQL" wide env MYSQL="mysql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$my_port/wide" \
+  PG="postgresql://sluice:$SLUICE_TEST_PASSWORD@127.0.0.1:$pg_port/sluice?sslmode=disable" \
+  "$sling" run --src-conn MYSQL --src-stream wide.items --tgt-conn PG --tgt-object sling_wide.items --mode full-refresh
+total=$total_sbtest; bytes=$bytes_sbtest
+
 # --- report ---------------------------------------------------------------------------------
 python3 - "$results" "$tables" "$rows" <<'PY' | tee "$out/snapshot-$stamp.md"
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
 by = {run["name"]: run for run in runs}
-limit_read = next((r["wall"] for r in runs if r["kind"] == "limit-read"), None)
-limits = {"pg": next((r["wall"] for r in runs if r["kind"] == "limit-pg"), None),
-          "my": next((r["wall"] for r in runs if r["kind"] == "limit-my"), None)}
+limit_read = next((r["wall"] for r in runs if r["kind"] == "limit-read" and "failed" not in r), None)
+limits = {"pg": next((r["wall"] for r in runs if r["kind"] == "limit-pg" and "failed" not in r), None),
+          "my": next((r["wall"] for r in runs if r["kind"] == "limit-my" and "failed" not in r), None)}
 print(f"{sys.argv[2]} × {int(sys.argv[3]):,} sysbench rows\n")
-for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL")):
-    physical = max(x for x in (limit_read, limits[kind]) if x) if limit_read and limits[kind] else None
-    sluice = next((r for r in runs if r["kind"] == kind and r["name"].startswith("sluice")), None)
+for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL"), ("parquet", "MySQL → Parquet"), ("wide", "wide all-types table")):
+    physical = max(x for x in (limit_read, limits[kind]) if x) if limit_read and limits.get(kind) else None
+    sluice = next((r for r in runs if r["kind"] == kind and "sluice" in r["name"] and "failed" not in r and (kind != "wide" or "PostgreSQL" in r["name"])), None)
     print(f"### {title}\n")
     print(f"physical limit: {physical:.2f} s (max of source read {limit_read:.2f} s and target load {limits[kind]:.2f} s)\n" if physical else "")
+    if kind == "wide":
+        print(f"{next(r['rows'] for r in runs if r['kind'] == 'wide'):,} rows of 19 columns (decimals, date-times, JSON, text, blobs, enums)\n")
     print("| tool | × sluice's time | × physical limit | wall s | rows/s | MB/s | tool CPU s | rows per tool CPU-s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for r in sorted((r for r in runs if r["kind"] == kind), key=lambda r: r["wall"]):
+    for r in (r for r in runs if r["kind"] == kind and "failed" in r):
+        print(f"| {r['name']} | failed: {r['failed']} | | | | | | | |")
+    for r in sorted((r for r in runs if r["kind"] == kind and "failed" not in r), key=lambda r: r["wall"]):
         vs = f"{r['wall'] / sluice['wall']:.2f}" if sluice else "-"
         vl = f"{r['wall'] / physical:.2f}" if physical else "-"
         cpu = r["cpu"] or 0.001
