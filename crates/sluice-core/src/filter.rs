@@ -23,6 +23,17 @@ impl TableFilter {
         filter
     }
 
+    /// The include patterns that name one table exactly (no glob characters) and match none of
+    /// `available`: typos, or tables the user cannot see.
+    pub fn unmatched_literals(&self, available: &[TableName]) -> Vec<&str> {
+        self.includes
+            .iter()
+            .filter(|pattern| !pattern.contains(['*', '?']))
+            .filter(|pattern| !available.iter().any(|table| pattern_matches(pattern, table)))
+            .map(String::as_str)
+            .collect()
+    }
+
     pub fn matches(&self, table: &TableName) -> bool {
         let included = self.includes.is_empty() || self.includes.iter().any(|pattern| pattern_matches(pattern, table));
         included && !self.excludes.iter().any(|pattern| pattern_matches(pattern, table))

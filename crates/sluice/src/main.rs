@@ -14,7 +14,7 @@ use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
 use sluice_core::spec::JobSpec;
 use sluice_core::stats::RunSummary;
-use sluice_core::{Error, ErrorKind, TableSchema};
+use sluice_core::{Error, ErrorKind, Side, TableSchema};
 use tokio::sync::watch;
 
 use crate::state_store::SqliteStateStore;
@@ -168,8 +168,11 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -
     let prepared = async {
         let source = sluice_connectors::source(&job)?;
         let sink = sluice_connectors::sink(&job)?;
-        source.check().await?;
-        sink.check().await?;
+        for (side, items) in [(Side::Source, source.check().await?), (Side::Target, sink.check().await?)] {
+            if let Some(item) = items.iter().find(|item| !item.ok) {
+                return Err(Error::new(ErrorKind::Auth, format!("{}: {}", item.what, item.detail)).on(side));
+            }
+        }
         let state = Arc::new(SqliteStateStore::open(&state_dir)?);
         Ok::<_, Error>((source, sink, state))
     }

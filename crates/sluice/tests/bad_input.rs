@@ -218,3 +218,25 @@ fn the_canary_password_appears_in_no_output_and_no_file_a_run_writes() {
         "the summary and the state store were scanned ({scanned} files)"
     );
 }
+
+#[test]
+fn a_missing_select_privilege_is_named_with_its_table() {
+    let database = unique_name("grants");
+    let user = unique_name("limited");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE DATABASE {database}_hidden;
+         CREATE TABLE {database}.open (id INT PRIMARY KEY); CREATE TABLE {database}_hidden.secret (id INT PRIMARY KEY);
+         CREATE USER '{user}'@'%' IDENTIFIED BY 'limited-pw'; GRANT SELECT ON {database}.* TO '{user}'@'%';"
+    ));
+    let url = mysql_url();
+    let (_, host) = url.rsplit_once('@').unwrap();
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!("name: x\nsource:\n  type: mysql\n  url: mysql://{user}:limited-pw@{host}\n  tables: [{database}.open, {database}_hidden.secret]\n{GOOD_TARGET}"),
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(1);
+    assert!(run.stdout.contains(&format!("FAIL  source: user {user}@% lacks SELECT on {database}_hidden.secret")), "{}", run.stdout);
+    assert!(!run.all().contains("limited-pw"), "the password leaked:\n{}", run.all());
+}

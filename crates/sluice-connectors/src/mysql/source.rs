@@ -78,6 +78,29 @@ impl Source for MysqlSource {
                 detail: format!("binlog_format={format}, binlog_row_image={image}"),
             });
         }
+        // Privileges: probe each selected table, so a missing grant is named with its table.
+        let user: Option<String> = connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
+        let user = user.unwrap_or_default();
+        let mut missing = Vec::new();
+        let tables = self.discover().await?;
+        for table in &tables {
+            let probe = format!("SELECT 1 FROM {} LIMIT 0", qualified(&table.name));
+            if let Err(error) = connection.query_drop(probe).await {
+                match mysql_error(error, Side::Source, &self.server, "probe") {
+                    error if error.kind() == ErrorKind::Auth => missing.push(table.name.to_string()),
+                    error => return Err(error),
+                }
+            }
+        }
+        items.push(if missing.is_empty() {
+            CheckItem { what: "source privileges".into(), ok: true, detail: format!("{user} can read all {} selected tables", tables.len()) }
+        } else {
+            CheckItem {
+                what: "source privileges".into(),
+                ok: false,
+                detail: format!("{user} lacks SELECT on {}; grant it, e.g. GRANT SELECT ON db.* TO {user}", missing.join(", ")),
+            }
+        });
         Ok(items)
     }
 
@@ -125,7 +148,25 @@ impl Source for MysqlSource {
             .into_iter()
             .filter(|(schema, _)| !SYSTEM_SCHEMAS.contains(&schema.to_ascii_lowercase().as_str()))
             .map(|(schema, table)| TableName::new(Some(&schema), &table))
-            .collect();
+            .collect::<Vec<_>>();
+        // information_schema hides tables the user has no privilege on: a named table missing
+        // from it may exist. Ask the server, so the error says "no privilege", not "no table".
+        let mut denied = Vec::new();
+        for pattern in self.filter.unmatched_literals(&available) {
+            let name = TableName::parse(pattern);
+            if let Err(error) = connection.query_drop(format!("SELECT 1 FROM {} LIMIT 0", qualified(&name))).await {
+                if matches!(&error, mysql_async::Error::Server(server) if server.code == 1142) {
+                    denied.push(name.to_string());
+                }
+            }
+        }
+        if !denied.is_empty() {
+            let user: Option<String> = connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
+            let user = user.unwrap_or_default();
+            return Err(Error::new(ErrorKind::Auth, format!("user {user} lacks SELECT on {}", denied.join(", ")))
+                .on(Side::Source)
+                .hint(format!("GRANT SELECT ON <database>.* TO {user}")));
+        }
         let mut tables = Vec::new();
         for name in self.filter.select(available)? {
             tables.push(describe_table(&mut connection, &name, &self.server).await?);

@@ -1,0 +1,94 @@
+//! MySQL tables at the edges: no primary key, empty, identifiers that need quoting, a 16 MB BLOB.
+
+mod support;
+
+use support::{mariadb, mysql_url, postgres_url, psql, unique_name, Run, Workspace};
+
+fn run(workspace: &Workspace, name: &str, database: &str, tables: &str, target: &str) -> Run {
+    let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+    let job = workspace.write(
+        &format!("{name}.yaml"),
+        &format!(
+            "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: {tables}\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {database}_{name}\n"
+        ),
+    );
+    Run::from(
+        workspace
+            .command(&["run", job.to_str().unwrap(), "--summary-json", &format!("{name}.json")])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", target_url)
+            .output()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn a_table_without_a_key_is_refused_by_name_and_a_unique_not_null_key_stands_in() {
+    let database = unique_name("keys");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE keyless (a INT, b TEXT); INSERT INTO keyless VALUES (1, 'x'), (1, 'x');
+         CREATE TABLE unique_key (code VARCHAR(10) NOT NULL, v INT, UNIQUE KEY (code)); INSERT INTO unique_key VALUES ('b', 2), ('a', 1);"
+    ));
+    let workspace = Workspace::new();
+    let refused = run(&workspace, "refused", &database, &format!("[\"{database}.*\"]"), "postgres");
+    refused.assert_code(1);
+    assert!(refused.stderr.contains(&format!("table {database}.keyless has no primary key and no unique NOT NULL key")), "{}", refused.stderr);
+    assert!(refused.stderr.contains("exclude the table"), "{}", refused.stderr);
+
+    run(&workspace, "unique", &database, &format!("[\"{database}.*\", \"!{database}.keyless\"]"), "postgres").assert_code(0);
+    assert_eq!(psql(&format!("SELECT code || v FROM {database}_unique.unique_key ORDER BY code")), "a1\nb2\n");
+}
+
+#[test]
+fn an_empty_table_is_created_and_copied_as_empty() {
+    let database = unique_name("empty");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.nothing (id INT PRIMARY KEY, v VARCHAR(5))"));
+    let workspace = Workspace::new();
+    for target in ["postgres", "mysql"] {
+        run(&workspace, target, &database, &format!("[\"{database}.nothing\"]"), target).assert_code(0);
+        let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(workspace.path(&format!("{target}.json"))).unwrap()).unwrap();
+        assert_eq!((summary["status"].as_str(), summary["rows_written"].as_u64()), (Some("succeeded"), Some(0)));
+    }
+    assert_eq!(psql(&format!("SELECT count(*) FROM {database}_postgres.nothing")), "0\n");
+    assert_eq!(mariadb(&format!("SELECT count(*) FROM {database}_mysql.nothing")), "0\n");
+}
+
+#[test]
+fn identifiers_that_need_quoting_are_copied_exactly() {
+    let database = unique_name("names");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE `order` (`select` INT PRIMARY KEY, `a``b` TEXT, `q\"'` TEXT, `two words` TEXT, `café;--` TEXT, `x/*y*/` TEXT);
+         INSERT INTO `order` VALUES (1, 'backtick', 'quotes', 'space', 'unicode', 'comment');
+         CREATE TABLE `Mixed Case` (`Id` INT PRIMARY KEY); INSERT INTO `Mixed Case` VALUES (7);"
+    ));
+    let workspace = Workspace::new();
+    run(&workspace, "pg", &database, &format!("[\"{database}.*\"]"), "postgres").assert_code(0);
+    assert_eq!(
+        psql(&format!("SELECT \"select\", \"a`b\", \"q\"\"'\", \"two words\", \"café;--\", \"x/*y*/\" FROM {database}_pg.\"order\"")),
+        "1|backtick|quotes|space|unicode|comment\n"
+    );
+    assert_eq!(psql(&format!("SELECT \"Id\" FROM {database}_pg.\"Mixed Case\"")), "7\n");
+    run(&workspace, "my", &database, &format!("[\"{database}.*\"]"), "mysql").assert_code(0);
+    assert_eq!(
+        mariadb(&format!("SELECT `select`, `a``b`, `q\"'`, `two words`, `café;--`, `x/*y*/` FROM {database}_my.`order`")),
+        "1\tbacktick\tquotes\tspace\tunicode\tcomment\n"
+    );
+}
+
+#[test]
+fn a_16_megabyte_blob_arrives_whole() {
+    let database = unique_name("blob");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.files (id INT PRIMARY KEY, body LONGBLOB);
+         INSERT INTO {database}.files VALUES (1, REPEAT(UNHEX('00FF7F80'), 4 * 1024 * 1024)), (2, '');"
+    ));
+    let workspace = Workspace::new();
+    let source = mariadb(&format!("SELECT id, LENGTH(body), MD5(body) FROM {database}.files ORDER BY id"));
+    assert!(source.starts_with("1\t16777216\t"), "{source}");
+    run(&workspace, "pg", &database, &format!("[\"{database}.*\"]"), "postgres").assert_code(0);
+    assert_eq!(psql(&format!("SELECT id || E'\\t' || length(body) || E'\\t' || md5(body) FROM {database}_pg.files ORDER BY id")), source);
+    run(&workspace, "my", &database, &format!("[\"{database}.*\"]"), "mysql").assert_code(0);
+    assert_eq!(mariadb(&format!("SELECT id, LENGTH(body), MD5(body) FROM {database}_my.files ORDER BY id")), source);
+}
