@@ -47,7 +47,7 @@ fn an_unknown_connector_type_lists_the_known_ones() {
     run.assert_code(2);
     assert!(
         run.stderr.contains(
-            "source.type (line 3): unknown connector type `oracle`; known types: sqlite, mysql, postgres, csv, jsonl"
+            "source.type (line 3): unknown connector type `oracle`; known types: sqlite, mysql, postgres, csv, parquet, jsonl"
         ),
         "{}",
         run.stderr
@@ -237,6 +237,10 @@ fn a_missing_select_privilege_is_named_with_its_table() {
     );
     let run = workspace.sluice(&["check", job.to_str().unwrap()]);
     run.assert_code(1);
-    assert!(run.stdout.contains(&format!("FAIL  source: user {user}@% lacks SELECT on {database}_hidden.secret")), "{}", run.stdout);
+    assert!(
+        run.stdout.contains(&format!("FAIL  source: user {user}@% lacks SELECT on {database}_hidden.secret")),
+        "{}",
+        run.stdout
+    );
     assert!(!run.all().contains("limited-pw"), "the password leaked:\n{}", run.all());
 }

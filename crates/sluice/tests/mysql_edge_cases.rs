@@ -33,10 +33,15 @@ fn a_table_without_a_key_is_refused_by_name_and_a_unique_not_null_key_stands_in(
     let workspace = Workspace::new();
     let refused = run(&workspace, "refused", &database, &format!("[\"{database}.*\"]"), "postgres");
     refused.assert_code(1);
-    assert!(refused.stderr.contains(&format!("table {database}.keyless has no primary key and no unique NOT NULL key")), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!("table {database}.keyless has no primary key and no unique NOT NULL key")),
+        "{}",
+        refused.stderr
+    );
     assert!(refused.stderr.contains("exclude the table"), "{}", refused.stderr);
 
-    run(&workspace, "unique", &database, &format!("[\"{database}.*\", \"!{database}.keyless\"]"), "postgres").assert_code(0);
+    run(&workspace, "unique", &database, &format!("[\"{database}.*\", \"!{database}.keyless\"]"), "postgres")
+        .assert_code(0);
     assert_eq!(psql(&format!("SELECT code || v FROM {database}_unique.unique_key ORDER BY code")), "a1\nb2\n");
 }
 
@@ -47,7 +52,8 @@ fn an_empty_table_is_created_and_copied_as_empty() {
     let workspace = Workspace::new();
     for target in ["postgres", "mysql"] {
         run(&workspace, target, &database, &format!("[\"{database}.nothing\"]"), target).assert_code(0);
-        let summary: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(workspace.path(&format!("{target}.json"))).unwrap()).unwrap();
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(workspace.path(&format!("{target}.json"))).unwrap()).unwrap();
         assert_eq!((summary["status"].as_str(), summary["rows_written"].as_u64()), (Some("succeeded"), Some(0)));
     }
     assert_eq!(psql(&format!("SELECT count(*) FROM {database}_postgres.nothing")), "0\n");
@@ -72,7 +78,9 @@ fn identifiers_that_need_quoting_are_copied_exactly() {
     assert_eq!(psql(&format!("SELECT \"Id\" FROM {database}_pg.\"Mixed Case\"")), "7\n");
     run(&workspace, "my", &database, &format!("[\"{database}.*\"]"), "mysql").assert_code(0);
     assert_eq!(
-        mariadb(&format!("SELECT `select`, `a``b`, `q\"'`, `two words`, `café;--`, `x/*y*/` FROM {database}_my.`order`")),
+        mariadb(&format!(
+            "SELECT `select`, `a``b`, `q\"'`, `two words`, `café;--`, `x/*y*/` FROM {database}_my.`order`"
+        )),
         "1\tbacktick\tquotes\tspace\tunicode\tcomment\n"
     );
 }
@@ -88,7 +96,12 @@ fn a_16_megabyte_blob_arrives_whole() {
     let source = mariadb(&format!("SELECT id, LENGTH(body), MD5(body) FROM {database}.files ORDER BY id"));
     assert!(source.starts_with("1\t16777216\t"), "{source}");
     run(&workspace, "pg", &database, &format!("[\"{database}.*\"]"), "postgres").assert_code(0);
-    assert_eq!(psql(&format!("SELECT id || E'\\t' || length(body) || E'\\t' || md5(body) FROM {database}_pg.files ORDER BY id")), source);
+    assert_eq!(
+        psql(&format!(
+            "SELECT id || E'\\t' || length(body) || E'\\t' || md5(body) FROM {database}_pg.files ORDER BY id"
+        )),
+        source
+    );
     run(&workspace, "my", &database, &format!("[\"{database}.*\"]"), "mysql").assert_code(0);
     assert_eq!(mariadb(&format!("SELECT id, LENGTH(body), MD5(body) FROM {database}_my.files ORDER BY id")), source);
 }

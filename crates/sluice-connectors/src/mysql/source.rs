@@ -79,7 +79,8 @@ impl Source for MysqlSource {
             });
         }
         // Privileges: probe each selected table, so a missing grant is named with its table.
-        let user: Option<String> = connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
+        let user: Option<String> =
+            connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
         let user = user.unwrap_or_default();
         let mut missing = Vec::new();
         let tables = self.discover().await?;
@@ -93,12 +94,19 @@ impl Source for MysqlSource {
             }
         }
         items.push(if missing.is_empty() {
-            CheckItem { what: "source privileges".into(), ok: true, detail: format!("{user} can read all {} selected tables", tables.len()) }
+            CheckItem {
+                what: "source privileges".into(),
+                ok: true,
+                detail: format!("{user} can read all {} selected tables", tables.len()),
+            }
         } else {
             CheckItem {
                 what: "source privileges".into(),
                 ok: false,
-                detail: format!("{user} lacks SELECT on {}; grant it, e.g. GRANT SELECT ON db.* TO {user}", missing.join(", ")),
+                detail: format!(
+                    "{user} lacks SELECT on {}; grant it, e.g. GRANT SELECT ON db.* TO {user}",
+                    missing.join(", ")
+                ),
             }
         });
         Ok(items)
@@ -161,7 +169,8 @@ impl Source for MysqlSource {
             }
         }
         if !denied.is_empty() {
-            let user: Option<String> = connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
+            let user: Option<String> =
+                connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
             let user = user.unwrap_or_default();
             return Err(Error::new(ErrorKind::Auth, format!("user {user} lacks SELECT on {}", denied.join(", ")))
                 .on(Side::Source)
