@@ -115,6 +115,12 @@ pub trait Sink: Send + Sync {
     /// Idempotent; called once per run, before any writer opens. `tables` carry target names.
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;
 
+    /// Builds what is best built after the rows are in (secondary indexes). Idempotent; called
+    /// once at the end of a run in which every split completed. `tables` carry target names.
+    async fn finish(&self, _tables: &[TableSchema]) -> Result<()> {
+        Ok(())
+    }
+
     /// Opens the writer of one task. `table` carries the target name.
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>>;
 }

@@ -18,5 +18,5 @@ pub mod zero_dates;
 
 pub use change::{Batch, Change, ChangeKind, Position, Rejected, Row};
 pub use error::{Error, ErrorKind, Result, Side};
-pub use schema::{Column, DataType, TableName, TableSchema};
+pub use schema::{Column, DataType, Index, TableName, TableSchema};
 pub use value::{Date, DateTime, Decimal, Time, Value};

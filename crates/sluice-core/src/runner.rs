@@ -167,7 +167,11 @@ impl Runner {
                 first_error = Some(interrupted());
             }
         }
-        first_error.map_or(Ok(()), Err)
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        log::info!("every split is copied; building secondary indexes where the target has them");
+        self.sink.finish(&targets).await
     }
 
     /// Loads the stored plan, keeps its splits for tables still selected, and splits the new ones.
@@ -434,6 +438,7 @@ mod tests {
                 native_type: String::new(),
             }],
             primary_key: vec![0],
+            indexes: Vec::new(),
         })
     }
 

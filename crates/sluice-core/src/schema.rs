@@ -104,6 +104,18 @@ pub struct TableSchema {
     pub columns: Vec<Column>,
     /// Indexes into `columns`, in key order; empty when the table has no primary key.
     pub primary_key: Vec<usize>,
+    /// Secondary indexes, built by targets after the table's rows are loaded.
+    #[serde(default)]
+    pub indexes: Vec<Index>,
+}
+
+/// A secondary index: its name in the source, its columns (indexes into `columns`, in order) and
+/// whether it is unique.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Index {
+    pub name: String,
+    pub columns: Vec<usize>,
+    pub unique: bool,
 }
 
 impl TableSchema {

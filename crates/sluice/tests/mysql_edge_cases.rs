@@ -105,3 +105,32 @@ fn a_16_megabyte_blob_arrives_whole() {
     run(&workspace, "my", &database, &format!("[\"{database}.*\"]"), "mysql").assert_code(0);
     assert_eq!(mariadb(&format!("SELECT id, LENGTH(body), MD5(body) FROM {database}_my.files ORDER BY id")), source);
 }
+
+#[test]
+fn secondary_indexes_are_built_after_the_rows_are_in() {
+    let database = unique_name("indexes");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE people (id INT PRIMARY KEY, email VARCHAR(80) NOT NULL, city VARCHAR(40), born DATE,
+                              bio TEXT, UNIQUE KEY email_unique (email), KEY city_born (city, born), KEY bio_prefix (bio(10)));
+         INSERT INTO people VALUES (1, 'a@x', 'Lisboa', '1990-01-01', 'a'), (2, 'b@x', 'Lisboa', '1991-01-01', 'b');"
+    ));
+    let workspace = Workspace::new();
+    run(&workspace, "pg", &database, &format!("[\"{database}.people\"]"), "postgres").assert_code(0);
+    assert_eq!(
+        psql(&format!("SELECT indexdef FROM pg_indexes WHERE schemaname = '{database}_pg' ORDER BY indexname")),
+        format!(
+            "CREATE INDEX people_city_born ON {database}_pg.people USING btree (city, born)\n\
+             CREATE UNIQUE INDEX people_email_unique ON {database}_pg.people USING btree (email)\n\
+             CREATE UNIQUE INDEX people_pkey ON {database}_pg.people USING btree (id)\n"
+        )
+    );
+    run(&workspace, "my", &database, &format!("[\"{database}.people\"]"), "mysql").assert_code(0);
+    assert_eq!(
+        mariadb(&format!(
+            "SELECT INDEX_NAME, NON_UNIQUE, GROUP_CONCAT(COLUMN_NAME ORDER BY SEQ_IN_INDEX) FROM information_schema.STATISTICS
+             WHERE TABLE_SCHEMA = '{database}_my' GROUP BY INDEX_NAME, NON_UNIQUE ORDER BY INDEX_NAME"
+        )),
+        "city_born\t1\tcity,born\nemail_unique\t0\temail\nPRIMARY\t0\tid\n"
+    );
+}

@@ -278,6 +278,7 @@ mod tests {
                 column("price", DataType::Decimal { precision: Some(65), scale: Some(30) }),
             ],
             primary_key: vec![0],
+            indexes: Vec::new(),
         }
     }
 

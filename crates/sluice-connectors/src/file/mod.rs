@@ -340,7 +340,7 @@ impl FileSource {
                 }
             }
         }
-        Ok(TableSchema { name: name.clone(), columns, primary_key: Vec::new() })
+        Ok(TableSchema { name: name.clone(), columns, primary_key: Vec::new(), indexes: Vec::new() })
     }
 }
 

@@ -126,6 +126,17 @@ fn create_table_sql(table: &TableSchema) -> String {
     )
 }
 
+fn add_index_sql(table: &TableSchema, index: &sluice_core::Index) -> String {
+    let columns: Vec<String> = index.columns.iter().map(|&column| quote(&table.columns[column].name)).collect();
+    format!(
+        "ALTER TABLE {} ADD {}INDEX {} ({})",
+        qualified(&table.name),
+        if index.unique { "UNIQUE " } else { "" },
+        quote(&index.name),
+        columns.join(", ")
+    )
+}
+
 #[async_trait]
 impl Sink for MysqlSink {
     async fn check(&self) -> Result<Vec<CheckItem>> {
@@ -154,7 +165,42 @@ impl Sink for MysqlSink {
     }
 
     fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
-        tables.iter().map(create_table_sql).collect()
+        tables
+            .iter()
+            .flat_map(|table| {
+                std::iter::once(create_table_sql(table))
+                    .chain(table.indexes.iter().map(|index| add_index_sql(table, index)))
+            })
+            .collect()
+    }
+
+    /// Adds the secondary indexes the table lacks (checked by name, since MySQL 8 has no
+    /// `ADD INDEX IF NOT EXISTS`).
+    async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
+        if tables.iter().all(|table| table.indexes.is_empty()) {
+            return Ok(());
+        }
+        let mut connection = self.connection().await?;
+        for table in tables {
+            let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
+            let existing: Vec<String> = connection
+                .exec("SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", (namespace, &table.name.name))
+                .await
+                .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("read the indexes of {}", table.name)))?;
+            for index in
+                table.indexes.iter().filter(|index| !existing.iter().any(|name| name.eq_ignore_ascii_case(&index.name)))
+            {
+                connection.query_drop(add_index_sql(table, index)).await.map_err(|error| {
+                    mysql_error(
+                        error,
+                        Side::Target,
+                        &self.server,
+                        &format!("build index {} of {}", index.name, table.name),
+                    )
+                })?;
+            }
+        }
+        Ok(())
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {

@@ -12,7 +12,7 @@ use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
 use sluice_core::filter::TableFilter;
 use sluice_core::secret::Secret;
 use sluice_core::spec::Mode;
-use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
+use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::{decode, mysql_error, pool, quote, ColumnType};
 
@@ -297,33 +297,47 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
     if !generated.is_empty() {
         log::info!("table {name}: generated columns {} are not copied", generated.join(", "));
     }
-    // The primary key, else the first unique key whose columns are all NOT NULL.
-    let keys: Vec<(String, u64, String)> = connection
+    // Every B-tree index, the primary key first. Prefix indexes (SUB_PART), full-text and spatial
+    // indexes, and indexes on generated columns are left out: they do not carry over as columns.
+    let rows: Vec<(String, u64, Option<String>, bool, Option<u64>)> = connection
         .exec(
-            "SELECT s.INDEX_NAME, s.SEQ_IN_INDEX, s.COLUMN_NAME FROM information_schema.STATISTICS s
-             WHERE s.TABLE_SCHEMA = ? AND s.TABLE_NAME = ? AND s.NON_UNIQUE = 0
-             ORDER BY s.INDEX_NAME = 'PRIMARY' DESC, s.INDEX_NAME, s.SEQ_IN_INDEX",
+            "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME, NON_UNIQUE = 0, SUB_PART FROM information_schema.STATISTICS
+             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND INDEX_TYPE IN ('BTREE', 'HASH')
+             ORDER BY INDEX_NAME = 'PRIMARY' DESC, NON_UNIQUE, INDEX_NAME, SEQ_IN_INDEX",
             (schema, &name.name),
         )
         .await
         .map_err(|error| mysql_error(error, Side::Source, server, &format!("read the keys of {name}")))?;
-    let mut candidates: Vec<(String, Vec<String>)> = Vec::new();
-    for (index, _, column) in keys {
-        match candidates.last_mut() {
-            Some((last, columns)) if *last == index => columns.push(column),
-            _ => candidates.push((index, vec![column])),
+    let mut indexes: Vec<(String, bool, Option<Vec<usize>>)> = Vec::new();
+    for (index, _, column, unique, prefix) in rows {
+        let position = column
+            .filter(|_| prefix.is_none())
+            .and_then(|column| columns.iter().position(|known| known.name == column));
+        match indexes.last_mut() {
+            Some((last, _, members)) if *last == index => {
+                *members = members.take().and_then(|mut members| {
+                    position.map(|position| {
+                        members.push(position);
+                        members
+                    })
+                })
+            }
+            _ => indexes.push((index, unique, position.map(|position| vec![position]))),
         }
     }
-    let primary_key = candidates
-        .iter()
-        .map(|(_, key)| {
-            key.iter()
-                .map(|column| columns.iter().position(|known| known.name == *column))
-                .collect::<Option<Vec<usize>>>()
-        })
-        .find_map(|key| key.filter(|key| key.iter().all(|&index| !columns[index].nullable)))
-        .unwrap_or_default();
-    Ok(TableSchema { name: name.clone(), columns, primary_key })
+    let usable: Vec<(String, bool, Vec<usize>)> =
+        indexes.into_iter().filter_map(|(index, unique, members)| Some((index, unique, members?))).collect();
+    // The primary key, else the first unique key whose columns are all NOT NULL.
+    let key_position =
+        usable.iter().position(|(_, unique, members)| *unique && members.iter().all(|&index| !columns[index].nullable));
+    let primary_key = key_position.map(|position| usable[position].2.clone()).unwrap_or_default();
+    let indexes = usable
+        .into_iter()
+        .enumerate()
+        .filter(|(position, (index, _, _))| Some(*position) != key_position && index != "PRIMARY")
+        .map(|(_, (name, unique, columns))| Index { name, columns, unique })
+        .collect();
+    Ok(TableSchema { name: name.clone(), columns, primary_key, indexes })
 }
 
 /// Positions keep the last key read as JSON values.

@@ -76,7 +76,26 @@ impl Sink for PostgresSink {
     }
 
     fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
-        tables.iter().map(create_table_sql).collect()
+        tables
+            .iter()
+            .flat_map(|table| std::iter::once(create_table_sql(table)).chain(create_index_sql(table)))
+            .collect()
+    }
+
+    async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
+        if tables.iter().all(|table| table.indexes.is_empty()) {
+            return Ok(());
+        }
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        for table in tables {
+            for statement in create_index_sql(table) {
+                client
+                    .batch_execute(&statement)
+                    .await
+                    .map_err(self.error(&format!("build an index of {}", table.name)))?;
+            }
+        }
+        Ok(())
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
@@ -181,6 +200,29 @@ fn create_table_sql(table: &TableSchema) -> String {
         qualified(&table.name),
         definitions.join(", ")
     )
+}
+
+/// `CREATE INDEX` for each secondary index. PostgreSQL index names are per schema, so each is
+/// prefixed with its table's name (and cut to the 63-byte limit on a character boundary).
+fn create_index_sql(table: &TableSchema) -> Vec<String> {
+    table
+        .indexes
+        .iter()
+        .map(|index| {
+            let mut name = format!("{}_{}", table.name.name, index.name);
+            while name.len() > 63 {
+                name.pop();
+            }
+            let columns: Vec<String> = index.columns.iter().map(|&column| quote(&table.columns[column].name)).collect();
+            format!(
+                "CREATE {}INDEX IF NOT EXISTS {} ON {} ({})",
+                if index.unique { "UNIQUE " } else { "" },
+                quote(&name),
+                qualified(&table.name),
+                columns.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// Moves staged rows into the table, replacing rows with the same primary key only: a conflict

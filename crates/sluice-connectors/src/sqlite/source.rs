@@ -160,7 +160,12 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
         })
         .collect();
     key.sort();
-    Ok(TableSchema { name, columns, primary_key: key.into_iter().map(|(_, index)| index).collect() })
+    Ok(TableSchema {
+        name,
+        columns,
+        primary_key: key.into_iter().map(|(_, index)| index).collect(),
+        indexes: Vec::new(),
+    })
 }
 
 /// The async face of a `ChunkReader`, which runs on a blocking thread between calls.
