@@ -255,6 +255,9 @@ fn qualified(name: &TableName) -> String {
     format!("{}.{}", quote(schema_of(name)), quote(&name.name))
 }
 
+/// A row of information_schema.STATISTICS: index, position, column, unique, prefix length.
+type IndexRow = (String, u64, Option<String>, bool, Option<u64>);
+
 type ColumnRow = (String, String, String, String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, String);
 
 async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -> Result<TableSchema> {
@@ -299,7 +302,7 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
     }
     // Every B-tree index, the primary key first. Prefix indexes (SUB_PART), full-text and spatial
     // indexes, and indexes on generated columns are left out: they do not carry over as columns.
-    let rows: Vec<(String, u64, Option<String>, bool, Option<u64>)> = connection
+    let rows: Vec<IndexRow> = connection
         .exec(
             "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME, NON_UNIQUE = 0, SUB_PART FROM information_schema.STATISTICS
              WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND INDEX_TYPE IN ('BTREE', 'HASH')
