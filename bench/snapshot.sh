@@ -147,6 +147,8 @@ EOF
 }
 fresh_pg sluice_pg
 measure "sluice MySQL→PostgreSQL" pg "$sluice" run "$(job bench-pg postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg"
+# Both servers keep their data on tmpfs: each copy is dropped once measured.
+fresh_pg sluice_pg; fresh_pg limit_pg
 fresh_pg sling_pg
 sling_pg() {
   for t in $(seq 1 "$tables"); do
@@ -155,6 +157,7 @@ sling_pg() {
   done
 }
 measure "Sling 1.4.11 MySQL→PostgreSQL" pg sling_pg
+fresh_pg sling_pg
 $pg -c "DROP SCHEMA IF EXISTS sbtest CASCADE" >/dev/null
 # One table per pgloader run: loading all four at once exhausts its 1 GiB heap here.
 pgloader_pg() {
@@ -170,19 +173,23 @@ LOAD
   done
 }
 measure "pgloader MySQL→PostgreSQL" pg pgloader_pg
+$pg -c "DROP SCHEMA IF EXISTS sbtest CASCADE" >/dev/null
 
 # --- MySQL -> Parquet -----------------------------------------------------------------------
 measure "sluice MySQL→Parquet" parquet "$sluice" run "$(job bench-parquet parquet "" "")" --state-dir "$base/state-parquet"
+rm -rf "$base/lake-bench-parquet"
 
 # --- MySQL -> MySQL -------------------------------------------------------------------------
 fresh_my sluice_my
 measure "sluice MySQL→MySQL" my "$sluice" run "$(job bench-my mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my"
+fresh_my sluice_my; fresh_my limit_my; rm -rf "$export_dir"
 fresh_my dump_my
 dump_pipe() {
   $my -e "CREATE DATABASE dump_my"
   mariadb-dump --no-defaults -uroot -S "$base/mariadb/mysql.sock" --single-transaction --quick sbtest | $my dump_my
 }
 measure "mariadb-dump | mariadb" my dump_pipe
+fresh_my dump_my
 fresh_my mydumper_my
 mydumper_pipe() {
   rm -rf "$base/mydumper"
@@ -190,6 +197,7 @@ mydumper_pipe() {
   myloader -h 127.0.0.1 -P "$my_port" -u sluice -p "$SLUICE_TEST_PASSWORD" -d "$base/mydumper" -B mydumper_my -t 4 -o >/dev/null
 }
 measure "mydumper + myloader (4 threads)" my mydumper_pipe
+fresh_my mydumper_my; rm -rf "$base/mydumper"
 
 # --- the wide table: every common type -----------------------------------------------------
 wide_rows=$((rows / 2))
