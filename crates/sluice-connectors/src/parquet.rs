@@ -19,6 +19,8 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+
+use crate::file::{check_directory, Part};
 use sluice_core::{DataType, Date, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
 /// Rows per row group: large enough for good compression and scans, small enough to bound the
@@ -241,17 +243,7 @@ impl ParquetSink {
 #[async_trait]
 impl Sink for ParquetSink {
     async fn check(&self) -> Result<Vec<CheckItem>> {
-        fs::create_dir_all(&self.directory)
-            .map_err(|error| io_error(format!("create {}", self.directory.display()), error))?;
-        let probe = self.directory.join(".sluice-write-probe");
-        File::create(&probe)
-            .and_then(|_| fs::remove_file(&probe))
-            .map_err(|error| io_error(format!("write into {}", self.directory.display()), error))?;
-        Ok(vec![CheckItem {
-            what: "target directory".into(),
-            ok: true,
-            detail: format!("{} is writable", self.directory.display()),
-        }])
+        check_directory(&self.directory)
     }
 
     fn target_name(&self, source: &TableName) -> TableName {
@@ -275,32 +267,28 @@ impl Sink for ParquetSink {
     }
 
     async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
-        let part = task.rsplit_once('#').map_or(task, |(_, index)| index);
-        let final_path = self.table_directory(&table.name).join(format!("part-{part}.parquet"));
-        let temporary_path = final_path.with_extension("parquet.tmp");
-        Ok(Box::new(ParquetWriter { table, task: task.to_owned(), final_path, temporary_path, writer: None }))
+        let part = Part::new(&self.directory, &table.name, task, "parquet");
+        Ok(Box::new(ParquetWriter { table, part, writer: None }))
     }
 }
 
 struct ParquetWriter {
     table: Arc<TableSchema>,
-    task: String,
-    final_path: PathBuf,
-    temporary_path: PathBuf,
+    part: Part,
     writer: Option<ArrowWriter<File>>,
 }
 
 impl ParquetWriter {
     fn writer(&mut self) -> Result<&mut ArrowWriter<File>> {
         if self.writer.is_none() {
-            let file = File::create(&self.temporary_path)
-                .map_err(|error| io_error(format!("create {}", self.temporary_path.display()), error))?;
+            let path = self.part.temporary_path();
+            let file = File::create(path).map_err(|error| io_error(format!("create {}", path.display()), error))?;
             let properties = WriterProperties::builder()
                 .set_compression(Compression::SNAPPY)
                 .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
                 .build();
             let writer = ArrowWriter::try_new(file, arrow_schema(&self.table), Some(properties))
-                .map_err(|error| io_error(format!("start {}", self.temporary_path.display()), error))?;
+                .map_err(|error| io_error(format!("start {}", path.display()), error))?;
             self.writer = Some(writer);
         }
         Ok(self.writer.as_mut().expect("opened above"))
@@ -310,14 +298,7 @@ impl ParquetWriter {
 #[async_trait]
 impl Writer for ParquetWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        if self.final_path.exists() {
-            return Ok(Some(Checkpoint { task: self.task.clone(), position: None, done: true, rows_written: 0 }));
-        }
-        match fs::remove_file(&self.temporary_path) {
-            Ok(()) => Ok(None),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(io_error(format!("remove {}", self.temporary_path.display()), error)),
-        }
+        self.part.recover()
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
@@ -354,7 +335,7 @@ impl Writer for ParquetWriter {
         let arrays: Vec<ArrayRef> = columns.iter_mut().map(|column| column.builder.finish()).collect();
         let record_batch = RecordBatch::try_new(arrow_schema(&self.table), arrays)
             .map_err(|error| io_error(format!("assemble a batch of {}", self.table.name), error))?;
-        let path = self.temporary_path.display().to_string();
+        let path = self.part.temporary_path().display().to_string();
         self.writer()?.write(&record_batch).map_err(|error| io_error(format!("write {path}"), error))?;
         Ok(rejected)
     }
@@ -367,16 +348,9 @@ impl Writer for ParquetWriter {
         }
         self.writer()?;
         let writer = self.writer.take().expect("opened above");
-        let path = self.temporary_path.display().to_string();
+        let path = self.part.temporary_path().display().to_string();
         let file = writer.into_inner().map_err(|error| io_error(format!("finish {path}"), error))?;
-        file.sync_all().map_err(|error| io_error(format!("sync {path}"), error))?;
-        fs::rename(&self.temporary_path, &self.final_path)
-            .map_err(|error| io_error(format!("rename {path}"), error))?;
-        if let Some(parent) = self.final_path.parent() {
-            File::open(parent)
-                .and_then(|directory| directory.sync_all())
-                .map_err(|error| io_error(format!("sync {}", parent.display()), error))?;
-        }
+        self.part.publish(&file)?;
         Ok(())
     }
 }

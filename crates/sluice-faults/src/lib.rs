@@ -101,6 +101,10 @@ async fn relay(
 ) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
+    // The receivers are clones of the listener's, which saw no change: mark what exists now as
+    // seen, so only later faults and resets reach this connection.
+    fault.borrow_and_update();
+    resets.borrow_and_update();
     let mut from_client = vec![0u8; 64 * 1024];
     let mut from_server = vec![0u8; 64 * 1024];
     // Bytes left per direction before a ResetAfter fault fires; re-armed whenever the fault is set.
@@ -261,5 +265,6 @@ mod tests {
         proxy.reset_all();
         let after = socket.read(&mut buffer).await;
         assert!(matches!(after, Ok(0) | Err(_)), "the connection is gone: {after:?}");
+        assert_eq!(round_trip(proxy.address(), b"fresh").await.unwrap(), b"fresh", "new connections are not reset");
     }
 }

@@ -5,7 +5,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{mariadb, mysql_url, postgres_url, unique_name, Run, Workspace};
+use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, unique_name, Run, Workspace};
 
 /// One MySQL column type, the values to put in it (SQL literals), and the text PostgreSQL must
 /// show for each (`NULL` for NULL).
@@ -185,27 +185,6 @@ fn postgres_records(sql: &str) -> Vec<String> {
     assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
     let text = String::from_utf8(output.stdout).expect("UTF-8 output");
     text.trim_end_matches('\n').split('\u{1e}').map(str::to_owned).collect()
-}
-
-/// Raw bytes of `SELECT id, v` from a MariaDB table, for byte-exact comparison.
-fn mariadb_bytes(sql: &str) -> Vec<u8> {
-    let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
-    let output = Command::new("mariadb")
-        .args([
-            "--no-defaults",
-            "--default-character-set=utf8mb4",
-            "-uroot",
-            "-S",
-            &socket,
-            "--batch",
-            "--skip-column-names",
-            "-e",
-            sql,
-        ])
-        .output()
-        .expect("run the mariadb client");
-    assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
-    output.stdout
 }
 
 #[test]

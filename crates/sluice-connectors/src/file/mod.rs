@@ -6,6 +6,7 @@
 //! checkpoint. A source directory may hold such table directories or plain `<table>.<ext>` files.
 
 mod format;
+mod part;
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -20,6 +21,7 @@ use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 pub use format::Format;
+pub(crate) use part::{check_directory, Part};
 
 const SCHEMA_FILE: &str = "_schema.json";
 
@@ -75,20 +77,7 @@ impl FileSink {
 impl Sink for FileSink {
     async fn check(&self) -> Result<Vec<CheckItem>> {
         let directory = self.directory.clone();
-        blocking(Side::Target, move || {
-            fs::create_dir_all(&directory)
-                .map_err(|error| io_error(Side::Target, format!("create {}", directory.display()), error))?;
-            let probe = directory.join(".sluice-write-probe");
-            File::create(&probe)
-                .and_then(|_| fs::remove_file(&probe))
-                .map_err(|error| io_error(Side::Target, format!("write into {}", directory.display()), error))?;
-            Ok(vec![CheckItem {
-                what: "target directory".into(),
-                ok: true,
-                detail: format!("{} is writable", directory.display()),
-            }])
-        })
-        .await
+        blocking(Side::Target, move || check_directory(&directory)).await
     }
 
     fn target_name(&self, source: &TableName) -> TableName {
@@ -128,16 +117,10 @@ impl Sink for FileSink {
     }
 
     async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
-        let part = task.rsplit_once('#').map_or(task, |(_, index)| index);
-        let final_path =
-            self.directory.join(directory_name(&table.name)).join(format!("part-{part}.{}", self.format.extension()));
-        let temporary_path = final_path.with_extension(format!("{}.tmp", self.format.extension()));
         Ok(Box::new(FileWriter {
             format: self.format,
+            part: Part::new(&self.directory, &table.name, task, self.format.extension()),
             table,
-            task: task.to_owned(),
-            final_path,
-            temporary_path,
             output: None,
             buffer: String::new(),
         }))
@@ -155,9 +138,7 @@ fn write_atomically(path: &Path, contents: &[u8]) -> std::io::Result<()> {
 struct FileWriter {
     format: Format,
     table: Arc<TableSchema>,
-    task: String,
-    final_path: PathBuf,
-    temporary_path: PathBuf,
+    part: Part,
     output: Option<BufWriter<File>>,
     buffer: String,
 }
@@ -165,10 +146,11 @@ struct FileWriter {
 impl FileWriter {
     fn output(&mut self) -> Result<&mut BufWriter<File>> {
         if self.output.is_none() {
-            let mut file = File::create(&self.temporary_path)
-                .map_err(|error| io_error(Side::Target, format!("create {}", self.temporary_path.display()), error))?;
+            let path = self.part.temporary_path();
+            let mut file = File::create(path)
+                .map_err(|error| io_error(Side::Target, format!("create {}", path.display()), error))?;
             file.write_all(self.format.header(&self.table).as_bytes())
-                .map_err(|error| io_error(Side::Target, format!("write {}", self.temporary_path.display()), error))?;
+                .map_err(|error| io_error(Side::Target, format!("write {}", path.display()), error))?;
             self.output = Some(BufWriter::with_capacity(1 << 20, file));
         }
         Ok(self.output.as_mut().expect("opened above"))
@@ -178,15 +160,7 @@ impl FileWriter {
 #[async_trait]
 impl Writer for FileWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        if self.final_path.exists() {
-            return Ok(Some(Checkpoint { task: self.task.clone(), position: None, done: true, rows_written: 0 }));
-        }
-        // A partial part from a run that stopped is discarded: its split starts over.
-        match fs::remove_file(&self.temporary_path) {
-            Ok(()) => Ok(None),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(error) => Err(io_error(Side::Target, format!("remove {}", self.temporary_path.display()), error)),
-        }
+        self.part.recover()
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
@@ -200,7 +174,7 @@ impl Writer for FileWriter {
             };
             self.format.encode(&self.table, after, &mut buffer);
         }
-        let path = self.temporary_path.display().to_string();
+        let path = self.part.temporary_path().display().to_string();
         let result = self
             .output()?
             .write_all(buffer.as_bytes())
@@ -215,20 +189,12 @@ impl Writer for FileWriter {
         if !checkpoint.done {
             return Ok(());
         }
-        let path = self.temporary_path.display().to_string();
+        let path = self.part.temporary_path().display().to_string();
         let output = self.output()?;
-        output
-            .flush()
-            .and_then(|()| output.get_ref().sync_all())
-            .map_err(|error| io_error(Side::Target, format!("flush {path}"), error))?;
-        self.output = None;
-        fs::rename(&self.temporary_path, &self.final_path)
-            .map_err(|error| io_error(Side::Target, format!("rename {path}"), error))?;
-        if let Some(parent) = self.final_path.parent() {
-            File::open(parent)
-                .and_then(|directory| directory.sync_all())
-                .map_err(|error| io_error(Side::Target, format!("sync {}", parent.display()), error))?;
-        }
+        output.flush().map_err(|error| io_error(Side::Target, format!("flush {path}"), error))?;
+        let file = self.output.take().expect("opened above").into_inner().map_err(|error| error.into_error());
+        let file = file.map_err(|error| io_error(Side::Target, format!("flush {path}"), error))?;
+        self.part.publish(&file)?;
         Ok(())
     }
 }

@@ -243,6 +243,11 @@ pub fn canary() -> String {
 
 /// Runs SQL on the test MariaDB as root over its socket; returns the tab-separated rows.
 pub fn mariadb(sql: &str) -> String {
+    String::from_utf8_lossy(&mariadb_bytes(sql)).into_owned()
+}
+
+/// Like `mariadb`, as the raw bytes the client printed, for byte-exact comparisons.
+pub fn mariadb_bytes(sql: &str) -> Vec<u8> {
     let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
     let output = Command::new("mariadb")
         .args([
@@ -259,7 +264,7 @@ pub fn mariadb(sql: &str) -> String {
         .output()
         .expect("run the mariadb client");
     assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    output.stdout
 }
 
 /// Runs SQL on the test PostgreSQL; returns the rows, `|`-separated.

@@ -1,0 +1,93 @@
+//! Network faults between sluice and its servers, injected by the in-repo fault proxy: the run
+//! retries, resumes from the target's checkpoint, and the target ends exactly equal.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sluice_faults::{Fault, Proxy};
+use support::{mariadb, mysql_url, postgres_url, psql, unique_name, Run, Workspace};
+
+/// The `host:port` of a server URL, as a socket address.
+fn address_of(url: &str) -> SocketAddr {
+    let authority = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let host_port = authority.split('/').next().unwrap();
+    host_port.parse().expect("the test servers listen on 127.0.0.1:PORT")
+}
+
+/// The URL with its host and port replaced by the proxy's.
+fn through(url: &str, proxy: &Proxy) -> String {
+    url.replace(&address_of(url).to_string(), &proxy.address().to_string())
+}
+
+/// Waits until the job has committed `rows`; fails with the run's output if it ended first, or
+/// after a minute instead of hanging.
+async fn until_committed(job: &str, rows: u64, run: &mut tokio::task::JoinHandle<Run>) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while committed(job) < rows {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {rows} committed rows");
+        if run.is_finished() {
+            let run = run.await.unwrap();
+            panic!("the run ended before {rows} rows were committed:\n{}", run.all());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn committed(job: &str) -> u64 {
+    let exists = psql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice'");
+    if exists.trim() == "0" {
+        return 0;
+    }
+    psql(&format!("SELECT coalesce(sum(rows_written), 0) FROM sluice.checkpoints WHERE job = '{job}'"))
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_reset_mid_copy_on_both_sides_are_retried_without_loss_or_duplicates() {
+    let database = unique_name("faults");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.numbers (id INT PRIMARY KEY, v INT NOT NULL, pad CHAR(100));
+         INSERT INTO {database}.numbers SELECT seq, seq * 3, REPEAT('p', 100) FROM {database}.seq_1_to_40000;"
+    ));
+    let source_proxy = Proxy::start(address_of(&mysql_url())).await.unwrap();
+    let target_proxy = Proxy::start(address_of(&postgres_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\nlimits: {{split_rows: 5000, batch_rows: 500, rows_per_sec: 20000}}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
+        ),
+    );
+    let mut command = workspace.command(&["run", job.to_str().unwrap(), "--summary-json", "summary.json"]);
+    command.env("SOURCE", through(&mysql_url(), &source_proxy)).env("TARGET", through(&postgres_url(), &target_proxy));
+    let mut child = tokio::task::spawn_blocking(move || Run::from(command.output().unwrap()));
+
+    // Reset the target's connections three times and the source's twice, each while rows flow.
+    for (round, threshold) in [4_000u64, 10_000, 16_000, 22_000, 28_000].into_iter().enumerate() {
+        until_committed(&job_name, threshold, &mut child).await;
+        if round % 2 == 0 {
+            target_proxy.reset_all();
+        } else {
+            source_proxy.reset_all();
+        }
+    }
+    // And cut every target connection after 200 kB (about three batches) for a while.
+    target_proxy.set(Fault::ResetAfter { bytes: 200_000 });
+    until_committed(&job_name, 32_000, &mut child).await;
+    target_proxy.set(Fault::None);
+
+    let run = child.await.unwrap();
+    run.assert_code(0);
+    assert!(run.stderr.contains("attempt 2 of 50"), "the faults were met and retried:\n{}", run.stderr);
+    assert_eq!(
+        psql(&format!("SELECT count(*), count(DISTINCT id), sum(v), min(id), max(id) FROM {database}.numbers")).trim(),
+        format!("40000|40000|{}|1|40000", 3 * 40_000u64 * 40_001 / 2)
+    );
+    assert_eq!(committed(&job_name), 40_000, "every row committed exactly once");
+    assert!(target_proxy.connections() > 4 && source_proxy.connections() > 2, "connections were re-opened");
+}
