@@ -82,18 +82,27 @@ impl Sink for PostgresSink {
             .collect()
     }
 
+    /// Builds each table's indexes on its own connection, tables in parallel: the server uses
+    /// one core per index build.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
-        if tables.iter().all(|table| table.indexes.is_empty()) {
-            return Ok(());
+        let mut builds = tokio::task::JoinSet::new();
+        for table in tables.iter().filter(|table| !table.indexes.is_empty()) {
+            let (url, server) = (self.url.clone(), self.server.clone());
+            let (statements, name) = (create_index_sql(table), table.name.clone());
+            builds.spawn(async move {
+                let client = connect(&url, Side::Target, &server).await?;
+                for statement in statements {
+                    client.batch_execute(&statement).await.map_err(|error| {
+                        postgres_error(error, Side::Target, &server, &format!("build an index of {name}"))
+                    })?;
+                }
+                Ok::<_, Error>(())
+            });
         }
-        let client = connect(&self.url, Side::Target, &self.server).await?;
-        for table in tables {
-            for statement in create_index_sql(table) {
-                client
-                    .batch_execute(&statement)
-                    .await
-                    .map_err(self.error(&format!("build an index of {}", table.name)))?;
-            }
+        while let Some(build) = builds.join_next().await {
+            build.map_err(|error| {
+                Error::new(ErrorKind::Write, format!("an index build failed: {error}")).on(Side::Target)
+            })??;
         }
         Ok(())
     }
