@@ -85,6 +85,13 @@ pub struct Rejected {
     pub record: Option<String>,
 }
 
+impl Rejected {
+    /// A row of `table` refused for `reason`, keyed by its primary key.
+    pub fn row(table: &TableSchema, row: &Row, reason: String) -> Rejected {
+        Rejected { table: table.name.to_string(), key: key_text(table, row), reason, record: None }
+    }
+}
+
 /// An ordered group of changes of one split, and the position at which the source resumes after
 /// them. Source-side rejects found while reading the batch travel with it, so they are recorded
 /// before the position that passes them is committed.

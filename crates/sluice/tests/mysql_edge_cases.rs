@@ -134,3 +134,46 @@ fn secondary_indexes_are_built_after_the_rows_are_in() {
         "city_born\t1\tcity,born\nemail_unique\t0\temail\nPRIMARY\t0\tid\n"
     );
 }
+
+#[test]
+fn rows_a_target_refuses_become_dirty_records_and_the_rest_of_their_batch_lands() {
+    let database = unique_name("refused");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT NOT NULL);
+         INSERT INTO {database}.t SELECT seq, seq FROM {database}.seq_1_to_1000;"
+    ));
+    // Existing target tables that refuse v > 990: ten rows inside one batch of a thousand.
+    psql(&format!("CREATE SCHEMA {database}_pg; CREATE TABLE {database}_pg.t (id int PRIMARY KEY, v int NOT NULL CHECK (v <= 990))"));
+    mariadb(&format!("CREATE DATABASE {database}_my; CREATE TABLE {database}_my.t (id INT PRIMARY KEY, v INT NOT NULL CHECK (v <= 990))"));
+    let workspace = Workspace::new();
+    for (name, target) in [("pg", "postgres"), ("my", "mysql")] {
+        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+        let job = workspace.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: refused-{name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.t\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {database}_{name}\n  create_tables: false\nlimits: {{batch_rows: 1000}}\nerrors: {{max_dirty_records: 10}}\n"
+            ),
+        );
+        let run = Run::from(
+            workspace
+                .command(&["run", job.to_str().unwrap(), "--summary-json", &format!("{name}.json")])
+                .env("SOURCE", mysql_url())
+                .env("TARGET", target_url)
+                .output()
+                .unwrap(),
+        );
+        run.assert_code(0);
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(workspace.path(&format!("{name}.json"))).unwrap()).unwrap();
+        assert_eq!(
+            (summary["rows_written"].as_u64(), summary["rows_skipped"].as_u64()),
+            (Some(990), Some(10)),
+            "{target}"
+        );
+        let dirty = std::fs::read_to_string(workspace.path(&format!(".sluice/refused-{name}/dirty.jsonl"))).unwrap();
+        assert_eq!(dirty.lines().count(), 10, "{target}: {dirty}");
+        assert!(dirty.contains("\"key\":\"id=991\""), "{target}: {dirty}");
+    }
+    assert_eq!(psql(&format!("SELECT count(*), max(v) FROM {database}_pg.t")), "990|990\n");
+    assert_eq!(mariadb(&format!("SELECT count(*), max(v) FROM {database}_my.t")), "990\t990\n");
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
-use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
+use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
@@ -304,6 +304,25 @@ impl MysqlWriter {
         move |error| mysql_error(error, Side::Target, &self.server, &doing)
     }
 
+    /// Inserts rows under a savepoint. A failure caused by a row's content rolls back to the
+    /// savepoint and is returned as `Some`; any other failure is an error.
+    async fn attempt(&mut self, savepoint: &str, rows: &[&Row]) -> Result<Option<mysql_async::Error>> {
+        self.connection.query_drop(format!("SAVEPOINT {savepoint}")).await.map_err(self.error("set a savepoint"))?;
+        match self.insert_rows(rows).await {
+            Ok(()) => Ok(None),
+            Err(error) if is_row_error(&error) => {
+                self.connection
+                    .query_drop(format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                    .await
+                    .map_err(self.error("roll back a refused row"))?;
+                Ok(Some(error))
+            }
+            Err(error) => {
+                Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", self.table.name)))
+            }
+        }
+    }
+
     async fn begin(&mut self) -> Result<()> {
         if !self.in_transaction {
             self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))?;
@@ -410,45 +429,14 @@ impl Writer for MysqlWriter {
             };
             rows.push(after);
         }
-        self.connection.query_drop("SAVEPOINT batch").await.map_err(self.error("set a savepoint"))?;
-        match self.insert_rows(&rows).await {
-            Ok(()) => return Ok(Vec::new()),
-            Err(error) if is_row_error(&error) => {
-                self.connection
-                    .query_drop("ROLLBACK TO SAVEPOINT batch")
-                    .await
-                    .map_err(self.error("roll back a failed batch"))?;
-            }
-            Err(error) => {
-                return Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", self.table.name)))
-            }
+        if self.attempt("batch", &rows).await?.is_none() {
+            return Ok(Vec::new());
         }
         // One row's content failed the batch: insert row by row to find it and keep the rest.
         let mut rejected = Vec::new();
         for row in rows {
-            self.connection.query_drop("SAVEPOINT single").await.map_err(self.error("set a savepoint"))?;
-            match self.insert_rows(&[row]).await {
-                Ok(()) => {}
-                Err(error) if is_row_error(&error) => {
-                    self.connection
-                        .query_drop("ROLLBACK TO SAVEPOINT single")
-                        .await
-                        .map_err(self.error("roll back a failed row"))?;
-                    rejected.push(Rejected {
-                        table: self.table.name.to_string(),
-                        key: key_text(&self.table, row),
-                        reason: format!("target: {error}"),
-                        record: None,
-                    });
-                }
-                Err(error) => {
-                    return Err(mysql_error(
-                        error,
-                        Side::Target,
-                        &self.server,
-                        &format!("insert into {}", self.table.name),
-                    ))
-                }
+            if let Some(error) = self.attempt("single", &[row]).await? {
+                rejected.push(Rejected::row(&self.table, row, format!("target: {error}")));
             }
         }
         Ok(rejected)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::SinkExt;
-use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
+use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
@@ -272,6 +272,25 @@ impl PostgresWriter {
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
 
+    /// COPYs rows under a savepoint. A failure caused by a row's content rolls back to the
+    /// savepoint and is returned as `Some`; any other failure is an error.
+    async fn attempt(&mut self, savepoint: &str, rows: &[&Row]) -> Result<Option<tokio_postgres::Error>> {
+        self.client.batch_execute(&format!("SAVEPOINT {savepoint}")).await.map_err(self.error("set a savepoint"))?;
+        match self.copy_rows(rows).await {
+            Ok(()) => Ok(None),
+            Err(error) if is_row_error(&error) => {
+                self.client
+                    .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
+                    .await
+                    .map_err(self.error("roll back a refused row"))?;
+                Ok(Some(error))
+            }
+            Err(error) => {
+                Err(postgres_error(error, Side::Target, &self.server, &format!("copy into {}", self.table.name)))
+            }
+        }
+    }
+
     async fn begin(&mut self) -> Result<()> {
         if !self.in_transaction {
             self.client.batch_execute("BEGIN").await.map_err(self.error("begin a transaction"))?;
@@ -348,52 +367,16 @@ impl Writer for PostgresWriter {
             };
             rows.push(after);
         }
-        self.client.batch_execute("SAVEPOINT batch").await.map_err(self.error("set a savepoint"))?;
-        match self.copy_rows(&rows).await {
-            Ok(()) => return Ok(Vec::new()),
-            Err(error) if is_row_error(&error) => {
-                self.client
-                    .batch_execute("ROLLBACK TO SAVEPOINT batch")
-                    .await
-                    .map_err(self.error("roll back a failed batch"))?;
-            }
-            Err(error) => {
-                return Err(postgres_error(
-                    error,
-                    Side::Target,
-                    &self.server,
-                    &format!("copy into {}", self.table.name),
-                ))
-            }
+        if self.attempt("batch", &rows).await?.is_none() {
+            return Ok(Vec::new());
         }
         // One row's content failed the batch: copy row by row to find it and keep the rest.
         let mut rejected = Vec::new();
         for row in rows {
-            self.client.batch_execute("SAVEPOINT single").await.map_err(self.error("set a savepoint"))?;
-            match self.copy_rows(&[row]).await {
-                Ok(()) => {}
-                Err(error) if is_row_error(&error) => {
-                    self.client
-                        .batch_execute("ROLLBACK TO SAVEPOINT single")
-                        .await
-                        .map_err(self.error("roll back a failed row"))?;
-                    let reason =
-                        error.as_db_error().map_or_else(|| error.to_string(), |database| database.message().to_owned());
-                    rejected.push(Rejected {
-                        table: self.table.name.to_string(),
-                        key: key_text(&self.table, row),
-                        reason: format!("target: {reason}"),
-                        record: None,
-                    });
-                }
-                Err(error) => {
-                    return Err(postgres_error(
-                        error,
-                        Side::Target,
-                        &self.server,
-                        &format!("copy into {}", self.table.name),
-                    ))
-                }
+            if let Some(error) = self.attempt("single", &[row]).await? {
+                let reason =
+                    error.as_db_error().map_or_else(|| error.to_string(), |database| database.message().to_owned());
+                rejected.push(Rejected::row(&self.table, row, format!("target: {reason}")));
             }
         }
         Ok(rejected)
