@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::change::{Batch, Position, Rejected};
-use crate::error::Result;
+use crate::change::{Batch, Change, Position, Rejected, Row};
+use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::{TableName, TableSchema};
 
 /// A task's self-contained slice of the source: a key range of a table, a file, a log stream.
@@ -75,6 +75,50 @@ pub trait Source: Send + Sync {
     /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
     /// the task that owns the split, possibly again after a retry.
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
+
+    /// Where a `cdc` job with no checkpoint starts: the position the job names, else the current
+    /// one. Called once, when the stream task finds no checkpoint in the target.
+    async fn start_position(&self) -> Result<Position> {
+        self.log_position().await?.ok_or_else(|| {
+            Error::new(ErrorKind::Config, "this source has no change log to stream from").on(Side::Source)
+        })
+    }
+
+    /// Opens the change stream of the selected tables strictly after `after`, a transaction
+    /// boundary (a position from `log_position`, `start_position` or a `Commit`). Called by the
+    /// stream task, again after every retry, always from the last position durable in the target.
+    /// A position the source no longer has is an `ErrorKind::PositionLost` error, at once.
+    async fn stream(&self, _after: &Position) -> Result<Box<dyn ChangeStream>> {
+        Err(Error::new(ErrorKind::Config, "this source cannot stream changes").on(Side::Source))
+    }
+
+    /// Whether `position` is at or past `mark` in the source's log. Both come from this source.
+    fn reached(&self, _position: &Position, _mark: &Position) -> bool {
+        true
+    }
+}
+
+/// What a change stream yields, in log order.
+#[derive(Debug, Clone)]
+pub enum StreamEvent {
+    /// Row changes of the open source transaction, in order. More may follow before its
+    /// `Commit`: a large transaction arrives in pieces, so memory stays bounded.
+    Changes(Vec<Change>),
+    /// The open transaction committed. `position` is where the stream resumes after it;
+    /// `committed_at` is the source's commit time in Unix seconds.
+    Commit { position: Position, committed_at: u64 },
+    /// The source moved on with nothing for this job: a transaction on other tables, a log
+    /// rotation, a heartbeat. Only ever between transactions.
+    Advance { position: Position, committed_at: u64 },
+}
+
+/// A source's change log, read from a transaction boundary.
+#[async_trait]
+pub trait ChangeStream: Send {
+    /// The next event, waiting for one. Never yields a partial transaction's `Commit`; a
+    /// silent or broken connection is an `ErrorKind::Unavailable` error, after which the stream
+    /// task reopens the stream from its last durable position.
+    async fn next(&mut self) -> Result<StreamEvent>;
 }
 
 /// Reads one split in order.
@@ -123,6 +167,37 @@ pub trait Sink: Send + Sync {
 
     /// Opens the writer of one task. `table` carries the target name.
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>>;
+
+    /// Opens the writer that applies a change stream's transactions. Called by the stream task,
+    /// again after every retry.
+    async fn open_changes(&self, _job: &str, _task: &str) -> Result<Box<dyn ChangeWriter>> {
+        Err(Error::new(ErrorKind::Config, "this target cannot apply a change stream").on(Side::Target))
+    }
+}
+
+/// Applies a change stream to a target, in transactions that carry the stream's checkpoint.
+///
+/// The protocol: `recover` once, then any number of `delete` and `insert` (all in one open
+/// target transaction) and `commit`. Like `Writer`, a crash leaves the target before or after a
+/// whole commit, so the stream resumes exactly after the last transaction applied. Tables carry
+/// target names; keys and rows are in the order of the table's primary key and columns.
+#[async_trait]
+pub trait ChangeWriter: Send {
+    /// The stream's checkpoint as the target holds it, or `None` before its first commit.
+    async fn recover(&mut self) -> Result<Option<Checkpoint>>;
+
+    /// Deletes the rows with these primary keys. With `expect_all`, a key with no row is an
+    /// `ErrorKind::Conflict` error naming the table and the key; without it, missing rows are
+    /// fine (the replay of changes a snapshot may already hold).
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()>;
+
+    /// Inserts rows. A row whose primary key exists is an `ErrorKind::Conflict` error naming the
+    /// table and the key.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()>;
+
+    /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
+    /// none of it is.
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
 }
 
 /// Writes one task's batches.

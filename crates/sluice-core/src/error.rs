@@ -47,6 +47,12 @@ pub enum ErrorKind {
     Data,
     /// The local state store failed.
     State,
+    /// The source no longer has the log position a change stream must resume from (binlog
+    /// purged, slot dropped). Never retried: continuing would lose changes.
+    PositionLost,
+    /// The target's data differs from what a source change expects (a row to update or delete is
+    /// missing, a row to insert exists). The job stops naming the table and key.
+    Conflict,
     /// The run was stopped by a signal before it completed.
     Interrupted,
 }

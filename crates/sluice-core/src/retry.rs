@@ -18,6 +18,8 @@ pub fn is_transient(error: &Error) -> bool {
         | ErrorKind::Schema
         | ErrorKind::Data
         | ErrorKind::State
+        | ErrorKind::PositionLost
+        | ErrorKind::Conflict
         | ErrorKind::Interrupted => false,
     }
 }

@@ -12,11 +12,15 @@ use crate::connector::{Checkpoint, Sink, Source, Split, SplitHint};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
-use crate::spec::JobSpec;
+use crate::spec::{JobSpec, Mode};
 use crate::state::{Plan, PlannedTable, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
 use crate::throttle::Throttle;
 use crate::zero_dates;
+
+mod stream;
+
+pub use stream::STREAM_TASK;
 
 /// Splits waiting for a worker, each with the counters of its table.
 type TaskQueue = VecDeque<(Split, Arc<TableStats>)>;
@@ -102,17 +106,30 @@ impl Runner {
     }
 
     async fn run_tasks(self: &Arc<Self>) -> Result<()> {
-        let plan = self.plan().await?;
-        let targets: Vec<TableSchema> = plan
-            .tables
-            .iter()
-            .filter_map(|table| {
-                let first = table.splits.first()?;
-                Some(TableSchema { name: table.target.clone(), ..(*first.table).clone() })
-            })
-            .collect();
+        let snapshot = self.job.mode != Mode::Cdc;
+        let (plan, targets) = self.plan(snapshot).await?;
         self.sink.prepare(&targets).await?;
+        if snapshot {
+            self.copy_snapshot(&plan, &targets).await?;
+        }
+        if self.job.mode == Mode::Snapshot {
+            return Ok(());
+        }
+        let snapshot_start = match (snapshot, plan.source_position) {
+            (false, _) => None,
+            (true, Some(position)) => Some(position),
+            (true, None) => {
+                return Err(Error::new(ErrorKind::Config, "the source has no change log position to continue from after the snapshot")
+                    .on(Side::Source)
+                    .hint("turn on the source's binary log (log_bin) and run the job again"))
+            }
+        };
+        self.stream_changes(snapshot_start).await
+    }
 
+    /// Copies every split of the plan with up to `parallelism` tasks, then builds what the
+    /// target builds last (secondary indexes).
+    async fn copy_snapshot(self: &Arc<Self>, plan: &Plan, targets: &[TableSchema]) -> Result<()> {
         let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(VecDeque::new()));
         for table in &plan.tables {
             for split in &table.splits {
@@ -171,11 +188,13 @@ impl Runner {
             return Err(error);
         }
         log::info!("every split is copied; building secondary indexes where the target has them");
-        self.sink.finish(&targets).await
+        self.sink.finish(targets).await
     }
 
-    /// Loads the stored plan, keeps its splits for tables still selected, and splits the new ones.
-    async fn plan(&self) -> Result<Plan> {
+    /// Loads the stored plan, keeps its splits for tables still selected, and splits the new
+    /// ones (when `split`: a snapshot is to be copied). Returns the plan and the selected tables
+    /// under their target names.
+    async fn plan(&self, split: bool) -> Result<(Plan, Vec<TableSchema>)> {
         let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
         if tables.is_empty() {
             return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
@@ -200,8 +219,10 @@ impl Runner {
             .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
             .collect();
         let mut targets: BTreeMap<_, TableName> = BTreeMap::new();
+        let mut target_tables = Vec::with_capacity(tables.len());
         for table in tables {
             let target = self.sink.target_name(&table.name);
+            target_tables.push(TableSchema { name: target.clone(), ..table.clone() });
             if let Some(other) = targets.insert(target.clone(), table.name.clone()) {
                 return Err(Error::new(
                     ErrorKind::Schema,
@@ -212,6 +233,7 @@ impl Runner {
             }
             let planned = match stored.get(&table.name) {
                 Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
+                None if !split => PlannedTable { target, splits: Vec::new() },
                 None => {
                     let table = Arc::new(table);
                     let splits = self
@@ -225,7 +247,7 @@ impl Runner {
             plan.tables.push(planned);
         }
         self.state.save_plan(&self.job.name, &plan)?;
-        Ok(plan)
+        Ok((plan, target_tables))
     }
 
     fn should_stop(&self) -> bool {
@@ -248,16 +270,21 @@ impl Runner {
                     attempt += 1;
                     let wait = retry::backoff(&self.job.retry, attempt);
                     log::warn!("{what}: {error}; attempt {attempt} of {} in {:?}", self.job.retry.max_attempts, wait);
-                    let mut stop = self.stop.clone();
-                    let mut abort = self.abort.subscribe();
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.wait_for(|stopped| *stopped) => {}
-                        _ = abort.wait_for(|aborted| *aborted) => {}
-                    }
+                    self.pause(wait).await;
                 }
                 Err(error) => return Err(error),
             }
+        }
+    }
+
+    /// Waits `wait`, or less when the run is stopped or aborted meanwhile.
+    async fn pause(&self, wait: std::time::Duration) {
+        let mut stop = self.stop.clone();
+        let mut abort = self.abort.subscribe();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(|stopped| *stopped) => {}
+            _ = abort.wait_for(|aborted| *aborted) => {}
         }
     }
 

@@ -2,7 +2,7 @@
 //! run goes on and turned into the run summary at its end.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -69,12 +69,137 @@ impl TableStats {
 pub struct JobStats {
     started: Instant,
     tables: Mutex<BTreeMap<TableName, Arc<TableStats>>>,
+    /// The change stream's counters (cdc and snapshot+cdc).
+    pub stream: StreamStats,
 }
 
 impl Default for JobStats {
     fn default() -> Self {
-        JobStats { started: Instant::now(), tables: Mutex::new(BTreeMap::new()) }
+        JobStats { started: Instant::now(), tables: Mutex::new(BTreeMap::new()), stream: StreamStats::default() }
     }
+}
+
+/// Where a change stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamPhase {
+    /// The job has not reached its change stream (still copying, or snapshot only).
+    NotStarted,
+    /// Applying the backlog between the stream's start and the source's position when it began.
+    CatchingUp,
+    /// Caught up once; applying changes as they come.
+    Streaming,
+}
+
+/// Upper bounds of the latency histogram's buckets, in milliseconds; a last bucket takes the rest.
+pub const LATENCY_BOUNDS_MS: [u64; 14] = [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000];
+
+/// Live counters of the change stream.
+#[derive(Debug, Default)]
+pub struct StreamStats {
+    phase: AtomicU8,
+    pub rows_applied: AtomicU64,
+    pub transactions_applied: AtomicU64,
+    /// Seconds between now and the source commit of the last transaction applied; 0 when idle
+    /// and caught up.
+    pub lag_seconds: AtomicU64,
+    /// The last position committed in the target.
+    pub position: Mutex<Option<crate::change::Position>>,
+    /// Source commit → target commit, per source transaction.
+    latency: [AtomicU64; LATENCY_BOUNDS_MS.len() + 1],
+}
+
+impl StreamStats {
+    pub fn phase(&self) -> StreamPhase {
+        match self.phase.load(Ordering::Relaxed) {
+            1 => StreamPhase::CatchingUp,
+            2 => StreamPhase::Streaming,
+            _ => StreamPhase::NotStarted,
+        }
+    }
+
+    pub fn set_phase(&self, phase: StreamPhase) {
+        let value = match phase {
+            StreamPhase::NotStarted => 0,
+            StreamPhase::CatchingUp => 1,
+            StreamPhase::Streaming => 2,
+        };
+        self.phase.store(value, Ordering::Relaxed);
+    }
+
+    /// Counts `transactions` source transactions applied `latency` after their source commit.
+    pub fn record_latency(&self, latency: Duration, transactions: u64) {
+        let millis = latency.as_millis() as u64;
+        let bucket = LATENCY_BOUNDS_MS.iter().position(|&bound| millis <= bound).unwrap_or(LATENCY_BOUNDS_MS.len());
+        self.latency[bucket].fetch_add(transactions, Ordering::Relaxed);
+    }
+
+    /// The bucket bound under which `quantile` (0..=1) of the transactions were applied, in
+    /// milliseconds; `None` before any transaction, `u64::MAX` past the last bound.
+    pub fn latency_quantile_ms(&self, quantile: f64) -> Option<u64> {
+        let counts: Vec<u64> = self.latency.iter().map(|count| count.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let wanted = ((total as f64 * quantile).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (bucket, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen >= wanted {
+                return Some(LATENCY_BOUNDS_MS.get(bucket).copied().unwrap_or(u64::MAX));
+            }
+        }
+        None
+    }
+
+    pub fn summary(&self) -> StreamSummary {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        StreamSummary {
+            phase: self.phase(),
+            rows_applied: load(&self.rows_applied),
+            transactions_applied: load(&self.transactions_applied),
+            lag_seconds: load(&self.lag_seconds),
+            position: self
+                .position
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .as_ref()
+                .map(|position| position.0.clone()),
+            latency_p50_ms: self.latency_quantile_ms(0.5),
+            latency_p99_ms: self.latency_quantile_ms(0.99),
+            latency_histogram: LATENCY_BOUNDS_MS
+                .iter()
+                .map(|&bound| Some(bound))
+                .chain(std::iter::once(None))
+                .zip(self.latency.iter().map(load))
+                .map(|(up_to_ms, transactions)| LatencyBucket { up_to_ms, transactions })
+                .collect(),
+        }
+    }
+}
+
+/// The change stream's part of the run summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamSummary {
+    pub phase: StreamPhase,
+    pub rows_applied: u64,
+    pub transactions_applied: u64,
+    pub lag_seconds: u64,
+    /// The last source position committed in the target.
+    pub position: Option<serde_json::Value>,
+    /// Upper bounds of the buckets holding the median and the 99th percentile.
+    pub latency_p50_ms: Option<u64>,
+    pub latency_p99_ms: Option<u64>,
+    /// Transactions per latency bucket (source commit → target commit).
+    pub latency_histogram: Vec<LatencyBucket>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyBucket {
+    /// The bucket's upper bound; `None` for the last, open bucket.
+    pub up_to_ms: Option<u64>,
+    pub transactions: u64,
 }
 
 impl JobStats {
@@ -135,6 +260,8 @@ pub struct RunSummary {
     /// The source's log position captured before the snapshot's first read, where a change
     /// stream continues from.
     pub source_position: Option<serde_json::Value>,
+    /// The change stream, for cdc and snapshot+cdc jobs.
+    pub stream: Option<StreamSummary>,
     pub tables: Vec<TableSummary>,
 }
 
@@ -159,6 +286,7 @@ impl RunSummary {
             dirty_records_total: 0,
             splits_resumed_done: 0,
             source_position: None,
+            stream: (stats.stream.phase() != StreamPhase::NotStarted).then(|| stats.stream.summary()),
             tables,
         }
     }

@@ -1,0 +1,334 @@
+//! The net effect of a run of row changes, per table and primary key.
+//!
+//! The stream task groups many source transactions into one target transaction. Inside it only
+//! the end state of each row is visible, so a key's changes fold into where the row was at the
+//! start (present or absent) and where it is at the end (a row image or absent). Applying a
+//! group is then one delete of the keys that were present and one insert of the final images per
+//! table: few statements whatever the transactions' shape, and per-key order kept by
+//! construction. An update that changes the primary key becomes a delete of the old key and an
+//! insert of the new one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::change::{key_text, Change, ChangeKind, Row};
+use crate::connector::ChangeWriter;
+use crate::error::{Error, ErrorKind, Result, Side};
+use crate::schema::TableSchema;
+
+/// One key's fold: was a row there before the group, and what is there after it.
+#[derive(Debug)]
+struct Entry {
+    key: Row,
+    existed: bool,
+    row: Option<Row>,
+}
+
+#[derive(Debug)]
+struct TableChanges {
+    table: Arc<TableSchema>,
+    positions: HashMap<String, usize>,
+    entries: Vec<Entry>,
+}
+
+impl TableChanges {
+    fn entry(&mut self, key: Row, existed: bool) -> &mut Entry {
+        let text = format!("{key:?}");
+        let index = *self.positions.entry(text).or_insert_with(|| {
+            // A key first seen by an update or delete existed; its caller sets `row` right away,
+            // so the empty placeholder image never reaches the target.
+            self.entries.push(Entry { key, existed, row: if existed { Some(Vec::new()) } else { None } });
+            self.entries.len() - 1
+        });
+        &mut self.entries[index]
+    }
+}
+
+/// How replayed changes meet the target's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyMode {
+    /// Every change must find the target as the source had it: a missing row to update or
+    /// delete, or an existing row to insert, stops the job.
+    Strict,
+    /// The changes between a snapshot's start and end: the snapshot may already hold some of
+    /// them, so every touched key is deleted (present or not) and its final image inserted.
+    Replay,
+}
+
+/// The folded changes of a group, tables in order of first appearance.
+#[derive(Debug, Default)]
+pub struct NetChanges {
+    tables: Vec<TableChanges>,
+    /// Changes folded since the last `apply`.
+    changes: usize,
+    /// Some change was folded in `Replay` mode, so the whole fold is applied that way.
+    replay: bool,
+}
+
+impl NetChanges {
+    /// Changes folded since the last apply.
+    pub fn len(&self) -> usize {
+        self.changes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.changes == 0
+    }
+
+    /// Folds one change in. A change inconsistent with the ones before it in the same group (an
+    /// insert of a key the group already holds a row for, an update or delete of a key the group
+    /// deleted) is an error in `Strict` mode, where it means the source log is not what the
+    /// stream assumes.
+    pub fn add(&mut self, change: Change, mode: ApplyMode) -> Result<()> {
+        let table = &change.table;
+        if table.primary_key.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!("table {} has no primary key, which change data capture needs to apply changes", table.name),
+            )
+            .on(Side::Source)
+            .hint("add a primary key (or a unique NOT NULL key) to the table, or exclude it from source.tables"));
+        }
+        // The same table under the same schema; a schema change comes with a flush before it.
+        let same = |known: &TableChanges| {
+            Arc::ptr_eq(&known.table, table) || (known.table.name == table.name && known.table.columns == table.columns)
+        };
+        let position = match self.tables.iter().position(same) {
+            Some(position) => position,
+            None => {
+                self.tables.push(TableChanges {
+                    table: table.clone(),
+                    positions: HashMap::new(),
+                    entries: Vec::new(),
+                });
+                self.tables.len() - 1
+            }
+        };
+        self.changes += 1;
+        self.replay |= mode == ApplyMode::Replay;
+        let key_of = |row: &Row| -> Row { table.primary_key.iter().map(|&index| row[index].clone()).collect() };
+        let table_changes = &mut self.tables[position];
+        let inconsistent = |what: &str, row: &Row| {
+            Error::new(
+                ErrorKind::Conflict,
+                format!("{what} of table {} ({}) contradicts the changes before it", table.name, key_text(table, row)),
+            )
+            .on(Side::Source)
+        };
+        match change.kind {
+            ChangeKind::Insert { after } => {
+                let entry = table_changes.entry(key_of(&after), false);
+                if entry.row.is_some() && mode == ApplyMode::Strict {
+                    return Err(inconsistent("an insert", &after));
+                }
+                entry.row = Some(after);
+            }
+            ChangeKind::Delete { before } => {
+                let entry = table_changes.entry(key_of(&before), true);
+                if entry.row.is_none() && mode == ApplyMode::Strict {
+                    return Err(inconsistent("a delete", &before));
+                }
+                entry.row = None;
+            }
+            ChangeKind::Update { before, after } => {
+                let (old_key, new_key) = (key_of(&before), key_of(&after));
+                if old_key != new_key {
+                    let entry = table_changes.entry(old_key, true);
+                    if entry.row.is_none() && mode == ApplyMode::Strict {
+                        return Err(inconsistent("an update", &before));
+                    }
+                    entry.row = None;
+                    let entry = table_changes.entry(new_key, false);
+                    if entry.row.is_some() && mode == ApplyMode::Strict {
+                        return Err(inconsistent("an update", &after));
+                    }
+                    entry.row = Some(after);
+                } else {
+                    let entry = table_changes.entry(new_key, true);
+                    if entry.row.is_none() && mode == ApplyMode::Strict {
+                        return Err(inconsistent("an update", &before));
+                    }
+                    entry.row = Some(after);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the folded changes inside the writer's open transaction: first every table's
+    /// deletes, then every table's inserts, so a unique key moved from one row to another within
+    /// the group does not collide. `Strict` unless a change was folded in `Replay` mode. `target`
+    /// maps a source table to its target table. Returns the number of changes applied and leaves
+    /// the fold empty.
+    pub async fn apply(
+        &mut self,
+        writer: &mut dyn ChangeWriter,
+        target: &mut dyn FnMut(&Arc<TableSchema>) -> Arc<TableSchema>,
+    ) -> Result<usize> {
+        let mode = if std::mem::take(&mut self.replay) { ApplyMode::Replay } else { ApplyMode::Strict };
+        let tables = std::mem::take(&mut self.tables);
+        let applied = std::mem::take(&mut self.changes);
+        let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
+        for (changes, target) in tables.iter().zip(&targets) {
+            let keys: Vec<Row> = changes
+                .entries
+                .iter()
+                .filter(|entry| entry.existed || mode == ApplyMode::Replay)
+                .map(|entry| entry.key.clone())
+                .collect();
+            if !keys.is_empty() {
+                writer.delete(target, &keys, mode == ApplyMode::Strict).await?;
+            }
+        }
+        for (changes, target) in tables.into_iter().zip(&targets) {
+            let rows: Vec<Row> = changes.entries.into_iter().filter_map(|entry| entry.row).collect();
+            if !rows.is_empty() {
+                writer.insert(target, &rows).await?;
+            }
+        }
+        Ok(applied)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::connector::Checkpoint;
+    use crate::schema::{Column, DataType, TableName};
+    use crate::value::Value;
+
+    fn table() -> Arc<TableSchema> {
+        let column = |name: &str| Column {
+            name: name.into(),
+            data_type: DataType::Integer { bytes: 8, unsigned: false },
+            nullable: false,
+            native_type: String::new(),
+        };
+        Arc::new(TableSchema {
+            name: TableName::parse("db.t"),
+            columns: vec![column("id"), column("v")],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+        })
+    }
+
+    fn row(id: i64, v: i64) -> Row {
+        vec![Value::Int(id), Value::Int(v)]
+    }
+
+    /// A target table in memory that enforces what the real targets enforce.
+    #[derive(Default)]
+    struct MemoryTarget {
+        rows: std::collections::BTreeMap<i64, i64>,
+        statements: usize,
+    }
+
+    fn id(key: &Row) -> i64 {
+        match key[0] {
+            Value::Int(id) => id,
+            _ => unreachable!("test keys are integers"),
+        }
+    }
+
+    #[async_trait]
+    impl ChangeWriter for MemoryTarget {
+        async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+            Ok(None)
+        }
+        async fn delete(&mut self, _table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+            self.statements += 1;
+            for key in keys {
+                if self.rows.remove(&id(key)).is_none() && expect_all {
+                    return Err(Error::new(ErrorKind::Conflict, format!("id={} is missing", id(key))));
+                }
+            }
+            Ok(())
+        }
+        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<()> {
+            self.statements += 1;
+            for row in rows {
+                let value = match row[1] {
+                    Value::Int(value) => value,
+                    _ => unreachable!(),
+                };
+                if self.rows.insert(id(row), value).is_some() {
+                    return Err(Error::new(ErrorKind::Conflict, format!("id={} exists", id(row))));
+                }
+            }
+            Ok(())
+        }
+        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    async fn apply(target: &mut MemoryTarget, changes: Vec<Change>, mode: ApplyMode) -> Result<()> {
+        let mut net = NetChanges::default();
+        for change in changes {
+            net.add(change, mode)?;
+        }
+        net.apply(target, &mut |table| table.clone()).await.map(|_| ())
+    }
+
+    fn insert(id: i64, v: i64) -> Change {
+        Change::insert(table(), row(id, v))
+    }
+
+    #[tokio::test]
+    async fn a_group_folds_to_the_end_state_in_two_statements() {
+        let table = table();
+        let mut target = MemoryTarget::default();
+        target.rows.extend([(1, 10), (2, 20), (3, 30)]);
+        let update = |before: Row, after: Row| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+        let changes = vec![
+            Change { table: table.clone(), kind: ChangeKind::Insert { after: row(4, 40) } },
+            update(row(1, 10), row(1, 11)),
+            update(row(1, 11), row(1, 12)),
+            Change { table: table.clone(), kind: ChangeKind::Delete { before: row(2, 20) } },
+            // A primary-key change: 3 moves to 5, then 4 takes over the freed 3.
+            update(row(3, 30), row(5, 31)),
+            update(row(4, 40), row(3, 41)),
+            Change { table: table.clone(), kind: ChangeKind::Insert { after: row(2, 22) } },
+        ];
+        apply(&mut target, changes, ApplyMode::Strict).await.unwrap();
+        assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 12), (2, 22), (3, 41), (5, 31)]);
+        assert_eq!(target.statements, 2);
+    }
+
+    #[tokio::test]
+    async fn strict_mode_stops_at_a_target_that_differs() {
+        let mut target = MemoryTarget::default();
+        target.rows.insert(1, 10);
+        let error = apply(&mut target, vec![insert(1, 10)], ApplyMode::Strict).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Conflict);
+        let delete = Change { table: table(), kind: ChangeKind::Delete { before: row(9, 0) } };
+        let error = apply(&mut MemoryTarget::default(), vec![delete], ApplyMode::Strict).await.unwrap_err();
+        assert!(error.to_string().contains("id=9"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn replay_converges_whatever_the_snapshot_already_holds() {
+        let table = table();
+        // The snapshot read row 1 after its update and never saw row 2, deleted before it read.
+        let mut target = MemoryTarget::default();
+        target.rows.insert(1, 11);
+        let changes = vec![
+            insert(1, 10),
+            Change { table: table.clone(), kind: ChangeKind::Update { before: row(1, 10), after: row(1, 11) } },
+            insert(2, 20),
+            Change { table: table.clone(), kind: ChangeKind::Delete { before: row(2, 20) } },
+            insert(3, 30),
+        ];
+        apply(&mut target, changes, ApplyMode::Replay).await.unwrap();
+        assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 11), (3, 30)]);
+    }
+
+    #[test]
+    fn a_table_without_a_primary_key_is_refused() {
+        let keyless = Arc::new(TableSchema { primary_key: Vec::new(), ..(*table()).clone() });
+        let error = NetChanges::default().add(Change::insert(keyless, row(1, 1)), ApplyMode::Strict).unwrap_err();
+        assert!(error.to_string().contains("no primary key"), "{error}");
+    }
+}
