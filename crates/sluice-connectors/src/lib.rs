@@ -29,6 +29,8 @@ struct Connector {
     change_capture: bool,
     /// Whether the target can replace rows by primary key.
     upsert: bool,
+    /// Whether the target applies a change stream (updates and deletes, transactionally).
+    change_apply: bool,
     /// Whether this build has it.
     built: bool,
 }
@@ -38,7 +40,7 @@ const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "d
 const PARQUET_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
 const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
 const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
-const SERVER_SOURCE: &[&str] = &["type", "url", "tables"];
+const MYSQL_SOURCE: &[&str] = &["type", "url", "tables", "start_position", "server_id"];
 const SERVER_TARGET: &[&str] = &["type", "url", "write_mode", "create_tables", "namespace"];
 
 const CONNECTORS: &[Connector] = &[
@@ -48,14 +50,16 @@ const CONNECTORS: &[Connector] = &[
         target_fields: Some(SQLITE_TARGET),
         change_capture: false,
         upsert: true,
+        change_apply: false,
         built: cfg!(feature = "sqlite"),
     },
     Connector {
         name: "mysql",
-        source_fields: Some(SERVER_SOURCE),
+        source_fields: Some(MYSQL_SOURCE),
         target_fields: Some(SERVER_TARGET),
-        change_capture: false,
+        change_capture: true,
         upsert: true,
+        change_apply: true,
         built: cfg!(feature = "mysql"),
     },
     Connector {
@@ -64,6 +68,7 @@ const CONNECTORS: &[Connector] = &[
         target_fields: Some(SERVER_TARGET),
         change_capture: false,
         upsert: true,
+        change_apply: true,
         built: cfg!(feature = "postgres"),
     },
     Connector {
@@ -72,6 +77,7 @@ const CONNECTORS: &[Connector] = &[
         target_fields: Some(FILE_TARGET),
         change_capture: false,
         upsert: false,
+        change_apply: false,
         built: cfg!(feature = "file"),
     },
     Connector {
@@ -80,6 +86,7 @@ const CONNECTORS: &[Connector] = &[
         target_fields: Some(PARQUET_TARGET),
         change_capture: false,
         upsert: false,
+        change_apply: false,
         built: cfg!(feature = "parquet"),
     },
     Connector {
@@ -88,6 +95,7 @@ const CONNECTORS: &[Connector] = &[
         target_fields: Some(FILE_TARGET),
         change_capture: false,
         upsert: false,
+        change_apply: false,
         built: cfg!(feature = "file"),
     },
 ];
@@ -164,6 +172,34 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ),
             });
         }
+        if !is_source && job.mode != Mode::Snapshot && !connector.change_apply {
+            errors.push(SpecError {
+                path: "mode".into(),
+                line: None,
+                message: format!(
+                    "mode {} needs a target that applies updates and deletes in transactions (mysql, postgres); a `{}` target takes snapshots only",
+                    job.mode, connector.name
+                ),
+            });
+        }
+        if let Some(node) = endpoint.options.get("start_position") {
+            if let Err(message) = start_position(node) {
+                errors.push(endpoint.error("start_position", message));
+            } else if job.mode != Mode::Cdc {
+                errors.push(endpoint.error(
+                    "start_position",
+                    "only a cdc job starts from a given position; snapshot+cdc starts where its snapshot was taken",
+                ));
+            }
+        }
+        if let Some(node) = endpoint.options.get("server_id") {
+            if server_id(node).is_none() {
+                errors.push(endpoint.error(
+                    "server_id",
+                    "expected a replica server id from 1 to 4294967295, unique among the source's replicas",
+                ));
+            }
+        }
         if !is_source && endpoint.write_mode == WriteMode::Upsert && !connector.upsert {
             errors.push(endpoint.error(
                 "write_mode",
@@ -183,6 +219,38 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     errors
 }
 
+/// `start_position: {file: mysql-bin.000003, position: 4}` as a source position.
+fn start_position(node: &sluice_core::spec::Node) -> std::result::Result<sluice_core::Position, String> {
+    let expected = "expected a mapping {file: <binlog file>, position: <offset>}";
+    let NodeKind::Mapping(entries) = &node.kind else { return Err(expected.to_owned()) };
+    let mut file = None;
+    let mut offset = None;
+    for (key, value) in entries {
+        let NodeKind::Scalar { text, .. } = &value.kind else { return Err(expected.to_owned()) };
+        match key.as_str() {
+            "file" => file = Some(text.clone()),
+            "position" => {
+                offset = Some(text.parse::<u64>().map_err(|_| format!("position `{text}` is not an offset"))?)
+            }
+            "gtid" => {}
+            other => return Err(format!("unknown field `{other}`; {expected}")),
+        }
+    }
+    match (file, offset) {
+        (Some(file), Some(offset)) => {
+            Ok(sluice_core::Position(serde_json::json!({"file": file, "position": offset, "gtid": ""})))
+        }
+        _ => Err(expected.to_owned()),
+    }
+}
+
+fn server_id(node: &sluice_core::spec::Node) -> Option<u32> {
+    match &node.kind {
+        NodeKind::Scalar { text, .. } => text.parse::<u32>().ok().filter(|id| *id > 0),
+        _ => None,
+    }
+}
+
 /// Builds the source of a validated job.
 pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
     let endpoint = &job.source;
@@ -199,6 +267,20 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
             filter,
             job.mode,
             job.parallelism,
+            mysql::StreamOptions {
+                start_position: endpoint
+                    .options
+                    .get("start_position")
+                    .map(start_position)
+                    .transpose()
+                    .map_err(Error::config)?,
+                server_id: endpoint
+                    .options
+                    .get("server_id")
+                    .and_then(server_id)
+                    .unwrap_or_else(|| mysql::default_server_id(&job.name)),
+                batch_rows: job.limits.batch_rows,
+            },
         )?)),
         other => Err(Error::config(format!("source.type: `{other}` is not available as a source in this build"))),
     }

@@ -96,11 +96,7 @@ impl NetChanges {
         let position = match self.tables.iter().position(same) {
             Some(position) => position,
             None => {
-                self.tables.push(TableChanges {
-                    table: table.clone(),
-                    positions: HashMap::new(),
-                    entries: Vec::new(),
-                });
+                self.tables.push(TableChanges { table: table.clone(), positions: HashMap::new(), entries: Vec::new() });
                 self.tables.len() - 1
             }
         };
@@ -188,6 +184,28 @@ impl NetChanges {
         }
         Ok(applied)
     }
+}
+
+/// The error for keys the source changed but the target does not hold.
+pub fn missing_rows(table: &TableSchema, missing: &[&Row]) -> Error {
+    let key_table = TableSchema {
+        primary_key: (0..table.primary_key.len()).collect(),
+        columns: table.primary_key.iter().map(|&index| table.columns[index].clone()).collect(),
+        ..table.clone()
+    };
+    let keys: Vec<String> = missing.iter().take(5).map(|key| key_text(&key_table, key)).collect();
+    Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "table {}: {} row(s) the source updated or deleted are missing in the target ({}{})",
+            table.name,
+            missing.len(),
+            keys.join("; "),
+            if missing.len() > 5 { "; ..." } else { "" }
+        ),
+    )
+    .on(Side::Target)
+    .hint("the target was changed outside this job; repair the rows (or copy the table again with a new snapshot+cdc job) and restart")
 }
 
 #[cfg(test)]
@@ -281,7 +299,8 @@ mod tests {
         let table = table();
         let mut target = MemoryTarget::default();
         target.rows.extend([(1, 10), (2, 20), (3, 30)]);
-        let update = |before: Row, after: Row| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+        let update =
+            |before: Row, after: Row| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
         let changes = vec![
             Change { table: table.clone(), kind: ChangeKind::Insert { after: row(4, 40) } },
             update(row(1, 10), row(1, 11)),

@@ -119,9 +119,12 @@ impl Runner {
             (false, _) => None,
             (true, Some(position)) => Some(position),
             (true, None) => {
-                return Err(Error::new(ErrorKind::Config, "the source has no change log position to continue from after the snapshot")
-                    .on(Side::Source)
-                    .hint("turn on the source's binary log (log_bin) and run the job again"))
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "the source has no change log position to continue from after the snapshot",
+                )
+                .on(Side::Source)
+                .hint("turn on the source's binary log (log_bin) and run the job again"))
             }
         };
         self.stream_changes(snapshot_start).await

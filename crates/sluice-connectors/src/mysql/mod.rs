@@ -1,5 +1,8 @@
 //! MySQL and MariaDB: connections, error classification, the type mapping and value decoding.
 
+mod binlog;
+mod changes;
+mod ddl;
 mod sink;
 mod source;
 
@@ -8,23 +11,28 @@ use sluice_core::secret::{self, Secret};
 use sluice_core::{DataType, Date, DateTime, Decimal, Error, ErrorKind, Side, Time, Value};
 
 pub use sink::MysqlSink;
-pub use source::MysqlSource;
+pub use source::{default_server_id, MysqlSource, StreamOptions};
 
 /// Every session is pinned to UTC, so `TIMESTAMP` values arrive as UTC instants, and to
 /// utf8mb4, so text of any column charset arrives as UTF-8.
 const SESSION_SETUP: [&str; 3] =
     ["SET time_zone = '+00:00'", "SET NAMES utf8mb4", "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"];
 
-/// Builds a connection pool for one side from its URL. Nothing connects until first use.
-fn pool(url: &Secret, side: Side, connections: usize) -> Result<Pool, Error> {
+/// The connection options of a URL, sessions pinned as `SESSION_SETUP` says.
+fn options(url: &Secret, side: Side) -> Result<Opts, Error> {
     let opts = Opts::from_url(url.expose()).map_err(|error| {
         Error::config(format!("{side}.url: not a valid MySQL URL ({})", secret::scrub(&error.to_string())))
             .hint("expected mysql://user:password@host:port")
     })?;
+    Ok(OptsBuilder::from_opts(opts).init(SESSION_SETUP.to_vec()).into())
+}
+
+/// Builds a connection pool for one side from its URL. Nothing connects until first use.
+fn pool(url: &Secret, side: Side, connections: usize) -> Result<Pool, Error> {
+    let opts = options(url, side)?;
     let constraints = PoolConstraints::new(0, connections.max(1)).expect("0 <= max");
     let builder = OptsBuilder::from_opts(opts)
         .prefer_socket(false)
-        .init(SESSION_SETUP.to_vec())
         .stmt_cache_size(64)
         .pool_opts(PoolOpts::default().with_constraints(constraints));
     Ok(Pool::new(builder))

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
 use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
@@ -54,7 +54,7 @@ impl MysqlSink {
     }
 }
 
-fn qualified(name: &TableName) -> String {
+pub(super) fn qualified(name: &TableName) -> String {
     match &name.namespace {
         Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
         None => quote(&name.name),
@@ -265,6 +265,16 @@ impl Sink for MysqlSink {
         Ok(())
     }
 
+    async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
+        Ok(Box::new(super::changes::MysqlChangeWriter {
+            connection: self.connection().await?,
+            server: self.server.clone(),
+            job: job.to_owned(),
+            task: task.to_owned(),
+            in_transaction: false,
+        }))
+    }
+
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         let connection = self.connection().await?;
         Ok(Box::new(MysqlWriter {
@@ -272,7 +282,6 @@ impl Sink for MysqlSink {
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
-            rows_per_statement: (MAX_PLACEHOLDERS / table.columns.len().max(1)).clamp(1, 1_000),
             upsert: self.write_mode == WriteMode::Upsert,
             table,
             in_transaction: false,
@@ -286,7 +295,6 @@ struct MysqlWriter {
     job: String,
     task: String,
     table: Arc<TableSchema>,
-    rows_per_statement: usize,
     upsert: bool,
     in_transaction: bool,
 }
@@ -331,43 +339,64 @@ impl MysqlWriter {
         Ok(())
     }
 
-    /// Inserts rows with multi-row prepared statements; for upsert, first deletes the rows with
-    /// the same primary keys, so only the primary key ever matches.
     async fn insert_rows(&mut self, rows: &[&Row]) -> std::result::Result<(), mysql_async::Error> {
-        let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
-        let row_placeholder = format!("({})", vec!["?"; columns.len()].join(", "));
-        for chunk in rows.chunks(self.rows_per_statement) {
-            if self.upsert {
-                let key: Vec<String> =
-                    self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
-                let key_placeholder = format!("({})", vec!["?"; key.len()].join(", "));
-                let sql = format!(
-                    "DELETE FROM {} WHERE ({}) IN ({})",
-                    qualified(&self.table.name),
-                    key.join(", "),
-                    vec![key_placeholder; chunk.len()].join(", ")
-                );
-                let parameters: Vec<mysql_async::Value> = chunk
-                    .iter()
-                    .flat_map(|row| self.table.primary_key.iter().map(|&index| encode(&row[index])))
-                    .collect();
-                self.connection.exec_drop(sql, parameters).await?;
-            }
-            let sql = format!(
-                "INSERT INTO {} ({}) VALUES {}",
-                qualified(&self.table.name),
-                columns.join(", "),
-                vec![row_placeholder.as_str(); chunk.len()].join(", ")
-            );
-            let parameters: Vec<mysql_async::Value> = chunk.iter().flat_map(|row| row.iter().map(encode)).collect();
-            self.connection.exec_drop(sql, parameters).await?;
+        if self.upsert {
+            let keys: Vec<Vec<Value>> = rows
+                .iter()
+                .map(|row| self.table.primary_key.iter().map(|&index| row[index].clone()).collect())
+                .collect();
+            delete_keys(&mut self.connection, &self.table, &keys).await?;
         }
-        Ok(())
+        insert_rows(&mut self.connection, &self.table, rows).await
     }
 }
 
+/// Deletes the rows with these primary keys (in key-column order); returns how many went.
+pub(super) async fn delete_keys(
+    connection: &mut Conn,
+    table: &TableSchema,
+    keys: &[Vec<Value>],
+) -> std::result::Result<u64, mysql_async::Error> {
+    let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+    let key_placeholder = format!("({})", vec!["?"; key.len()].join(", "));
+    let mut deleted = 0;
+    for chunk in keys.chunks((MAX_PLACEHOLDERS / key.len().max(1)).clamp(1, 1_000)) {
+        let sql = format!(
+            "DELETE FROM {} WHERE ({}) IN ({})",
+            qualified(&table.name),
+            key.join(", "),
+            vec![key_placeholder.as_str(); chunk.len()].join(", ")
+        );
+        let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(encode).collect();
+        connection.exec_drop(sql, parameters).await?;
+        deleted += connection.affected_rows();
+    }
+    Ok(deleted)
+}
+
+/// Inserts rows with multi-row prepared statements.
+pub(super) async fn insert_rows(
+    connection: &mut Conn,
+    table: &TableSchema,
+    rows: &[&Row],
+) -> std::result::Result<(), mysql_async::Error> {
+    let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
+    let row_placeholder = format!("({})", vec!["?"; columns.len()].join(", "));
+    for chunk in rows.chunks((MAX_PLACEHOLDERS / columns.len().max(1)).clamp(1, 1_000)) {
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES {}",
+            qualified(&table.name),
+            columns.join(", "),
+            vec![row_placeholder.as_str(); chunk.len()].join(", ")
+        );
+        let parameters: Vec<mysql_async::Value> = chunk.iter().flat_map(|row| row.iter().map(encode)).collect();
+        connection.exec_drop(sql, parameters).await?;
+    }
+    Ok(())
+}
+
 /// The parameter a value is bound as.
-fn encode(value: &Value) -> mysql_async::Value {
+pub(super) fn encode(value: &Value) -> mysql_async::Value {
     use mysql_async::Value as My;
     match value {
         Value::Null => My::NULL,
@@ -403,20 +432,7 @@ fn encode(value: &Value) -> mysql_async::Value {
 #[async_trait]
 impl Writer for MysqlWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        let row: Option<(Option<String>, bool, u64)> = self
-            .connection
-            .exec_first(
-                "SELECT position, done, rows_written FROM sluice.checkpoints WHERE job = ? AND task = ?",
-                (&self.job, &self.task),
-            )
-            .await
-            .map_err(self.error("read the checkpoint"))?;
-        let Some((position, done, rows_written)) = row else { return Ok(None) };
-        let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
-            Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", self.task))
-                .on(Side::Target)
-        })?;
-        Ok(Some(Checkpoint { task: self.task.clone(), position, done, rows_written }))
+        read_checkpoint(&mut self.connection, &self.server, &self.job, &self.task).await
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
@@ -444,21 +460,51 @@ impl Writer for MysqlWriter {
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
-        let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
-        let saved = self
-            .connection
-            .exec_drop(
-                "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written) VALUES (?, ?, ?, ?, ?)
-                 ON DUPLICATE KEY UPDATE position = VALUES(position), done = VALUES(done),
-                     rows_written = VALUES(rows_written), updated_at = CURRENT_TIMESTAMP(6)",
-                (&self.job, &self.task, position, checkpoint.done, checkpoint.rows_written),
-            )
-            .await;
-        let committed = match saved {
-            Ok(()) => self.connection.query_drop("COMMIT").await,
-            Err(error) => Err(error),
-        };
         self.in_transaction = false;
-        committed.map_err(self.error("commit"))
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, checkpoint).await
     }
+}
+
+/// A task's checkpoint row in `sluice.checkpoints`, if it has one.
+pub(super) async fn read_checkpoint(
+    connection: &mut Conn,
+    server: &str,
+    job: &str,
+    task: &str,
+) -> Result<Option<Checkpoint>> {
+    let row: Option<(Option<String>, bool, u64)> = connection
+        .exec_first(
+            "SELECT position, done, rows_written FROM sluice.checkpoints WHERE job = ? AND task = ?",
+            (job, task),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, "read the checkpoint"))?;
+    let Some((position, done, rows_written)) = row else { return Ok(None) };
+    let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+        Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
+    })?;
+    Ok(Some(Checkpoint { task: task.to_owned(), position, done, rows_written }))
+}
+
+/// Writes the checkpoint row and commits the open transaction with it.
+pub(super) async fn commit_with_checkpoint(
+    connection: &mut Conn,
+    server: &str,
+    job: &str,
+    checkpoint: &Checkpoint,
+) -> Result<()> {
+    let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+    let saved = connection
+        .exec_drop(
+            "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written) VALUES (?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE position = VALUES(position), done = VALUES(done),
+                 rows_written = VALUES(rows_written), updated_at = CURRENT_TIMESTAMP(6)",
+            (job, &checkpoint.task, position, checkpoint.done, checkpoint.rows_written),
+        )
+        .await;
+    let committed = match saved {
+        Ok(()) => connection.query_drop("COMMIT").await,
+        Err(error) => Err(error),
+    };
+    committed.map_err(|error| mysql_error(error, Side::Target, server, "commit"))
 }

@@ -8,24 +8,46 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
-use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint};
 use sluice_core::filter::TableFilter;
 use sluice_core::secret::Secret;
 use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
-use super::{decode, mysql_error, pool, quote, ColumnType};
+use super::binlog::{BinlogChangeStream, LogPosition};
+use super::{decode, mysql_error, options, pool, quote, ColumnType};
 
 const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
+
+/// How the change stream of a job reads the binlog.
+#[derive(Debug, Clone)]
+pub struct StreamOptions {
+    /// Where a `cdc` job without a checkpoint starts; the current position when `None`.
+    pub start_position: Option<Position>,
+    /// The replica id the stream registers with; unique among the source's replicas.
+    pub server_id: u32,
+    /// Changes per `StreamEvent::Changes`.
+    pub batch_rows: usize,
+}
+
+/// A replica server id derived from the job name: stable across restarts (so a restarted
+/// stream replaces its own stale connection) and unlikely to meet a real replica's id.
+pub fn default_server_id(job: &str) -> u32 {
+    // FNV-1a: stable across builds, unlike the standard library's hasher.
+    let hash = job.bytes().fold(0x811c_9dc5u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    0x4000_0000 | (hash & 0x3fff_ffff)
+}
 
 /// A MySQL or MariaDB server read as a source.
 #[derive(Debug)]
 pub struct MysqlSource {
     pool: Pool,
+    opts: mysql_async::Opts,
     /// The URL without its password, for messages.
     server: String,
     filter: TableFilter,
     mode: Mode,
+    stream: StreamOptions,
 }
 
 impl MysqlSource {
@@ -35,8 +57,16 @@ impl MysqlSource {
         filter: TableFilter,
         mode: Mode,
         connections: usize,
+        stream: StreamOptions,
     ) -> Result<MysqlSource> {
-        Ok(MysqlSource { pool: pool(url, Side::Source, connections + 1)?, server: display_url, filter, mode })
+        Ok(MysqlSource {
+            pool: pool(url, Side::Source, connections + 1)?,
+            opts: options(url, Side::Source)?,
+            server: display_url,
+            filter,
+            mode,
+            stream,
+        })
     }
 
     async fn connection(&self) -> Result<Conn> {
@@ -61,22 +91,7 @@ impl Source for MysqlSource {
             detail: format!("{} (server {})", self.server, version.unwrap_or_default()),
         }];
         if self.mode != Mode::Snapshot {
-            let settings: Option<(String, String)> = connection
-                .query_first("SELECT @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image")
-                .await
-                .map_err(self.error("read the binlog settings"))?;
-            let (format, image) = settings.unwrap_or_default();
-            let ok = format.eq_ignore_ascii_case("ROW") && image.eq_ignore_ascii_case("FULL");
-            if !ok {
-                return Err(Error::new(ErrorKind::Config, format!("binlog_format is {format} and binlog_row_image is {image}; change data capture needs ROW and FULL"))
-                    .on(Side::Source)
-                    .hint("SET GLOBAL binlog_format = 'ROW'; SET GLOBAL binlog_row_image = 'FULL' (and in the server config)"));
-            }
-            items.push(CheckItem {
-                what: "binlog settings".into(),
-                ok,
-                detail: format!("binlog_format={format}, binlog_row_image={image}"),
-            });
+            items.push(self.check_binlog(&mut connection).await?);
         }
         // Privileges: probe each selected table, so a missing grant is named with its table.
         let user: Option<String> =
@@ -110,6 +125,39 @@ impl Source for MysqlSource {
             }
         });
         Ok(items)
+    }
+
+    async fn start_position(&self) -> Result<Position> {
+        if let Some(position) = &self.stream.start_position {
+            return Ok(position.clone());
+        }
+        self.log_position().await?.ok_or_else(|| {
+            Error::new(ErrorKind::Config, "the source has no binary log to stream from (log_bin is off)")
+                .on(Side::Source)
+                .hint("turn on log_bin with binlog_format=ROW in the server config and restart it")
+        })
+    }
+
+    async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
+        // Refused at start as by `sluice check`: a stream on the wrong settings would be wrong.
+        self.check_binlog(&mut self.connection().await?).await?;
+        let stream = BinlogChangeStream::open(
+            self.opts.clone(),
+            self.server.clone(),
+            self.filter.clone(),
+            after,
+            self.stream.server_id,
+            self.stream.batch_rows,
+        )
+        .await?;
+        Ok(Box::new(stream))
+    }
+
+    fn reached(&self, position: &Position, mark: &Position) -> bool {
+        match (LogPosition::from_position(position), LogPosition::from_position(mark)) {
+            (Ok(position), Ok(mark)) => position.key() >= mark.key(),
+            _ => false,
+        }
     }
 
     async fn log_position(&self) -> Result<Option<Position>> {
@@ -244,6 +292,39 @@ impl Source for MysqlSource {
             batch_rows,
             finished: false,
         }))
+    }
+}
+
+impl MysqlSource {
+    /// The binlog settings change data capture needs, or an error naming the wrong one.
+    async fn check_binlog(&self, connection: &mut Conn) -> Result<CheckItem> {
+        let settings: Option<(String, String, String)> = connection
+            .query_first("SELECT @@GLOBAL.binlog_format, @@GLOBAL.binlog_row_image, @@GLOBAL.binlog_row_metadata")
+            .await
+            .map_err(|error| {
+                mysql_error(error, Side::Source, &self.server, "read the binlog settings")
+                    .hint("change data capture needs MySQL 8.0.1+ or MariaDB 10.5+ (binlog_row_metadata)")
+            })?;
+        let (format, image, metadata) = settings.unwrap_or_default();
+        let wrong: Vec<String> = [
+            ("binlog_format", &format, "ROW"),
+            ("binlog_row_image", &image, "FULL"),
+            ("binlog_row_metadata", &metadata, "FULL"),
+        ]
+        .iter()
+        .filter(|(_, value, wanted)| !value.eq_ignore_ascii_case(wanted))
+        .map(|(name, value, wanted)| format!("{name} is {value}, not {wanted}"))
+        .collect();
+        if !wrong.is_empty() {
+            return Err(Error::new(ErrorKind::Config, format!("{}; change data capture needs ROW, FULL and FULL", wrong.join(", ")))
+                .on(Side::Source)
+                .hint("SET GLOBAL binlog_format = 'ROW'; SET GLOBAL binlog_row_image = 'FULL'; SET GLOBAL binlog_row_metadata = 'FULL' (and in the server config)"));
+        }
+        Ok(CheckItem {
+            what: "binlog settings".into(),
+            ok: true,
+            detail: format!("binlog_format={format}, binlog_row_image={image}, binlog_row_metadata={metadata}"),
+        })
     }
 }
 

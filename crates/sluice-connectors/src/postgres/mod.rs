@@ -1,6 +1,7 @@
 //! PostgreSQL as a target: connections, error classification, the type mapping and the COPY text
 //! encoding.
 
+mod changes;
 mod sink;
 
 use sluice_core::secret::Secret;

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::SinkExt;
 use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
@@ -44,7 +44,7 @@ impl PostgresSink {
     }
 }
 
-fn qualified(name: &TableName) -> String {
+pub(super) fn qualified(name: &TableName) -> String {
     match &name.namespace {
         Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
         None => quote(&name.name),
@@ -163,6 +163,17 @@ impl Sink for PostgresSink {
             }
         }
         Ok(())
+    }
+
+    async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
+        Ok(Box::new(super::changes::PostgresChangeWriter {
+            client: connect(&self.url, Side::Target, &self.server).await?,
+            server: self.server.clone(),
+            job: job.to_owned(),
+            task: task.to_owned(),
+            in_transaction: false,
+            buffer: String::new(),
+        }))
     }
 
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
@@ -335,26 +346,7 @@ impl Writer for PostgresWriter {
             );
             self.client.batch_execute(&create).await.map_err(self.error("create the staging table"))?;
         }
-        let row = self
-            .client
-            .query_opt(
-                "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
-                &[&self.job, &self.task],
-            )
-            .await
-            .map_err(self.error("read the checkpoint"))?;
-        let Some(row) = row else { return Ok(None) };
-        let position: Option<String> = row.get(0);
-        let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
-            Error::new(ErrorKind::Write, format!("checkpoint of task {} is corrupt: {error}", self.task))
-                .on(Side::Target)
-        })?;
-        Ok(Some(Checkpoint {
-            task: self.task.clone(),
-            position,
-            done: row.get(1),
-            rows_written: row.get::<_, i64>(2) as u64,
-        }))
+        read_checkpoint(&self.client, &self.server, &self.job, &self.task).await
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
@@ -384,21 +376,57 @@ impl Writer for PostgresWriter {
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
-        let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
-        let saved = self
-            .client
-            .execute(
-                "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written, updated_at) VALUES ($1, $2, $3::text::jsonb, $4, $5, now())
-                 ON CONFLICT (job, task) DO UPDATE SET position = EXCLUDED.position, done = EXCLUDED.done,
-                     rows_written = EXCLUDED.rows_written, updated_at = EXCLUDED.updated_at",
-                &[&self.job, &self.task, &position, &checkpoint.done, &(checkpoint.rows_written as i64)],
-            )
-            .await;
-        let committed = match saved {
-            Ok(_) => self.client.batch_execute("COMMIT").await,
-            Err(error) => Err(error),
-        };
         self.in_transaction = false;
-        committed.map_err(self.error("commit"))
+        commit_with_checkpoint(&self.client, &self.server, &self.job, checkpoint).await
     }
+}
+
+/// A task's checkpoint row in `sluice.checkpoints`, if it has one.
+pub(super) async fn read_checkpoint(
+    client: &Client,
+    server: &str,
+    job: &str,
+    task: &str,
+) -> Result<Option<Checkpoint>> {
+    let row = client
+        .query_opt(
+            "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
+            &[&job, &task],
+        )
+        .await
+        .map_err(|error| postgres_error(error, Side::Target, server, "read the checkpoint"))?;
+    let Some(row) = row else { return Ok(None) };
+    let position: Option<String> = row.get(0);
+    let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+        Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
+    })?;
+    Ok(Some(Checkpoint {
+        task: task.to_owned(),
+        position,
+        done: row.get(1),
+        rows_written: row.get::<_, i64>(2) as u64,
+    }))
+}
+
+/// Writes the checkpoint row and commits the open transaction with it.
+pub(super) async fn commit_with_checkpoint(
+    client: &Client,
+    server: &str,
+    job: &str,
+    checkpoint: &Checkpoint,
+) -> Result<()> {
+    let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+    let saved = client
+        .execute(
+            "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written, updated_at) VALUES ($1, $2, $3::text::jsonb, $4, $5, now())
+             ON CONFLICT (job, task) DO UPDATE SET position = EXCLUDED.position, done = EXCLUDED.done,
+                 rows_written = EXCLUDED.rows_written, updated_at = EXCLUDED.updated_at",
+            &[&job, &checkpoint.task, &position, &checkpoint.done, &(checkpoint.rows_written as i64)],
+        )
+        .await;
+    let committed = match saved {
+        Ok(_) => client.batch_execute("COMMIT").await,
+        Err(error) => Err(error),
+    };
+    committed.map_err(|error| postgres_error(error, Side::Target, server, "commit"))
 }

@@ -75,7 +75,11 @@ impl Runner {
                 attempt = 1;
             }
             if !retry::is_transient(&error) || attempt >= self.job.retry.max_attempts || self.should_stop() {
-                return Err(if error.kind() == ErrorKind::Interrupted { error } else { error.context("change stream") });
+                return Err(if error.kind() == ErrorKind::Interrupted {
+                    error
+                } else {
+                    error.context("change stream")
+                });
             }
             attempt += 1;
             let wait = retry::backoff(&self.job.retry, attempt);
@@ -133,22 +137,23 @@ impl Runner {
             match targets.get(&table.name) {
                 Some((source, target)) if Arc::ptr_eq(source, table) => target.clone(),
                 _ => {
-                    let target = Arc::new(TableSchema { name: self.sink.target_name(&table.name), ..(**table).clone() });
+                    let target =
+                        Arc::new(TableSchema { name: self.sink.target_name(&table.name), ..(**table).clone() });
                     targets.insert(table.name.clone(), (table.clone(), target.clone()));
                     target
                 }
             }
         };
         let mut net = NetChanges::default();
-        // The writer holds changes of a source transaction whose commit has not arrived.
-        let mut partial = false;
-        // Whole transactions staged or folded since the last target commit.
+        // Changes of a source transaction whose commit has not arrived are folded or staged.
+        let mut open_transaction = false;
+        // Whole transactions folded or staged since the last target commit.
         let mut group: Vec<Arrival> = Vec::new();
         let mut group_rows: u64 = 0;
         let mut group_started = Instant::now();
-        // Where the stream is: after the last transaction seen whole (applied or not).
+        // The position moved past transactions of other tables since the last target commit.
+        let mut moved = false;
         let mut last_commit = Instant::now();
-        let mut uncommitted_advance = false;
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
 
@@ -159,63 +164,65 @@ impl Runner {
                     _ = stop.wait_for(|stopped| *stopped) => None,
                     _ = abort.wait_for(|aborted| *aborted) => None,
                 };
-                let Some(event) = event else {
-                    // Stopped: keep what is whole, then end.
-                    if !partial && (!group.is_empty() || uncommitted_advance) {
-                        group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                        rows_applied += group_rows;
-                        self.commit_group(&mut *writer, &checkpoint, rows_applied, &group, group_rows, head.as_ref())
-                            .await?;
-                    }
-                    return Err(interrupted());
-                };
-                match event? {
-                    StreamEvent::Changes(changes) => {
+                let stopping = event.is_none();
+                match event.transpose()? {
+                    None => {}
+                    Some(StreamEvent::Changes(changes)) => {
+                        open_transaction = true;
                         let mode = self.apply_mode(&checkpoint);
                         for change in self.adjust_zero_dates(changes)? {
                             net.add(change, mode)?;
                         }
+                        // A large transaction goes to the target in pieces, inside the one
+                        // target transaction that its commit will end.
                         if net.len() >= self.job.limits.batch_rows {
                             group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                            partial = true;
                         }
                     }
-                    StreamEvent::Commit { position, committed_at } => {
+                    Some(StreamEvent::Commit { position, committed_at }) => {
                         if group.is_empty() {
                             group_started = Instant::now();
                         }
                         group.push(Arrival { received: SystemTime::now(), committed_at });
                         checkpoint.at = position;
-                        partial = false;
-                        let full = group_rows + net.len() as u64 >= self.job.limits.batch_rows as u64;
-                        if received.is_empty() || full || group_started.elapsed() >= GROUP_MAX_AGE {
-                            group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                            rows_applied += group_rows;
-                            self.commit_group(&mut *writer, &checkpoint, rows_applied, &group, group_rows, head.as_ref())
-                                .await?;
-                            *progressed = true;
-                            group.clear();
-                            group_rows = 0;
-                            uncommitted_advance = false;
-                            last_commit = Instant::now();
-                        }
+                        open_transaction = false;
                     }
-                    StreamEvent::Advance { position, committed_at } => {
+                    Some(StreamEvent::Advance { position, committed_at }) => {
                         checkpoint.at = position;
-                        uncommitted_advance = true;
-                        let idle = group.is_empty() && net.is_empty() && !partial;
-                        if idle {
-                            let now = unix_now();
-                            let lag = if committed_at == 0 { 0 } else { now.saturating_sub(committed_at) };
+                        moved = true;
+                        if group.is_empty() && !open_transaction {
+                            let lag = if committed_at == 0 { 0 } else { unix_now().saturating_sub(committed_at) };
                             stats.lag_seconds.store(lag, std::sync::atomic::Ordering::Relaxed);
-                            if last_commit.elapsed() >= IDLE_CHECKPOINT_INTERVAL {
-                                self.commit_group(&mut *writer, &checkpoint, rows_applied, &[], 0, head.as_ref())
-                                    .await?;
-                                uncommitted_advance = false;
-                                last_commit = Instant::now();
-                            }
                         }
                     }
+                }
+                if open_transaction {
+                    if stopping {
+                        // The open transaction's pieces are dropped with the target transaction.
+                        return Err(interrupted());
+                    }
+                    continue;
+                }
+                // Commit whole transactions when nothing more is waiting, when the group is
+                // large or old, or when stopping; the position alone at most once a second.
+                let full = group_rows + net.len() as u64 >= self.job.limits.batch_rows as u64;
+                let due = !group.is_empty()
+                    && (stopping || received.is_empty() || full || group_started.elapsed() >= GROUP_MAX_AGE);
+                let idle_due =
+                    group.is_empty() && moved && (stopping || last_commit.elapsed() >= IDLE_CHECKPOINT_INTERVAL);
+                if due || idle_due {
+                    group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
+                    rows_applied += group_rows;
+                    self.commit_group(&mut *writer, &checkpoint, rows_applied, &group, group_rows, head.as_ref())
+                        .await?;
+                    *progressed = true;
+                    group.clear();
+                    group_rows = 0;
+                    moved = false;
+                    last_commit = Instant::now();
+                }
+                if stopping {
+                    return Err(interrupted());
                 }
             }
         }
@@ -277,8 +284,12 @@ impl Runner {
             stored.replay_until = None;
         }
         let position = Position(serde_json::to_value(&stored).expect("positions serialize"));
-        let record =
-            Checkpoint { task: STREAM_TASK.to_owned(), position: Some(position), done: false, rows_written: rows_applied };
+        let record = Checkpoint {
+            task: STREAM_TASK.to_owned(),
+            position: Some(position),
+            done: false,
+            rows_written: rows_applied,
+        };
         writer.commit(&record).await?;
         self.state.save_checkpoint(&self.job.name, &record)?;
 
@@ -298,7 +309,8 @@ impl Runner {
         if let Some(last) = group.last() {
             stats.lag_seconds.store(unix_now().saturating_sub(last.committed_at), relaxed);
         }
-        if stats.phase() == StreamPhase::CatchingUp && head.is_none_or(|head| self.source.reached(&checkpoint.at, head)) {
+        if stats.phase() == StreamPhase::CatchingUp && head.is_none_or(|head| self.source.reached(&checkpoint.at, head))
+        {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
         }

@@ -1,0 +1,113 @@
+//! Applying a change stream to MySQL/MariaDB: per group and table one multi-row DELETE by
+//! primary key and one multi-row INSERT, in a transaction that also moves the stream's row in
+//! `sluice.checkpoints`.
+
+use async_trait::async_trait;
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use sluice_core::connector::{ChangeWriter, Checkpoint};
+use sluice_core::{Error, ErrorKind, Result, Row, Side, TableSchema};
+
+use super::sink::{commit_with_checkpoint, delete_keys, insert_rows, qualified, read_checkpoint};
+use super::{decode, mysql_error, quote};
+use sluice_core::net_changes::missing_rows;
+
+pub(super) struct MysqlChangeWriter {
+    pub(super) connection: Conn,
+    pub(super) server: String,
+    pub(super) job: String,
+    pub(super) task: String,
+    pub(super) in_transaction: bool,
+}
+
+impl MysqlChangeWriter {
+    async fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            self.connection
+                .query_drop("START TRANSACTION")
+                .await
+                .map_err(|error| mysql_error(error, Side::Target, &self.server, "begin a transaction"))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+
+    /// After a short delete: rolls the transaction back and finds which keys the target lacks,
+    /// so the error names them.
+    async fn missing_keys<'a>(&mut self, table: &TableSchema, keys: &'a [Row]) -> Result<Vec<&'a Row>> {
+        self.in_transaction = false;
+        let failed = |error| mysql_error(error, Side::Target, &self.server, &format!("look up keys of {}", table.name));
+        self.connection.query_drop("ROLLBACK").await.map_err(failed)?;
+        let key_columns: Vec<&sluice_core::Column> =
+            table.primary_key.iter().map(|&index| &table.columns[index]).collect();
+        let names: Vec<String> = key_columns.iter().map(|column| quote(&column.name)).collect();
+        let mut present = Vec::new();
+        for chunk in keys.chunks(1_000) {
+            let placeholder = format!("({})", vec!["?"; names.len()].join(", "));
+            let sql = format!(
+                "SELECT {} FROM {} WHERE ({}) IN ({})",
+                names.join(", "),
+                qualified(&table.name),
+                names.join(", "),
+                vec![placeholder.as_str(); chunk.len()].join(", ")
+            );
+            let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(super::sink::encode).collect();
+            let rows: Vec<mysql_async::Row> = self.connection.exec(sql, parameters).await.map_err(|error| {
+                mysql_error(error, Side::Target, &self.server, &format!("look up keys of {}", table.name))
+            })?;
+            for row in rows {
+                let values: std::result::Result<Row, String> = row
+                    .unwrap()
+                    .into_iter()
+                    .zip(&key_columns)
+                    .map(|(value, column)| decode(value, &column.data_type))
+                    .collect();
+                present.push(values.map_err(|reason| Error::new(ErrorKind::Write, reason).on(Side::Target))?);
+            }
+        }
+        Ok(keys.iter().filter(|key| !present.contains(key)).collect())
+    }
+}
+
+#[async_trait]
+impl ChangeWriter for MysqlChangeWriter {
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        read_checkpoint(&mut self.connection, &self.server, &self.job, &self.task).await
+    }
+
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+        self.begin().await?;
+        let deleted = delete_keys(&mut self.connection, table, keys)
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name)))?;
+        if expect_all && deleted < keys.len() as u64 {
+            let missing = self.missing_keys(table, keys).await?;
+            return Err(missing_rows(table, &missing));
+        }
+        Ok(())
+    }
+
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
+        self.begin().await?;
+        let rows: Vec<&Row> = rows.iter().collect();
+        match insert_rows(&mut self.connection, table, &rows).await {
+            Ok(()) => Ok(()),
+            Err(mysql_async::Error::Server(server)) if server.code == 1062 => Err(Error::new(
+                ErrorKind::Conflict,
+                format!(
+                    "table {}: a row the source inserted already exists in the target: {}",
+                    table.name, server.message
+                ),
+            )
+            .on(Side::Target)
+            .hint("the target was changed outside this job; remove the row (or copy the table again) and restart")),
+            Err(error) => Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", table.name))),
+        }
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        self.begin().await?;
+        self.in_transaction = false;
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, checkpoint).await
+    }
+}
