@@ -4,8 +4,10 @@
 mod support;
 
 use std::process::Command;
+use std::time::Duration;
 
-use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, unique_name, Run, Workspace};
+use support::workload::{source_position, stream_position};
+use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, signal, unique_name, wait_for, Run, Workspace};
 
 /// One MySQL column type, the values to put in it (SQL literals), and the text PostgreSQL must
 /// show for each (`NULL` for NULL).
@@ -164,11 +166,19 @@ fn value_count() -> usize {
     CASES.iter().map(|case| case.values.len()).sum()
 }
 
-/// Creates one table per case in a fresh database and fills it.
+/// Creates one table per case in a fresh database.
 fn create_source(database: &str) {
-    let mut sql = format!("CREATE DATABASE {database}; USE {database}; SET SESSION sql_mode = 'STRICT_ALL_TABLES';");
+    let mut sql = format!("CREATE DATABASE {database}; USE {database};");
     for (index, case) in CASES.iter().enumerate() {
         sql.push_str(&format!("CREATE TABLE t{index:02} (id INT PRIMARY KEY, v {});", case.mysql_type));
+    }
+    mariadb(&sql);
+}
+
+/// Fills every case's table with its values.
+fn fill_source(database: &str) {
+    let mut sql = format!("USE {database}; SET SESSION sql_mode = 'STRICT_ALL_TABLES';");
+    for (index, case) in CASES.iter().enumerate() {
         let rows: Vec<String> =
             case.values.iter().enumerate().map(|(row, (literal, _))| format!("({row}, {literal})")).collect();
         sql.push_str(&format!("INSERT INTO t{index:02} VALUES {};", rows.join(", ")));
@@ -176,46 +186,23 @@ fn create_source(database: &str) {
     mariadb(&sql);
 }
 
-/// The rows of a one-column PostgreSQL query, separated so values may hold line breaks.
-fn postgres_records(sql: &str) -> Vec<String> {
-    let output = Command::new("psql")
-        .args([postgres_url().as_str(), "-X", "-At", "-R", "\u{1e}", "-c", sql])
-        .output()
-        .expect("run psql");
-    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
-    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
-    text.trim_end_matches('\n').split('\u{1e}').map(str::to_owned).collect()
+fn job_text(name: &str, mode: &str, database: &str, target: &str, namespace: &str) -> String {
+    format!(
+        "name: {name}\nmode: {mode}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n"
+    )
 }
 
-#[test]
-fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
-    assert!(value_count() >= 100, "the matrix has {} values", value_count());
-    let database = unique_name("matrix");
-    create_source(&database);
-    let workspace = Workspace::new();
-    let copy = |target: &str, name: &str, namespace: &str| {
-        let job = workspace.write(
-            &format!("{name}.yaml"),
-            &format!(
-                "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n"
-            ),
-        );
-        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
-        let run = Run::from(
-            workspace
-                .command(&["run", job.to_str().unwrap()])
-                .env("SOURCE", mysql_url())
-                .env("TARGET", target_url)
-                .output()
-                .unwrap(),
-        );
-        run.assert_code(0);
-    };
-    let pg_schema = format!("{database}_pg");
-    let my_copy = format!("{database}_copy");
-    copy("postgres", "to-postgres", &pg_schema);
-    copy("mysql", "to-mysql", &my_copy);
+fn target_url(target: &str) -> String {
+    if target == "postgres" {
+        postgres_url()
+    } else {
+        mysql_url()
+    }
+}
 
+/// Compares every value in the PostgreSQL schema with the expected text and every MySQL copy
+/// with the source byte for byte; returns the differences.
+fn mismatches(database: &str, pg_schema: &str, my_copy: &str) -> Vec<String> {
     let mut mismatches = Vec::new();
     for (index, case) in CASES.iter().enumerate() {
         let shown =
@@ -242,6 +229,100 @@ fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
             ));
         }
     }
+    mismatches
+}
+
+/// The rows of a one-column PostgreSQL query, separated so values may hold line breaks.
+fn postgres_records(sql: &str) -> Vec<String> {
+    let output = Command::new("psql")
+        .args([postgres_url().as_str(), "-X", "-At", "-R", "\u{1e}", "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).expect("UTF-8 output");
+    text.trim_end_matches('\n').split('\u{1e}').map(str::to_owned).collect()
+}
+
+#[test]
+fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
+    assert!(value_count() >= 100, "the matrix has {} values", value_count());
+    let database = unique_name("matrix");
+    create_source(&database);
+    fill_source(&database);
+    let workspace = Workspace::new();
+    let copy = |target: &str, name: &str, namespace: &str| {
+        let job = workspace.write(&format!("{name}.yaml"), &job_text(name, "snapshot", &database, target, namespace));
+        let run = Run::from(
+            workspace
+                .command(&["run", job.to_str().unwrap()])
+                .env("SOURCE", mysql_url())
+                .env("TARGET", target_url(target))
+                .output()
+                .unwrap(),
+        );
+        run.assert_code(0);
+    };
+    let pg_schema = format!("{database}_pg");
+    let my_copy = format!("{database}_copy");
+    copy("postgres", "to-postgres", &pg_schema);
+    copy("mysql", "to-mysql", &my_copy);
+    let mismatches = mismatches(&database, &pg_schema, &my_copy);
+    assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
+}
+
+/// The same values through the change stream: inserted after the (empty) snapshot, then moved to
+/// new keys, so every type is decoded from the binlog in before and after images.
+#[test]
+fn every_edge_value_survives_the_change_stream() {
+    let database = unique_name("streamed");
+    create_source(&database);
+    let workspace = Workspace::new();
+    let pg_schema = format!("{database}_pg");
+    let my_copy = format!("{database}_copy");
+    let mut runs = Vec::new();
+    for (target, namespace) in [("postgres", &pg_schema), ("mysql", &my_copy)] {
+        let name = format!("{database}-{target}").replace('_', "-");
+        let job =
+            workspace.write(&format!("{target}.yaml"), &job_text(&name, "snapshot+cdc", &database, target, namespace));
+        let child = workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", target_url(target))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        runs.push((target, name, child));
+    }
+    for (target, name, _) in &runs {
+        wait_for("the stream to start", Duration::from_secs(60), || stream_position(target, name).is_some());
+    }
+    fill_source(&database);
+    let mut sql = format!("USE {database};");
+    for index in 0..CASES.len() {
+        sql.push_str(&format!("UPDATE t{index:02} SET id = id + 100;"));
+    }
+    mariadb(&sql);
+    let source = source_position();
+    for (target, name, child) in &mut runs {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while stream_position(target, name).is_none_or(|at| at < source) {
+            if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let mut output = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut output).unwrap();
+                panic!("the {target} stream did not reach the source:\n{output}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    for (_, _, child) in runs {
+        signal(&child, "TERM");
+        let output = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&output.stderr);
+        assert!(!text.contains("ERROR") && !text.contains("panicked"), "{text}");
+    }
+    let mismatches = mismatches(&database, &pg_schema, &my_copy);
     assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 

@@ -590,6 +590,10 @@ fn to_value(value: BinlogValue<'_>, data_type: &DataType, charset: Charset) -> s
     };
     Ok(match (value, data_type) {
         (My::NULL, _) => Value::Null,
+        // The driver reads a signed MEDIUMINT without extending its sign bit.
+        (My::Int(value), DataType::Integer { bytes: 3, unsigned: false }) if value > 0x7f_ffff => {
+            Value::Int(value - 0x100_0000)
+        }
         (My::Int(seconds), DataType::Timestamp { .. }) => timestamp(seconds, 0),
         (My::Bytes(bytes), DataType::Timestamp { .. }) => {
             let text = String::from_utf8_lossy(&bytes);
@@ -755,6 +759,13 @@ mod tests {
         let at = |file: &str, offset| LogPosition { file: file.into(), offset };
         assert!(at("bin.000010", 4).key() > at("bin.000009", 900).key());
         assert!(at("bin.000009", 901).key() > at("bin.000009", 900).key());
+    }
+
+    #[test]
+    fn a_negative_mediumint_keeps_its_sign() {
+        let medium = DataType::Integer { bytes: 3, unsigned: false };
+        let value = to_value(BinlogValue::Value(mysql_async::Value::Int(0x80_0000)), &medium, Charset::Binary).unwrap();
+        assert_eq!(value, Value::Int(-8_388_608));
     }
 
     #[test]
