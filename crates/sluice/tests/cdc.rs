@@ -175,3 +175,54 @@ fn transfers_are_never_seen_half_applied() {
     let transfers = mariadb(&format!("SELECT count(*) FROM {database}.items WHERE note = 'transfer'"));
     assert!(transfers.trim().parse::<u64>().unwrap() > 0, "the load made transfers");
 }
+
+/// The peak resident memory of a process, from /proc.
+fn peak_rss_mb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kilobytes| kilobytes / 1024)
+}
+
+/// One source transaction far larger than the configured batches streams through in pieces:
+/// memory stays bounded, and the target shows none of it until all of it.
+#[test]
+fn a_large_transaction_streams_in_bounded_memory_and_lands_whole() {
+    const ROWS: u64 = 1_000_000;
+    let database = unique_name("large");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.big (id INT PRIMARY KEY, pad VARCHAR(255))"));
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let file = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 2000, queue_batches: 2}}\n"
+        ),
+    );
+    let mut child = workspace
+        .command(&["run", file.to_str().unwrap()])
+        .env("SOURCE", mysql_url())
+        .env("TARGET", postgres_url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
+    let baseline = peak_rss_mb(child.id());
+    // About 110 MB of row images in one transaction.
+    mariadb(&format!("INSERT INTO {database}.big SELECT seq, REPEAT(CHAR(97 + seq % 26), 100) FROM {database}.seq_1_to_{ROWS}"));
+    let count = || psql(&format!("SELECT count(*) FROM {database}.big")).trim().parse::<u64>().unwrap();
+    wait_for("the transaction in the target", Duration::from_secs(300), || {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        let seen = count();
+        assert!(seen == 0 || seen == ROWS, "the target showed {seen} of the transaction's {ROWS} rows");
+        seen == ROWS
+    });
+    let peak = peak_rss_mb(child.id());
+    signal(&child, "TERM");
+    child.wait().unwrap();
+    eprintln!("peak RSS {peak} MB (at the stream's start {baseline} MB) for a {ROWS}-row transaction");
+    assert!(peak < baseline + 60, "peak RSS {peak} MB (at the stream's start {baseline} MB)");
+}

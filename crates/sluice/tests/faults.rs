@@ -91,3 +91,65 @@ async fn connections_reset_mid_copy_on_both_sides_are_retried_without_loss_or_du
     assert_eq!(committed(&job_name), 40_000, "every row committed exactly once");
     assert!(target_proxy.connections() > 4 && source_proxy.connections() > 2, "connections were re-opened");
 }
+
+/// The binlog connection is reset in the middle of one large source transaction: the stream
+/// reconnects at the last transaction boundary, and a sampler on the target sees the
+/// transaction either not at all or whole, then exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binlog_reset_inside_a_large_transaction_resumes_at_its_start() {
+    const ROWS: u64 = 30_000;
+    let database = unique_name("midtx");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.big (id INT PRIMARY KEY, pad CHAR(200))"));
+    let source_proxy = Proxy::start(address_of(&mysql_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 1000}}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
+        ),
+    );
+    let mut child = workspace
+        .command(&["run", job.to_str().unwrap()])
+        .env("SOURCE", through(&mysql_url(), &source_proxy))
+        .env("TARGET", postgres_url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while support::workload::stream_position("postgres", &job_name).is_none() {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream starts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // About 6.6 MB of binlog in one transaction; the connection that carries it is cut after 2 MB.
+    let before = source_proxy.connections();
+    source_proxy.set(Fault::ResetAfter { bytes: 2_000_000 });
+    mariadb(&format!("INSERT INTO {database}.big SELECT seq, REPEAT('x', 200) FROM {database}.seq_1_to_{ROWS}"));
+    let count = || psql(&format!("SELECT count(*) FROM {database}.big")).trim().parse::<u64>().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut reconnected = false;
+    loop {
+        let seen = count();
+        assert!(seen == 0 || seen == ROWS, "the target showed {seen} of the transaction's {ROWS} rows");
+        if !reconnected && source_proxy.connections() > before {
+            reconnected = true;
+            source_proxy.set(Fault::None);
+        }
+        if seen == ROWS {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the transaction did not arrive");
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(reconnected && stderr.contains("change stream: "), "the reset was met and retried:\n{stderr}");
+    assert_eq!(
+        psql(&format!("SELECT count(*), count(DISTINCT id), min(id), max(id) FROM {database}.big")).trim(),
+        format!("{ROWS}|{ROWS}|1|{ROWS}")
+    );
+}
