@@ -110,6 +110,39 @@ pub enum StreamEvent {
     /// The source moved on with nothing for this job: a transaction on other tables, a log
     /// rotation, a heartbeat. Only ever between transactions.
     Advance { position: Position, committed_at: u64 },
+    /// A DDL statement on selected tables, a transaction of its own. `statement` is its text,
+    /// for messages; `changes` carry source table names.
+    SchemaChange { statement: String, changes: Vec<SourceSchemaChange>, position: Position, committed_at: u64 },
+}
+
+/// A DDL statement's effect on source tables, as the change stream saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSchemaChange {
+    Create(TableName),
+    Drop(TableName),
+    Rename {
+        from: TableName,
+        to: TableName,
+    },
+    Truncate(TableName),
+    /// Columns added, dropped, renamed (`renamed`: old and new name) or changed in type
+    /// (`retyped`); the table's schema after the statement comes with its next rows.
+    Alter {
+        table: TableName,
+        renamed: Vec<(String, String)>,
+        retyped: Vec<String>,
+    },
+}
+
+/// A DDL statement's effect to apply to a target, with target names and, for created and
+/// altered tables, the schema the source's log gives the table after it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SchemaChange {
+    Create(TableSchema),
+    Drop(TableName),
+    Rename { from: TableName, to: TableName },
+    Truncate(TableName),
+    Alter { table: TableSchema, renamed: Vec<(String, String)>, retyped: Vec<String> },
 }
 
 /// A source's change log, read from a transaction boundary.
@@ -198,6 +231,14 @@ pub trait ChangeWriter: Send {
     /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
     /// none of it is.
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// Carries a DDL statement's effect to the target. Idempotent, because a target whose DDL
+    /// commits on its own (MySQL) may see it again after a crash before the checkpoint: creating
+    /// an existing table, dropping a missing one, renaming a renamed one, adding an existing
+    /// column or dropping a missing one are no-ops. Followed by `commit`.
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        Err(Error::new(ErrorKind::Schema, format!("this target cannot apply DDL ({change:?})")).on(Side::Target))
+    }
 }
 
 /// Writes one task's batches.

@@ -101,6 +101,8 @@ pub struct StreamStats {
     phase: AtomicU8,
     pub rows_applied: AtomicU64,
     pub transactions_applied: AtomicU64,
+    /// DDL statements carried to the target.
+    pub schema_changes: AtomicU64,
     /// Seconds between now and the source commit of the last transaction applied; 0 when idle
     /// and caught up.
     pub lag_seconds: AtomicU64,
@@ -160,6 +162,7 @@ impl StreamStats {
             phase: self.phase(),
             rows_applied: load(&self.rows_applied),
             transactions_applied: load(&self.transactions_applied),
+            schema_changes: load(&self.schema_changes),
             lag_seconds: load(&self.lag_seconds),
             position: self
                 .position
@@ -186,6 +189,7 @@ pub struct StreamSummary {
     pub phase: StreamPhase,
     pub rows_applied: u64,
     pub transactions_applied: u64,
+    pub schema_changes: u64,
     pub lag_seconds: u64,
     /// The last source position committed in the target.
     pub position: Option<serde_json::Value>,

@@ -5,13 +5,12 @@
 
 mod support;
 
-use std::process::Child;
 use std::time::Duration;
 
 use support::workload::{
     assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random, ACCOUNTS,
 };
-use support::{kill, mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Workspace};
+use support::{kill, mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Guard, Workspace};
 
 const KILLS: usize = 20;
 
@@ -27,7 +26,7 @@ struct Job {
 impl Job {
     fn new(database: &str, target: &'static str, limits: &str) -> Job {
         let workspace = Workspace::new();
-        let namespace = format!("{database}_copy");
+        let namespace = format!("{database}_{target}");
         let name = namespace.replace('_', "-");
         let text = format!(
             "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
@@ -37,34 +36,35 @@ impl Job {
         Job { workspace, file, name, target, namespace }
     }
 
-    fn start(&self) -> Child {
+    fn start(&self) -> Guard {
         let target_url = if self.target == "postgres" { postgres_url() } else { mysql_url() };
-        self.workspace
+        let child = self
+            .workspace
             .command(&["run", self.file.to_str().unwrap(), "--summary-json", "summary.json"])
             .env("SOURCE", mysql_url())
             .env("TARGET", target_url)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .expect("sluice starts")
+            .expect("sluice starts");
+        Guard::new(child)
     }
 
     /// Waits until the target holds everything the source committed up to now; on a timeout,
     /// ends the run and shows what it said.
-    fn wait_converged(&self, child: &mut Child) {
+    fn wait_converged(&self, child: &mut Guard) {
         let source = source_position();
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while stream_position(self.target, &self.name).is_none_or(|at| at < source) {
             let exited = child.try_wait().expect("poll the run").is_some();
             if exited || std::time::Instant::now() > deadline {
                 let _ = child.kill();
-                let output = std::mem::replace(child, std::process::Command::new("true").spawn().unwrap());
-                let output = output.wait_with_output().expect("the run ends");
+                let _ = child.wait();
+                let mut output = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut output).unwrap();
                 panic!(
-                    "the stream did not reach the source's position {source:?} (at {:?}):\n{}{}",
+                    "the stream did not reach the source's position {source:?} (at {:?}):\n{output}",
                     stream_position(self.target, &self.name),
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -72,7 +72,8 @@ impl Job {
     }
 
     /// Stops a run with SIGTERM; returns its output.
-    fn stop(&self, child: Child) -> String {
+    fn stop(&self, child: Guard) -> String {
+        let child = child.into_inner();
         signal(&child, "TERM");
         let output = child.wait_with_output().expect("the run ends");
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -201,18 +202,22 @@ fn a_large_transaction_streams_in_bounded_memory_and_lands_whole() {
             "name: {name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 2000, queue_batches: 2}}\n"
         ),
     );
-    let mut child = workspace
-        .command(&["run", file.to_str().unwrap()])
-        .env("SOURCE", mysql_url())
-        .env("TARGET", postgres_url())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Guard::new(
+        workspace
+            .command(&["run", file.to_str().unwrap()])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", postgres_url())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
     let baseline = peak_rss_mb(child.id());
     // About 110 MB of row images in one transaction.
-    mariadb(&format!("INSERT INTO {database}.big SELECT seq, REPEAT(CHAR(97 + seq % 26), 100) FROM {database}.seq_1_to_{ROWS}"));
+    mariadb(&format!(
+        "INSERT INTO {database}.big SELECT seq, REPEAT(CHAR(97 + seq % 26), 100) FROM {database}.seq_1_to_{ROWS}"
+    ));
     let count = || psql(&format!("SELECT count(*) FROM {database}.big")).trim().parse::<u64>().unwrap();
     wait_for("the transaction in the target", Duration::from_secs(300), || {
         assert!(child.try_wait().unwrap().is_none(), "the run ended early");
@@ -225,4 +230,76 @@ fn a_large_transaction_streams_in_bounded_memory_and_lands_whole() {
     child.wait().unwrap();
     eprintln!("peak RSS {peak} MB (at the stream's start {baseline} MB) for a {ROWS}-row transaction");
     assert!(peak < baseline + 60, "peak RSS {peak} MB (at the stream's start {baseline} MB)");
+}
+
+/// Schema changes with rows before and after each: added, retyped, renamed and dropped columns,
+/// a renamed table, a created, truncated and dropped table, all carried into PostgreSQL and
+/// MySQL; then a change the binlog cannot carry stops both jobs naming the statement.
+#[test]
+fn ddl_during_the_stream_is_carried_or_stops_precisely() {
+    let database = unique_name("ddl");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, a VARCHAR(20), b INT);
+         INSERT INTO {database}.t VALUES (1, 'a', 1)"
+    ));
+    let jobs: Vec<Job> = ["postgres", "mysql"].into_iter().map(|target| Job::new(&database, target, "")).collect();
+    let mut children: Vec<Guard> = jobs.iter().map(Job::start).collect();
+    for job in &jobs {
+        wait_for("the stream to start", Duration::from_secs(60), || stream_position(job.target, &job.name).is_some());
+    }
+    mariadb(&format!(
+        "USE {database};
+         INSERT INTO t VALUES (2, 'b', 2);
+         ALTER TABLE t ADD COLUMN c VARCHAR(10) NULL;
+         INSERT INTO t VALUES (3, 'c', 3, 'x'); UPDATE t SET c = 'y' WHERE id = 1;
+         ALTER TABLE t MODIFY COLUMN b BIGINT;
+         INSERT INTO t VALUES (4, 'd', 5000000000, 'z');
+         ALTER TABLE t CHANGE COLUMN a a2 VARCHAR(30);
+         INSERT INTO t VALUES (5, 'longer than twenty characters', 5, NULL);
+         ALTER TABLE t DROP COLUMN c;
+         INSERT INTO t VALUES (6, 'f', 6); DELETE FROM t WHERE id = 2;
+         RENAME TABLE t TO t_renamed;
+         INSERT INTO t_renamed VALUES (7, 'g', 7);
+         CREATE TABLE t2 (id INT PRIMARY KEY, v VARCHAR(10));
+         INSERT INTO t2 VALUES (1, 'one'), (2, 'two');
+         TRUNCATE TABLE t2;
+         INSERT INTO t2 VALUES (3, 'three');
+         CREATE TABLE t3 (id INT PRIMARY KEY); INSERT INTO t3 VALUES (1); DROP TABLE t3;"
+    ));
+    for (job, child) in jobs.iter().zip(&mut children) {
+        job.wait_converged(child);
+        for (table, columns) in [("t_renamed", &["id", "a2", "b"][..]), ("t2", &["id", "v"][..])] {
+            let source = rows("mysql", &format!("{database}.{table}"), columns);
+            let target = rows(job.target, &format!("{}.{table}", job.namespace), columns);
+            assert_same(&format!("{} {table}", job.target), &source, &target);
+        }
+        let gone = if job.target == "postgres" {
+            psql(&format!(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{}' AND table_name IN ('t', 't3')",
+                job.namespace
+            ))
+        } else {
+            mariadb(&format!(
+                "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{}' AND TABLE_NAME IN ('t', 't3')",
+                job.namespace
+            ))
+        };
+        assert_eq!(gone.trim(), "0", "{}: the renamed and dropped tables are gone", job.target);
+    }
+
+    mariadb(&format!("ALTER TABLE {database}.t_renamed ADD COLUMN d INT NOT NULL DEFAULT 5"));
+    for mut child in children {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the job did not stop at the unsupported DDL");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let output = child.into_inner().wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("unsupported DDL") && stderr.contains("ADD COLUMN d INT NOT NULL DEFAULT 5"),
+            "{stderr}"
+        );
+    }
 }

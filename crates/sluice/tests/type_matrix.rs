@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::workload::{source_position, stream_position};
-use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, signal, unique_name, wait_for, Run, Workspace};
+use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, signal, unique_name, wait_for, Guard, Run, Workspace};
 
 /// One MySQL column type, the values to put in it (SQL literals), and the text PostgreSQL must
 /// show for each (`NULL` for NULL).
@@ -292,7 +292,7 @@ fn every_edge_value_survives_the_change_stream() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        runs.push((target, name, child));
+        runs.push((target, name, Guard::new(child)));
     }
     for (target, name, _) in &runs {
         wait_for("the stream to start", Duration::from_secs(60), || stream_position(target, name).is_some());
@@ -317,6 +317,7 @@ fn every_edge_value_survives_the_change_stream() {
         }
     }
     for (_, _, child) in runs {
+        let child = child.into_inner();
         signal(&child, "TERM");
         let output = child.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&output.stderr);

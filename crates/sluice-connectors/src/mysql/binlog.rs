@@ -24,7 +24,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{BinlogStream, BinlogStreamRequest, Conn, Opts, OptsBuilder};
 use serde_json::json;
 use sluice_core::change::{Change, ChangeKind, Position, Row};
-use sluice_core::connector::{ChangeStream, StreamEvent};
+use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Date, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
@@ -117,6 +117,8 @@ pub struct BinlogChangeStream {
     /// The open transaction has changes for this job.
     relevant: bool,
     changes: Vec<Change>,
+    /// The effects of the DDL statement being committed, with its text.
+    ddl: Option<(String, Vec<SourceSchemaChange>)>,
     ready: VecDeque<StreamEvent>,
 }
 
@@ -202,6 +204,7 @@ impl BinlogChangeStream {
             gtid: None,
             relevant: false,
             changes: Vec::new(),
+            ddl: None,
             ready: VecDeque::new(),
         })
     }
@@ -228,7 +231,9 @@ impl BinlogChangeStream {
         }
         self.offset = offset;
         let position = self.position(offset);
-        if self.relevant {
+        if let Some((statement, changes)) = self.ddl.take() {
+            self.ready.push_back(StreamEvent::SchemaChange { statement, changes, position, committed_at });
+        } else if self.relevant {
             if !self.changes.is_empty() {
                 self.ready.push_back(StreamEvent::Changes(std::mem::take(&mut self.changes)));
             }
@@ -349,17 +354,47 @@ impl BinlogChangeStream {
         Ok(())
     }
 
-    /// A statement other than BEGIN/COMMIT: DDL. On a selected table it stops the stream for
-    /// now; on other tables it only moves the position.
+    /// A statement other than BEGIN/COMMIT: DDL. On selected tables its effects wait in
+    /// `ddl` for the commit that ends the statement's transaction; on other tables it only moves
+    /// the position. DDL this stream cannot carry stops it, naming the statement.
     fn statement(&mut self, schema: &str, statement: &str, offset: u64) -> Result<()> {
         let touched = super::ddl::tables_named(statement, schema);
-        if let Some(table) = touched.iter().find(|table| self.filter.matches(table)) {
-            return Err(Error::new(
+        let Some(table) = touched.iter().find(|table| self.filter.matches(table)).cloned() else {
+            return Ok(());
+        };
+        let unsupported = |reason: &str| {
+            Error::new(
                 ErrorKind::Schema,
-                format!("unsupported DDL on {table} at {}:{offset}: `{statement}`", self.file),
+                format!("unsupported DDL on {table} at {}:{offset}: `{statement}`: {reason}", self.file),
             )
             .on(Side::Source)
-            .hint("apply the statement to the target yourself, then start the job from the next position"));
+            .hint(format!(
+                "carry the change to the target by hand, then continue with a cdc job whose source.start_position is {{file: {}, position: {offset}}}; or exclude the table from source.tables",
+                self.file
+            ))
+        };
+        if self.in_transaction {
+            return Err(unsupported("DDL inside a transaction (CREATE TABLE ... SELECT?) is not supported"));
+        }
+        let mut kept = Vec::new();
+        for change in super::ddl::parse(statement, schema).map_err(|reason| unsupported(&reason))? {
+            let selected = match &change {
+                SourceSchemaChange::Rename { from, to } => match (self.filter.matches(from), self.filter.matches(to)) {
+                    (true, true) => true,
+                    (false, false) => false,
+                    _ => return Err(unsupported("it renames a table into or out of source.tables")),
+                },
+                SourceSchemaChange::Create(table)
+                | SourceSchemaChange::Drop(table)
+                | SourceSchemaChange::Truncate(table)
+                | SourceSchemaChange::Alter { table, .. } => self.filter.matches(table),
+            };
+            if selected {
+                kept.push(change);
+            }
+        }
+        if !kept.is_empty() {
+            self.ddl = Some((statement.to_owned(), kept));
         }
         Ok(())
     }
@@ -459,13 +494,21 @@ impl BinlogChangeStream {
                 },
             };
             let byte = |index: usize| u32::from(metadata.get(index).copied().unwrap_or(0));
-            let text = |fixed: bool| {
+            // Lengths in the table map are in bytes; a column's type counts characters.
+            let bytes_per_character = match collation.and_then(|id| self.collations.get(&id)).map(String::as_str) {
+                Some("utf8mb4") => 4,
+                Some("utf8mb3" | "utf8") => 3,
+                _ => 1,
+            };
+            let text = |fixed: bool, bytes: Option<u32>| {
                 if charset == Charset::Binary {
-                    DataType::Bytes { length: None, fixed }
+                    DataType::Bytes { length: bytes, fixed }
                 } else {
-                    DataType::Text { length: None, fixed }
+                    DataType::Text { length: bytes.map(|bytes| bytes / bytes_per_character), fixed }
                 }
             };
+            // CHAR(n)'s byte length, as the server packs it into two bytes.
+            let fixed_length = if byte(0) & 0x30 != 0x30 { byte(1) | ((byte(0) & 0x30) ^ 0x30) << 4 } else { byte(1) };
             let data_type = match wire {
                 Wire::MYSQL_TYPE_TINY => DataType::Integer { bytes: 1, unsigned: is_unsigned },
                 Wire::MYSQL_TYPE_SHORT => DataType::Integer { bytes: 2, unsigned: is_unsigned },
@@ -486,14 +529,10 @@ impl BinlogChangeStream {
                 Wire::MYSQL_TYPE_BIT => DataType::Bits { width: (byte(1) * 8 + byte(0)).clamp(1, 64) as u8 },
                 Wire::MYSQL_TYPE_ENUM => DataType::Enum { values: enums.pop_front().unwrap_or_default() },
                 Wire::MYSQL_TYPE_SET => DataType::Set { values: sets.pop_front().unwrap_or_default() },
-                Wire::MYSQL_TYPE_STRING if charset == Charset::Binary => {
-                    // The binlog drops BINARY(n)'s trailing zero bytes; the length restores them.
-                    let length =
-                        if byte(0) & 0x30 != 0x30 { byte(1) | ((byte(0) & 0x30) ^ 0x30) << 4 } else { byte(1) };
-                    DataType::Bytes { length: Some(length), fixed: true }
-                }
-                Wire::MYSQL_TYPE_STRING => text(true),
-                Wire::MYSQL_TYPE_VARCHAR | Wire::MYSQL_TYPE_VAR_STRING | Wire::MYSQL_TYPE_BLOB => text(false),
+                // The binlog drops BINARY(n)'s trailing zero bytes; the length restores them.
+                Wire::MYSQL_TYPE_STRING => text(true, Some(fixed_length)),
+                Wire::MYSQL_TYPE_VARCHAR | Wire::MYSQL_TYPE_VAR_STRING => text(false, Some(byte(0) | byte(1) << 8)),
+                Wire::MYSQL_TYPE_BLOB => text(false, None),
                 Wire::MYSQL_TYPE_GEOMETRY => DataType::Geometry,
                 Wire::MYSQL_TYPE_JSON => DataType::Json,
                 other => {
@@ -719,6 +758,17 @@ impl ChangeStream for BinlogChangeStream {
                 Ok(Some(Err(mysql_async::Error::Server(server)))) if server.code == 1236 => {
                     let start = LogPosition { file: self.file.clone(), offset: 0 };
                     return Err(position_lost(&start, &server.message));
+                }
+                Ok(Some(Err(mysql_async::Error::Server(server)))) if server.code == 4052 => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "another binlog reader with this job's server_id connected to {}: {}",
+                            self.server, server.message
+                        ),
+                    )
+                    .on(Side::Source)
+                    .hint("give each job reading this source its own name or source.server_id"));
                 }
                 Ok(Some(Err(error))) => {
                     let error = mysql_error(error, Side::Source, &self.server, "read the binlog");

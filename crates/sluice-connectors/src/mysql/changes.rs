@@ -5,10 +5,12 @@
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use sluice_core::connector::{ChangeWriter, Checkpoint};
-use sluice_core::{Error, ErrorKind, Result, Row, Side, TableSchema};
+use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
+use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
-use super::sink::{commit_with_checkpoint, delete_keys, insert_rows, qualified, read_checkpoint};
+use super::sink::{
+    column_type, commit_with_checkpoint, create_table_sql, delete_keys, insert_rows, qualified, read_checkpoint,
+};
 use super::{decode, mysql_error, quote};
 use sluice_core::net_changes::missing_rows;
 
@@ -21,6 +23,21 @@ pub(super) struct MysqlChangeWriter {
 }
 
 impl MysqlChangeWriter {
+    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
+        self.connection.query_drop(sql).await.map_err(|error| mysql_error(error, Side::Target, &self.server, doing))
+    }
+
+    /// The table's column names, empty when it does not exist.
+    async fn columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+        self.connection
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                (table.namespace.as_deref().unwrap_or(""), &table.name),
+            )
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("describe table {table}")))
+    }
+
     async fn begin(&mut self) -> Result<()> {
         if !self.in_transaction {
             self.connection
@@ -109,5 +126,75 @@ impl ChangeWriter for MysqlChangeWriter {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&mut self.connection, &self.server, &self.job, checkpoint).await
+    }
+
+    /// MySQL commits DDL on its own, before the checkpoint: each change is written to be a
+    /// no-op when replayed after a crash in between.
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        match change {
+            SchemaChange::Create(table) => {
+                self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?
+            }
+            SchemaChange::Drop(table) => {
+                self.execute(&format!("DROP TABLE IF EXISTS {}", qualified(table)), &format!("drop table {table}"))
+                    .await?
+            }
+            SchemaChange::Truncate(table) => {
+                self.execute(&format!("TRUNCATE TABLE {}", qualified(table)), &format!("truncate table {table}"))
+                    .await?
+            }
+            SchemaChange::Rename { from, to } => {
+                if self.columns(from).await?.is_empty() {
+                    if self.columns(to).await?.is_empty() {
+                        return Err(Error::new(ErrorKind::Schema, format!("neither {from} nor {to} exists to rename"))
+                            .on(Side::Target));
+                    }
+                    return Ok(());
+                }
+                let database = quote(to.namespace.as_deref().unwrap_or("sluice_default"));
+                let renamed = format!(
+                    "CREATE DATABASE IF NOT EXISTS {database}; RENAME TABLE {} TO {}",
+                    qualified(from),
+                    qualified(to)
+                );
+                self.execute(&renamed, &format!("rename table {from} to {to}")).await?;
+            }
+            SchemaChange::Alter { table, renamed, retyped } => {
+                let name = qualified(&table.name);
+                let doing = format!("alter table {}", table.name);
+                let mut existing = self.columns(&table.name).await?;
+                for (old, new) in renamed {
+                    if existing.contains(old) && !existing.contains(new) {
+                        self.execute(
+                            &format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(old), quote(new)),
+                            &doing,
+                        )
+                        .await?;
+                        existing.retain(|column| column != old);
+                        existing.push(new.clone());
+                    }
+                }
+                for column in &table.columns {
+                    let definition = format!(
+                        "{} {} {}",
+                        quote(&column.name),
+                        column_type(&column.data_type),
+                        if column.nullable { "NULL" } else { "NOT NULL" }
+                    );
+                    if !existing.contains(&column.name) {
+                        self.execute(&format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {definition}"), &doing)
+                            .await?;
+                    } else if retyped.contains(&column.name) {
+                        self.execute(&format!("ALTER TABLE {name} MODIFY COLUMN {definition}"), &doing).await?;
+                    }
+                }
+                for column in existing.iter().filter(|column| !table.columns.iter().any(|known| &known.name == *column))
+                {
+                    self.execute(&format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(column)), &doing)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! Just enough of MySQL's DDL grammar to tell which tables a statement in the binlog changes:
 //! comments and quoting are honoured, so `/* x */ ALTER TABLE `a``b` ...` names table a`b.
 
+use sluice_core::connector::SourceSchemaChange;
 use sluice_core::TableName;
 
 /// A statement's words: identifiers (unquoted), quoted strings marked, punctuation alone.
@@ -210,6 +211,218 @@ pub fn tables_named(statement: &str, schema: &str) -> Vec<TableName> {
     tables
 }
 
+/// A DDL statement's effects, or why they cannot be carried. Call only for statements that
+/// `tables_named` found tables in.
+pub fn parse(statement: &str, schema: &str) -> Result<Vec<SourceSchemaChange>, String> {
+    let mut parser = Parser { tokens: tokens(statement), at: 0 };
+    if parser.keyword("CREATE") {
+        parser.skip_words(&["OR", "REPLACE", "TEMPORARY"]);
+        if !parser.keyword("TABLE") {
+            // CREATE INDEX: indexes are not carried by the stream.
+            return Ok(Vec::new());
+        }
+        parser.skip_words(&["IF", "NOT", "EXISTS"]);
+        let table = parser.table(schema).ok_or("no table name")?;
+        if parser.tokens[parser.at..]
+            .iter()
+            .any(|token| matches!(token, Token::Word(word) if word.eq_ignore_ascii_case("SELECT")))
+        {
+            return Err("CREATE TABLE ... SELECT is not supported".to_owned());
+        }
+        return Ok(vec![SourceSchemaChange::Create(table)]);
+    }
+    if parser.keyword("DROP") {
+        parser.skip_words(&["TEMPORARY"]);
+        if !(parser.keyword("TABLE") || parser.keyword("TABLES")) {
+            return Ok(Vec::new());
+        }
+        parser.skip_words(&["IF", "EXISTS"]);
+        let mut changes = Vec::new();
+        while let Some(table) = parser.table(schema) {
+            changes.push(SourceSchemaChange::Drop(table));
+            if !parser.symbol(',') {
+                break;
+            }
+        }
+        return Ok(changes);
+    }
+    if parser.keyword("RENAME") {
+        parser.skip_words(&["TABLE", "TABLES"]);
+        let mut changes = Vec::new();
+        while let Some(from) = parser.table(schema) {
+            if !parser.keyword("TO") {
+                return Err("expected TO".to_owned());
+            }
+            let to = parser.table(schema).ok_or("no new table name")?;
+            changes.push(SourceSchemaChange::Rename { from, to });
+            if !parser.symbol(',') {
+                break;
+            }
+        }
+        return Ok(changes);
+    }
+    if parser.keyword("TRUNCATE") {
+        parser.keyword("TABLE");
+        return Ok(parser.table(schema).map(SourceSchemaChange::Truncate).into_iter().collect());
+    }
+    if parser.keyword("ALTER") {
+        parser.skip_words(&["ONLINE", "OFFLINE", "IGNORE"]);
+        if !parser.keyword("TABLE") {
+            return Ok(Vec::new());
+        }
+        let table = parser.table(schema).ok_or("no table name")?;
+        return alter(parser, table, schema);
+    }
+    Ok(Vec::new())
+}
+
+/// The specifications of `ALTER TABLE name spec, spec, ...`.
+fn alter(parser: Parser, table: TableName, schema: &str) -> Result<Vec<SourceSchemaChange>, String> {
+    let (mut renamed, mut retyped) = (Vec::new(), Vec::new());
+    let mut rename_to = None;
+    for spec in specifications(&parser.tokens[parser.at..]) {
+        let mut spec = Parser { tokens: spec, at: 0 };
+        let words = |spec: &Parser| -> Vec<String> {
+            spec.tokens
+                .iter()
+                .filter_map(|token| match token {
+                    Token::Word(word) => Some(word.to_ascii_uppercase()),
+                    _ => None,
+                })
+                .collect()
+        };
+        if spec.keyword("ADD") {
+            if spec.keyword("PRIMARY") {
+                return Err("changing the primary key is not supported".to_owned());
+            }
+            if [
+                "INDEX",
+                "KEY",
+                "UNIQUE",
+                "FULLTEXT",
+                "SPATIAL",
+                "CONSTRAINT",
+                "FOREIGN",
+                "CHECK",
+                "PARTITION",
+                "PERIOD",
+                "SYSTEM",
+            ]
+            .iter()
+            .any(|word| spec.keyword(word))
+            {
+                continue;
+            }
+            let words = words(&spec);
+            let with_value = words.windows(2).any(|pair| pair[0] == "NOT" && pair[1] == "NULL")
+                || words.windows(2).any(|pair| pair[0] == "DEFAULT" && pair[1] != "NULL")
+                || words.iter().any(|word| matches!(word.as_str(), "AUTO_INCREMENT" | "AS" | "GENERATED" | "PRIMARY"));
+            if with_value {
+                return Err("a column added with NOT NULL, a default, AUTO_INCREMENT or as generated gets values the binlog does not carry for existing rows".to_owned());
+            }
+        } else if spec.keyword("DROP") {
+            if spec.keyword("PRIMARY") {
+                return Err("changing the primary key is not supported".to_owned());
+            }
+        } else if spec.keyword("MODIFY") {
+            spec.keyword("COLUMN");
+            spec.skip_words(&["IF", "EXISTS"]);
+            retyped.push(spec.identifier().ok_or("no column name")?);
+        } else if spec.keyword("CHANGE") {
+            spec.keyword("COLUMN");
+            spec.skip_words(&["IF", "EXISTS"]);
+            let old = spec.identifier().ok_or("no column name")?;
+            let new = spec.identifier().ok_or("no new column name")?;
+            if old != new {
+                renamed.push((old, new.clone()));
+            }
+            retyped.push(new);
+        } else if spec.keyword("RENAME") {
+            if spec.keyword("COLUMN") {
+                let old = spec.identifier().ok_or("no column name")?;
+                spec.keyword("TO");
+                renamed.push((old, spec.identifier().ok_or("no new column name")?));
+            } else if spec.keyword("INDEX") || spec.keyword("KEY") {
+                continue;
+            } else {
+                let _ = spec.keyword("TO") || spec.keyword("AS");
+                rename_to = Some(spec.table(schema).ok_or("no new table name")?);
+            }
+        } else if spec.keyword("ALTER") {
+            // Defaults and index visibility: not carried, no effect on rows.
+            let words = words(&spec);
+            if !words.iter().any(|word| word == "DEFAULT" || word == "INVISIBLE" || word == "VISIBLE") {
+                return Err("ALTER COLUMN other than its default is not supported".to_owned());
+            }
+        } else {
+            let words = words(&spec);
+            let first = words.first().map(String::as_str).unwrap_or("");
+            let harmless = [
+                "ENGINE",
+                "ALGORITHM",
+                "LOCK",
+                "COMMENT",
+                "AUTO_INCREMENT",
+                "FORCE",
+                "CHARACTER",
+                "CHARSET",
+                "DEFAULT",
+                "COLLATE",
+                "CONVERT",
+                "ROW_FORMAT",
+                "KEY_BLOCK_SIZE",
+                "STATS_PERSISTENT",
+                "STATS_AUTO_RECALC",
+                "STATS_SAMPLE_PAGES",
+                "PAGE_COMPRESSED",
+                "ORDER",
+                "ENABLE",
+                "DISABLE",
+                "ANALYZE",
+                "OPTIMIZE",
+                "CHECK",
+                "REPAIR",
+                "COALESCE",
+                "REORGANIZE",
+                "PARTITION",
+                "REMOVE",
+                "TRUNCATE",
+                "EXCHANGE",
+                "DISCARD",
+                "IMPORT",
+            ];
+            if !harmless.contains(&first) {
+                return Err(format!("the ALTER TABLE clause starting `{first}` is not supported"));
+            }
+        }
+    }
+    let mut changes = vec![SourceSchemaChange::Alter { table: table.clone(), renamed, retyped }];
+    if let Some(to) = rename_to {
+        changes.push(SourceSchemaChange::Rename { from: table, to });
+    }
+    Ok(changes)
+}
+
+/// Splits tokens at the commas outside parentheses.
+fn specifications(tokens: &[Token]) -> Vec<Vec<Token>> {
+    let mut specifications = vec![Vec::new()];
+    let mut depth = 0usize;
+    for token in tokens {
+        match token {
+            Token::Symbol('(') => depth += 1,
+            Token::Symbol(')') => depth = depth.saturating_sub(1),
+            Token::Symbol(',') if depth == 0 => {
+                specifications.push(Vec::new());
+                continue;
+            }
+            _ => {}
+        }
+        specifications.last_mut().expect("never empty").push(token.clone());
+    }
+    specifications.retain(|specification| !specification.is_empty());
+    specifications
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,6 +439,28 @@ mod tests {
         assert_eq!(names("RENAME TABLE a TO b, c TO other.d"), ["db.a", "db.b", "db.c", "other.d"]);
         assert_eq!(names("TRUNCATE t"), ["db.t"]);
         assert_eq!(names("CREATE UNIQUE INDEX k ON t (c)"), ["db.t"]);
+    }
+
+    #[test]
+    fn alter_statements_become_column_changes() {
+        let alter = |statement: &str| parse(statement, "db");
+        let table = TableName::new(Some("db"), "t");
+        assert_eq!(
+            alter("ALTER TABLE t ADD COLUMN c VARCHAR(10) NULL, CHANGE a a2 VARCHAR(30), MODIFY b BIGINT, RENAME COLUMN x TO y, ADD INDEX (b), ENGINE = InnoDB").unwrap(),
+            vec![SourceSchemaChange::Alter {
+                table: table.clone(),
+                renamed: vec![("a".into(), "a2".into()), ("x".into(), "y".into())],
+                retyped: vec!["a2".into(), "b".into()],
+            }]
+        );
+        assert_eq!(
+            alter("ALTER TABLE t RENAME TO other.u").unwrap()[1],
+            SourceSchemaChange::Rename { from: table, to: TableName::new(Some("other"), "u") }
+        );
+        assert!(alter("ALTER TABLE t ADD COLUMN d INT NOT NULL DEFAULT 5").unwrap_err().contains("existing rows"));
+        assert!(alter("ALTER TABLE t DROP PRIMARY KEY").is_err());
+        assert!(alter("CREATE TABLE t2 AS SELECT * FROM t").is_err());
+        assert_eq!(alter("RENAME TABLE a TO b").unwrap().len(), 1);
     }
 
     #[test]

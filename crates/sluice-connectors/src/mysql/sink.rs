@@ -62,7 +62,7 @@ pub(super) fn qualified(name: &TableName) -> String {
 }
 
 /// The MySQL type a logical type is created as.
-fn column_type(data_type: &DataType) -> String {
+pub(super) fn column_type(data_type: &DataType) -> String {
     let unsigned = |unsigned: &bool| if *unsigned { " UNSIGNED" } else { "" };
     let list = |values: &[String]| {
         values
@@ -103,7 +103,7 @@ fn column_type(data_type: &DataType) -> String {
     }
 }
 
-fn create_table_sql(table: &TableSchema) -> String {
+pub(super) fn create_table_sql(table: &TableSchema) -> String {
     let mut definitions: Vec<String> = table
         .columns
         .iter()

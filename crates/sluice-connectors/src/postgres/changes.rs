@@ -5,12 +5,12 @@
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures_util::SinkExt;
-use sluice_core::connector::{ChangeWriter, Checkpoint};
+use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
 use sluice_core::net_changes::missing_rows;
-use sluice_core::{Error, ErrorKind, Result, Row, Side, TableSchema, Value};
+use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
-use super::sink::{commit_with_checkpoint, qualified, read_checkpoint};
+use super::sink::{commit_with_checkpoint, create_index_sql, create_table_sql, qualified, read_checkpoint};
 use super::{column_type, encode_copy, postgres_error, quote};
 
 /// At most this many keys per DELETE; a larger set takes several statements.
@@ -47,6 +47,24 @@ fn text_form(value: &Value) -> Option<String> {
 }
 
 impl PostgresChangeWriter {
+    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
+        self.client.batch_execute(sql).await.map_err(|error| postgres_error(error, Side::Target, &self.server, doing))
+    }
+
+    /// The table's column names, empty when it does not exist.
+    async fn columns(&mut self, table: &TableName) -> Result<Vec<String>> {
+        let namespace = table.namespace.as_deref().unwrap_or("public");
+        let rows = self
+            .client
+            .query(
+                "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2",
+                &[&namespace, &table.name],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Target, &self.server, &format!("describe table {table}")))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
     fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
         move |error| postgres_error(error, Side::Target, &self.server, doing)
     }
@@ -161,5 +179,88 @@ impl ChangeWriter for PostgresChangeWriter {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&self.client, &self.server, &self.job, checkpoint).await
+    }
+
+    /// PostgreSQL's DDL is transactional: the change commits with the checkpoint.
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        self.begin().await?;
+        match change {
+            SchemaChange::Create(table) => {
+                self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?;
+                for statement in create_index_sql(table) {
+                    self.execute(&statement, &format!("index table {}", table.name)).await?;
+                }
+            }
+            SchemaChange::Drop(table) => {
+                self.execute(&format!("DROP TABLE IF EXISTS {}", qualified(table)), &format!("drop table {table}"))
+                    .await?
+            }
+            SchemaChange::Truncate(table) => {
+                self.execute(&format!("TRUNCATE {}", qualified(table)), &format!("truncate table {table}")).await?
+            }
+            SchemaChange::Rename { from, to } => {
+                if self.columns(from).await?.is_empty() {
+                    if self.columns(to).await?.is_empty() {
+                        return Err(Error::new(ErrorKind::Schema, format!("neither {from} nor {to} exists to rename"))
+                            .on(Side::Target));
+                    }
+                    return Ok(());
+                }
+                let doing = format!("rename table {from} to {to}");
+                if from.namespace != to.namespace {
+                    let schema = quote(to.namespace.as_deref().unwrap_or("public"));
+                    let moved = format!(
+                        "CREATE SCHEMA IF NOT EXISTS {schema}; ALTER TABLE {} SET SCHEMA {schema}",
+                        qualified(from)
+                    );
+                    self.execute(&moved, &doing).await?;
+                }
+                if from.name != to.name {
+                    let moved = TableName { namespace: to.namespace.clone(), name: from.name.clone() };
+                    let renamed = format!("ALTER TABLE {} RENAME TO {}", qualified(&moved), quote(&to.name));
+                    self.execute(&renamed, &doing).await?;
+                }
+            }
+            SchemaChange::Alter { table, renamed, retyped } => {
+                let name = qualified(&table.name);
+                let doing = format!("alter table {}", table.name);
+                let mut existing = self.columns(&table.name).await?;
+                for (old, new) in renamed {
+                    if existing.contains(old) && !existing.contains(new) {
+                        self.execute(
+                            &format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(old), quote(new)),
+                            &doing,
+                        )
+                        .await?;
+                        existing.retain(|column| column != old);
+                        existing.push(new.clone());
+                    }
+                }
+                for column in &table.columns {
+                    if !existing.contains(&column.name) {
+                        let added = format!(
+                            "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {} {}",
+                            quote(&column.name),
+                            column_type(&column.data_type)
+                        );
+                        self.execute(&added, &doing).await?;
+                    } else if retyped.contains(&column.name) {
+                        let pg_type = column_type(&column.data_type);
+                        let column_name = quote(&column.name);
+                        let nullability = if column.nullable { "DROP NOT NULL" } else { "SET NOT NULL" };
+                        let retype = format!(
+                            "ALTER TABLE {name} ALTER COLUMN {column_name} TYPE {pg_type} USING {column_name}::{pg_type}, ALTER COLUMN {column_name} {nullability}"
+                        );
+                        self.execute(&retype, &doing).await?;
+                    }
+                }
+                for column in existing.iter().filter(|column| !table.columns.iter().any(|known| &known.name == *column))
+                {
+                    self.execute(&format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(column)), &doing)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
     }
 }

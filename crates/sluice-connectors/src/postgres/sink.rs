@@ -196,7 +196,7 @@ impl Sink for PostgresSink {
     }
 }
 
-fn create_table_sql(table: &TableSchema) -> String {
+pub(super) fn create_table_sql(table: &TableSchema) -> String {
     let mut definitions: Vec<String> = table
         .columns
         .iter()
@@ -224,7 +224,7 @@ fn create_table_sql(table: &TableSchema) -> String {
 
 /// `CREATE INDEX` for each secondary index. PostgreSQL index names are per schema, so each is
 /// prefixed with its table's name (and cut to the 63-byte limit on a character boundary).
-fn create_index_sql(table: &TableSchema) -> Vec<String> {
+pub(super) fn create_index_sql(table: &TableSchema) -> Vec<String> {
     table
         .indexes
         .iter()

@@ -13,7 +13,7 @@
 //!   resumes from the checkpoint in the target: reconnects always start at a transaction
 //!   boundary, and the target, not local state, says where.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 
 use super::{interrupted, Runner};
 use crate::change::{Batch, Change, Position};
-use crate::connector::{ChangeWriter, Checkpoint, StreamEvent};
+use crate::connector::{ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::net_changes::{ApplyMode, NetChanges};
 use crate::retry;
@@ -46,6 +46,21 @@ const IDLE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 struct StreamCheckpoint {
     at: Position,
     replay_until: Option<Position>,
+    /// Tables created or altered by DDL whose new schema the target does not have yet: it comes
+    /// with the table's next rows (their table map), keyed by source table name. Kept in the
+    /// checkpoint, so a crash between the DDL and those rows forgets nothing.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pending: BTreeMap<String, PendingSchema>,
+}
+
+/// What a target table still needs once its new schema arrives.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct PendingSchema {
+    /// Created since: create it.
+    create: bool,
+    /// Columns renamed (old, new) and changed in type, in statement order.
+    renamed: Vec<(String, String)>,
+    retyped: Vec<String>,
 }
 
 fn unix_now() -> u64 {
@@ -106,9 +121,12 @@ impl Runner {
                     // Any position after the copy's end closes the replay window; the current one
                     // is such a position.
                     let end = self.source.log_position().await?;
-                    (StreamCheckpoint { at: start, replay_until: end }, 0)
+                    (StreamCheckpoint { at: start, replay_until: end, pending: BTreeMap::new() }, 0)
                 }
-                None => (StreamCheckpoint { at: self.source.start_position().await?, replay_until: None }, 0),
+                None => {
+                    let at = self.source.start_position().await?;
+                    (StreamCheckpoint { at, replay_until: None, pending: BTreeMap::new() }, 0)
+                }
             },
         };
         let head = self.source.log_position().await?;
@@ -168,9 +186,62 @@ impl Runner {
                 match event.transpose()? {
                     None => {}
                     Some(StreamEvent::Changes(changes)) => {
+                        let changes = self.adjust_zero_dates(changes)?;
+                        let reshaped: Vec<Arc<TableSchema>> = {
+                            let mut tables: Vec<Arc<TableSchema>> = Vec::new();
+                            for change in &changes {
+                                let key = change.table.name.to_string();
+                                if checkpoint.pending.contains_key(&key)
+                                    && !tables.iter().any(|known| known.name == change.table.name)
+                                {
+                                    tables.push(change.table.clone());
+                                }
+                            }
+                            tables
+                        };
+                        if !reshaped.is_empty() {
+                            // The target takes the new schema before these rows, and after the
+                            // rows before them: whole transactions commit first when they can.
+                            if !open_transaction && !group.is_empty() {
+                                group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
+                                rows_applied += group_rows;
+                                self.commit_group(
+                                    &mut *writer,
+                                    &checkpoint,
+                                    rows_applied,
+                                    &group,
+                                    group_rows,
+                                    head.as_ref(),
+                                )
+                                .await?;
+                                group.clear();
+                                group_rows = 0;
+                                moved = false;
+                            } else {
+                                group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
+                            }
+                            for table in reshaped {
+                                let pending = checkpoint.pending.remove(&table.name.to_string()).unwrap_or_default();
+                                let target = target_of(&table);
+                                let change = if pending.create {
+                                    SchemaChange::Create((*target).clone())
+                                } else {
+                                    SchemaChange::Alter {
+                                        table: (*target).clone(),
+                                        renamed: pending.renamed,
+                                        retyped: pending.retyped,
+                                    }
+                                };
+                                writer
+                                    .apply_schema_change(&change)
+                                    .await
+                                    .map_err(|error| error.context(format_args!("table {}", target.name)))?;
+                                log::info!("target table {} has the source's new schema", target.name);
+                            }
+                        }
                         open_transaction = true;
                         let mode = self.apply_mode(&checkpoint);
-                        for change in self.adjust_zero_dates(changes)? {
+                        for change in changes {
                             net.add(change, mode)?;
                         }
                         // A large transaction goes to the target in pieces, inside the one
@@ -186,6 +257,39 @@ impl Runner {
                         group.push(Arrival { received: SystemTime::now(), committed_at });
                         checkpoint.at = position;
                         open_transaction = false;
+                    }
+                    Some(StreamEvent::SchemaChange { statement, changes, position, committed_at }) => {
+                        // DDL is a transaction of its own: what came before commits first.
+                        if !group.is_empty() || moved {
+                            group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
+                            rows_applied += group_rows;
+                            self.commit_group(
+                                &mut *writer,
+                                &checkpoint,
+                                rows_applied,
+                                &group,
+                                group_rows,
+                                head.as_ref(),
+                            )
+                            .await?;
+                            group.clear();
+                            group_rows = 0;
+                        }
+                        for change in changes {
+                            let Some(change) = self.schema_change(change, &mut checkpoint.pending) else { continue };
+                            writer.apply_schema_change(&change).await.map_err(|error| {
+                                error
+                                    .context(format_args!("applying `{statement}` ({position})", position = position.0))
+                            })?;
+                        }
+                        log::info!("applied DDL to the target: {statement}");
+                        stats.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        checkpoint.at = position;
+                        let ddl = [Arrival { received: SystemTime::now(), committed_at }];
+                        self.commit_group(&mut *writer, &checkpoint, rows_applied, &ddl, 0, head.as_ref()).await?;
+                        *progressed = true;
+                        moved = false;
+                        last_commit = Instant::now();
                     }
                     Some(StreamEvent::Advance { position, committed_at }) => {
                         checkpoint.at = position;
@@ -230,6 +334,39 @@ impl Runner {
         drop(received);
         producer.abort();
         outcome
+    }
+
+    /// A source DDL effect as the target applies it now, with target names; `None` for a
+    /// created or altered table, whose new schema comes with its next rows (`pending`).
+    fn schema_change(
+        &self,
+        change: SourceSchemaChange,
+        pending: &mut BTreeMap<String, PendingSchema>,
+    ) -> Option<SchemaChange> {
+        let target = |name: &TableName| self.sink.target_name(name);
+        match change {
+            SourceSchemaChange::Create(table) => {
+                pending.insert(table.to_string(), PendingSchema { create: true, ..PendingSchema::default() });
+                None
+            }
+            SourceSchemaChange::Alter { table, renamed, retyped } => {
+                let entry = pending.entry(table.to_string()).or_default();
+                entry.renamed.extend(renamed);
+                entry.retyped.extend(retyped);
+                None
+            }
+            SourceSchemaChange::Drop(table) => {
+                pending.remove(&table.to_string());
+                Some(SchemaChange::Drop(target(&table)))
+            }
+            SourceSchemaChange::Rename { from, to } => {
+                if let Some(moved) = pending.remove(&from.to_string()) {
+                    pending.insert(to.to_string(), moved);
+                }
+                Some(SchemaChange::Rename { from: target(&from), to: target(&to) })
+            }
+            SourceSchemaChange::Truncate(table) => Some(SchemaChange::Truncate(target(&table))),
+        }
     }
 
     /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold.

@@ -210,6 +210,43 @@ pub fn committed_rows(path: &Path, job: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A child process that is killed when dropped, so a failing test leaves no run behind (a
+/// stray binlog reader would hold the source's logs and fight later runs for its server id).
+pub struct Guard(Option<Child>);
+
+impl Guard {
+    pub fn new(child: Child) -> Guard {
+        Guard(Some(child))
+    }
+
+    /// The child, no longer guarded.
+    pub fn into_inner(mut self) -> Child {
+        self.0.take().expect("guarded until now")
+    }
+}
+
+impl std::ops::Deref for Guard {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0.as_ref().expect("guarded until now")
+    }
+}
+
+impl std::ops::DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0.as_mut().expect("guarded until now")
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// SIGKILL: the process gets no chance to clean up.
 pub fn kill(child: &mut Child) {
     child.kill().expect("SIGKILL the run");
