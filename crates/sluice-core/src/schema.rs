@@ -127,3 +127,81 @@ impl TableSchema {
         self.primary_key.iter().map(|&index| self.columns[index].name.as_str()).collect()
     }
 }
+
+/// One step that brings a target table's columns to a source table's new schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnChange<'a> {
+    Rename { from: &'a str, to: &'a str },
+    Add(&'a Column),
+    Retype(&'a Column),
+    Drop(String),
+}
+
+/// The steps from a target table's column names (`existing`) to `table`'s columns: renames
+/// first, where the old name exists and the new one does not (so a replayed step is a no-op),
+/// then added and retyped columns in the table's order, then the columns it no longer has.
+pub fn column_changes<'a>(
+    existing: &[String],
+    table: &'a TableSchema,
+    renamed: &'a [(String, String)],
+    retyped: &[String],
+) -> Vec<ColumnChange<'a>> {
+    let mut names: Vec<String> = existing.to_vec();
+    let mut steps = Vec::new();
+    for (from, to) in renamed {
+        if names.contains(from) && !names.contains(to) {
+            steps.push(ColumnChange::Rename { from, to });
+            names.retain(|name| name != from);
+            names.push(to.clone());
+        }
+    }
+    for column in &table.columns {
+        if !names.contains(&column.name) {
+            steps.push(ColumnChange::Add(column));
+        } else if retyped.contains(&column.name) {
+            steps.push(ColumnChange::Retype(column));
+        }
+    }
+    for name in names {
+        if !table.columns.iter().any(|column| column.name == name) {
+            steps.push(ColumnChange::Drop(name));
+        }
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_changes_rename_first_and_replay_as_no_ops() {
+        let column = |name: &str| Column {
+            name: name.into(),
+            data_type: DataType::Integer { bytes: 8, unsigned: false },
+            nullable: true,
+            native_type: String::new(),
+        };
+        let table = TableSchema {
+            name: TableName::parse("db.t"),
+            columns: vec![column("id"), column("a2"), column("b"), column("new")],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+        };
+        let renamed = vec![("a".to_owned(), "a2".to_owned())];
+        let retyped = vec!["b".to_owned()];
+        let existing: Vec<String> = ["id", "a", "b", "old"].map(String::from).to_vec();
+        assert_eq!(
+            column_changes(&existing, &table, &renamed, &retyped),
+            vec![
+                ColumnChange::Rename { from: "a", to: "a2" },
+                ColumnChange::Retype(&table.columns[2]),
+                ColumnChange::Add(&table.columns[3]),
+                ColumnChange::Drop("old".into()),
+            ]
+        );
+        // Applied already: only the retype (harmless to repeat) is left.
+        let done: Vec<String> = ["id", "a2", "b", "new"].map(String::from).to_vec();
+        assert_eq!(column_changes(&done, &table, &renamed, &retyped), vec![ColumnChange::Retype(&table.columns[2])]);
+    }
+}

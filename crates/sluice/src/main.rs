@@ -282,6 +282,13 @@ fn print_summary(summary: &RunSummary) {
             summary.splits_resumed_done
         );
     }
+    if let Some(stream) = &summary.stream {
+        let rate = if summary.elapsed_secs > 0.0 { stream.rows_applied as f64 / summary.elapsed_secs } else { 0.0 };
+        println!("  {}", progress::stream_line(stream, rate));
+        if stream.schema_changes > 0 {
+            println!("  {} DDL statements carried to the target", stream.schema_changes);
+        }
+    }
 }
 
 fn write_summary(path: Option<&std::path::Path>, summary: &RunSummary) {

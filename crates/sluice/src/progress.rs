@@ -6,7 +6,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_core::stats::{JobStats, TableSummary};
+use sluice_core::stats::{JobStats, StreamPhase, StreamSummary, TableSummary};
 use tokio::sync::watch;
 
 /// Runs until `done` flips, then draws a last frame.
@@ -20,6 +20,8 @@ pub async fn display(stats: Arc<JobStats>, mut done: watch::Receiver<bool>) {
     let mut drawn_lines = 0;
     let mut last_rows = (Instant::now(), 0u64);
     let mut rate = 0.0;
+    let mut last_applied = (Instant::now(), 0u64);
+    let mut applied_rate = 0.0;
     loop {
         let finished = tokio::select! {
             _ = tokio::time::sleep(interval) => false,
@@ -34,14 +36,29 @@ pub async fn display(stats: Arc<JobStats>, mut done: watch::Receiver<bool>) {
             rate = if rate == 0.0 { current } else { 0.7 * rate + 0.3 * current };
         }
         last_rows = (Instant::now(), written);
+        let stream = stats.stream.summary();
+        let stream = (stream.phase != StreamPhase::NotStarted).then_some(stream);
+        if let Some(stream) = &stream {
+            let elapsed = last_applied.0.elapsed().as_secs_f64();
+            if elapsed > 0.0 {
+                let current = stream.rows_applied.saturating_sub(last_applied.1) as f64 / elapsed;
+                applied_rate = if applied_rate == 0.0 { current } else { 0.7 * applied_rate + 0.3 * current };
+            }
+            last_applied = (Instant::now(), stream.rows_applied);
+        }
         if terminal {
-            let frame = frame(&tables, rate, stats.elapsed());
+            let mut frame = frame(&tables, rate, stats.elapsed());
+            if let Some(stream) = &stream {
+                let _ = writeln!(frame, "  {}", stream_line(stream, applied_rate));
+            }
             let mut stderr = std::io::stderr().lock();
             if drawn_lines > 0 {
                 let _ = write!(stderr, "\x1b[{drawn_lines}A\x1b[J");
             }
             let _ = stderr.write_all(frame.as_bytes());
             drawn_lines = frame.lines().count();
+        } else if let Some(stream) = &stream {
+            log::info!("{}", stream_line(stream, applied_rate));
         } else if !tables.is_empty() {
             log::info!("{}", line(&tables, rate));
         }
@@ -112,6 +129,36 @@ fn line(tables: &[TableSummary], rate: f64) -> String {
         group(rate as u64),
         eta(expected.saturating_sub(written), rate),
         tables.len()
+    )
+}
+
+/// The change stream's state in one line: phase, rows applied and their rate, lag, latency, and
+/// the position committed in the target.
+pub fn stream_line(stream: &StreamSummary, rate: f64) -> String {
+    let phase = match stream.phase {
+        StreamPhase::NotStarted => "not started",
+        StreamPhase::CatchingUp => "catching up",
+        StreamPhase::Streaming => "streaming",
+    };
+    let bound = |quantile: Option<u64>| match quantile {
+        None => "-".to_owned(),
+        Some(u64::MAX) => "> 300 s".to_owned(),
+        Some(milliseconds) => format!("<= {milliseconds} ms"),
+    };
+    let position = stream.position.as_ref().map_or_else(String::new, |position| {
+        match (position.get("file").and_then(|file| file.as_str()), position.get("position")) {
+            (Some(file), Some(offset)) => format!(", at {file}:{offset}"),
+            _ => format!(", at {position}"),
+        }
+    });
+    format!(
+        "stream: {phase}, {} rows applied in {} transactions ({} rows/s), {} s behind the source, latency p50 {} p99 {}{position}",
+        group(stream.rows_applied),
+        group(stream.transactions_applied),
+        group(rate as u64),
+        stream.lag_seconds,
+        bound(stream.latency_p50_ms),
+        bound(stream.latency_p99_ms)
     )
 }
 

@@ -38,16 +38,7 @@ impl Job {
 
     fn start(&self) -> Guard {
         let target_url = if self.target == "postgres" { postgres_url() } else { mysql_url() };
-        let child = self
-            .workspace
-            .command(&["run", self.file.to_str().unwrap(), "--summary-json", "summary.json"])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", target_url)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("sluice starts");
-        Guard::new(child)
+        self.workspace.start_run(&self.file, &mysql_url(), &target_url, &["--summary-json", "summary.json"])
     }
 
     /// Waits until the target holds everything the source committed up to now; on a timeout,
@@ -202,16 +193,7 @@ fn a_large_transaction_streams_in_bounded_memory_and_lands_whole() {
             "name: {name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 2000, queue_batches: 2}}\n"
         ),
     );
-    let mut child = Guard::new(
-        workspace
-            .command(&["run", file.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", postgres_url())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = workspace.start_run(&file, &mysql_url(), &postgres_url(), &[]);
     wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
     let baseline = peak_rss_mb(child.id());
     // About 110 MB of row images in one transaction.

@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::workload::stream_position;
-use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Guard, Run, Workspace};
+use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
 
 fn cdc_job(workspace: &Workspace, database: &str) -> (std::path::PathBuf, String) {
     let name = format!("{database}-cdc").replace('_', "-");
@@ -40,16 +40,7 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     let (job, name) = cdc_job(&workspace, &database);
 
     // A first run streams a row and keeps its position in the target.
-    let mut child = Guard::new(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", postgres_url())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
     wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
     mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
     wait_for("the row in the target", Duration::from_secs(60), || {
@@ -73,16 +64,7 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     });
 
     let started = Instant::now();
-    let mut child = Guard::new(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", postgres_url())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > Duration::from_secs(30) {
             child.kill().unwrap();

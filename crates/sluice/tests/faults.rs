@@ -109,16 +109,7 @@ async fn a_binlog_reset_inside_a_large_transaction_resumes_at_its_start() {
             "name: {job_name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 1000}}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
         ),
     );
-    let mut child = support::Guard::new(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", through(&mysql_url(), &source_proxy))
-            .env("TARGET", postgres_url())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut child = workspace.start_run(&job, &through(&mysql_url(), &source_proxy), &postgres_url(), &[]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while support::workload::stream_position("postgres", &job_name).is_none() {
         assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream starts");

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::workload::{source_position, stream_position};
-use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, signal, unique_name, wait_for, Guard, Run, Workspace};
+use support::{mariadb, mariadb_bytes, mysql_url, postgres_url, signal, unique_name, wait_for, Run, Workspace};
 
 /// One MySQL column type, the values to put in it (SQL literals), and the text PostgreSQL must
 /// show for each (`NULL` for NULL).
@@ -284,15 +284,7 @@ fn every_edge_value_survives_the_change_stream() {
         let name = format!("{database}-{target}").replace('_', "-");
         let job =
             workspace.write(&format!("{target}.yaml"), &job_text(&name, "snapshot+cdc", &database, target, namespace));
-        let child = workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", target_url(target))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        runs.push((target, name, Guard::new(child)));
+        runs.push((target, name, workspace.start_run(&job, &mysql_url(), &target_url(target), &[])));
     }
     for (target, name, _) in &runs {
         wait_for("the stream to start", Duration::from_secs(60), || stream_position(target, name).is_some());

@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
+use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
 use super::sink::{
@@ -162,36 +163,27 @@ impl ChangeWriter for MysqlChangeWriter {
             SchemaChange::Alter { table, renamed, retyped } => {
                 let name = qualified(&table.name);
                 let doing = format!("alter table {}", table.name);
-                let mut existing = self.columns(&table.name).await?;
-                for (old, new) in renamed {
-                    if existing.contains(old) && !existing.contains(new) {
-                        self.execute(
-                            &format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(old), quote(new)),
-                            &doing,
-                        )
-                        .await?;
-                        existing.retain(|column| column != old);
-                        existing.push(new.clone());
-                    }
-                }
-                for column in &table.columns {
-                    let definition = format!(
-                        "{} {} {}",
-                        quote(&column.name),
-                        column_type(&column.data_type),
-                        if column.nullable { "NULL" } else { "NOT NULL" }
-                    );
-                    if !existing.contains(&column.name) {
-                        self.execute(&format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {definition}"), &doing)
-                            .await?;
-                    } else if retyped.contains(&column.name) {
-                        self.execute(&format!("ALTER TABLE {name} MODIFY COLUMN {definition}"), &doing).await?;
-                    }
-                }
-                for column in existing.iter().filter(|column| !table.columns.iter().any(|known| &known.name == *column))
-                {
-                    self.execute(&format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(column)), &doing)
-                        .await?;
+                let existing = self.columns(&table.name).await?;
+                let definition = |column: &sluice_core::Column| {
+                    let nullability = if column.nullable { "NULL" } else { "NOT NULL" };
+                    format!("{} {} {nullability}", quote(&column.name), column_type(&column.data_type))
+                };
+                for step in column_changes(&existing, table, renamed, retyped) {
+                    let sql = match step {
+                        ColumnChange::Rename { from, to } => {
+                            format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
+                        }
+                        ColumnChange::Add(column) => {
+                            format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}", definition(column))
+                        }
+                        ColumnChange::Retype(column) => {
+                            format!("ALTER TABLE {name} MODIFY COLUMN {}", definition(column))
+                        }
+                        ColumnChange::Drop(column) => {
+                            format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))
+                        }
+                    };
+                    self.execute(&sql, &doing).await?;
                 }
             }
         }

@@ -3,15 +3,14 @@
 //! also moves the stream's row in `sluice.checkpoints`.
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use futures_util::SinkExt;
 use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
 use sluice_core::net_changes::missing_rows;
+use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
 use super::sink::{commit_with_checkpoint, create_index_sql, create_table_sql, qualified, read_checkpoint};
-use super::{column_type, encode_copy, postgres_error, quote};
+use super::{column_type, copy_rows, encode_copy, postgres_error, quote};
 
 /// At most this many keys per DELETE; a larger set takes several statements.
 const KEYS_PER_STATEMENT: usize = 10_000;
@@ -140,26 +139,9 @@ impl ChangeWriter for PostgresChangeWriter {
 
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
         self.begin().await?;
-        self.buffer.clear();
-        for row in rows {
-            for (index, value) in row.iter().enumerate() {
-                if index > 0 {
-                    self.buffer.push('\t');
-                }
-                encode_copy(value, &mut self.buffer);
-            }
-            self.buffer.push('\n');
-        }
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let copy = format!("COPY {} ({}) FROM STDIN", qualified(&table.name), columns.join(", "));
-        let data = Bytes::from(std::mem::take(&mut self.buffer));
-        let copied = async {
-            let sink = self.client.copy_in::<_, Bytes>(copy.as_str()).await?;
-            futures_util::pin_mut!(sink);
-            sink.send(data).await?;
-            sink.finish().await
-        }
-        .await;
+        let copied = copy_rows(&self.client, &copy, rows.iter(), &mut self.buffer).await;
         match copied {
             Ok(_) => Ok(()),
             Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
@@ -224,40 +206,29 @@ impl ChangeWriter for PostgresChangeWriter {
             SchemaChange::Alter { table, renamed, retyped } => {
                 let name = qualified(&table.name);
                 let doing = format!("alter table {}", table.name);
-                let mut existing = self.columns(&table.name).await?;
-                for (old, new) in renamed {
-                    if existing.contains(old) && !existing.contains(new) {
-                        self.execute(
-                            &format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(old), quote(new)),
-                            &doing,
-                        )
-                        .await?;
-                        existing.retain(|column| column != old);
-                        existing.push(new.clone());
-                    }
-                }
-                for column in &table.columns {
-                    if !existing.contains(&column.name) {
-                        let added = format!(
+                let existing = self.columns(&table.name).await?;
+                for step in column_changes(&existing, table, renamed, retyped) {
+                    let sql = match step {
+                        ColumnChange::Rename { from, to } => {
+                            format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
+                        }
+                        ColumnChange::Add(column) => format!(
                             "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {} {}",
                             quote(&column.name),
                             column_type(&column.data_type)
-                        );
-                        self.execute(&added, &doing).await?;
-                    } else if retyped.contains(&column.name) {
-                        let pg_type = column_type(&column.data_type);
-                        let column_name = quote(&column.name);
-                        let nullability = if column.nullable { "DROP NOT NULL" } else { "SET NOT NULL" };
-                        let retype = format!(
-                            "ALTER TABLE {name} ALTER COLUMN {column_name} TYPE {pg_type} USING {column_name}::{pg_type}, ALTER COLUMN {column_name} {nullability}"
-                        );
-                        self.execute(&retype, &doing).await?;
-                    }
-                }
-                for column in existing.iter().filter(|column| !table.columns.iter().any(|known| &known.name == *column))
-                {
-                    self.execute(&format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(column)), &doing)
-                        .await?;
+                        ),
+                        ColumnChange::Retype(column) => {
+                            let (column_name, pg_type) = (quote(&column.name), column_type(&column.data_type));
+                            let nullability = if column.nullable { "DROP NOT NULL" } else { "SET NOT NULL" };
+                            format!(
+                                "ALTER TABLE {name} ALTER COLUMN {column_name} TYPE {pg_type} USING {column_name}::{pg_type}, ALTER COLUMN {column_name} {nullability}"
+                            )
+                        }
+                        ColumnChange::Drop(column) => {
+                            format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))
+                        }
+                    };
+                    self.execute(&sql, &doing).await?;
                 }
             }
         }

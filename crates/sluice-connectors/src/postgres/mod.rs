@@ -123,6 +123,34 @@ fn column_type(data_type: &DataType) -> String {
     }
 }
 
+/// Sends rows to a `COPY ... FROM STDIN` statement (text format) in one message. `buffer` is
+/// reused from call to call, sized for a batch like the last.
+async fn copy_rows<'a>(
+    client: &Client,
+    statement: &str,
+    rows: impl Iterator<Item = &'a sluice_core::Row>,
+    buffer: &mut String,
+) -> Result<(), tokio_postgres::Error> {
+    use futures_util::SinkExt;
+    buffer.clear();
+    for row in rows {
+        for (index, value) in row.iter().enumerate() {
+            if index > 0 {
+                buffer.push('\t');
+            }
+            encode_copy(value, buffer);
+        }
+        buffer.push('\n');
+    }
+    let sink = client.copy_in::<_, bytes::Bytes>(statement).await?;
+    futures_util::pin_mut!(sink);
+    let capacity = buffer.len() + buffer.len() / 8;
+    let data = std::mem::replace(buffer, String::with_capacity(capacity));
+    sink.send(bytes::Bytes::from(data)).await?;
+    sink.finish().await?;
+    Ok(())
+}
+
 /// Appends a value in COPY text format: `\N` for NULL, backslash escapes for the rest.
 fn encode_copy(value: &Value, output: &mut String) {
     use std::fmt::Write;

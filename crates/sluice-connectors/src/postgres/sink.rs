@@ -4,8 +4,6 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use futures_util::SinkExt;
 use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
 use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Sink, Writer};
 use sluice_core::secret::Secret;
@@ -13,7 +11,7 @@ use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
-use super::{column_type, connect, encode_copy, is_row_error, postgres_error, quote};
+use super::{column_type, connect, copy_rows, is_row_error, postgres_error, quote};
 
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
@@ -312,23 +310,7 @@ impl PostgresWriter {
 
     /// COPYs rows (and merges them, for upsert) inside the open transaction.
     async fn copy_rows(&mut self, rows: &[&Row]) -> Result<(), tokio_postgres::Error> {
-        self.buffer.clear();
-        for row in rows {
-            for (index, value) in row.iter().enumerate() {
-                if index > 0 {
-                    self.buffer.push('\t');
-                }
-                encode_copy(value, &mut self.buffer);
-            }
-            self.buffer.push('\n');
-        }
-        let sink = self.client.copy_in::<_, Bytes>(self.copy.as_str()).await?;
-        futures_util::pin_mut!(sink);
-        // The next batch is about as large: reserve it now instead of growing step by step.
-        let capacity = self.buffer.len() + self.buffer.len() / 8;
-        let data = std::mem::replace(&mut self.buffer, String::with_capacity(capacity));
-        sink.send(Bytes::from(data)).await?;
-        sink.finish().await?;
+        copy_rows(&self.client, &self.copy, rows.iter().copied(), &mut self.buffer).await?;
         if let Some(upsert) = &self.upsert {
             self.client.batch_execute(upsert).await?;
         }

@@ -112,7 +112,7 @@ impl Runner {
                 .on(Side::Target)
                 .hint("delete the row of this job from the target's sluice.checkpoints table and start again")
         };
-        let (mut checkpoint, mut rows_applied) = match recovered {
+        let (checkpoint, rows_applied) = match recovered {
             Some(Checkpoint { position: Some(position), rows_written, .. }) => {
                 (serde_json::from_value::<StreamCheckpoint>(position.0).map_err(corrupt)?, rows_written)
             }
@@ -150,31 +150,24 @@ impl Runner {
             }
         });
 
-        let mut targets: HashMap<TableName, (Arc<TableSchema>, Arc<TableSchema>)> = HashMap::new();
-        let mut target_of = |table: &Arc<TableSchema>| -> Arc<TableSchema> {
-            match targets.get(&table.name) {
-                Some((source, target)) if Arc::ptr_eq(source, table) => target.clone(),
-                _ => {
-                    let target =
-                        Arc::new(TableSchema { name: self.sink.target_name(&table.name), ..(**table).clone() });
-                    targets.insert(table.name.clone(), (table.clone(), target.clone()));
-                    target
-                }
-            }
+        let mut applier = Applier {
+            runner: self,
+            writer,
+            checkpoint,
+            rows_applied,
+            head,
+            targets: HashMap::new(),
+            net: NetChanges::default(),
+            arrivals: Vec::new(),
+            staged_rows: 0,
+            started: Instant::now(),
+            moved: false,
+            open_transaction: false,
+            last_commit: Instant::now(),
+            progressed,
         };
-        let mut net = NetChanges::default();
-        // Changes of a source transaction whose commit has not arrived are folded or staged.
-        let mut open_transaction = false;
-        // Whole transactions folded or staged since the last target commit.
-        let mut group: Vec<Arrival> = Vec::new();
-        let mut group_rows: u64 = 0;
-        let mut group_started = Instant::now();
-        // The position moved past transactions of other tables since the last target commit.
-        let mut moved = false;
-        let mut last_commit = Instant::now();
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
-
         let outcome: Result<()> = async {
             loop {
                 let event = tokio::select! {
@@ -185,145 +178,32 @@ impl Runner {
                 let stopping = event.is_none();
                 match event.transpose()? {
                     None => {}
-                    Some(StreamEvent::Changes(changes)) => {
-                        let changes = self.adjust_zero_dates(changes)?;
-                        let reshaped: Vec<Arc<TableSchema>> = {
-                            let mut tables: Vec<Arc<TableSchema>> = Vec::new();
-                            for change in &changes {
-                                let key = change.table.name.to_string();
-                                if checkpoint.pending.contains_key(&key)
-                                    && !tables.iter().any(|known| known.name == change.table.name)
-                                {
-                                    tables.push(change.table.clone());
-                                }
-                            }
-                            tables
-                        };
-                        if !reshaped.is_empty() {
-                            // The target takes the new schema before these rows, and after the
-                            // rows before them: whole transactions commit first when they can.
-                            if !open_transaction && !group.is_empty() {
-                                group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                                rows_applied += group_rows;
-                                self.commit_group(
-                                    &mut *writer,
-                                    &checkpoint,
-                                    rows_applied,
-                                    &group,
-                                    group_rows,
-                                    head.as_ref(),
-                                )
-                                .await?;
-                                group.clear();
-                                group_rows = 0;
-                                moved = false;
-                            } else {
-                                group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                            }
-                            for table in reshaped {
-                                let pending = checkpoint.pending.remove(&table.name.to_string()).unwrap_or_default();
-                                let target = target_of(&table);
-                                let change = if pending.create {
-                                    SchemaChange::Create((*target).clone())
-                                } else {
-                                    SchemaChange::Alter {
-                                        table: (*target).clone(),
-                                        renamed: pending.renamed,
-                                        retyped: pending.retyped,
-                                    }
-                                };
-                                writer
-                                    .apply_schema_change(&change)
-                                    .await
-                                    .map_err(|error| error.context(format_args!("table {}", target.name)))?;
-                                log::info!("target table {} has the source's new schema", target.name);
-                            }
-                        }
-                        open_transaction = true;
-                        let mode = self.apply_mode(&checkpoint);
-                        for change in changes {
-                            net.add(change, mode)?;
-                        }
-                        // A large transaction goes to the target in pieces, inside the one
-                        // target transaction that its commit will end.
-                        if net.len() >= self.job.limits.batch_rows {
-                            group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                        }
-                    }
+                    Some(StreamEvent::Changes(changes)) => applier.changes(changes).await?,
                     Some(StreamEvent::Commit { position, committed_at }) => {
-                        if group.is_empty() {
-                            group_started = Instant::now();
-                        }
-                        group.push(Arrival { received: SystemTime::now(), committed_at });
-                        checkpoint.at = position;
-                        open_transaction = false;
+                        applier.transaction_end(position, committed_at)
                     }
                     Some(StreamEvent::SchemaChange { statement, changes, position, committed_at }) => {
-                        // DDL is a transaction of its own: what came before commits first.
-                        if !group.is_empty() || moved {
-                            group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                            rows_applied += group_rows;
-                            self.commit_group(
-                                &mut *writer,
-                                &checkpoint,
-                                rows_applied,
-                                &group,
-                                group_rows,
-                                head.as_ref(),
-                            )
-                            .await?;
-                            group.clear();
-                            group_rows = 0;
-                        }
-                        for change in changes {
-                            let Some(change) = self.schema_change(change, &mut checkpoint.pending) else { continue };
-                            writer.apply_schema_change(&change).await.map_err(|error| {
-                                error
-                                    .context(format_args!("applying `{statement}` ({position})", position = position.0))
-                            })?;
-                        }
-                        log::info!("applied DDL to the target: {statement}");
-                        stats.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        checkpoint.at = position;
-                        let ddl = [Arrival { received: SystemTime::now(), committed_at }];
-                        self.commit_group(&mut *writer, &checkpoint, rows_applied, &ddl, 0, head.as_ref()).await?;
-                        *progressed = true;
-                        moved = false;
-                        last_commit = Instant::now();
+                        applier.schema_change(&statement, changes, position, committed_at).await?
                     }
-                    Some(StreamEvent::Advance { position, committed_at }) => {
-                        checkpoint.at = position;
-                        moved = true;
-                        if group.is_empty() && !open_transaction {
-                            let lag = if committed_at == 0 { 0 } else { unix_now().saturating_sub(committed_at) };
-                            stats.lag_seconds.store(lag, std::sync::atomic::Ordering::Relaxed);
-                        }
-                    }
+                    Some(StreamEvent::Advance { position, committed_at }) => applier.advance(position, committed_at),
                 }
-                if open_transaction {
+                if applier.open_transaction {
                     if stopping {
                         // The open transaction's pieces are dropped with the target transaction.
                         return Err(interrupted());
                     }
                     continue;
                 }
-                // Commit whole transactions when nothing more is waiting, when the group is
-                // large or old, or when stopping; the position alone at most once a second.
-                let full = group_rows + net.len() as u64 >= self.job.limits.batch_rows as u64;
-                let due = !group.is_empty()
-                    && (stopping || received.is_empty() || full || group_started.elapsed() >= GROUP_MAX_AGE);
-                let idle_due =
-                    group.is_empty() && moved && (stopping || last_commit.elapsed() >= IDLE_CHECKPOINT_INTERVAL);
+                // Whole transactions commit when nothing more is waiting, when the group is large
+                // or old, or when stopping; the position alone at most once a second.
+                let full = applier.staged_rows + applier.net.len() as u64 >= self.job.limits.batch_rows as u64;
+                let due = !applier.arrivals.is_empty()
+                    && (stopping || received.is_empty() || full || applier.started.elapsed() >= GROUP_MAX_AGE);
+                let idle_due = applier.arrivals.is_empty()
+                    && applier.moved
+                    && (stopping || applier.last_commit.elapsed() >= IDLE_CHECKPOINT_INTERVAL);
                 if due || idle_due {
-                    group_rows += net.apply(&mut *writer, &mut target_of).await? as u64;
-                    rows_applied += group_rows;
-                    self.commit_group(&mut *writer, &checkpoint, rows_applied, &group, group_rows, head.as_ref())
-                        .await?;
-                    *progressed = true;
-                    group.clear();
-                    group_rows = 0;
-                    moved = false;
-                    last_commit = Instant::now();
+                    applier.commit().await?;
                 }
                 if stopping {
                     return Err(interrupted());
@@ -402,22 +282,161 @@ impl Runner {
         }
         Ok(outcome.batch.changes)
     }
+}
 
-    /// Commits the open target transaction with the stream's checkpoint and updates the
-    /// counters: rows, transactions, lag, latency and phase.
-    async fn commit_group(
-        &self,
-        writer: &mut dyn ChangeWriter,
-        checkpoint: &StreamCheckpoint,
-        rows_applied: u64,
-        group: &[Arrival],
-        group_rows: u64,
-        head: Option<&Position>,
+/// One attempt's applier: the writer, the checkpoint it moves, and the open group of whole
+/// source transactions folded (`net`) or written (`staged_rows`) since the last target commit.
+struct Applier<'a> {
+    runner: &'a Runner,
+    writer: Box<dyn ChangeWriter>,
+    checkpoint: StreamCheckpoint,
+    /// Rows applied by the stream over all runs, as the checkpoint counts them.
+    rows_applied: u64,
+    /// The source's position when the attempt began: reaching it ends catching up.
+    head: Option<Position>,
+    /// Source table → its target table, for the source schema it was made for.
+    targets: HashMap<TableName, (Arc<TableSchema>, Arc<TableSchema>)>,
+    net: NetChanges,
+    /// The source transactions in the group, for the latency histogram.
+    arrivals: Vec<Arrival>,
+    /// Changes of the group already written into the open target transaction.
+    staged_rows: u64,
+    /// When the group's first transaction arrived.
+    started: Instant,
+    /// The position moved past transactions of other tables since the last commit.
+    moved: bool,
+    /// A source transaction's changes are folded or written, its commit not seen yet.
+    open_transaction: bool,
+    last_commit: Instant,
+    progressed: &'a mut bool,
+}
+
+/// The target table of a source table (cached per source schema).
+fn target_of(
+    targets: &mut HashMap<TableName, (Arc<TableSchema>, Arc<TableSchema>)>,
+    sink: &dyn crate::connector::Sink,
+    table: &Arc<TableSchema>,
+) -> Arc<TableSchema> {
+    match targets.get(&table.name) {
+        Some((source, target)) if Arc::ptr_eq(source, table) => target.clone(),
+        _ => {
+            let target = Arc::new(TableSchema { name: sink.target_name(&table.name), ..(**table).clone() });
+            targets.insert(table.name.clone(), (table.clone(), target.clone()));
+            target
+        }
+    }
+}
+
+impl Applier<'_> {
+    /// Writes the folded changes into the open target transaction.
+    async fn write_folded(&mut self) -> Result<()> {
+        let Applier { runner, writer, targets, net, staged_rows, .. } = self;
+        let sink = &*runner.sink;
+        *staged_rows += net.apply(&mut **writer, &mut |table| target_of(targets, sink, table)).await? as u64;
+        Ok(())
+    }
+
+    /// Row changes of the open source transaction. A table with a pending schema gets it first.
+    async fn changes(&mut self, changes: Vec<Change>) -> Result<()> {
+        let changes = self.runner.adjust_zero_dates(changes)?;
+        let mut reshaped: Vec<Arc<TableSchema>> = Vec::new();
+        for change in &changes {
+            if self.checkpoint.pending.contains_key(&change.table.name.to_string())
+                && !reshaped.iter().any(|known| known.name == change.table.name)
+            {
+                reshaped.push(change.table.clone());
+            }
+        }
+        if !reshaped.is_empty() {
+            // The target takes the new schema after the rows before these: whole transactions
+            // commit first when they can, so a target whose DDL commits on its own (MySQL) never
+            // commits rows without their checkpoint.
+            if !self.open_transaction && !self.arrivals.is_empty() {
+                self.commit().await?;
+            } else {
+                self.write_folded().await?;
+            }
+            for table in reshaped {
+                let pending = self.checkpoint.pending.remove(&table.name.to_string()).unwrap_or_default();
+                let target = target_of(&mut self.targets, &*self.runner.sink, &table);
+                let change = if pending.create {
+                    SchemaChange::Create((*target).clone())
+                } else {
+                    SchemaChange::Alter { table: (*target).clone(), renamed: pending.renamed, retyped: pending.retyped }
+                };
+                self.writer
+                    .apply_schema_change(&change)
+                    .await
+                    .map_err(|error| error.context(format_args!("table {}", target.name)))?;
+                log::info!("target table {} has the source's new schema", target.name);
+            }
+        }
+        self.open_transaction = true;
+        let mode = self.runner.apply_mode(&self.checkpoint);
+        for change in changes {
+            self.net.add(change, mode)?;
+        }
+        // A large transaction goes to the target in pieces, inside the one target transaction
+        // that its commit will end.
+        if self.net.len() >= self.runner.job.limits.batch_rows {
+            self.write_folded().await?;
+        }
+        Ok(())
+    }
+
+    /// The open source transaction committed at `position`.
+    fn transaction_end(&mut self, position: Position, committed_at: u64) {
+        if self.arrivals.is_empty() {
+            self.started = Instant::now();
+        }
+        self.arrivals.push(Arrival { received: SystemTime::now(), committed_at });
+        self.checkpoint.at = position;
+        self.open_transaction = false;
+    }
+
+    /// Transactions of other tables, a rotation or a heartbeat.
+    fn advance(&mut self, position: Position, committed_at: u64) {
+        self.checkpoint.at = position;
+        self.moved = true;
+        if self.arrivals.is_empty() && !self.open_transaction {
+            let lag = if committed_at == 0 { 0 } else { unix_now().saturating_sub(committed_at) };
+            self.runner.stats.stream.lag_seconds.store(lag, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A DDL statement: a transaction of its own, after the group before it.
+    async fn schema_change(
+        &mut self,
+        statement: &str,
+        changes: Vec<SourceSchemaChange>,
+        position: Position,
+        committed_at: u64,
     ) -> Result<()> {
+        if !self.arrivals.is_empty() || self.moved {
+            self.commit().await?;
+        }
+        for change in changes {
+            let Some(change) = self.runner.schema_change(change, &mut self.checkpoint.pending) else { continue };
+            self.writer.apply_schema_change(&change).await.map_err(|error| {
+                error.context(format_args!("applying `{statement}` ({position})", position = position.0))
+            })?;
+        }
+        log::info!("applied DDL to the target: {statement}");
+        self.runner.stats.stream.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.transaction_end(position, committed_at);
+        self.commit().await
+    }
+
+    /// Writes what is folded and commits the open target transaction with the stream's
+    /// checkpoint; updates the counters: rows, transactions, lag, latency and phase.
+    async fn commit(&mut self) -> Result<()> {
+        self.write_folded().await?;
+        self.rows_applied += self.staged_rows;
+        let (runner, checkpoint) = (self.runner, &self.checkpoint);
         // Past the replay window, the window is forgotten, so a later reader of the
         // checkpoint need not know the source's position order.
         let mut stored = checkpoint.clone();
-        if stored.replay_until.as_ref().is_some_and(|mark| self.source.reached(&stored.at, mark)) {
+        if stored.replay_until.as_ref().is_some_and(|mark| runner.source.reached(&stored.at, mark)) {
             stored.replay_until = None;
         }
         let position = Position(serde_json::to_value(&stored).expect("positions serialize"));
@@ -425,32 +444,38 @@ impl Runner {
             task: STREAM_TASK.to_owned(),
             position: Some(position),
             done: false,
-            rows_written: rows_applied,
+            rows_written: self.rows_applied,
         };
-        writer.commit(&record).await?;
-        self.state.save_checkpoint(&self.job.name, &record)?;
+        self.writer.commit(&record).await?;
+        runner.state.save_checkpoint(&runner.job.name, &record)?;
 
-        let stats = &self.stats.stream;
+        let stats = &runner.stats.stream;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        stats.rows_applied.fetch_add(group_rows, relaxed);
-        stats.transactions_applied.fetch_add(group.len() as u64, relaxed);
+        stats.rows_applied.fetch_add(self.staged_rows, relaxed);
+        stats.transactions_applied.fetch_add(self.arrivals.len() as u64, relaxed);
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
         let now = SystemTime::now();
-        for arrival in group {
+        for arrival in &self.arrivals {
             // The source's commit time has whole seconds: the commit happened within the second
             // after it, and no later than its arrival here.
             let second = UNIX_EPOCH + Duration::from_secs(arrival.committed_at);
             let committed = arrival.received.clamp(second, second + Duration::from_secs(1));
             stats.record_latency(now.duration_since(committed).unwrap_or_default(), 1);
         }
-        if let Some(last) = group.last() {
+        if let Some(last) = self.arrivals.last() {
             stats.lag_seconds.store(unix_now().saturating_sub(last.committed_at), relaxed);
         }
-        if stats.phase() == StreamPhase::CatchingUp && head.is_none_or(|head| self.source.reached(&checkpoint.at, head))
+        if stats.phase() == StreamPhase::CatchingUp
+            && self.head.as_ref().is_none_or(|head| runner.source.reached(&checkpoint.at, head))
         {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
         }
+        self.arrivals.clear();
+        self.staged_rows = 0;
+        self.moved = false;
+        self.last_commit = Instant::now();
+        *self.progressed = true;
         Ok(())
     }
 }

@@ -48,6 +48,22 @@ impl Workspace {
         Run::from(output)
     }
 
+    /// Starts `sluice run JOB [extra...]` with `SOURCE` and `TARGET` in its environment (the
+    /// job files say `${SOURCE}` and `${TARGET}`), output piped, killed if the test fails first.
+    pub fn start_run(&self, job: &Path, source: &str, target: &str, extra: &[&str]) -> Guard {
+        let mut arguments = vec!["run", job.to_str().expect("a UTF-8 path")];
+        arguments.extend_from_slice(extra);
+        let child = self
+            .command(&arguments)
+            .env("SOURCE", source)
+            .env("TARGET", target)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sluice starts");
+        Guard::new(child)
+    }
+
     /// Starts sluice in the background.
     pub fn spawn(&self, arguments: &[&str]) -> Child {
         self.command(arguments).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sluice starts")
