@@ -89,4 +89,25 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     assert!(checked.all().contains("binlog_row_image is MINIMAL, not FULL"), "{}", checked.all());
     assert_ne!(started.code, 0, "{}", started.all());
     assert!(started.all().contains("binlog_row_image is MINIMAL, not FULL"), "{}", started.all());
+
+    // Compressed binlog events are refused loudly, never skipped: a fresh job streams, then the
+    // source starts compressing.
+    let database = unique_name("compressed");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v TEXT)"));
+    let workspace = Workspace::new();
+    let (job, name) = cdc_job(&workspace, &database);
+    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
+    mariadb("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10");
+    mariadb(&format!("INSERT INTO {database}.t VALUES (1, REPEAT('compress me ', 100))"));
+    mariadb("SET GLOBAL log_bin_compress = OFF");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the stream did not stop at the compressed event");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = Run::from(child.into_inner().wait_with_output().unwrap());
+    stopped.assert_code(1);
+    assert!(stopped.all().contains("log_bin_compress"), "{}", stopped.all());
+    assert_eq!(psql(&format!("SELECT count(*) FROM {database}.t")).trim(), "0", "nothing was guessed");
 }

@@ -28,6 +28,7 @@ use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Date, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
+use super::gtid::{uuid, GtidSet};
 use super::{decode, mysql_error};
 
 /// How often the server sends a heartbeat on an idle stream; three missed ones mean the
@@ -107,6 +108,10 @@ pub struct BinlogChangeStream {
     offset: u64,
     /// MariaDB's GTID state: domain → `domain-server-sequence`, as `gtid_binlog_pos` shows it.
     gtids: std::collections::BTreeMap<u32, String>,
+    /// MySQL's executed GTID set, kept exact (gaps included).
+    gtid_set: GtidSet,
+    /// The GTID of MySQL's open transaction.
+    mysql_gtid: Option<(String, u64)>,
     tables: HashMap<u64, Option<MappedTable>>,
     /// Inside a transaction (after GTID or BEGIN, before its commit).
     in_transaction: bool,
@@ -197,6 +202,13 @@ impl BinlogChangeStream {
             collations: collations.into_iter().collect(),
             offset: start.offset,
             file: start.file,
+            gtid_set: if mariadb {
+                GtidSet::default()
+            } else {
+                GtidSet::parse(after.0.get("gtid").and_then(serde_json::Value::as_str).unwrap_or_default())
+                    .unwrap_or_default()
+            },
+            mysql_gtid: None,
             gtids: if mariadb { gtids } else { Default::default() },
             tables: HashMap::new(),
             in_transaction: false,
@@ -210,10 +222,14 @@ impl BinlogChangeStream {
     }
 
     fn position(&self, offset: u64) -> Position {
-        let gtid: Vec<&str> = self.gtids.values().map(String::as_str).collect();
+        let gtid = if self.mariadb {
+            self.gtids.values().map(String::as_str).collect::<Vec<_>>().join(",")
+        } else {
+            self.gtid_set.to_string()
+        };
         Position(json!({
             "flavor": if self.mariadb { "mariadb" } else { "mysql" },
-            "gtid": gtid.join(","),
+            "gtid": gtid,
             "file": self.file,
             "position": offset,
         }))
@@ -228,6 +244,9 @@ impl BinlogChangeStream {
     fn commit(&mut self, offset: u64, committed_at: u64) {
         if let Some((domain, gtid)) = self.gtid.take() {
             self.gtids.insert(domain, gtid);
+        }
+        if let Some((server, number)) = self.mysql_gtid.take() {
+            self.gtid_set.add(&server, number);
         }
         self.offset = offset;
         let position = self.position(offset);
@@ -341,8 +360,9 @@ impl BinlogChangeStream {
             | EventData::IgnorableEvent(_)
             | EventData::StopEvent => {}
             // MySQL announces each transaction with a GTID, then BEGIN (DML) or the statement
-            // (DDL); the position, not the GTID set, is what this stream resumes from.
-            EventData::GtidEvent(_) | EventData::AnonymousGtidEvent(_) => {}
+            // (DDL); the set grows at the commit. The stream resumes from the file position.
+            EventData::GtidEvent(gtid) => self.mysql_gtid = Some((uuid(gtid.sid()), gtid.gno())),
+            EventData::AnonymousGtidEvent(_) => {}
             other => {
                 if header.flags_raw() & IGNORABLE_FLAG == 0 {
                     let name = format!("{other:?}");

@@ -3,6 +3,7 @@
 mod binlog;
 mod changes;
 mod ddl;
+mod gtid;
 mod sink;
 mod source;
 
