@@ -244,3 +244,28 @@ fn a_missing_select_privilege_is_named_with_its_table() {
     );
     assert!(!run.all().contains("limited-pw"), "the password leaked:\n{}", run.all());
 }
+
+#[test]
+fn change_capture_is_refused_where_a_side_cannot_do_it() {
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        "name: x\nmode: snapshot+cdc\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: parquet\n  path: out\n",
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(run.stderr.contains("a `sqlite` source supports snapshot only"), "{}", run.stderr);
+    assert!(run.stderr.contains("a `parquet` target takes snapshots only"), "{}", run.stderr);
+    let job = workspace.write(
+        "given.yaml",
+        "name: x\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: mysql://u@h\n  start_position: {file: b.000001}\ntarget:\n  type: postgres\n  url: postgres://u@h/d\n",
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(
+        run.stderr
+            .contains("source.start_position (line 6): expected a mapping {file: <binlog file>, position: <offset>}"),
+        "{}",
+        run.stderr
+    );
+}

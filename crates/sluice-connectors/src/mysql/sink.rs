@@ -358,7 +358,9 @@ pub(super) async fn delete_keys(
     keys: &[Vec<Value>],
 ) -> std::result::Result<u64, mysql_async::Error> {
     let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
-    let key_placeholder = format!("({})", vec!["?"; key.len()].join(", "));
+    // A one-column key as a plain IN list, which every server turns into index lookups.
+    let key_placeholder =
+        if key.len() == 1 { "?".to_owned() } else { format!("({})", vec!["?"; key.len()].join(", ")) };
     let mut deleted = 0;
     for chunk in keys.chunks((MAX_PLACEHOLDERS / key.len().max(1)).clamp(1, 1_000)) {
         let sql = format!(
