@@ -147,3 +147,47 @@ async fn a_binlog_reset_inside_a_large_transaction_resumes_at_its_start() {
         format!("{ROWS}|{ROWS}|1|{ROWS}")
     );
 }
+
+/// A binlog connection that goes silent (no data, no heartbeats, no TCP error) is noticed by the
+/// missing heartbeats and replaced; rows written meanwhile arrive once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_binlog_connection_is_detected_and_replaced() {
+    let database = unique_name("silent");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY)"));
+    let source_proxy = Proxy::start(address_of(&mysql_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
+        ),
+    );
+    let mut child = workspace.start_run(&job, &through(&mysql_url(), &source_proxy), &postgres_url(), &[]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while support::workload::stream_position("postgres", &job_name).is_none() {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream starts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = source_proxy.connections();
+    source_proxy.set(Fault::Stall);
+    mariadb(&format!("INSERT INTO {database}.t SELECT seq FROM {database}.seq_1_to_100"));
+    // The stalled stream is given up after three missed heartbeats and a new connection opens.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while source_proxy.connections() <= before {
+        assert!(tokio::time::Instant::now() < deadline, "no new connection after the stall");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    source_proxy.set(Fault::None);
+    let count = || psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while count() != "100" {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the rows arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let child = child.into_inner();
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("not even a heartbeat"), "the silence was detected:\n{stderr}");
+}
