@@ -344,6 +344,88 @@ mod tests {
         assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 11), (3, 30)]);
     }
 
+    /// A random source history on five keys (inserts, updates, key moves, deletes), cut into
+    /// groups of random sizes: folding each group and applying it must leave the target exactly
+    /// where applying the changes one by one leaves the source, for a thousand histories; and so
+    /// must replaying the whole history over a copy that read each key at a different moment.
+    #[tokio::test]
+    async fn folded_groups_end_where_the_changes_one_by_one_do() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound
+        };
+        let table = table();
+        for _ in 0..1_000 {
+            let mut source = std::collections::BTreeMap::<i64, i64>::new();
+            let mut target = MemoryTarget::default();
+            let mut group = Vec::new();
+            let mut history = vec![source.clone()];
+            let mut all: Vec<Change> = Vec::new();
+            for step in 0..40 {
+                let key = next(5) as i64;
+                let value = step as i64;
+                let change = match (source.get(&key).copied(), next(3)) {
+                    (None, _) => {
+                        source.insert(key, value);
+                        Change::insert(table.clone(), row(key, value))
+                    }
+                    (Some(old), 0) => {
+                        source.remove(&key);
+                        Change { table: table.clone(), kind: ChangeKind::Delete { before: row(key, old) } }
+                    }
+                    (Some(old), 1) => {
+                        let moved = next(5) as i64;
+                        if source.contains_key(&moved) {
+                            continue;
+                        }
+                        source.remove(&key);
+                        source.insert(moved, value);
+                        Change {
+                            table: table.clone(),
+                            kind: ChangeKind::Update { before: row(key, old), after: row(moved, value) },
+                        }
+                    }
+                    (Some(old), _) => {
+                        source.insert(key, value);
+                        Change {
+                            table: table.clone(),
+                            kind: ChangeKind::Update { before: row(key, old), after: row(key, value) },
+                        }
+                    }
+                };
+                all.push(change.clone());
+                group.push(change);
+                history.push(source.clone());
+                if next(4) == 0 {
+                    apply(&mut target, std::mem::take(&mut group), ApplyMode::Strict).await.unwrap();
+                }
+            }
+            apply(&mut target, group, ApplyMode::Strict).await.unwrap();
+            assert_eq!(target.rows, source);
+            // A copy that read each key at its own moment of the history, then every change
+            // replayed from the history's start: the replay converges on the source too.
+            let mut copy = MemoryTarget::default();
+            for key in 0..5 {
+                let moment = &history[next(history.len() as u64) as usize];
+                if let Some(value) = moment.get(&key) {
+                    copy.rows.insert(key, *value);
+                }
+            }
+            let mut replayed = Vec::new();
+            for change in all.drain(..) {
+                replayed.push(change);
+                if next(3) == 0 {
+                    apply(&mut copy, std::mem::take(&mut replayed), ApplyMode::Replay).await.unwrap();
+                }
+            }
+            apply(&mut copy, replayed, ApplyMode::Replay).await.unwrap();
+            assert_eq!(copy.rows, source);
+        }
+    }
+
     #[test]
     fn a_table_without_a_primary_key_is_refused() {
         let keyless = Arc::new(TableSchema { primary_key: Vec::new(), ..(*table()).clone() });
