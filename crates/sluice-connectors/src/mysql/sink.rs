@@ -21,6 +21,8 @@ const MAX_PLACEHOLDERS: usize = 65_535;
 #[derive(Debug)]
 pub struct MysqlSink {
     pool: Pool,
+    /// The server takes `LOAD DATA LOCAL` (`local_infile`), found at `prepare`.
+    local_infile: std::sync::atomic::AtomicBool,
     server: String,
     write_mode: WriteMode,
     create_tables: bool,
@@ -37,7 +39,14 @@ impl MysqlSink {
         namespace: Option<String>,
         connections: usize,
     ) -> Result<MysqlSink> {
-        Ok(MysqlSink { pool: pool(url, Side::Target, connections + 1)?, server, write_mode, create_tables, namespace })
+        Ok(MysqlSink {
+            pool: pool(url, Side::Target, connections + 1)?,
+            local_infile: std::sync::atomic::AtomicBool::new(false),
+            server,
+            write_mode,
+            create_tables,
+            namespace,
+        })
     }
 
     async fn connection(&self) -> Result<Conn> {
@@ -209,6 +218,9 @@ impl Sink for MysqlSink {
             let doing = doing.to_owned();
             move |error| mysql_error(error, Side::Target, &self.server, &doing)
         };
+        let local_infile: Option<bool> =
+            connection.query_first("SELECT @@GLOBAL.local_infile").await.map_err(error("read local_infile"))?;
+        self.local_infile.store(local_infile.unwrap_or(false), std::sync::atomic::Ordering::Relaxed);
         connection
             .query_drop(
                 "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
@@ -283,8 +295,10 @@ impl Sink for MysqlSink {
             job: job.to_owned(),
             task: task.to_owned(),
             upsert: self.write_mode == WriteMode::Upsert,
+            load_data: self.local_infile.load(std::sync::atomic::Ordering::Relaxed) && loadable(&table),
             table,
             in_transaction: false,
+            buffer: Vec::new(),
         }))
     }
 }
@@ -296,7 +310,50 @@ struct MysqlWriter {
     task: String,
     table: Arc<TableSchema>,
     upsert: bool,
+    /// Batches go in by `LOAD DATA LOCAL` (single rows, to find a refused one, by INSERT).
+    load_data: bool,
     in_transaction: bool,
+    buffer: Vec<u8>,
+}
+
+/// Whether `LOAD DATA`'s text format carries every column of the table exactly: BIT and spatial
+/// columns take their bytes as text, so such tables go by INSERT.
+fn loadable(table: &TableSchema) -> bool {
+    !table.columns.iter().any(|column| matches!(column.data_type, DataType::Bits { .. } | DataType::Geometry))
+}
+
+/// Appends rows in `LOAD DATA`'s default text format: fields separated by tabs, rows by line
+/// feeds, `\N` for NULL, and backslash escapes for backslash, tab, line feed and NUL.
+fn encode_load_data(table: &TableSchema, rows: &[&Row], output: &mut Vec<u8>) {
+    fn escaped(bytes: &[u8], output: &mut Vec<u8>) {
+        for &byte in bytes {
+            match byte {
+                b'\\' => output.extend_from_slice(b"\\\\"),
+                b'\t' => output.extend_from_slice(b"\\t"),
+                b'\n' => output.extend_from_slice(b"\\n"),
+                0 => output.extend_from_slice(b"\\0"),
+                byte => output.push(byte),
+            }
+        }
+    }
+    for row in rows {
+        for (index, value) in row.iter().enumerate() {
+            if index > 0 {
+                output.push(b'\t');
+            }
+            match value {
+                Value::Null => output.extend_from_slice(b"\\N"),
+                Value::Bool(value) => output.push(if *value { b'1' } else { b'0' }),
+                Value::Bytes(bytes) => escaped(bytes, output),
+                Value::Text(text) | Value::Json(text) => escaped(text.as_bytes(), output),
+                Value::Timestamp(date_time) => output.extend_from_slice(date_time.to_string().as_bytes()),
+                // Text `0` is the year 2000 to YEAR; the stored zero year is `0000`.
+                Value::Int(0) if table.columns[index].data_type == DataType::Year => output.extend_from_slice(b"0000"),
+                other => escaped(other.to_string().as_bytes(), output),
+            }
+        }
+        output.push(b'\n');
+    }
 }
 
 /// Server errors caused by one row's content: the row is dirty, the batch is not.
@@ -347,7 +404,39 @@ impl MysqlWriter {
                 .collect();
             delete_keys(&mut self.connection, &self.table, &keys).await?;
         }
+        if self.load_data && rows.len() > 1 {
+            return self.load_rows(rows).await;
+        }
         insert_rows(&mut self.connection, &self.table, rows).await
+    }
+
+    /// Loads rows with `LOAD DATA LOCAL`. LOCAL turns data errors into warnings and skips
+    /// duplicate keys, so any warning, or fewer rows than sent, fails the batch as a row error:
+    /// the caller rolls back and inserts row by row, which names the refused row.
+    async fn load_rows(&mut self, rows: &[&Row]) -> std::result::Result<(), mysql_async::Error> {
+        use futures_util::StreamExt;
+        self.buffer.clear();
+        encode_load_data(&self.table, rows, &mut self.buffer);
+        let capacity = self.buffer.len() + self.buffer.len() / 8;
+        let data = bytes::Bytes::from(std::mem::replace(&mut self.buffer, Vec::with_capacity(capacity)));
+        self.connection
+            .set_infile_handler(async move { Ok(futures_util::stream::once(async move { Ok(data) }).boxed()) });
+        let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
+        let statement = format!(
+            "LOAD DATA LOCAL INFILE 'sluice-batch' INTO TABLE {} CHARACTER SET binary FIELDS TERMINATED BY '\\t' ESCAPED BY '\\\\' LINES TERMINATED BY '\\n' ({})",
+            qualified(&self.table.name),
+            columns.join(", ")
+        );
+        self.connection.query_drop(statement).await?;
+        let (loaded, warnings) = (self.connection.affected_rows(), self.connection.get_warnings());
+        if warnings > 0 || loaded != rows.len() as u64 {
+            return Err(mysql_async::Error::Server(mysql_async::ServerError {
+                code: 1265,
+                message: format!("LOAD DATA took {loaded} of {} rows with {warnings} warnings", rows.len()),
+                state: "01000".to_owned(),
+            }));
+        }
+        Ok(())
     }
 }
 
