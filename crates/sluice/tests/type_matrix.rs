@@ -266,6 +266,16 @@ fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
     let my_copy = format!("{database}_copy");
     copy("postgres", "to-postgres", &pg_schema);
     copy("mysql", "to-mysql", &my_copy);
+    // MariaDB's JSON (a LONGTEXT with a json_valid check) stays JSON on both targets.
+    let json = CASES.iter().position(|case| case.mysql_type == "JSON").unwrap();
+    let pg_type = postgres_records(&format!(
+        "SELECT data_type FROM information_schema.columns WHERE table_schema = '{pg_schema}' AND table_name = 't{json:02}' AND column_name = 'v'"
+    ));
+    assert_eq!(pg_type, ["json"]);
+    let my_check = mariadb(&format!(
+        "SELECT count(*) FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = '{my_copy}' AND TABLE_NAME = 't{json:02}' AND CHECK_CLAUSE LIKE 'json_valid%'"
+    ));
+    assert_eq!(my_check.trim(), "1");
     let mismatches = mismatches(&database, &pg_schema, &my_copy);
     assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
 }

@@ -381,6 +381,21 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
     if !generated.is_empty() {
         log::info!("table {name}: generated columns {} are not copied", generated.join(", "));
     }
+    let mut columns = columns;
+    // MariaDB's JSON is LONGTEXT with a `json_valid(column)` check: carry it as JSON.
+    let checks: Vec<String> = connection
+        .exec(
+            "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = ? AND TABLE_NAME = ?",
+            (schema, &name.name),
+        )
+        .await
+        .unwrap_or_default();
+    for column in columns.iter_mut().filter(|column| matches!(column.data_type, DataType::Text { length: None, .. })) {
+        let check = format!("json_valid(`{}`)", column.name.replace('`', "``"));
+        if checks.iter().any(|clause| clause.eq_ignore_ascii_case(&check)) {
+            column.data_type = DataType::Json;
+        }
+    }
     // Every B-tree index, the primary key first. Prefix indexes (SUB_PART), full-text and spatial
     // indexes, and indexes on generated columns are left out: they do not carry over as columns.
     let rows: Vec<IndexRow> = connection
