@@ -217,6 +217,11 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -
     write_summary(summary_json.as_deref(), &summary);
     match error {
         None => 0,
+        // A change stream runs until it is stopped: that is its normal end.
+        Some(_) if summary.status == "stopped" && job.mode != sluice_core::spec::Mode::Snapshot => {
+            eprintln!("stopped; run the job again to continue from the last checkpoint");
+            0
+        }
         Some(error) if error.kind() == ErrorKind::Interrupted => {
             eprintln!("stopped: {error}");
             1

@@ -62,13 +62,14 @@ impl Job {
         }
     }
 
-    /// Stops a run with SIGTERM; returns its output.
+    /// Stops a run with SIGTERM, which for a stream is its normal end; returns its output.
     fn stop(&self, child: Guard) -> String {
         let child = child.into_inner();
         signal(&child, "TERM");
         let output = child.wait_with_output().expect("the run ends");
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         assert!(!text.contains("panicked"), "{text}");
+        assert_eq!(output.status.code(), Some(0), "a stopped stream exits 0:\n{text}");
         text
     }
 
