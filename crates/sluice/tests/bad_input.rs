@@ -269,3 +269,33 @@ fn change_capture_is_refused_where_a_side_cannot_do_it() {
         run.stderr
     );
 }
+
+#[test]
+fn missing_replication_privileges_are_named_by_check() {
+    let database = unique_name("replgrants");
+    let user = unique_name("noslave");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY);
+         CREATE USER '{user}'@'%' IDENTIFIED BY 'limited-pw'; GRANT SELECT ON {database}.* TO '{user}'@'%';"
+    ));
+    let url = mysql_url();
+    let (_, host) = url.rsplit_once('@').unwrap();
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!("name: x\nmode: cdc\nsource:\n  type: mysql\n  url: mysql://{user}:limited-pw@{host}\n  tables: [{database}.t]\ntarget:\n  type: postgres\n  url: {}\n", support::postgres_url()),
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(1);
+    assert!(run.stdout.contains(&format!("FAIL  binlog access: {user}@% cannot read the binlog")), "{}", run.stdout);
+    assert!(run.stdout.contains("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.*"), "{}", run.stdout);
+    assert!(!run.all().contains("limited-pw"), "the password leaked:\n{}", run.all());
+    // The test user of the suite has them: its check passes the probe.
+    let job = workspace.write(
+        "granted.yaml",
+        &format!("name: x\nmode: cdc\nsource:\n  type: mysql\n  url: {url}\n  tables: [{database}.t]\ntarget:\n  type: postgres\n  url: {}\n", support::postgres_url()),
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(0);
+    assert!(run.stdout.contains("can stream the binlog"), "{}", run.stdout);
+}

@@ -92,6 +92,7 @@ impl Source for MysqlSource {
         }];
         if self.mode != Mode::Snapshot {
             items.push(self.check_binlog(&mut connection).await?);
+            items.push(self.probe_binlog().await);
         }
         // Privileges: probe each selected table, so a missing grant is named with its table.
         let user: Option<String> =
@@ -296,6 +297,47 @@ impl Source for MysqlSource {
 }
 
 impl MysqlSource {
+    /// Reads the binlog for a moment from the current position, as a job's stream will: the
+    /// replication privileges are named when they are missing.
+    async fn probe_binlog(&self) -> CheckItem {
+        let what = "binlog access".to_owned();
+        let user: String = match self.connection().await {
+            Ok(mut connection) => {
+                connection.query_first("SELECT CURRENT_USER()").await.ok().flatten().unwrap_or_default()
+            }
+            Err(_) => String::new(),
+        };
+        let missing = |detail: String| {
+            CheckItem {
+            what: what.clone(),
+            ok: false,
+            detail: format!("{detail}; GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO {user} (BINLOG MONITOR on MariaDB 10.5+)"),
+        }
+        };
+        let position = match self.log_position().await {
+            Ok(Some(position)) => position,
+            Ok(None) => return missing("the source has no binary log (log_bin is off)".into()),
+            Err(error) => return missing(format!("{user} cannot read the binlog position: {}", error.message())),
+        };
+        let opened = BinlogChangeStream::open(
+            self.opts.clone(),
+            self.server.clone(),
+            self.filter.clone(),
+            &position,
+            self.stream.server_id ^ 0x2000_0000,
+            1,
+        )
+        .await;
+        let read = match opened {
+            Ok(mut stream) => tokio::time::timeout(std::time::Duration::from_secs(5), stream.next()).await,
+            Err(error) => return missing(format!("{user} cannot stream the binlog: {}", error.message())),
+        };
+        match read {
+            Err(_) | Ok(Ok(_)) => CheckItem { what, ok: true, detail: format!("{user} can stream the binlog") },
+            Ok(Err(error)) => missing(format!("{user} cannot stream the binlog: {}", error.message())),
+        }
+    }
+
     /// The binlog settings change data capture needs, or an error naming the wrong one.
     async fn check_binlog(&self, connection: &mut Conn) -> Result<CheckItem> {
         let settings: Option<(String, String, String)> = connection
