@@ -191,3 +191,53 @@ async fn a_silent_binlog_connection_is_detected_and_replaced() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("not even a heartbeat"), "the silence was detected:\n{stderr}");
 }
+
+/// The target's connections are reset again and again while the stream applies a write load,
+/// some of them at commit time: every commit either landed with its checkpoint or not at all,
+/// so the resumed stream ends with the target equal to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_resets_during_the_stream_lose_and_duplicate_nothing() {
+    use support::workload::{
+        assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random,
+    };
+    let database = unique_name("streamreset");
+    create_tables(&database);
+    let target_proxy = Proxy::start(address_of(&postgres_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nlimits: {{batch_rows: 300}}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
+        ),
+    );
+    let mut child = workspace.start_run(&job, &mysql_url(), &through(&postgres_url(), &target_proxy), &[]);
+    let load = Load::start(&database, Random::from_environment("target_resets_during_the_stream"), 800);
+    let mut seen = 0;
+    for _ in 0..6 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while stream_position("postgres", &job_name).is_none() || committed("postgres", &job_name) <= seen {
+            assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "progress");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        target_proxy.reset_all();
+        seen = committed("postgres", &job_name);
+    }
+    load.stop();
+    let source = source_position();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while stream_position("postgres", &job_name).is_none_or(|at| at < source) {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream converges");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let child = child.into_inner();
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("change stream: "), "the resets were met and retried:\n{stderr}");
+    for (table, columns) in [("items", &["id", "v", "note"][..]), ("accounts", &["id", "balance"][..])] {
+        let expected = rows("mysql", &format!("{database}.{table}"), columns);
+        let actual = rows("postgres", &format!("{database}.{table}"), columns);
+        assert_same(table, &expected, &actual);
+    }
+}
