@@ -110,6 +110,7 @@ base=$(mktemp -d /dev/shm/sluice-cdc.XXXXXX)
 chmod 755 "$base"
 servers=()   # "engine dir" of every server started
 bg_pids=()   # background processes started (sluice, pg_chameleon, samplers)
+polls=0      # this script's queries of the target's progress (they count as target transactions)
 cleanup() {
   local pid
   for pid in "${bg_pids[@]}"; do
@@ -291,6 +292,7 @@ sluice_wait() {
   local kind=$1 name=$2 file=$3 pos=$4 deadline=$((SECONDS + timeout)) at_file at_pos replay
   while :; do
     read -r at_file at_pos replay < <(sluice_checkpoint "$kind" "$name"; echo)
+    polls=$((polls + 1))
     if [[ -n "${at_file:-}" ]] && reached "$at_file" "$at_pos" "$file" "$pos" \
        && { [[ -z "${5:-}" ]] || [[ "$replay" == null ]]; }; then
       return 0
@@ -399,21 +401,19 @@ chameleon_stop() {
   if kill -0 "$chameleon_pid" 2>/dev/null; then kill_tree "$chameleon_pid" KILL; fi
   wait "$chameleon_pid" 2>/dev/null || true
 }
-# chameleon_wait FILE POS: until a replica batch was read at or past FILE:POS and every batch
-# is replayed.
+# chameleon_wait: until the replica batches read since init_replica have replayed every row
+# change of the backlog. (The open batch's i_binlog_position stays at the start of the last event
+# read, short of SHOW MASTER STATUS, so the position alone never shows the catch-up.)
 chameleon_wait() {
-  local deadline=$((SECONDS + timeout)) state
+  local deadline=$((SECONDS + timeout)) replayed
   while :; do
-    state=$(pg -F' ' -c "SELECT coalesce(max(t_binlog_name || ' ' || i_binlog_position) FILTER (WHERE
-        split_part(t_binlog_name, '.', 2)::int > split_part('$1', '.', 2)::int
-        OR (t_binlog_name = '$1' AND i_binlog_position >= $2)), '-'),
-        count(*) FILTER (WHERE NOT b_replayed OR NOT b_processed)
-      FROM sch_chameleon.t_replica_batch" 2>/dev/null || true)
-    if [[ -n "$state" && "$state" != "- "* && "${state##* }" == 0 ]]; then return 0; fi
+    replayed=$(pg -c "SELECT coalesce(sum(i_replayed + i_skipped), 0) FROM sch_chameleon.t_replica_batch WHERE b_replayed" 2>/dev/null || true)
+    polls=$((polls + 1))
+    if [[ -n "$replayed" ]] && ((replayed >= changes)); then return 0; fi
     if ! kill -0 "$chameleon_pid" 2>/dev/null; then log "pg_chameleon exited"; tail -5 "$base/chameleon-backlog.log" >&2; return 1; fi
-    if grep -q "Read process alive" "$base"/chameleon-*.log 2>/dev/null; then log "a pg_chameleon daemon died"; return 1; fi
+    if grep -q "Read process alive" "$base/chameleon-backlog.log"; then log "a pg_chameleon daemon died"; return 1; fi
     if ((SECONDS >= deadline)); then log "pg_chameleon did not catch up in $timeout s"; return 1; fi
-    sleep 1
+    sleep 0.5
   done
 }
 
@@ -455,9 +455,24 @@ read -r changes transactions < <(mariadb-binlog --no-defaults --verbose --base64
   | awk '/^### (INSERT INTO|UPDATE|DELETE FROM) / {rows++} /Xid = / {tx++} END {print rows + 0, tx + 0}')
 binlog_bytes=$(( $(for f in "${binlogs[@]}"; do stat -c %s "$f"; done | paste -sd+) - start_pos - ($(stat -c %s "$base/src/binlog/$end_file") - end_pos) ))
 log "backlog: $changes row changes in $transactions transactions ($load_tx sysbench tx at $load_tps tx/s; ${binlog_bytes} binlog bytes), up to $end_file:$end_pos"
-emit "{\"name\":\"load\",\"phase\":\"backlog\",\"seconds\":$seconds,\"threads\":$threads,\"sysbench_tx\":$load_tx,\"sysbench_tps\":$load_tps,\"row_changes\":$changes,\"transactions\":$transactions,\"binlog_bytes\":$binlog_bytes,\"tables\":$tables,\"table_rows\":$rows}"
+emit "{\"name\":\"load\",\"phase\":\"backlog\",\"sluice_binary\":\"$(sha256sum "$sluice" | cut -c1-12) $(date -u -r "$sluice" +%FT%TZ)\",\"seconds\":$seconds,\"threads\":$threads,\"sysbench_tx\":$load_tx,\"sysbench_tps\":$load_tps,\"row_changes\":$changes,\"transactions\":$transactions,\"binlog_bytes\":$binlog_bytes,\"tables\":$tables,\"table_rows\":$rows}"
 
 src_pid=$(pid_of src)
+# target_commits KIND: transactions committed so far in the target (PostgreSQL: database sluice's
+# xact_commit, each poll of this script counting one; MariaDB: Com_commit).
+target_commits() {
+  case $1 in
+    pg) pg -c "SELECT xact_commit FROM pg_stat_database WHERE datname = 'sluice'" ;;
+    my) my tgt -N -e "SHOW GLOBAL STATUS LIKE 'Com_commit'" | awk '{print $2}' ;;
+  esac
+}
+# commits_since KIND BEFORE POLLS_BEFORE: target commits since BEFORE, less this script's polls.
+commits_since() {
+  [[ $1 == pg ]] && sleep 1.5  # backends report their counters when they exit, or once a second
+  local after
+  after=$(target_commits "$1")
+  if [[ $1 == pg ]]; then echo $((after - $2 - (polls - $3) - 1)); else echo $((after - $2)); fi
+}
 # backlog_line NAME KIND WALL TOOL_CPU TARGET_CPU SOURCE_CPU RSS VERIFIED [EXTRA_JSON]
 backlog_line() {
   emit "{\"name\":\"$1\",\"kind\":\"$2\",\"phase\":\"backlog\",\"row_changes\":$changes,\"transactions\":$transactions,\"wall\":$3,\"rows_per_s\":$(awk "BEGIN{printf \"%.0f\", $changes / $3}"),\"tool_cpu\":$4,\"target_cpu\":$5,\"source_cpu\":$6,\"rss_kb\":$7,\"verified\":$8${9:+,$9}}"
@@ -467,6 +482,8 @@ run_sluice_backlog() {
   local kind=$1 name=$2 label=$3 target_pid=$4 target=$5
   log "backlog: $label"
   local t0 s0 g0 wall cpu rss tcpu scpu
+  local x0 p0=$polls commits
+  x0=$(target_commits "$kind")
   t0=$(now); s0=$(tree_cpu "$src_pid"); g0=$(tree_cpu "$target_pid")
   sluice_start "$kind" "$name" cdc "$name-backlog"
   if ! sluice_wait "$kind" "$name" "$end_file" "$end_pos"; then
@@ -477,11 +494,12 @@ run_sluice_backlog() {
   wall=$(elapsed "$t0")
   cpu=$(tree_cpu "$sluice_pid"); rss=$(tree_rss_kb "$sluice_pid")
   sluice_stop
+  commits=$(commits_since "$kind" "$x0" "$p0")
   tcpu=$(awk "BEGIN{printf \"%.2f\", $(tree_cpu "$target_pid") - $g0}"); scpu=$(awk "BEGIN{printf \"%.2f\", $(tree_cpu "$src_pid") - $s0}")
   local ok=false summary
   verify "$target" && ok=true
   summary=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); st=s.get("stream") or {}; print(json.dumps({"status": s.get("status"), "sluice_rows_applied": st.get("rows_applied"), "sluice_transactions_applied": st.get("transactions_applied")})[1:-1])' "$base/$name-backlog.json" 2>/dev/null || echo '"status":"no summary"')
-  backlog_line "$label" "$kind" "$wall" "$cpu" "$tcpu" "$scpu" "$rss" "$ok" "$summary"
+  backlog_line "$label" "$kind" "$wall" "$cpu" "$tcpu" "$scpu" "$rss" "$ok" "\"target_commits\":$commits,$summary"
   log "  $wall s, $(awk "BEGIN{printf \"%.0f\", $changes / $wall}") rows/s, sluice CPU $cpu s, peak RSS $((rss / 1024)) MB, verified $ok"
 }
 
@@ -511,19 +529,22 @@ run_chameleon_backlog() {
   log "backlog: $label"
   local t0 s0 g0 wall cpu rss tcpu scpu pg_pid
   pg_pid=$(pid_of pg)
+  local x0 p0=$polls commits
+  x0=$(target_commits pg)
   s0=$(tree_cpu "$src_pid"); g0=$(tree_cpu "$pg_pid"); t0=$(now)
   chameleon_start backlog
-  if ! chameleon_wait "$end_file" "$end_pos"; then
+  if ! chameleon_wait; then
     emit "{\"name\":\"$label\",\"kind\":\"pg\",\"phase\":\"backlog\",\"failed\":\"$(json_str "$(grep -E 'Error|ERROR' "$base/chameleon-backlog.log" | tail -1)")\"}"
     chameleon_stop; return
   fi
   wall=$(elapsed "$t0")
   cpu=$(tree_cpu "$chameleon_pid"); rss=$(tree_rss_kb "$chameleon_pid")
   chameleon_stop
+  commits=$(commits_since pg "$x0" "$p0")
   tcpu=$(awk "BEGIN{printf \"%.2f\", $(tree_cpu "$pg_pid") - $g0}"); scpu=$(awk "BEGIN{printf \"%.2f\", $(tree_cpu "$src_pid") - $s0}")
   local ok=false
   verify pg:sbtest_chameleon && ok=true
-  backlog_line "$label" pg "$wall" "$cpu" "$tcpu" "$scpu" "$rss" "$ok"
+  backlog_line "$label" pg "$wall" "$cpu" "$tcpu" "$scpu" "$rss" "$ok" "\"target_commits\":$commits"
   log "  $wall s, $(awk "BEGIN{printf \"%.0f\", $changes / $wall}") rows/s, pg_chameleon CPU $cpu s, verified $ok"
 }
 
@@ -625,19 +646,20 @@ for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL")):
         continue
     sluice = next((r for r in rows if r["name"].startswith("sluice") and "failed" not in r), None)
     print(f"#### {title}\n")
-    print("| tool | × sluice's rows/s | catch-up s | rows/s | tool CPU s | rows per tool CPU-s | target CPU s | source CPU s | rows per total CPU-s | peak RSS MB | target = source |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| tool | × sluice's rows/s | catch-up s | rows/s | tool CPU s | rows per tool CPU-s | target CPU s | source CPU s | rows per total CPU-s | peak RSS MB | source tx per target commit | target = source |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "failed" in r:
-            print(f"| {r['name']} | failed: {r['failed']} | | | | | | | | | |")
+            print(f"| {r['name']} | failed: {r['failed']} | | | | | | | | | | |")
             continue
+        grouping = f"{r['transactions'] / r['target_commits']:,.1f} ({r['target_commits']:,} commits)" if r.get("target_commits", 0) > 0 else "-"
         total = r["tool_cpu"] + r["target_cpu"] + r["source_cpu"]
         vs = f"{r['rows_per_s'] / sluice['rows_per_s']:.2f}" if sluice else "-"
         rss = f"{r['rss_kb'] / 1024:,.0f}" if r["rss_kb"] else "-"
         tgt = f"{r['target_cpu']:.1f}" if "native" not in r["name"] else "(in tool)"
         print(f"| {r['name']} | {vs} | {r['wall']:.1f} | {r['rows_per_s']:,} | {r['tool_cpu']:.1f} | "
               f"{r['row_changes'] / max(r['tool_cpu'], 0.01):,.0f} | {tgt} | {r['source_cpu']:.1f} | "
-              f"{r['row_changes'] / max(total, 0.01):,.0f} | {rss} | {'yes' if r['verified'] else 'NO'} |")
+              f"{r['row_changes'] / max(total, 0.01):,.0f} | {rss} | {grouping} | {'yes' if r['verified'] else 'NO'} |")
     print()
 latency = [r for r in runs if r.get("phase") == "latency"]
 if latency:

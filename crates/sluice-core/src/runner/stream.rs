@@ -33,9 +33,9 @@ use crate::zero_dates;
 /// The task id of the change stream: its checkpoint row in the target carries it.
 pub const STREAM_TASK: &str = "stream";
 
-/// A group is committed once it holds this many changes, or is this old, even while more
-/// transactions are waiting: bounds latency under a steady backlog.
-const GROUP_MAX_AGE: Duration = Duration::from_millis(500);
+/// A group of whole transactions waits at most this long for more before it commits: long
+/// enough to gather a backlog's transactions into few target commits, short enough for latency.
+const GROUP_LINGER: Duration = Duration::from_millis(50);
 
 /// How often the position is committed when only transactions of other tables go by.
 const IDLE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
@@ -139,12 +139,23 @@ impl Runner {
         log::info!("change stream starts after {}", checkpoint.at.0);
 
         let mut stream = self.source.stream(&checkpoint.at).await?;
-        let (events, mut received) = mpsc::channel::<Result<StreamEvent>>(self.job.limits.queue_batches.max(1));
+        // The events in flight are bounded by rows, not by count: a transaction's commit costs
+        // one row of the budget, its changes one each, so thousands of small transactions can
+        // queue up for grouping while a huge one still waits for room.
+        let budget_rows = (self.job.limits.queue_batches.max(1) * self.job.limits.batch_rows.max(1)) as u32;
+        let budget = Arc::new(tokio::sync::Semaphore::new(budget_rows as usize));
+        let (events, mut received) =
+            mpsc::unbounded_channel::<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>();
         let producer = tokio::spawn(async move {
             loop {
                 let event = stream.next().await;
+                let cost = match &event {
+                    Ok(StreamEvent::Changes(changes)) => (changes.len() as u32).clamp(1, budget_rows),
+                    _ => 1,
+                };
+                let Ok(permit) = budget.clone().acquire_many_owned(cost).await else { return };
                 let failed = event.is_err();
-                if events.send(event).await.is_err() || failed {
+                if events.send((event, permit)).is_err() || failed {
                     return;
                 }
             }
@@ -170,14 +181,38 @@ impl Runner {
         let mut abort = self.abort.subscribe();
         let outcome: Result<()> = async {
             loop {
+                // Whole transactions wait a moment for more; the position alone commits at most
+                // once a second.
+                let deadline = if applier.open_transaction {
+                    None
+                } else if !applier.arrivals.is_empty() {
+                    Some(applier.started + GROUP_LINGER)
+                } else if applier.moved {
+                    Some(applier.last_commit + IDLE_CHECKPOINT_INTERVAL)
+                } else {
+                    None
+                };
                 let event = tokio::select! {
-                    event = received.recv() => event,
+                    // The permit goes back on receipt: the budget bounds what waits in the channel.
+                    event = received.recv() => event.map(|(event, _permit)| Some(event)),
+                    _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => Some(None),
                     _ = stop.wait_for(|stopped| *stopped) => None,
                     _ = abort.wait_for(|aborted| *aborted) => None,
                 };
-                let stopping = event.is_none();
+                let Some(event) = event else {
+                    // Stopping: what is whole commits; an open transaction's pieces are dropped
+                    // with the target transaction.
+                    if !applier.open_transaction && (!applier.arrivals.is_empty() || applier.moved) {
+                        applier.commit().await?;
+                    }
+                    return Err(interrupted());
+                };
                 match event.transpose()? {
-                    None => {}
+                    // The group waited long enough.
+                    None => {
+                        applier.commit().await?;
+                        continue;
+                    }
                     Some(StreamEvent::Changes(changes)) => applier.changes(changes).await?,
                     Some(StreamEvent::Commit { position, committed_at }) => {
                         applier.transaction_end(position, committed_at)
@@ -187,26 +222,9 @@ impl Runner {
                     }
                     Some(StreamEvent::Advance { position, committed_at }) => applier.advance(position, committed_at),
                 }
-                if applier.open_transaction {
-                    if stopping {
-                        // The open transaction's pieces are dropped with the target transaction.
-                        return Err(interrupted());
-                    }
-                    continue;
-                }
-                // Whole transactions commit when nothing more is waiting, when the group is large
-                // or old, or when stopping; the position alone at most once a second.
                 let full = applier.staged_rows + applier.net.len() as u64 >= self.job.limits.batch_rows as u64;
-                let due = !applier.arrivals.is_empty()
-                    && (stopping || received.is_empty() || full || applier.started.elapsed() >= GROUP_MAX_AGE);
-                let idle_due = applier.arrivals.is_empty()
-                    && applier.moved
-                    && (stopping || applier.last_commit.elapsed() >= IDLE_CHECKPOINT_INTERVAL);
-                if due || idle_due {
+                if !applier.open_transaction && !applier.arrivals.is_empty() && full {
                     applier.commit().await?;
-                }
-                if stopping {
-                    return Err(interrupted());
                 }
             }
         }
