@@ -6,7 +6,7 @@
 #
 #   bench/cdc.sh [--tables 4] [--rows 100000] [--seconds 60] [--threads 4] [--rate 1250]
 #                [--latency-seconds 30] [--parallel-threads 4] [--parallel-mode optimistic]
-#                [--batch-rows 5000] [--only sluice|native|chameleon] [--sluice PATH] [--out bench/results]
+#                [--batch-rows 5000] [--queue-batches N (sluice's default)] [--only sluice|native|chameleon] [--sluice PATH] [--out bench/results]
 #
 # 1. Hermetic servers: a source MariaDB, a target PostgreSQL, a target MariaDB (sluice), and one
 #    MariaDB per native replica. sysbench prepares --tables x --rows.
@@ -33,6 +33,7 @@
 # venv owned by the OS user `pgchameleon`, which is created: pg_chameleon refuses to run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+command_line="bench/cdc.sh $*"
 
 tables=4
 rows=100000
@@ -43,6 +44,7 @@ latency_seconds=30
 parallel_threads=4
 parallel_mode=optimistic
 batch_rows=5000
+queue_batches=""
 only=""
 sluice=""
 out=bench/results
@@ -59,13 +61,14 @@ while [[ $# -gt 0 ]]; do
     --parallel-threads) parallel_threads=$2; shift 2 ;;
     --parallel-mode) parallel_mode=$2; shift 2 ;;
     --batch-rows) batch_rows=$2; shift 2 ;;
+    --queue-batches) queue_batches=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --sluice) sluice=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
     *) echo "usage: $0 [--tables N] [--rows N] [--seconds S] [--threads N] [--rate TPS] [--latency-seconds S]" \
-         "[--parallel-threads N] [--parallel-mode MODE] [--batch-rows N] [--only sluice|native|chameleon]" \
+         "[--parallel-threads N] [--parallel-mode MODE] [--batch-rows N] [--queue-batches N] [--only sluice|native|chameleon]" \
          "[--sluice PATH (prebuilt; skips the build)] [--timeout S] [--out DIR] [--logs DIR (keeps the run's logs)]" >&2; exit 2 ;;
   esac
 done
@@ -254,7 +257,7 @@ target:
   type: $3
   url: $4
   namespace: $5
-limits: {batch_rows: $batch_rows}
+limits: {batch_rows: $batch_rows${queue_batches:+, queue_batches: $queue_batches}}
 EOF
   echo "$base/$1-$2.yaml"
 }
@@ -455,7 +458,7 @@ read -r changes transactions < <(mariadb-binlog --no-defaults --verbose --base64
   | awk '/^### (INSERT INTO|UPDATE|DELETE FROM) / {rows++} /Xid = / {tx++} END {print rows + 0, tx + 0}')
 binlog_bytes=$(( $(for f in "${binlogs[@]}"; do stat -c %s "$f"; done | paste -sd+) - start_pos - ($(stat -c %s "$base/src/binlog/$end_file") - end_pos) ))
 log "backlog: $changes row changes in $transactions transactions ($load_tx sysbench tx at $load_tps tx/s; ${binlog_bytes} binlog bytes), up to $end_file:$end_pos"
-emit "{\"name\":\"load\",\"phase\":\"backlog\",\"sluice_binary\":\"$(sha256sum "$sluice" | cut -c1-12) $(date -u -r "$sluice" +%FT%TZ)\",\"seconds\":$seconds,\"threads\":$threads,\"sysbench_tx\":$load_tx,\"sysbench_tps\":$load_tps,\"row_changes\":$changes,\"transactions\":$transactions,\"binlog_bytes\":$binlog_bytes,\"tables\":$tables,\"table_rows\":$rows}"
+emit "{\"name\":\"load\",\"phase\":\"backlog\",\"command\":\"$(json_str "$command_line")\",\"sluice_binary\":\"$(sha256sum "$sluice" | cut -c1-12) $(date -u -r "$sluice" +%FT%TZ)\",\"seconds\":$seconds,\"threads\":$threads,\"sysbench_tx\":$load_tx,\"sysbench_tps\":$load_tps,\"row_changes\":$changes,\"transactions\":$transactions,\"binlog_bytes\":$binlog_bytes,\"tables\":$tables,\"table_rows\":$rows}"
 
 src_pid=$(pid_of src)
 # target_commits KIND: transactions committed so far in the target (PostgreSQL: database sluice's
@@ -625,7 +628,7 @@ if wanted native; then
 fi
 
 # Odd lines in sluice's logs (warnings, errors), kept next to the results.
-grep -hE "WARN|ERROR|error|panick" "$base"/bench-cdc-*.log 2>/dev/null | sort | uniq -c | sort -rn | head -20 >"$base/sluice-warnings.txt" || true
+grep -hE "WARN|ERROR|error|panick" "$base"/bench-cdc-*.log 2>/dev/null | grep -v "stopping: finishing the batches" | sed -E 's/^[0-9TZ:.-]+ //' | sort | uniq -c | sort -rn | head -20 >"$base/sluice-warnings.txt" || true
 if [[ -s "$base/sluice-warnings.txt" ]]; then log "sluice warnings/errors:"; cat "$base/sluice-warnings.txt" >&2; fi
 
 # --- report ----------------------------------------------------------------------------------
@@ -633,6 +636,7 @@ python3 - "$results" <<'PY' | tee "$out/cdc-$stamp.md"
 import json, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
 load = next(r for r in runs if r["name"] == "load")
+print(f"`{load['command']}` (sluice binary {load['sluice_binary']})\n")
 print(f"{load['tables']} × {load['table_rows']:,} sysbench rows; backlog: oltp_write_only, {load['threads']} threads, "
       f"{load['seconds']} s at {load['sysbench_tps']:,.0f} tx/s → {load['row_changes']:,} row changes in "
       f"{load['transactions']:,} transactions ({load['binlog_bytes'] / 1e6:,.0f} MB of binlog)\n")
@@ -664,8 +668,9 @@ for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL")):
 latency = [r for r in runs if r.get("phase") == "latency"]
 if latency:
     print("### Latency at a fixed rate\n")
-    print("sluice: source commit → target commit per transaction, bucket upper bounds from its summary; "
-          "native: Seconds_Behind_Master sampled every second.\n")
+    print("sluice: its summary's latency_p50_ms/p99_ms, upper bounds of histogram buckets, per source transaction from "
+          "its source commit (whole seconds in the binlog, so in practice from its arrival at sluice) to its target commit; "
+          "native: Seconds_Behind_Master sampled every second (whole seconds).\n")
     print("| tool | rate tx/s (achieved) | row changes | p50 | p99 | replica lag (SBM) max / mean s | tool CPU per s | peak RSS MB | target = source |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in latency:

@@ -223,6 +223,7 @@ mod tests {
             data_type: DataType::Integer { bytes: 8, unsigned: false },
             nullable: false,
             native_type: String::new(),
+            collation: None,
         };
         Arc::new(TableSchema {
             name: TableName::parse("db.t"),

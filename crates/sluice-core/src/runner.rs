@@ -466,6 +466,7 @@ mod tests {
                 data_type: DataType::Integer { bytes: 8, unsigned: false },
                 nullable: false,
                 native_type: String::new(),
+                collation: None,
             }],
             primary_key: vec![0],
             indexes: Vec::new(),

@@ -95,6 +95,10 @@ pub struct Column {
     pub nullable: bool,
     /// The source's own type name (e.g. `varchar(20)`), for messages and same-engine copies.
     pub native_type: String,
+    /// The source's collation of a text column (e.g. `utf8mb4_bin`), which a same-engine target
+    /// keeps so keys compare (and stay unique) as they did at the source.
+    #[serde(default)]
+    pub collation: Option<String>,
 }
 
 /// A table's shape: its columns in order and the positions of its primary-key columns.
@@ -181,6 +185,7 @@ mod tests {
             data_type: DataType::Integer { bytes: 8, unsigned: false },
             nullable: true,
             native_type: String::new(),
+            collation: None,
         };
         let table = TableSchema {
             name: TableName::parse("db.t"),

@@ -100,6 +100,7 @@ mod tests {
             data_type: DataType::Date,
             nullable,
             native_type: String::new(),
+            collation: None,
         };
         let table = Arc::new(TableSchema {
             name: TableName::parse("d.t"),

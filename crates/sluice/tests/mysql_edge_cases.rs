@@ -177,3 +177,26 @@ fn rows_a_target_refuses_become_dirty_records_and_the_rest_of_their_batch_lands(
     assert_eq!(psql(&format!("SELECT count(*), max(v) FROM {database}_pg.t")), "990|990\n");
     assert_eq!(mariadb(&format!("SELECT count(*), max(v) FROM {database}_my.t")), "990\t990\n");
 }
+
+#[test]
+fn collations_carry_into_mysql_so_case_sensitive_keys_stay_distinct() {
+    let database = unique_name("collated");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE words (w VARCHAR(10) COLLATE utf8mb4_bin PRIMARY KEY, l VARCHAR(10) CHARACTER SET latin1 COLLATE latin1_swedish_ci,
+                             e ENUM('x','y') COLLATE utf8mb4_unicode_ci);
+         INSERT INTO words VALUES ('a', 'é', 'x'), ('A', 'É', 'y'), ('b', NULL, NULL);"
+    ));
+    let workspace = Workspace::new();
+    run(&workspace, "my", &database, &format!("[\"{database}.words\"]"), "mysql").assert_code(0);
+    let collations = |schema: &str| {
+        mariadb(&format!(
+            "SELECT COLUMN_NAME, COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = '{schema}' AND TABLE_NAME = 'words' ORDER BY ORDINAL_POSITION"
+        ))
+    };
+    assert_eq!(collations(&format!("{database}_my")), collations(&database));
+    assert_eq!(
+        mariadb(&format!("SELECT w, l FROM {database}_my.words ORDER BY w")),
+        mariadb(&format!("SELECT w, l FROM {database}.words ORDER BY w"))
+    );
+}

@@ -267,8 +267,13 @@ mod tests {
     use super::*;
 
     fn table() -> TableSchema {
-        let column =
-            |name: &str, data_type| Column { name: name.into(), data_type, nullable: true, native_type: String::new() };
+        let column = |name: &str, data_type| Column {
+            name: name.into(),
+            data_type,
+            nullable: true,
+            native_type: String::new(),
+            collation: None,
+        };
         TableSchema {
             name: TableName::parse("t"),
             columns: vec![

@@ -276,8 +276,13 @@ impl FileSource {
             schema.name = name.clone();
             return Ok(schema);
         }
-        let text_column =
-            |name: String, data_type: DataType| Column { name, data_type, nullable: true, native_type: String::new() };
+        let text_column = |name: String, data_type: DataType| Column {
+            name,
+            data_type,
+            nullable: true,
+            native_type: String::new(),
+            collation: None,
+        };
         let mut columns = Vec::new();
         if let Some(first) = files.first() {
             let file = File::open(first)

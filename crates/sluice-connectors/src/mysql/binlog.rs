@@ -102,6 +102,8 @@ pub struct BinlogChangeStream {
     mariadb: bool,
     /// Collation id → character set name, from the server.
     collations: HashMap<u16, String>,
+    /// Collation id → its name.
+    collation_names: HashMap<u16, String>,
     file: String,
     /// The offset in `file` after the last whole transaction (or rotation): where a heartbeat
     /// says the stream stands.
@@ -158,8 +160,8 @@ impl BinlogChangeStream {
         if !files.contains(&start.file) {
             return Err(position_lost(&start, &format!("the server's binary logs are {}", files.join(", "))));
         }
-        let collations: Vec<(u16, String)> = connection
-            .query("SELECT ID, CHARACTER_SET_NAME FROM information_schema.COLLATIONS WHERE ID IS NOT NULL AND CHARACTER_SET_NAME IS NOT NULL")
+        let collations: Vec<(u16, String, String)> = connection
+            .query("SELECT ID, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLLATIONS WHERE ID IS NOT NULL AND CHARACTER_SET_NAME IS NOT NULL")
             .await
             .map_err(error("read the collations"))?;
         let metadata: Option<String> = connection
@@ -199,7 +201,8 @@ impl BinlogChangeStream {
             filter,
             batch_rows: batch_rows.max(1),
             mariadb,
-            collations: collations.into_iter().collect(),
+            collation_names: collations.iter().map(|(id, _, name)| (*id, name.clone())).collect(),
+            collations: collations.into_iter().map(|(id, charset, _)| (id, charset)).collect(),
             offset: start.offset,
             file: start.file,
             gtid_set: if mariadb {
@@ -564,7 +567,13 @@ impl BinlogChangeStream {
                 }
             };
             let nullable = map.null_bitmask().get(index).is_some_and(|bit| *bit);
-            columns.push(Column { name, data_type, nullable, native_type: String::new() });
+            let collation = match (&data_type, collation) {
+                (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(id)) => {
+                    self.collation_names.get(&id).cloned()
+                }
+                _ => None,
+            };
+            columns.push(Column { name, data_type, nullable, native_type: String::new(), collation });
             charsets.push(charset);
         }
         Ok((TableSchema { name: name.clone(), columns, primary_key, indexes: Vec::new() }, charsets))

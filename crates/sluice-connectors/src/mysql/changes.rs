@@ -10,7 +10,7 @@ use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
 use super::sink::{
-    column_type, commit_with_checkpoint, create_table_sql, delete_keys, insert_rows, qualified, read_checkpoint,
+    column_definition, commit_with_checkpoint, create_table_sql, delete_keys, insert_rows, qualified, read_checkpoint,
 };
 use super::{decode, mysql_error, quote};
 use sluice_core::net_changes::missing_rows;
@@ -164,20 +164,16 @@ impl ChangeWriter for MysqlChangeWriter {
                 let name = qualified(&table.name);
                 let doing = format!("alter table {}", table.name);
                 let existing = self.columns(&table.name).await?;
-                let definition = |column: &sluice_core::Column| {
-                    let nullability = if column.nullable { "NULL" } else { "NOT NULL" };
-                    format!("{} {} {nullability}", quote(&column.name), column_type(&column.data_type))
-                };
                 for step in column_changes(&existing, table, renamed, retyped) {
                     let sql = match step {
                         ColumnChange::Rename { from, to } => {
                             format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
                         }
                         ColumnChange::Add(column) => {
-                            format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}", definition(column))
+                            format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}", column_definition(column))
                         }
                         ColumnChange::Retype(column) => {
-                            format!("ALTER TABLE {name} MODIFY COLUMN {}", definition(column))
+                            format!("ALTER TABLE {name} MODIFY COLUMN {}", column_definition(column))
                         }
                         ColumnChange::Drop(column) => {
                             format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))

@@ -112,16 +112,25 @@ pub(super) fn column_type(data_type: &DataType) -> String {
     }
 }
 
+/// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
+/// for text (so keys compare as they did), and an explicit NULL or NOT NULL (TIMESTAMP columns
+/// get no implicit default).
+pub(super) fn column_definition(column: &sluice_core::Column) -> String {
+    let collation = match (&column.data_type, &column.collation) {
+        (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(collation))
+            if !collation.is_empty()
+                && collation.chars().all(|character| character.is_ascii_alphanumeric() || character == '_') =>
+        {
+            format!(" COLLATE {collation}")
+        }
+        _ => String::new(),
+    };
+    let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
+    format!("{} {}{collation}{nullability}", quote(&column.name), column_type(&column.data_type))
+}
+
 pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let mut definitions: Vec<String> = table
-        .columns
-        .iter()
-        .map(|column| {
-            // TIMESTAMP columns get an explicit NULL/NOT NULL and no implicit default.
-            let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
-            format!("{} {}{nullability}", quote(&column.name), column_type(&column.data_type))
-        })
-        .collect();
+    let mut definitions: Vec<String> = table.columns.iter().map(column_definition).collect();
     if !table.primary_key.is_empty() {
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
@@ -316,10 +325,19 @@ struct MysqlWriter {
     buffer: Vec<u8>,
 }
 
-/// Whether `LOAD DATA`'s text format carries every column of the table exactly: BIT and spatial
-/// columns take their bytes as text, so such tables go by INSERT.
+/// Whether `LOAD DATA`'s text format carries every column of the table exactly. BIT and spatial
+/// columns would take their bytes as text; text columns in a charset other than UTF-8 would take
+/// the UTF-8 bytes unconverted (the file is loaded as `binary`, so blobs stay byte-exact). Such
+/// tables go by INSERT, whose bound strings the server converts.
 fn loadable(table: &TableSchema) -> bool {
-    !table.columns.iter().any(|column| matches!(column.data_type, DataType::Bits { .. } | DataType::Geometry))
+    table.columns.iter().all(|column| match &column.data_type {
+        DataType::Bits { .. } | DataType::Geometry => false,
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } | DataType::Json => column
+            .collation
+            .as_deref()
+            .is_none_or(|collation| collation.starts_with("utf8") || collation.starts_with("ascii")),
+        _ => true,
+    })
 }
 
 /// Appends rows in `LOAD DATA`'s default text format: fields separated by tabs, rows by line

@@ -381,14 +381,15 @@ fn qualified(name: &TableName) -> String {
 /// A row of information_schema.STATISTICS: index, position, column, unique, prefix length.
 type IndexRow = (String, u64, Option<String>, bool, Option<u64>);
 
-type ColumnRow = (String, String, String, String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, String);
+type ColumnRow =
+    (String, String, String, String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, String, Option<String>);
 
 async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -> Result<TableSchema> {
     let schema = schema_of(name);
     let rows: Vec<ColumnRow> = connection
         .exec(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,
-                    CHARACTER_MAXIMUM_LENGTH, DATETIME_PRECISION, EXTRA
+                    CHARACTER_MAXIMUM_LENGTH, DATETIME_PRECISION, EXTRA, COLLATION_NAME
              FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
             (schema, &name.name),
         )
@@ -398,7 +399,18 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
     let columns: Vec<Column> = rows
         .into_iter()
         .filter_map(
-            |(column, data_type, column_type, nullable, precision, scale, length, datetime_precision, extra)| {
+            |(
+                column,
+                data_type,
+                column_type,
+                nullable,
+                precision,
+                scale,
+                length,
+                datetime_precision,
+                extra,
+                collation,
+            )| {
                 // Generated columns are computed by the target's own definition, never written.
                 if extra.to_ascii_uppercase().contains("GENERATED")
                     || extra.to_ascii_uppercase().contains("VIRTUAL")
@@ -416,7 +428,13 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
                     datetime_precision,
                 }
                 .logical();
-                Some(Column { name: column, data_type: logical, nullable: nullable == "YES", native_type: column_type })
+                Some(Column {
+                    name: column,
+                    data_type: logical,
+                    nullable: nullable == "YES",
+                    native_type: column_type,
+                    collation,
+                })
             },
         )
         .collect();

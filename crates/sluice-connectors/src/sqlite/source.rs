@@ -156,6 +156,7 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
                 data_type: data_type(&declared),
                 nullable: !not_null && key_position == 0,
                 native_type: declared,
+                collation: None,
             }
         })
         .collect();
