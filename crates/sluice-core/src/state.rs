@@ -12,7 +12,7 @@ use crate::change::Rejected;
 use crate::connector::{Checkpoint, Split};
 use crate::error::Result;
 use crate::schema::TableName;
-use crate::stats::RunSummary;
+use crate::stats::{RunSummary, StreamSummary};
 
 /// A job cut into tasks: per source table, its target name and its splits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,6 +54,13 @@ pub trait StateStore: Send + Sync {
 
     /// Appends a finished run's summary to the job's history.
     fn record_run(&self, summary: &RunSummary) -> Result<()>;
+
+    /// Replaces the live status of a job's change stream (phase, lag, rates, latency, position).
+    /// Called by the stream task after a commit, at most once a second.
+    fn save_stream_status(&self, job: &str, status: &StreamSummary) -> Result<()>;
+
+    /// The last status saved for a job's change stream.
+    fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>>;
 }
 
 /// A state store in memory, for tests.
@@ -68,6 +75,7 @@ struct MemoryState {
     checkpoints: BTreeMap<(String, String), Checkpoint>,
     dirty: BTreeMap<String, Vec<(String, Rejected)>>,
     runs: Vec<String>,
+    streams: BTreeMap<String, serde_json::Value>,
 }
 
 impl MemoryStateStore {
@@ -137,5 +145,15 @@ impl StateStore for MemoryStateStore {
     fn record_run(&self, summary: &RunSummary) -> Result<()> {
         self.lock().runs.push(summary.job.clone());
         Ok(())
+    }
+
+    fn save_stream_status(&self, job: &str, status: &StreamSummary) -> Result<()> {
+        let status = serde_json::to_value(status).expect("summaries serialize");
+        self.lock().streams.insert(job.to_owned(), status);
+        Ok(())
+    }
+
+    fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>> {
+        Ok(self.lock().streams.get(job).cloned())
     }
 }

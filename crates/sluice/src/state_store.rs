@@ -7,7 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sluice_core::change::{Position, Rejected};
 use sluice_core::connector::Checkpoint;
 use sluice_core::state::{Plan, StateStore};
-use sluice_core::stats::RunSummary;
+use sluice_core::stats::{RunSummary, StreamSummary};
 use sluice_core::{Error, Result};
 
 /// Version of the stored layout; bumped when tables change, checked on open.
@@ -46,7 +46,8 @@ impl SqliteStateStore {
                          table_name TEXT NOT NULL, key TEXT NOT NULL, reason TEXT NOT NULL, record TEXT, created_at TEXT NOT NULL,
                          UNIQUE (job, task, table_name, key));
                      CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, job TEXT NOT NULL, status TEXT NOT NULL,
-                         summary TEXT NOT NULL, finished_at TEXT NOT NULL);",
+                         summary TEXT NOT NULL, finished_at TEXT NOT NULL);
+                     CREATE TABLE IF NOT EXISTS stream_status (job TEXT PRIMARY KEY, status TEXT NOT NULL, updated_at TEXT NOT NULL);",
                 )
             })
             .map_err(|error| state_error(&format!("cannot prepare {}", path.display()), error))?;
@@ -204,6 +205,27 @@ impl StateStore for SqliteStateStore {
             )
             .map_err(|error| state_error("cannot record the run", error))?;
         Ok(())
+    }
+
+    fn save_stream_status(&self, job: &str, status: &StreamSummary) -> Result<()> {
+        let text = serde_json::to_string(status).expect("summaries serialize");
+        self.connection()
+            .execute(
+                "INSERT INTO stream_status (job, status, updated_at) VALUES (?1, ?2, strftime('%Y-%m-%dT%H:%M:%fZ'))
+                 ON CONFLICT (job) DO UPDATE SET status = excluded.status, updated_at = excluded.updated_at",
+                params![job, text],
+            )
+            .map_err(|error| state_error("cannot save the stream status", error))?;
+        Ok(())
+    }
+
+    fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>> {
+        let text: Option<String> = self
+            .connection()
+            .query_row("SELECT status FROM stream_status WHERE job = ?1", [job], |row| row.get(0))
+            .optional()
+            .map_err(|error| state_error("cannot read the stream status", error))?;
+        Ok(text.and_then(|text| serde_json::from_str(&text).ok()))
     }
 }
 

@@ -113,6 +113,12 @@ fn survives_kills(target: &'static str) {
     let summary = support::summary(&job.workspace.path("summary.json"));
     assert_eq!(summary["stream"]["phase"], "streaming", "{summary}");
     assert!(summary["stream"]["latency_p99_ms"].is_u64(), "{summary}");
+    // The state directory holds the stream's last status too, lag included.
+    let state = rusqlite::Connection::open(job.workspace.path(".sluice/state.db")).unwrap();
+    let status: String =
+        state.query_row("SELECT status FROM stream_status WHERE job = ?1", [&job.name], |row| row.get(0)).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(status["lag_seconds"].is_u64() && status["rows_applied"].as_u64() > Some(0), "{status}");
 }
 
 #[test]

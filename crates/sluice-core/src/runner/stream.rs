@@ -175,6 +175,7 @@ impl Runner {
             moved: false,
             open_transaction: false,
             last_commit: Instant::now(),
+            last_status: None,
             progressed,
         };
         let mut stop = self.stop.clone();
@@ -326,6 +327,8 @@ struct Applier<'a> {
     /// A source transaction's changes are folded or written, its commit not seen yet.
     open_transaction: bool,
     last_commit: Instant,
+    /// When the stream's status was last saved in the state store.
+    last_status: Option<Instant>,
     progressed: &'a mut bool,
 }
 
@@ -494,6 +497,10 @@ impl Applier<'_> {
         self.moved = false;
         self.last_commit = Instant::now();
         *self.progressed = true;
+        if self.last_status.is_none_or(|saved| saved.elapsed() >= Duration::from_secs(1)) {
+            runner.state.save_stream_status(&runner.job.name, &stats.summary())?;
+            self.last_status = Some(Instant::now());
+        }
         Ok(())
     }
 }
