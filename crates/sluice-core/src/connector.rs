@@ -76,12 +76,10 @@ pub trait Source: Send + Sync {
     /// the task that owns the split, possibly again after a retry.
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
 
-    /// Where a `cdc` job with no checkpoint starts: the position the job names, else the current
-    /// one. Called once, when the stream task finds no checkpoint in the target.
-    async fn start_position(&self) -> Result<Position> {
-        self.log_position().await?.ok_or_else(|| {
-            Error::new(ErrorKind::Config, "this source has no change log to stream from").on(Side::Source)
-        })
+    /// The position a `cdc` job names to start from (`source.start_position`), if any. Without
+    /// one, a job starts from the position captured when it was first planned.
+    async fn start_position(&self) -> Result<Option<Position>> {
+        Ok(None)
     }
 
     /// Opens the change stream of the selected tables strictly after `after`, a transaction

@@ -115,19 +115,19 @@ impl Runner {
         if self.job.mode == Mode::Snapshot {
             return Ok(());
         }
-        let snapshot_start = match (snapshot, plan.source_position) {
-            (false, _) => None,
-            (true, Some(position)) => Some(position),
-            (true, None) => {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    "the source has no change log position to continue from after the snapshot",
-                )
-                .on(Side::Source)
-                .hint("turn on the source's binary log (log_bin) and run the job again"))
-            }
+        // A cdc job starts where the job says, else where the source stood when the job was
+        // first planned (kept in the plan, so a crash before the first commit loses nothing);
+        // snapshot+cdc starts where its snapshot was taken.
+        let start = match (snapshot, self.source.start_position().await?) {
+            (false, Some(position)) => Some(position),
+            _ => plan.source_position,
         };
-        self.stream_changes(snapshot_start).await
+        let Some(start) = start else {
+            return Err(Error::new(ErrorKind::Config, "the source has no change log position to stream from")
+                .on(Side::Source)
+                .hint("turn on the source's binary log (log_bin) and run the job again"));
+        };
+        self.stream_changes(start, snapshot).await
     }
 
     /// Copies every split of the plan with up to `parallelism` tasks, then builds what the

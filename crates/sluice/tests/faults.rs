@@ -241,3 +241,56 @@ async fn target_resets_during_the_stream_lose_and_duplicate_nothing() {
         assert_same(table, &expected, &actual);
     }
 }
+
+/// A cdc job killed before its first commit starts, when run again, from the position captured
+/// when it was first planned: rows written in between arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_job_killed_before_its_first_commit_misses_nothing() {
+    let database = unique_name("firstrun");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY)"));
+    let target_proxy = Proxy::start(address_of(&postgres_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\n"
+        ),
+    );
+    let target = through(&postgres_url(), &target_proxy);
+    let mut child = workspace.start_run(&job, &mysql_url(), &target, &[]);
+    // As soon as the plan (with the source's position) is in the state directory, the target
+    // goes silent: the stream cannot commit a first checkpoint.
+    let planned = || {
+        rusqlite::Connection::open(workspace.path(".sluice/state.db"))
+            .and_then(|state| {
+                state.query_row("SELECT count(*) FROM plans WHERE job = ?1", [&job_name], |row| row.get::<_, i64>(0))
+            })
+            .unwrap_or(0)
+            == 1
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !planned() {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the job is planned");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    target_proxy.set(Fault::Stall);
+    support::kill(&mut child);
+    assert!(support::workload::stream_position("postgres", &job_name).is_none(), "no checkpoint was committed");
+    mariadb(&format!("INSERT INTO {database}.t SELECT seq FROM {database}.seq_1_to_50"));
+    target_proxy.set(Fault::None);
+    target_proxy.reset_all();
+    let mut child = workspace.start_run(&job, &mysql_url(), &target, &[]);
+    let count = || {
+        let exists = psql(&format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}'"));
+        if exists.trim() == "0" {
+            return "0".to_owned();
+        }
+        psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while count() != "50" {
+        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the rows arrive");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

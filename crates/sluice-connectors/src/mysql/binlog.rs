@@ -755,7 +755,7 @@ fn position_lost(start: &LogPosition, detail: &str) -> Error {
         ),
     )
     .on(Side::Source)
-    .hint("the binlog was purged past the job's checkpoint; keep binlogs longer (binlog_expire_logs_seconds), and start the job again from a new snapshot (drop the target tables and the job's rows in sluice.checkpoints)")
+    .hint("the binlog was purged past the job's position: the changes in between are gone. Copy the tables again with a new snapshot+cdc job (drop the target tables and the job's rows in sluice.checkpoints), and keep binlogs longer (binlog_expire_logs_seconds)")
 }
 
 #[async_trait]

@@ -128,15 +128,8 @@ impl Source for MysqlSource {
         Ok(items)
     }
 
-    async fn start_position(&self) -> Result<Position> {
-        if let Some(position) = &self.stream.start_position {
-            return Ok(position.clone());
-        }
-        self.log_position().await?.ok_or_else(|| {
-            Error::new(ErrorKind::Config, "the source has no binary log to stream from (log_bin is off)")
-                .on(Side::Source)
-                .hint("turn on log_bin with binlog_format=ROW in the server config and restart it")
-        })
+    async fn start_position(&self) -> Result<Option<Position>> {
+        Ok(self.stream.start_position.clone())
     }
 
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {

@@ -75,13 +75,14 @@ struct Arrival {
 }
 
 impl Runner {
-    /// Streams changes until stopped. `snapshot_start` is the position the snapshot was taken
-    /// from (`snapshot+cdc`), where the stream starts when the target has no checkpoint yet.
-    pub(super) async fn stream_changes(&self, snapshot_start: Option<Position>) -> Result<()> {
+    /// Streams changes until stopped. `start` is where the stream begins when the target has no
+    /// checkpoint yet; `after_snapshot` says a snapshot was taken from there, so the changes up
+    /// to the copy's end are replayed.
+    pub(super) async fn stream_changes(&self, start: Position, after_snapshot: bool) -> Result<()> {
         let mut attempt = 1;
         loop {
             let mut progressed = false;
-            let error = match self.apply_stream(snapshot_start.clone(), &mut progressed).await {
+            let error = match self.apply_stream(&start, after_snapshot, &mut progressed).await {
                 Ok(()) => return Ok(()),
                 Err(error) => error,
             };
@@ -104,7 +105,7 @@ impl Runner {
     }
 
     /// One attempt: recover, open the stream, apply until stopped or failed.
-    async fn apply_stream(&self, snapshot_start: Option<Position>, progressed: &mut bool) -> Result<()> {
+    async fn apply_stream(&self, start: &Position, after_snapshot: bool, progressed: &mut bool) -> Result<()> {
         let mut writer = self.sink.open_changes(&self.job.name, STREAM_TASK).await?;
         let recovered = writer.recover().await?;
         let corrupt = |error: serde_json::Error| {
@@ -116,18 +117,12 @@ impl Runner {
             Some(Checkpoint { position: Some(position), rows_written, .. }) => {
                 (serde_json::from_value::<StreamCheckpoint>(position.0).map_err(corrupt)?, rows_written)
             }
-            _ => match snapshot_start {
-                Some(start) => {
-                    // Any position after the copy's end closes the replay window; the current one
-                    // is such a position.
-                    let end = self.source.log_position().await?;
-                    (StreamCheckpoint { at: start, replay_until: end, pending: BTreeMap::new() }, 0)
-                }
-                None => {
-                    let at = self.source.start_position().await?;
-                    (StreamCheckpoint { at, replay_until: None, pending: BTreeMap::new() }, 0)
-                }
-            },
+            _ => {
+                // Any position after the copy's end closes the replay window; the current one
+                // is such a position.
+                let replay_until = if after_snapshot { self.source.log_position().await? } else { None };
+                (StreamCheckpoint { at: start.clone(), replay_until, pending: BTreeMap::new() }, 0)
+            }
         };
         let head = self.source.log_position().await?;
         let stats = &self.stats.stream;
