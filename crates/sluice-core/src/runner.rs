@@ -213,7 +213,8 @@ impl Runner {
         };
         let mut plan = Plan { tables: Vec::new(), source_position };
         if let Some(position) = &plan.source_position {
-            log::info!("source log position at snapshot start: {}", position.0);
+            let when = if split { "snapshot start" } else { "the job's first run" };
+            log::info!("source log position at {when}: {}", position.0);
         }
         *self.source_position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.source_position.clone();
         let stored: BTreeMap<_, _> = stored_plan

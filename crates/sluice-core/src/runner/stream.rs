@@ -33,8 +33,8 @@ use crate::zero_dates;
 /// The task id of the change stream: its checkpoint row in the target carries it.
 pub const STREAM_TASK: &str = "stream";
 
-/// A group of whole transactions waits at most this long for more before it commits: long
-/// enough to gather a backlog's transactions into few target commits, short enough for latency.
+/// A group of whole transactions waits at most this long for more before it commits, even while
+/// more keep arriving: bounds latency under a steady load that never leaves the channel empty.
 const GROUP_LINGER: Duration = Duration::from_millis(50);
 
 /// How often the position is committed when only transactions of other tables go by.
@@ -218,8 +218,11 @@ impl Runner {
                     }
                     Some(StreamEvent::Advance { position, committed_at }) => applier.advance(position, committed_at),
                 }
+                // Whole transactions commit as soon as nothing more is waiting (the events in
+                // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
+                // when the group is full; the deadline above caps how long they linger.
                 let full = applier.staged_rows + applier.net.len() as u64 >= self.job.limits.batch_rows as u64;
-                if !applier.open_transaction && !applier.arrivals.is_empty() && full {
+                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || received.is_empty()) {
                     applier.commit().await?;
                 }
             }
