@@ -115,7 +115,7 @@ servers=()   # "engine dir" of every server started
 bg_pids=()   # background processes started (sluice, pg_chameleon, samplers)
 polls=0      # this script's queries of the target's progress (they count as target transactions)
 cleanup() {
-  local pid
+  local pid server
   for pid in "${bg_pids[@]}"; do
     if kill -0 "$pid" 2>/dev/null; then
       kill_tree "$pid" KILL
@@ -126,7 +126,6 @@ cleanup() {
     cp "$base"/*.log "$base"/*.json "$base"/*.yaml "$base"/*.txt "$logs"/ 2>/dev/null || true
     for server in "${servers[@]}"; do cp "${server#* }/server.log" "$logs/server-$(basename "${server#* }").log" 2>/dev/null || true; done
   fi
-  local server
   for server in "${servers[@]}"; do
     # shellcheck disable=SC2086
     scripts/testdb stop $server >/dev/null 2>&1 || true

@@ -117,8 +117,6 @@ pub struct BinlogChangeStream {
     tables: HashMap<u64, Option<MappedTable>>,
     /// Inside a transaction (after GTID or BEGIN, before its commit).
     in_transaction: bool,
-    /// The open transaction is a single statement (a MariaDB GTID event flagged standalone).
-    standalone: bool,
     /// The GTID of the open transaction.
     gtid: Option<(u32, String)>,
     /// The open transaction has changes for this job.
@@ -215,7 +213,6 @@ impl BinlogChangeStream {
             gtids: if mariadb { gtids } else { Default::default() },
             tables: HashMap::new(),
             in_transaction: false,
-            standalone: false,
             gtid: None,
             relevant: false,
             changes: Vec::new(),
@@ -264,7 +261,6 @@ impl BinlogChangeStream {
             self.ready.push_back(StreamEvent::Advance { position, committed_at });
         }
         self.in_transaction = false;
-        self.standalone = false;
         self.relevant = false;
     }
 
@@ -287,8 +283,8 @@ impl BinlogChangeStream {
                 let sequence = u64::from_le_bytes(data[0..8].try_into().expect("8 bytes"));
                 let domain = u32::from_le_bytes(data[8..12].try_into().expect("4 bytes"));
                 // A standalone GTID announces one statement (DDL); otherwise it stands for BEGIN.
-                self.standalone = data[12] & 1 != 0;
-                self.in_transaction = !self.standalone;
+                let standalone = data[12] & 1 != 0;
+                self.in_transaction = !standalone;
                 self.gtid = Some((domain, format!("{domain}-{}-{sequence}", header.server_id())));
                 return Ok(());
             }
