@@ -21,6 +21,16 @@ fn through(url: &str, proxy: &Proxy) -> String {
     url.replace(&address_of(url).to_string(), &proxy.address().to_string())
 }
 
+/// Waits until `done` holds, checking every 10 ms; fails if the run ends first or after `seconds`.
+async fn until(child: &mut support::Guard, what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    while !done() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before: {what}");
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Waits until the job has committed `rows`; fails with the run's output if it ended first, or
 /// after a minute instead of hanging.
 async fn until_committed(job: &str, rows: u64, run: &mut tokio::task::JoinHandle<Run>) {
@@ -110,11 +120,8 @@ async fn a_binlog_reset_inside_a_large_transaction_resumes_at_its_start() {
         ),
     );
     let mut child = workspace.start_run(&job, &through(&mysql_url(), &source_proxy), &postgres_url(), &[]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while support::workload::stream_position("postgres", &job_name).is_none() {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream starts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut child, "the stream starts", 60, || support::workload::stream_position("postgres", &job_name).is_some())
+        .await;
 
     // About 6.6 MB of binlog in one transaction; the connection that carries it is cut after 2 MB.
     let before = source_proxy.connections();
@@ -164,11 +171,8 @@ async fn a_silent_binlog_connection_is_detected_and_replaced() {
         ),
     );
     let mut child = workspace.start_run(&job, &through(&mysql_url(), &source_proxy), &postgres_url(), &[]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while support::workload::stream_position("postgres", &job_name).is_none() {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream starts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut child, "the stream starts", 60, || support::workload::stream_position("postgres", &job_name).is_some())
+        .await;
     let before = source_proxy.connections();
     source_proxy.set(Fault::Stall);
     mariadb(&format!("INSERT INTO {database}.t SELECT seq FROM {database}.seq_1_to_100"));
@@ -180,11 +184,7 @@ async fn a_silent_binlog_connection_is_detected_and_replaced() {
     }
     source_proxy.set(Fault::None);
     let count = || psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while count() != "100" {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the rows arrive");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut child, "the rows arrive", 60, || count() == "100").await;
     let child = child.into_inner();
     support::signal(&child, "TERM");
     let output = child.wait_with_output().unwrap();
@@ -215,21 +215,19 @@ async fn target_resets_during_the_stream_lose_and_duplicate_nothing() {
     let load = Load::start(&database, Random::from_environment("target_resets_during_the_stream"), 800);
     let mut seen = 0;
     for _ in 0..6 {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while stream_position("postgres", &job_name).is_none() || committed("postgres", &job_name) <= seen {
-            assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "progress");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until(&mut child, "progress", 60, || {
+            stream_position("postgres", &job_name).is_some() && committed("postgres", &job_name) > seen
+        })
+        .await;
         target_proxy.reset_all();
         seen = committed("postgres", &job_name);
     }
     load.stop();
     let source = source_position();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while stream_position("postgres", &job_name).is_none_or(|at| at < source) {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the stream converges");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut child, "the stream converges", 120, || {
+        stream_position("postgres", &job_name).is_some_and(|at| at >= source)
+    })
+    .await;
     let child = child.into_inner();
     support::signal(&child, "TERM");
     let output = child.wait_with_output().unwrap();
@@ -269,11 +267,7 @@ async fn a_cdc_job_killed_before_its_first_commit_misses_nothing() {
             .unwrap_or(0)
             == 1
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !planned() {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the job is planned");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    until(&mut child, "the job is planned", 60, planned).await;
     target_proxy.set(Fault::Stall);
     support::kill(&mut child);
     assert!(support::workload::stream_position("postgres", &job_name).is_none(), "no checkpoint was committed");
@@ -288,9 +282,5 @@ async fn a_cdc_job_killed_before_its_first_commit_misses_nothing() {
         }
         psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned()
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while count() != "50" {
-        assert!(tokio::time::Instant::now() < deadline && child.try_wait().unwrap().is_none(), "the rows arrive");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until(&mut child, "the rows arrive", 60, || count() == "50").await;
 }
