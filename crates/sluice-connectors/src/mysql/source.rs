@@ -222,6 +222,35 @@ impl Source for MysqlSource {
         for name in self.filter.select(available)? {
             tables.push(describe_table(&mut connection, &name, &self.server).await?);
         }
+        if self.mode != Mode::Snapshot {
+            // The binlog names a row by its PRIMARY KEY only: a unique key that stands in for a
+            // snapshot does not identify rows in the change stream. Refused before any copy.
+            let keyed: Vec<(String, String)> = connection
+                .query("SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME FROM information_schema.STATISTICS WHERE INDEX_NAME = 'PRIMARY'")
+                .await
+                .map_err(self.error("list primary keys"))?;
+            let keyless: Vec<String> = tables
+                .iter()
+                .filter(|table| {
+                    !keyed
+                        .iter()
+                        .any(|(schema, name)| schema.as_str() == schema_of(&table.name) && *name == table.name.name)
+                })
+                .map(|table| table.name.to_string())
+                .collect();
+            if !keyless.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "{} {} no primary key, which change data capture needs to identify rows",
+                        keyless.join(", "),
+                        if keyless.len() == 1 { "has" } else { "have" }
+                    ),
+                )
+                .on(Side::Source)
+                .hint("add a primary key, or exclude the table with \"!name\" in source.tables"));
+            }
+        }
         Ok(tables)
     }
 
