@@ -129,7 +129,8 @@ pub struct BinlogChangeStream {
 
 impl BinlogChangeStream {
     /// Connects as a replica and asks for the binlog after `after`. A file the server no longer
-    /// has is refused here, before streaming, with `ErrorKind::PositionLost`.
+    /// has is refused here, before streaming, with `ErrorKind::PositionLost`. The binlog settings
+    /// are the caller's to check first (`MysqlSource::check_binlog`).
     pub async fn open(
         opts: Opts,
         server: String,
@@ -162,14 +163,6 @@ impl BinlogChangeStream {
             .query("SELECT ID, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLLATIONS WHERE ID IS NOT NULL AND CHARACTER_SET_NAME IS NOT NULL")
             .await
             .map_err(error("read the collations"))?;
-        let metadata: Option<String> = connection
-            .query_first("SELECT @@GLOBAL.binlog_row_metadata")
-            .await
-            .map_err(error("read binlog_row_metadata"))?;
-        if !metadata.unwrap_or_default().eq_ignore_ascii_case("FULL") {
-            return Err(Error::new(ErrorKind::Config, "binlog_row_metadata is not FULL; the change stream needs it to decode rows with the schema of their time").on(Side::Source)
-                .hint("SET GLOBAL binlog_row_metadata = 'FULL' (and in the server config); it needs MySQL 8.0.1+ or MariaDB 10.5+"));
-        }
         let heartbeat_ns = HEARTBEAT.as_nanos().to_string();
         let mut setup = vec![format!("SET @master_heartbeat_period = {heartbeat_ns}")];
         if mariadb {

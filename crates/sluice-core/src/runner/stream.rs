@@ -113,18 +113,18 @@ impl Runner {
                 .on(Side::Target)
                 .hint("delete the row of this job from the target's sluice.checkpoints table and start again")
         };
+        // The source's position now: reaching it ends catching up, and, being after the copy's
+        // end, it also closes a snapshot's replay window.
+        let head = self.source.log_position().await?;
         let (checkpoint, rows_applied) = match recovered {
             Some(Checkpoint { position: Some(position), rows_written, .. }) => {
                 (serde_json::from_value::<StreamCheckpoint>(position.0).map_err(corrupt)?, rows_written)
             }
             _ => {
-                // Any position after the copy's end closes the replay window; the current one
-                // is such a position.
-                let replay_until = if after_snapshot { self.source.log_position().await? } else { None };
+                let replay_until = if after_snapshot { head.clone() } else { None };
                 (StreamCheckpoint { at: start.clone(), replay_until, pending: BTreeMap::new() }, 0)
             }
         };
-        let head = self.source.log_position().await?;
         let stats = &self.stats.stream;
         if stats.phase() != StreamPhase::Streaming {
             let caught_up = head.as_ref().is_none_or(|head| self.source.reached(&checkpoint.at, head));

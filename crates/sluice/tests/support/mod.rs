@@ -301,23 +301,17 @@ pub fn mariadb(sql: &str) -> String {
     String::from_utf8_lossy(&mariadb_bytes(sql)).into_owned()
 }
 
+/// The `mariadb` client as root over the test server's socket, in UTF-8, in batch mode.
+pub fn mariadb_client() -> Command {
+    let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
+    let mut command = Command::new("mariadb");
+    command.args(["--no-defaults", "--default-character-set=utf8mb4", "-uroot", "-S", &socket, "--batch"]);
+    command
+}
+
 /// Like `mariadb`, as the raw bytes the client printed, for byte-exact comparisons.
 pub fn mariadb_bytes(sql: &str) -> Vec<u8> {
-    let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
-    let output = Command::new("mariadb")
-        .args([
-            "--no-defaults",
-            "--default-character-set=utf8mb4",
-            "-uroot",
-            "-S",
-            &socket,
-            "--batch",
-            "--skip-column-names",
-            "-e",
-            sql,
-        ])
-        .output()
-        .expect("run the mariadb client");
+    let output = mariadb_client().args(["--skip-column-names", "-e", sql]).output().expect("run the mariadb client");
     assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
     output.stdout
 }

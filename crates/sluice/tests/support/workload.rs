@@ -2,7 +2,7 @@
 //! through a pipe, so thousands of statements a second cost no process start each.
 
 use std::io::Write;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,19 +49,8 @@ pub struct Client {
 
 impl Client {
     pub fn start(database: &str) -> Client {
-        let socket =
-            std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
-        let mut child = Command::new("mariadb")
-            .args([
-                "--no-defaults",
-                "--default-character-set=utf8mb4",
-                "-uroot",
-                "-S",
-                &socket,
-                "--force",
-                "--batch",
-                database,
-            ])
+        let mut child = super::mariadb_client()
+            .args(["--force", database])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
