@@ -15,7 +15,7 @@ pub mod sqlite;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use sluice_core::connector::{Sink, Source};
+use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
 use sluice_core::{Error, Result};
@@ -288,7 +288,28 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
 
 /// Builds the sink of a validated job.
 pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
+    build_sink(job, None)
+}
+
+/// Builds the sink of a cluster task: every checkpoint commit checks `fence` in the target, so
+/// a worker whose task moved cannot commit. Only transactional targets can hold a fence.
+pub fn fenced_sink(job: &JobSpec, fence: Fence) -> Result<Arc<dyn Sink>> {
+    build_sink(job, Some(fence))
+}
+
+/// Whether jobs into this target type can run on a cluster (their commits can be fenced).
+pub fn fences(target_type: &str) -> bool {
+    matches!(target_type, "mysql" | "postgres")
+}
+
+fn build_sink(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let endpoint = &job.target;
+    if fence.is_some() && !fences(&endpoint.connector) {
+        return Err(Error::config(format!(
+            "target.type: `{}` cannot run on a cluster: its writes cannot be fenced against a worker whose task moved; use a mysql or postgres target, or run the job standalone (sluice run)",
+            endpoint.connector
+        )));
+    }
     match endpoint.connector.as_str() {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(sqlite::SqliteSink::new(path(endpoint)?, endpoint.write_mode, endpoint.create_tables))),
@@ -297,22 +318,28 @@ pub fn sink(job: &JobSpec) -> Result<Arc<dyn Sink>> {
         #[cfg(feature = "parquet")]
         "parquet" => Ok(Arc::new(parquet::ParquetSink::new(path(endpoint)?))),
         #[cfg(feature = "mysql")]
-        "mysql" => Ok(Arc::new(mysql::MysqlSink::new(
-            url(endpoint)?,
-            endpoint.display_url(),
-            endpoint.write_mode,
-            endpoint.create_tables,
-            namespace(endpoint),
-            job.parallelism,
-        )?)),
+        "mysql" => Ok(Arc::new(
+            mysql::MysqlSink::new(
+                url(endpoint)?,
+                endpoint.display_url(),
+                endpoint.write_mode,
+                endpoint.create_tables,
+                namespace(endpoint),
+                job.parallelism,
+            )
+            .map(|sink| sink.fenced_if(fence))?,
+        )),
         #[cfg(feature = "postgres")]
-        "postgres" => Ok(Arc::new(postgres::PostgresSink::new(
-            url(endpoint)?.clone(),
-            endpoint.display_url(),
-            endpoint.write_mode,
-            endpoint.create_tables,
-            namespace(endpoint),
-        ))),
+        "postgres" => Ok(Arc::new(
+            postgres::PostgresSink::new(
+                url(endpoint)?.clone(),
+                endpoint.display_url(),
+                endpoint.write_mode,
+                endpoint.create_tables,
+                namespace(endpoint),
+            )
+            .fenced_if(fence),
+        )),
         other => Err(Error::config(format!("target.type: `{other}` is not available as a target in this build"))),
     }
 }

@@ -41,6 +41,30 @@ pub struct Checkpoint {
     pub rows_written: u64,
 }
 
+/// The fencing token of a cluster task: its id and the epoch of the claim that owns it (the
+/// coordination store's revision of the ownership key, so a later claim always has a larger
+/// epoch). A fenced sink writes nothing for an epoch older than the one the target holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    pub task: String,
+    pub epoch: u64,
+}
+
+impl Fence {
+    /// The error of a commit or claim refused because the target holds epoch `held`.
+    pub fn moved(&self, job: &str, held: u64) -> Error {
+        Error::new(
+            ErrorKind::Fenced,
+            format!(
+                "FENCED: job {job} task {} moved to a newer owner (the target holds epoch {held}, this worker has {}); nothing more is written by this worker",
+                self.task, self.epoch
+            ),
+        )
+        .on(Side::Target)
+        .hint("nothing to do: the task runs on the worker that claimed it last")
+    }
+}
+
 /// One line of a `sluice check` report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckItem {
@@ -193,6 +217,16 @@ pub trait Sink: Send + Sync {
     /// Builds what is best built after the rows are in (secondary indexes). Idempotent; called
     /// once at the end of a run in which every split completed. `tables` carry target names.
     async fn finish(&self, _tables: &[TableSchema]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Takes the job's fence in the target for this sink's epoch (a sink built with a `Fence`):
+    /// from then on a commit of an older epoch fails with `ErrorKind::Fenced`. Called once when a
+    /// cluster worker starts a task, before any checkpoint is read, so the new owner reads the
+    /// checkpoint only after every commit of the old owner has landed or been refused. Fails
+    /// with `ErrorKind::Fenced` when the target already holds a newer epoch. A sink without a
+    /// fence does nothing.
+    async fn claim(&self, _job: &str) -> Result<()> {
         Ok(())
     }
 

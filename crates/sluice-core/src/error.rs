@@ -53,6 +53,9 @@ pub enum ErrorKind {
     /// The target's data differs from what a source change expects (a row to update or delete is
     /// missing, a row to insert exists). The job stops naming the table and key.
     Conflict,
+    /// A cluster task moved to another worker (a newer fencing epoch holds it in the target):
+    /// this worker must stop the task without writing anything more. Never retried.
+    Fenced,
     /// The run was stopped by a signal before it completed.
     Interrupted,
 }

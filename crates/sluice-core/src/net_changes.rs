@@ -159,7 +159,7 @@ impl NetChanges {
     pub async fn apply(
         &mut self,
         writer: &mut dyn ChangeWriter,
-        target: &mut dyn FnMut(&Arc<TableSchema>) -> Arc<TableSchema>,
+        target: &mut (dyn FnMut(&Arc<TableSchema>) -> Arc<TableSchema> + Send),
     ) -> Result<usize> {
         let mode = if std::mem::take(&mut self.replay) { ApplyMode::Replay } else { ApplyMode::Strict };
         let tables = std::mem::take(&mut self.tables);

@@ -20,6 +20,7 @@ pub fn is_transient(error: &Error) -> bool {
         | ErrorKind::State
         | ErrorKind::PositionLost
         | ErrorKind::Conflict
+        | ErrorKind::Fenced
         | ErrorKind::Interrupted => false,
     }
 }

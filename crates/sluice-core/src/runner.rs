@@ -22,6 +22,18 @@ mod stream;
 
 pub use stream::STREAM_TASK;
 
+/// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
+/// runs one task of the plan its leader made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every split, then the change stream when the mode has one.
+    Whole,
+    /// The snapshot of these source tables (every split of each, then their indexes).
+    Tables(std::collections::BTreeSet<TableName>),
+    /// The change stream alone; in `snapshot+cdc` every table's copy must be complete.
+    Stream,
+}
+
 /// Splits waiting for a worker, each with the counters of its table.
 type TaskQueue = VecDeque<(Split, Arc<TableStats>)>;
 
@@ -41,6 +53,7 @@ pub struct Runner {
     resumed_done: std::sync::atomic::AtomicU64,
     /// The source's log position recorded in the plan.
     source_position: Mutex<Option<Position>>,
+    scope: Scope,
 }
 
 impl std::fmt::Debug for Runner {
@@ -69,7 +82,23 @@ impl Runner {
             abort: watch::channel(false).0,
             resumed_done: Default::default(),
             source_position: Mutex::new(None),
+            scope: Scope::Whole,
         }
+    }
+
+    /// Limits the run to part of the job (a cluster task).
+    pub fn with_scope(mut self, scope: Scope) -> Runner {
+        self.scope = scope;
+        self
+    }
+
+    /// Plans the job (discovers, splits, captures the source's log position), creates what the
+    /// target needs, and keeps the plan in the state store without copying anything. A cluster
+    /// leader calls this once per job version; its workers then run tasks of that plan.
+    pub async fn plan_and_prepare(&self) -> Result<Plan> {
+        let (plan, targets) = self.plan(self.job.mode != Mode::Cdc).await?;
+        self.sink.prepare(&targets).await?;
+        Ok(plan)
     }
 
     /// The live counters, for a progress display.
@@ -107,12 +136,19 @@ impl Runner {
 
     async fn run_tasks(self: &Arc<Self>) -> Result<()> {
         let snapshot = self.job.mode != Mode::Cdc;
-        let (plan, targets) = self.plan(snapshot).await?;
+        // A fenced sink takes its fence before reading any checkpoint.
+        self.sink.claim(&self.job.name).await?;
+        let (mut plan, mut targets) = self.plan(snapshot).await?;
+        if let Scope::Tables(tables) = &self.scope {
+            plan.tables
+                .retain(|planned| planned.splits.first().is_some_and(|split| tables.contains(&split.table.name)));
+            targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
+        }
         self.sink.prepare(&targets).await?;
-        if snapshot {
+        if snapshot && self.scope != Scope::Stream {
             self.copy_snapshot(&plan, &targets).await?;
         }
-        if self.job.mode == Mode::Snapshot {
+        if self.job.mode == Mode::Snapshot || matches!(self.scope, Scope::Tables(_)) {
             return Ok(());
         }
         // A cdc job starts where the job says, else where the source stood when the job was

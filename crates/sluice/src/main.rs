@@ -1,8 +1,12 @@
 //! The `sluice` binary: the command line, and the wiring of a standalone run.
 
+mod api;
+mod client;
+mod cluster;
 mod job_file;
 mod logger;
 mod progress;
+mod server;
 mod state_store;
 
 use std::path::PathBuf;
@@ -58,6 +62,87 @@ enum Command {
         #[arg(long)]
         apply: bool,
     },
+    /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
+    /// a cluster; without it, one node runs on embedded state.
+    Server {
+        /// etcd members, comma separated (http://host:port,…).
+        #[arg(long)]
+        etcd: Option<String>,
+        /// Where the API listens.
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: std::net::SocketAddr,
+        /// This node's worker id, stable across restarts (default: host name and port).
+        #[arg(long)]
+        node_id: Option<String>,
+        /// The node's own state (and, without --etcd, the jobs).
+        #[arg(long, default_value = ".sluice-server")]
+        state_dir: PathBuf,
+        /// How many tasks this node runs at once.
+        #[arg(long, default_value_t = 4)]
+        capacity: usize,
+        /// Seconds a node may stay silent before its tasks move to other nodes.
+        #[arg(long, default_value_t = 5)]
+        lease_secs: u64,
+        /// A file of `admin TOKEN` / `read TOKEN` lines (besides SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN).
+        #[arg(long)]
+        tokens_file: Option<PathBuf>,
+    },
+    /// Manage the jobs of a server.
+    Job {
+        /// The server's address.
+        #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7070")]
+        server: String,
+        /// A bearer token (admin to change things, read to look).
+        #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(subcommand)]
+        action: JobAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum JobAction {
+    /// Create a job from a job file (YAML, or JSON when it ends in .json).
+    Submit {
+        file: PathBuf,
+    },
+    /// Make a job file the job's next version.
+    Update {
+        file: PathBuf,
+    },
+    /// The jobs and their states.
+    List,
+    /// One job: state, phase, statistics and tasks.
+    Show {
+        name: String,
+    },
+    Stop {
+        name: String,
+    },
+    Start {
+        name: String,
+    },
+    Restart {
+        name: String,
+    },
+    /// The job's versions.
+    Versions {
+        name: String,
+    },
+    /// A line diff of two versions.
+    Diff {
+        name: String,
+        from: u32,
+        to: u32,
+    },
+    /// Make an older version current again (as a new version).
+    Rollback {
+        name: String,
+        version: u32,
+    },
+    Delete {
+        name: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +160,11 @@ fn main() -> ExitCode {
             Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
             Command::Check { job } => check(job).await,
             Command::Schema { job, apply } => schema(job, apply).await,
+            Command::Server { etcd, listen, node_id, state_dir, capacity, lease_secs, tokens_file } => {
+                server::serve(server::Options { etcd, listen, node_id, state_dir, capacity, lease_secs, tokens_file })
+                    .await
+            }
+            Command::Job { server, token, action } => job_command(&server, token.as_deref(), action).await,
         }
     });
     ExitCode::from(code)
@@ -249,6 +339,86 @@ async fn watch_signals(stop: watch::Sender<bool>) {
         } else {
             log::error!("exiting without waiting; run the job again to resume from the last checkpoint");
             std::process::exit(1);
+        }
+    }
+}
+
+async fn job_command(server: &str, token: Option<&str>, action: JobAction) -> u8 {
+    let read = |file: &std::path::Path| -> Result<(String, &'static str), String> {
+        let text = std::fs::read_to_string(file).map_err(|error| format!("cannot read {}: {error}", file.display()))?;
+        let json = file.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+        Ok((text, if json { "application/json" } else { "application/yaml" }))
+    };
+    let (method, path, body) = match &action {
+        JobAction::Submit { file } | JobAction::Update { file } => match read(file) {
+            Ok(body) => {
+                let path = match &action {
+                    JobAction::Update { .. } => {
+                        let name =
+                            sluice_core::spec::parse_job_partially(&body.0, body.1 == "application/json", |_| None)
+                                .0
+                                .map(|job| job.name)
+                                .unwrap_or_default();
+                        format!("/jobs/{name}")
+                    }
+                    _ => "/jobs".to_owned(),
+                };
+                (if matches!(action, JobAction::Update { .. }) { "PUT" } else { "POST" }, path, Some(body))
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                return 2;
+            }
+        },
+        JobAction::List => ("GET", "/jobs".to_owned(), None),
+        JobAction::Show { name } => ("GET", format!("/jobs/{name}"), None),
+        JobAction::Stop { name } => ("POST", format!("/jobs/{name}/stop"), None),
+        JobAction::Start { name } => ("POST", format!("/jobs/{name}/start"), None),
+        JobAction::Restart { name } => ("POST", format!("/jobs/{name}/restart"), None),
+        JobAction::Versions { name } => ("GET", format!("/jobs/{name}/versions"), None),
+        JobAction::Diff { name, from, to } => ("GET", format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
+        JobAction::Rollback { name, version } => (
+            "POST",
+            format!("/jobs/{name}/rollback"),
+            Some((format!("{{\"version\": {version}}}"), "application/json")),
+        ),
+        JobAction::Delete { name } => ("DELETE", format!("/jobs/{name}"), None),
+    };
+    let body = body.as_ref().map(|(text, content_type)| (*content_type, text.as_str()));
+    match client::request(server, token, method, &path, body).await {
+        Ok(response) => {
+            let value: serde_json::Value =
+                serde_json::from_str(&response.body).unwrap_or(serde_json::Value::String(response.body.clone()));
+            if let (JobAction::Diff { .. }, Some(diff)) = (&action, value.get("diff").and_then(|diff| diff.as_str())) {
+                print!("{diff}");
+            } else if let (JobAction::List, Some(jobs)) = (&action, value.as_array()) {
+                println!("{:<32}  {:<10}  {:>7}  mode", "name", "state", "version");
+                for job in jobs {
+                    let field = |name: &str| {
+                        job.get(name)
+                            .map(|value| value.as_str().map(str::to_owned).unwrap_or(value.to_string()))
+                            .unwrap_or_default()
+                    };
+                    println!(
+                        "{:<32}  {:<10}  {:>7}  {}",
+                        field("name"),
+                        field("state"),
+                        field("version"),
+                        field("mode")
+                    );
+                }
+            } else if !response.body.is_empty() {
+                println!("{}", serde_json::to_string_pretty(&value).unwrap_or(response.body.clone()));
+            }
+            match response.status {
+                200..=299 => 0,
+                400 => 2,
+                _ => 1,
+            }
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            1
         }
     }
 }

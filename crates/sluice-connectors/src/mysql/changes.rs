@@ -19,6 +19,7 @@ pub(super) struct MysqlChangeWriter {
     pub(super) connection: Conn,
     pub(super) server: String,
     pub(super) job: String,
+    pub(super) fence: Option<sluice_core::connector::Fence>,
     pub(super) task: String,
     pub(super) in_transaction: bool,
 }
@@ -126,7 +127,7 @@ impl ChangeWriter for MysqlChangeWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, checkpoint).await
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
 
     /// MySQL commits DDL on its own, before the checkpoint: each change is written to be a

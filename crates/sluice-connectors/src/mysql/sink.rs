@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
 use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
@@ -28,6 +28,8 @@ pub struct MysqlSink {
     create_tables: bool,
     /// Every table goes into this namespace when set.
     namespace: Option<String>,
+    /// The cluster task's fence every checkpoint commit checks, when a worker runs this sink.
+    fence: Option<Fence>,
 }
 
 impl MysqlSink {
@@ -46,7 +48,13 @@ impl MysqlSink {
             write_mode,
             create_tables,
             namespace,
+            fence: None,
         })
+    }
+
+    /// The same sink, committing only while `fence` (when given) holds in the target.
+    pub fn fenced_if(self, fence: Option<Fence>) -> MysqlSink {
+        MysqlSink { fence, ..self }
     }
 
     async fn connection(&self) -> Result<Conn> {
@@ -292,8 +300,33 @@ impl Sink for MysqlSink {
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
+            fence: self.fence.clone(),
             in_transaction: false,
         }))
+    }
+
+    async fn claim(&self, job: &str) -> Result<()> {
+        let Some(fence) = &self.fence else { return Ok(()) };
+        let mut connection = self.connection().await?;
+        let error = |doing: &'static str| move |error| mysql_error(error, Side::Target, &self.server, doing);
+        connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
+        connection.query_drop("BEGIN").await.map_err(error("begin"))?;
+        let held: Option<u64> = connection
+            .exec_first("SELECT epoch FROM sluice.fences WHERE job = ? AND task = ? FOR UPDATE", (job, &fence.task))
+            .await
+            .map_err(error("read the fence"))?;
+        if let Some(held) = held.filter(|held| *held > fence.epoch) {
+            let _ = connection.query_drop("ROLLBACK").await;
+            return Err(fence.moved(job, held));
+        }
+        connection
+            .exec_drop(
+                "INSERT INTO sluice.fences (job, task, epoch) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE epoch = VALUES(epoch)",
+                (job, &fence.task, fence.epoch),
+            )
+            .await
+            .map_err(error("take the fence"))?;
+        connection.query_drop("COMMIT").await.map_err(error("commit the fence"))
     }
 
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
@@ -303,6 +336,7 @@ impl Sink for MysqlSink {
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
+            fence: self.fence.clone(),
             upsert: self.write_mode == WriteMode::Upsert,
             load_data: self.local_infile.load(std::sync::atomic::Ordering::Relaxed) && loadable(&table),
             table,
@@ -316,6 +350,7 @@ struct MysqlWriter {
     connection: Conn,
     server: String,
     job: String,
+    fence: Option<Fence>,
     task: String,
     table: Arc<TableSchema>,
     upsert: bool,
@@ -570,7 +605,7 @@ impl Writer for MysqlWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, checkpoint).await
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
 }
 
@@ -595,13 +630,34 @@ pub(super) async fn read_checkpoint(
     Ok(Some(Checkpoint { task: task.to_owned(), position, done, rows_written }))
 }
 
-/// Writes the checkpoint row and commits the open transaction with it.
+/// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
+const FENCE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
+    CREATE TABLE IF NOT EXISTS sluice.fences (job VARCHAR(128) NOT NULL, task VARCHAR(512) NOT NULL,
+        epoch BIGINT UNSIGNED NOT NULL, PRIMARY KEY (job, task))";
+
+/// Writes the checkpoint row and commits the open transaction with it. With a fence, the
+/// commit happens only while the target holds the fence's epoch (the row is share-locked until
+/// the commit, so a newer claim waits for it and then reads what it committed).
 pub(super) async fn commit_with_checkpoint(
     connection: &mut Conn,
     server: &str,
     job: &str,
+    fence: Option<&Fence>,
     checkpoint: &Checkpoint,
 ) -> Result<()> {
+    if let Some(fence) = fence {
+        let held: Option<u64> = connection
+            .exec_first(
+                "SELECT epoch FROM sluice.fences WHERE job = ? AND task = ? LOCK IN SHARE MODE",
+                (job, &fence.task),
+            )
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, server, "check the fence"))?;
+        if held != Some(fence.epoch) {
+            let _ = connection.query_drop("ROLLBACK").await;
+            return Err(fence.moved(job, held.unwrap_or_default()));
+        }
+    }
     let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
     let saved = connection
         .exec_drop(

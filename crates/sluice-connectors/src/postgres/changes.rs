@@ -19,6 +19,7 @@ pub(super) struct PostgresChangeWriter {
     pub(super) client: Client,
     pub(super) server: String,
     pub(super) job: String,
+    pub(super) fence: Option<sluice_core::connector::Fence>,
     pub(super) task: String,
     pub(super) in_transaction: bool,
     pub(super) buffer: String,
@@ -160,7 +161,7 @@ impl ChangeWriter for PostgresChangeWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&self.client, &self.server, &self.job, checkpoint).await
+        commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
 
     /// PostgreSQL's DDL is transactional: the change commits with the checkpoint.

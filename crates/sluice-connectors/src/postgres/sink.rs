@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
@@ -23,6 +23,8 @@ pub struct PostgresSink {
     create_tables: bool,
     /// Every table goes into this namespace when set.
     namespace: Option<String>,
+    /// The cluster task's fence every checkpoint commit checks, when a worker runs this sink.
+    fence: Option<Fence>,
 }
 
 impl PostgresSink {
@@ -33,7 +35,26 @@ impl PostgresSink {
         create_tables: bool,
         namespace: Option<String>,
     ) -> PostgresSink {
-        PostgresSink { url, server, write_mode, create_tables, namespace }
+        PostgresSink { url, server, write_mode, create_tables, namespace, fence: None }
+    }
+
+    /// The same sink, committing only while `fence` (when given) holds in the target.
+    pub fn fenced_if(self, fence: Option<Fence>) -> PostgresSink {
+        PostgresSink { fence, ..self }
+    }
+
+    /// A writer's connection. A fenced one ends a transaction left idle for 10 s, so a worker
+    /// stalled in the middle of one (paused, cut off) cannot hold the row locks its task's new
+    /// owner needs.
+    async fn writer_connection(&self) -> Result<Client> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        if self.fence.is_some() {
+            client
+                .batch_execute("SET idle_in_transaction_session_timeout = '10s'")
+                .await
+                .map_err(self.error("limit idle transactions"))?;
+        }
+        Ok(client)
     }
 
     fn error(&self, doing: &str) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
@@ -165,17 +186,42 @@ impl Sink for PostgresSink {
 
     async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
         Ok(Box::new(super::changes::PostgresChangeWriter {
-            client: connect(&self.url, Side::Target, &self.server).await?,
+            client: self.writer_connection().await?,
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
+            fence: self.fence.clone(),
             in_transaction: false,
             buffer: String::new(),
         }))
     }
 
+    async fn claim(&self, job: &str) -> Result<()> {
+        let Some(fence) = &self.fence else { return Ok(()) };
+        let mut client = connect(&self.url, Side::Target, &self.server).await?;
+        client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
+        let transaction = client.transaction().await.map_err(self.error("begin"))?;
+        let held: Option<i64> = transaction
+            .query_opt("SELECT epoch FROM sluice.fences WHERE job = $1 AND task = $2 FOR UPDATE", &[&job, &fence.task])
+            .await
+            .map_err(self.error("read the fence"))?
+            .map(|row| row.get(0));
+        if let Some(held) = held.filter(|held| *held as u64 > fence.epoch) {
+            return Err(fence.moved(job, held as u64));
+        }
+        transaction
+            .execute(
+                "INSERT INTO sluice.fences (job, task, epoch) VALUES ($1, $2, $3)
+                 ON CONFLICT (job, task) DO UPDATE SET epoch = EXCLUDED.epoch",
+                &[&job, &fence.task, &(fence.epoch as i64)],
+            )
+            .await
+            .map_err(self.error("take the fence"))?;
+        transaction.commit().await.map_err(self.error("commit the fence"))
+    }
+
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
-        let client = connect(&self.url, Side::Target, &self.server).await?;
+        let client = self.writer_connection().await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let stage = (self.write_mode == WriteMode::Upsert).then(|| format!("sluice_stage_{}", std::process::id()));
         let copy_target = stage.clone().unwrap_or_else(|| qualified(&table.name));
@@ -184,6 +230,7 @@ impl Sink for PostgresSink {
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
+            fence: self.fence.clone(),
             copy: format!("COPY {copy_target} ({}) FROM STDIN", columns.join(", ")),
             upsert: stage.as_ref().map(|stage| upsert_sql(&table, stage)),
             stage,
@@ -265,6 +312,7 @@ struct PostgresWriter {
     client: Client,
     server: String,
     job: String,
+    fence: Option<Fence>,
     task: String,
     table: Arc<TableSchema>,
     copy: String,
@@ -359,7 +407,7 @@ impl Writer for PostgresWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&self.client, &self.server, &self.job, checkpoint).await
+        commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
 }
 
@@ -390,13 +438,32 @@ pub(super) async fn read_checkpoint(
     }))
 }
 
-/// Writes the checkpoint row and commits the open transaction with it.
+/// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
+const FENCE_TABLE: &str = "CREATE SCHEMA IF NOT EXISTS sluice;
+    CREATE TABLE IF NOT EXISTS sluice.fences (job text NOT NULL, task text NOT NULL, epoch bigint NOT NULL,
+        PRIMARY KEY (job, task))";
+
+/// Writes the checkpoint row and commits the open transaction with it. With a fence, the
+/// commit happens only while the target holds the fence's epoch (the row is share-locked until
+/// the commit, so a newer claim waits for it and then reads what it committed).
 pub(super) async fn commit_with_checkpoint(
     client: &Client,
     server: &str,
     job: &str,
+    fence: Option<&Fence>,
     checkpoint: &Checkpoint,
 ) -> Result<()> {
+    if let Some(fence) = fence {
+        let held: Option<i64> = client
+            .query_opt("SELECT epoch FROM sluice.fences WHERE job = $1 AND task = $2 FOR SHARE", &[&job, &fence.task])
+            .await
+            .map_err(|error| postgres_error(error, Side::Target, server, "check the fence"))?
+            .map(|row| row.get(0));
+        if held != Some(fence.epoch as i64) {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(fence.moved(job, held.unwrap_or_default() as u64));
+        }
+    }
     let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
     let saved = client
         .execute(

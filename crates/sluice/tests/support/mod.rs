@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,337 @@
+//! The HTTP API of `sluice server` (product.md): jobs, their versions and lifecycle, workers,
+//! the leader, metrics and the OpenAPI document. Only this module knows HTTP. Every response
+//! passes job documents and errors through the secret scrubber.
+
+mod auth;
+mod diff;
+mod openapi;
+mod views;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use sluice_core::secret::redact_url_passwords;
+use sluice_core::spec::{parse_job_partially, JobSpec, SpecError};
+
+pub use auth::Tokens;
+
+use crate::cluster::model::*;
+use crate::cluster::node::Node;
+use crate::logger::timestamp;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct Api {
+    pub node: Arc<Node>,
+    pub tokens: Tokens,
+}
+
+type Shared = State<Arc<Api>>;
+
+/// An API error: a status and a JSON body `{error}` (or `{errors}` for validation).
+pub struct Failure(StatusCode, Value);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+impl From<sluice_core::Error> for Failure {
+    fn from(error: sluice_core::Error) -> Failure {
+        Failure(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": error.to_string() }))
+    }
+}
+
+fn failure(status: StatusCode, message: impl Into<String>) -> Failure {
+    Failure(status, json!({ "error": sluice_core::secret::scrub(&message.into()) }))
+}
+
+type Reply = Result<Response, Failure>;
+
+/// A generation after `previous`, from the clock in milliseconds: a job deleted and made again
+/// under the same name never meets a task status of its predecessor.
+fn next_generation(previous: u64) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+    now.max(previous + 1)
+}
+
+pub fn router(api: Arc<Api>) -> Router {
+    let jobs = Router::new()
+        .route("/jobs", get(list_jobs).post(create_job))
+        .route("/jobs/{name}", get(show_job).put(update_job).delete(delete_job))
+        .route("/jobs/{name}/stop", post(stop_job))
+        .route("/jobs/{name}/start", post(start_job))
+        .route("/jobs/{name}/restart", post(restart_job))
+        .route("/jobs/{name}/versions", get(list_versions))
+        .route("/jobs/{name}/versions/{version}", get(show_version))
+        .route("/jobs/{name}/versions/{a}/diff/{b}", get(diff_versions))
+        .route("/jobs/{name}/rollback", post(rollback_job))
+        .route("/jobs/{name}/runs", get(list_runs))
+        .route("/jobs/{name}/tables", post(add_tables))
+        .route("/workers", get(list_workers))
+        .route("/leader", get(show_leader))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), auth::authorize));
+    Router::new()
+        .nest("/api/v1", jobs)
+        .route("/api/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi::DOCUMENT) }))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .with_state(api)
+}
+
+/// Parses and validates a job document; every error found, as the API returns them.
+fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec, String, &'static str), Failure> {
+    let text =
+        std::str::from_utf8(body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the job document is not UTF-8"))?;
+    let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
+    let json = !content_type.contains("yaml");
+    let (job, mut errors) = parse_job_partially(text, json, |name| std::env::var(name).ok());
+    if let Some(job) = &job {
+        errors.extend(sluice_connectors::validate(job));
+        if cluster && !sluice_connectors::fences(&job.target.connector) {
+            errors.push(SpecError {
+                path: "target.type".into(),
+                line: job.target.line_of("type"),
+                message: format!(
+                    "`{}` cannot run on a cluster: its writes cannot be fenced against a worker whose task moved; use mysql or postgres, or run the job standalone",
+                    job.target.connector
+                ),
+            });
+        }
+        if !job.name.chars().all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character))
+            || job.name.is_empty()
+        {
+            errors.push(SpecError {
+                path: "name".into(),
+                line: None,
+                message: "a job name on a server uses letters, digits, `-`, `_` and `.` only".into(),
+            });
+        }
+    }
+    match job {
+        Some(job) if errors.is_empty() => Ok((job, text.to_owned(), if json { "json" } else { "yaml" })),
+        _ => {
+            let listed: Vec<Value> = errors
+                .iter()
+                .map(|error| json!({ "path": error.path, "line": error.line, "message": sluice_core::secret::scrub(&error.message) }))
+                .collect();
+            Err(Failure(StatusCode::BAD_REQUEST, json!({ "error": "the job is invalid", "errors": listed })))
+        }
+    }
+}
+
+async fn job(api: &Api, name: &str) -> Result<JobRecord, Failure> {
+    let found = load::<JobRecord>(&*api.node.store, &job_key(name)).await?;
+    Ok(found.ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("no job named {name}")))?.0)
+}
+
+async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
+    api.node.store.put(&job_key(&job.name), &encode(job), None).await?;
+    Ok(())
+}
+
+async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
+    let record = JobRecord {
+        name: spec.name.clone(),
+        version: 1,
+        desired: Desired::Running,
+        generation: next_generation(0),
+        mode: spec.mode.to_string(),
+        updated_at: timestamp(),
+    };
+    let version = VersionRecord {
+        version: 1,
+        format: format.into(),
+        document,
+        created_at: timestamp(),
+        origin: "submitted".into(),
+    };
+    // The version first: a job record never points at a missing version.
+    api.node.store.put(&version_key(&spec.name, 1), &encode(&version), None).await?;
+    if api.node.store.create(&job_key(&spec.name), &encode(&record), None).await?.is_none() {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            format!("job {} exists; PUT /api/v1/jobs/{} makes a new version", spec.name, spec.name),
+        ));
+    }
+    log::info!("job {}: submitted ({})", spec.name, spec.mode);
+    Ok((StatusCode::CREATED, Json(json!({ "name": spec.name, "version": 1 }))).into_response())
+}
+
+async fn list_jobs(State(api): Shared) -> Reply {
+    let jobs = load_all::<JobRecord>(&*api.node.store, &format!("{ROOT}jobs/")).await?;
+    let mut listed = Vec::new();
+    for (name, job, _) in jobs {
+        let view = views::job_view(&*api.node.store, &job).await?;
+        listed.push(json!({ "name": name, "state": view["state"], "version": job.version, "mode": job.mode }));
+    }
+    Ok(Json(Value::Array(listed)).into_response())
+}
+
+async fn show_job(State(api): Shared, Path(name): Path<String>) -> Reply {
+    let job = job(&api, &name).await?;
+    Ok(Json(views::job_view(&*api.node.store, &job).await?).into_response())
+}
+
+async fn next_version(
+    api: &Api,
+    job: &mut JobRecord,
+    document: String,
+    format: &str,
+    origin: String,
+) -> Result<Value, Failure> {
+    let versions = api.node.store.list(&versions_prefix(&job.name)).await?;
+    let number = versions.len() as u32 + 1;
+    let record = VersionRecord { version: number, format: format.into(), document, created_at: timestamp(), origin };
+    api.node.store.put(&version_key(&job.name, number), &encode(&record), None).await?;
+    job.version = number;
+    job.generation = next_generation(job.generation);
+    job.updated_at = timestamp();
+    save_job(api, job).await?;
+    log::info!("job {}: version {number} ({})", job.name, record.origin);
+    Ok(json!({ "name": job.name, "version": number }))
+}
+
+async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
+    let mut job = job(&api, &name).await?;
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
+    if spec.name != name {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("the document names job {}, the path job {name}; a job cannot be renamed", spec.name),
+        ));
+    }
+    job.mode = spec.mode.to_string();
+    Ok(Json(next_version(&api, &mut job, document, format, "updated".into()).await?).into_response())
+}
+
+async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
+    let mut job = job(&api, &name).await?;
+    let request: Value = serde_json::from_slice(&body)
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("expected {{\"version\": N}}: {error}")))?;
+    let Some(version) = request.get("version").and_then(Value::as_u64) else {
+        return Err(failure(StatusCode::BAD_REQUEST, "expected {\"version\": N} with N a version number"));
+    };
+    let (old, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, version as u32))
+        .await?
+        .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
+    let (spec, _, _) = validate(old.document.as_bytes(), &format_header(&old.format), api.node.config.fencing)?;
+    job.mode = spec.mode.to_string();
+    Ok(Json(next_version(&api, &mut job, old.document, &old.format, format!("rollback to {version}")).await?)
+        .into_response())
+}
+
+fn format_header(format: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let value = if format == "json" { "application/json" } else { "application/yaml" };
+    headers.insert("content-type", value.parse().expect("a valid header value"));
+    headers
+}
+
+async fn set_desired(api: &Api, name: &str, desired: Desired, new_generation: bool) -> Reply {
+    let mut job = job(api, name).await?;
+    job.desired = desired;
+    if new_generation {
+        job.generation = next_generation(job.generation);
+    }
+    job.updated_at = timestamp();
+    save_job(api, &job).await?;
+    log::info!("job {name}: {desired:?} (generation {})", job.generation);
+    Ok(Json(json!({ "name": name, "desired": desired, "generation": job.generation })).into_response())
+}
+
+async fn stop_job(State(api): Shared, Path(name): Path<String>) -> Reply {
+    set_desired(&api, &name, Desired::Stopped, false).await
+}
+
+async fn start_job(State(api): Shared, Path(name): Path<String>) -> Reply {
+    let running = job(&api, &name).await?.desired == Desired::Running;
+    // Starting a running job changes nothing; starting a stopped one begins a new generation.
+    set_desired(&api, &name, Desired::Running, !running).await
+}
+
+async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
+    set_desired(&api, &name, Desired::Running, true).await
+}
+
+async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    let store = &api.node.store;
+    store.delete_prefix(&job_key(&name)).await?;
+    for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name)] {
+        store.delete_prefix(&prefix).await?;
+    }
+    store.delete_prefix(&plan_key(&name)).await?;
+    log::info!("job {name}: deleted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn list_versions(State(api): Shared, Path(name): Path<String>) -> Reply {
+    let job = job(&api, &name).await?;
+    let versions = load_all::<VersionRecord>(&*api.node.store, &versions_prefix(&name)).await?;
+    let listed: Vec<Value> = versions
+        .into_iter()
+        .map(|(_, version, _)| json!({ "version": version.version, "created_at": version.created_at, "origin": version.origin, "current": version.version == job.version }))
+        .collect();
+    Ok(Json(Value::Array(listed)).into_response())
+}
+
+async fn version_document(api: &Api, name: &str, version: u32) -> Result<VersionRecord, Failure> {
+    let (record, _) = load::<VersionRecord>(&*api.node.store, &version_key(name, version))
+        .await?
+        .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
+    Ok(VersionRecord { document: redact_url_passwords(&record.document), ..record })
+}
+
+async fn show_version(State(api): Shared, Path((name, version)): Path<(String, u32)>) -> Reply {
+    job(&api, &name).await?;
+    Ok(Json(version_document(&api, &name, version).await?).into_response())
+}
+
+async fn diff_versions(State(api): Shared, Path((name, a, b)): Path<(String, u32, u32)>) -> Reply {
+    job(&api, &name).await?;
+    let (old, new) = (version_document(&api, &name, a).await?, version_document(&api, &name, b).await?);
+    Ok(Json(json!({ "job": name, "from": a, "to": b, "diff": diff::lines(&old.document, &new.document) }))
+        .into_response())
+}
+
+async fn list_runs(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    let runs = api.node.store.list(&runs_prefix(&name)).await?;
+    let listed: Vec<Value> = runs.iter().filter_map(|entry| serde_json::from_str(&entry.value).ok()).collect();
+    Ok(Json(Value::Array(listed)).into_response())
+}
+
+async fn add_tables(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    Err(failure(
+        StatusCode::NOT_IMPLEMENTED,
+        "adding tables to a running job is not available yet: submit a new version with the tables (PUT /api/v1/jobs/{name}); it replans and resumes from the checkpoints",
+    ))
+}
+
+async fn list_workers(State(api): Shared) -> Reply {
+    let workers = load_all::<WorkerRecord>(&*api.node.store, &format!("{ROOT}workers/")).await?;
+    let listed: Vec<Value> = workers
+        .into_iter()
+        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "tasks": worker.tasks, "alive": true }))
+        .collect();
+    Ok(Json(Value::Array(listed)).into_response())
+}
+
+async fn show_leader(State(api): Shared) -> Reply {
+    let leader = api.node.store.get(LEADER).await?.map(|entry| entry.value);
+    Ok(Json(json!({ "leader": leader })).into_response())
+}
+
+async fn metrics(State(api): Shared) -> Reply {
+    Ok(views::metrics(&*api.node.store).await?.into_response())
+}

@@ -1,0 +1,7 @@
+//! The cluster: the coordination store (etcd, or in memory for a single node), what is kept in
+//! it, and the node that leads, places and runs tasks. Only `etcd.rs` knows etcd.
+
+pub mod etcd;
+pub mod model;
+pub mod node;
+pub mod store;

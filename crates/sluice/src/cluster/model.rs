@@ -1,0 +1,240 @@
+//! What a cluster keeps in its coordination store, and under which keys. Every record is JSON.
+//!
+//! ```text
+//! /sluice/jobs/{job}                 JobRecord: current version, desired state, generation
+//! /sluice/versions/{job}/{version}   VersionRecord: the job document as submitted
+//! /sluice/plans/{job}                PlanRecord: the leader's plan for one generation
+//! /sluice/owners/{job}/{task}        Owner (leased): who runs a task; create revision = epoch
+//! /sluice/tasks/{job}/{task}         TaskStatus: state, counters, position, last error
+//! /sluice/runs/{job}/{time}-{task}   RunSummary of one finished task run
+//! /sluice/workers/{id}               WorkerRecord (leased): address, capacity, tasks
+//! /sluice/leader                     the leader's worker id (leased)
+//! ```
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sluice_core::state::Plan;
+use sluice_core::{Error, ErrorKind, Result, Side, TableName};
+
+use super::store::{Entry, Store};
+
+pub const ROOT: &str = "/sluice/";
+pub const LEADER: &str = "/sluice/leader";
+
+pub fn job_key(job: &str) -> String {
+    format!("{ROOT}jobs/{job}")
+}
+pub fn versions_prefix(job: &str) -> String {
+    format!("{ROOT}versions/{job}/")
+}
+pub fn version_key(job: &str, version: u32) -> String {
+    format!("{}{version:08}", versions_prefix(job))
+}
+pub fn plan_key(job: &str) -> String {
+    format!("{ROOT}plans/{job}")
+}
+pub fn owners_prefix(job: &str) -> String {
+    format!("{ROOT}owners/{job}/")
+}
+pub fn owner_key(job: &str, task: &str) -> String {
+    format!("{}{task}", owners_prefix(job))
+}
+pub fn statuses_prefix(job: &str) -> String {
+    format!("{ROOT}tasks/{job}/")
+}
+pub fn status_key(job: &str, task: &str) -> String {
+    format!("{}{task}", statuses_prefix(job))
+}
+pub fn runs_prefix(job: &str) -> String {
+    format!("{ROOT}runs/{job}/")
+}
+pub fn worker_key(id: &str) -> String {
+    format!("{ROOT}workers/{id}")
+}
+
+/// Whether the operator wants a job to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Desired {
+    Running,
+    Stopped,
+}
+
+/// A job as the operator left it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub name: String,
+    /// The version in force.
+    pub version: u32,
+    pub desired: Desired,
+    /// Renewed (larger, from the clock) by every create, start, restart and new version: a plan
+    /// and task states belong to one generation, and a worker stops a task of an older one.
+    pub generation: u64,
+    pub mode: String,
+    pub updated_at: String,
+}
+
+/// One version of a job's document, as it was submitted (secrets included: the API redacts
+/// them on the way out).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VersionRecord {
+    pub version: u32,
+    /// `yaml` or `json`.
+    pub format: String,
+    pub document: String,
+    pub created_at: String,
+    /// How it came: `submitted`, `updated`, or `rollback to N`.
+    pub origin: String,
+}
+
+/// What a task does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskKind {
+    Snapshot,
+    Cdc,
+}
+
+/// One task of a plan.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskPlan {
+    pub id: String,
+    pub kind: TaskKind,
+    /// The source tables a snapshot task copies.
+    #[serde(default)]
+    pub tables: Vec<TableName>,
+    /// Tasks that must have succeeded (in the same generation) before this one may start.
+    #[serde(default)]
+    pub after: Vec<String>,
+}
+
+/// The leader's plan of one generation of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlanRecord {
+    pub generation: u64,
+    pub version: u32,
+    pub tasks: Vec<TaskPlan>,
+    /// The splits and the source position every task of this plan shares.
+    pub plan: Option<Plan>,
+    /// Why planning failed, when it did (the job is then `failed`).
+    pub error: Option<ErrorRecord>,
+}
+
+/// An error as the API shows it: which side, and the message (secrets scrubbed).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorRecord {
+    pub side: Option<String>,
+    pub message: String,
+}
+
+impl From<&Error> for ErrorRecord {
+    fn from(error: &Error) -> ErrorRecord {
+        ErrorRecord { side: error.side().map(|side: Side| side.to_string()), message: error.to_string() }
+    }
+}
+
+/// Who runs a task; the key is leased by the worker, so it vanishes with the worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Owner {
+    pub worker: String,
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Running,
+    Succeeded,
+    Failed,
+    Stopped,
+}
+
+/// A task's state as its last owner reported it (written only while the owner holds the task).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub generation: u64,
+    pub state: TaskState,
+    pub worker: String,
+    pub epoch: u64,
+    pub phase: Option<String>,
+    pub position: Option<serde_json::Value>,
+    pub lag_secs: Option<u64>,
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub rows_skipped: u64,
+    pub rows_per_sec: f64,
+    pub error: Option<ErrorRecord>,
+    pub updated_at: String,
+}
+
+/// A worker as it advertises itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerRecord {
+    pub id: String,
+    pub address: String,
+    /// How many tasks it runs at once.
+    pub capacity: usize,
+    /// `job/task` of the tasks it runs.
+    pub tasks: Vec<String>,
+    pub started_at: String,
+}
+
+/// Decodes a stored record, naming the key when it is not what this version writes.
+pub fn decode<T: DeserializeOwned>(entry: &Entry) -> Result<T> {
+    serde_json::from_str(&entry.value).map_err(|error| {
+        Error::new(ErrorKind::State, format!("coordination store: {} is not a valid record: {error}", entry.key))
+            .on(Side::State)
+            .hint("a node of another sluice version may have written it; run one version across the cluster")
+    })
+}
+
+pub fn encode<T: Serialize>(record: &T) -> String {
+    serde_json::to_string(record).expect("records serialize")
+}
+
+/// Reads and decodes one record.
+pub async fn load<T: DeserializeOwned>(store: &dyn Store, key: &str) -> Result<Option<(T, Entry)>> {
+    match store.get(key).await? {
+        Some(entry) => Ok(Some((decode(&entry)?, entry))),
+        None => Ok(None),
+    }
+}
+
+/// Reads and decodes every record under `prefix`, keyed by the rest of the key.
+pub async fn load_all<T: DeserializeOwned>(store: &dyn Store, prefix: &str) -> Result<Vec<(String, T, Entry)>> {
+    store
+        .list(prefix)
+        .await?
+        .into_iter()
+        .map(|entry| Ok((entry.key[prefix.len()..].to_owned(), decode(&entry)?, entry)))
+        .collect()
+}
+
+/// Cuts a job's plan into cluster tasks: one snapshot task per table, then the change stream
+/// after all of them.
+pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
+    use sluice_core::spec::Mode;
+    let mut tasks = Vec::new();
+    if mode != Mode::Cdc {
+        for table in &plan.tables {
+            let Some(split) = table.splits.first() else { continue };
+            let source = split.table.name.clone();
+            tasks.push(TaskPlan {
+                id: format!("snapshot:{source}"),
+                kind: TaskKind::Snapshot,
+                tables: vec![source],
+                after: Vec::new(),
+            });
+        }
+    }
+    if mode != Mode::Snapshot {
+        let after = tasks.iter().map(|task| task.id.clone()).collect();
+        tasks.push(TaskPlan {
+            id: sluice_core::runner::STREAM_TASK.to_owned(),
+            kind: TaskKind::Cdc,
+            tables: Vec::new(),
+            after,
+        });
+    }
+    tasks
+}

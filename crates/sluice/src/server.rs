@@ -1,0 +1,113 @@
+//! `sluice server`: wires the coordination store, the node and the HTTP API together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::{Error, Result};
+use tokio::sync::watch;
+
+use crate::api::{router, Api, Tokens};
+use crate::cluster::etcd::EtcdStore;
+use crate::cluster::node::{Node, NodeConfig};
+use crate::cluster::store::{MemoryStore, Store};
+
+#[derive(Debug)]
+pub struct Options {
+    pub etcd: Option<String>,
+    pub listen: SocketAddr,
+    pub node_id: Option<String>,
+    pub state_dir: PathBuf,
+    pub capacity: usize,
+    pub lease_secs: u64,
+    pub tokens_file: Option<PathBuf>,
+}
+
+/// Runs the server until SIGINT/SIGTERM; the exit code.
+pub async fn serve(options: Options) -> u8 {
+    match run(options).await {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code() as u8
+        }
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "node".to_owned())
+}
+
+/// Connects to etcd, retrying for 30 s: a cluster electing a new leader answers "unavailable"
+/// for a moment, and a node started with its cluster should wait for it rather than exit.
+async fn connect_etcd(members: &str) -> Result<EtcdStore> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match EtcdStore::connect(members).await {
+            Ok(store) => return Ok(store),
+            Err(error) if error.kind() != sluice_core::ErrorKind::Config && std::time::Instant::now() < deadline => {
+                log::warn!("{error}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+async fn run(options: Options) -> Result<()> {
+    let tokens = Tokens::load(options.tokens_file.as_deref())?;
+    if tokens.is_empty() && !options.listen.ip().is_loopback() {
+        return Err(Error::config(format!(
+            "no API token is set, so the server may listen on loopback only, not on {}",
+            options.listen
+        ))
+        .hint("set SLUICE_ADMIN_TOKEN (and SLUICE_READ_TOKEN) or --tokens-file, or listen on 127.0.0.1"));
+    }
+    if options.capacity == 0 || options.lease_secs < 2 {
+        return Err(Error::config("--capacity must be at least 1 and --lease-secs at least 2"));
+    }
+    std::fs::create_dir_all(&options.state_dir).map_err(|error| {
+        Error::config(format!("--state-dir {}: cannot create it: {error}", options.state_dir.display()))
+    })?;
+    let id = options.node_id.clone().unwrap_or_else(|| format!("{}-{}", host_name(), options.listen.port()));
+    let store: Arc<dyn Store> = match &options.etcd {
+        Some(members) => Arc::new(connect_etcd(members).await?),
+        None => Arc::new(MemoryStore::open(Some(options.state_dir.join("server.json")))?),
+    };
+    let listener = tokio::net::TcpListener::bind(options.listen)
+        .await
+        .map_err(|error| Error::config(format!("--listen {}: cannot listen: {error}", options.listen)))?;
+    let config = NodeConfig {
+        id: id.clone(),
+        address: format!("http://{}", options.listen),
+        capacity: options.capacity,
+        lease: Duration::from_secs(options.lease_secs),
+        state_dir: options.state_dir.clone(),
+        fencing: options.etcd.is_some(),
+    };
+    let node = Node::start(store, config).await?;
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(crate::watch_signals(stop));
+    let running = tokio::spawn(node.clone().run(stopped.clone()));
+    log::info!(
+        "node {id}: API on http://{} ({}); {} tokens",
+        options.listen,
+        if options.etcd.is_some() { "cluster on etcd" } else { "single node" },
+        if tokens.is_empty() { "no" } else { "with" }
+    );
+    let api = Arc::new(Api { node, tokens });
+    let mut shutdown = stopped.clone();
+    let served = axum::serve(listener, router(api))
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|stopped| *stopped).await;
+        })
+        .await;
+    let _ = running.await;
+    served.map_err(|error| Error::config(format!("the API server failed: {error}")))
+}

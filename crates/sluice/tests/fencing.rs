@@ -1,0 +1,90 @@
+//! Fencing in the targets themselves (PostgreSQL and MariaDB): once a newer epoch claims a
+//! task, a writer of the older epoch can neither commit rows nor its checkpoint, nor claim the
+//! task back; the newer owner commits normally.
+
+mod support;
+
+use std::sync::Arc;
+
+use sluice_core::change::{Batch, Change, Position};
+use sluice_core::connector::{Checkpoint, Fence};
+use sluice_core::spec::parse_job;
+use sluice_core::{Column, DataType, ErrorKind, TableName, TableSchema, Value};
+use support::{mariadb, mysql_url, postgres_url, psql, unique_name};
+
+fn table(namespace: &str) -> Arc<TableSchema> {
+    Arc::new(TableSchema {
+        name: TableName::new(Some(namespace), "fenced"),
+        columns: vec![Column {
+            name: "id".into(),
+            data_type: DataType::Integer { bytes: 8, unsigned: false },
+            nullable: false,
+            native_type: String::new(),
+            collation: None,
+        }],
+        primary_key: vec![0],
+        indexes: Vec::new(),
+    })
+}
+
+fn checkpoint(rows: u64) -> Checkpoint {
+    Checkpoint {
+        task: "t1".into(),
+        position: Some(Position(serde_json::json!({ "row": rows }))),
+        done: false,
+        rows_written: rows,
+    }
+}
+
+fn batch(table: &Arc<TableSchema>, id: i64) -> Batch {
+    Batch::new(vec![Change::insert(table.clone(), vec![Value::Int(id)])], Position(serde_json::json!({ "row": id })))
+}
+
+async fn older_epochs_cannot_commit(target: &str, url: String, namespace: &str, count: impl Fn() -> u64) {
+    std::env::set_var("FENCE_TARGET", &url);
+    let yaml = format!("name: fence-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: ${{FENCE_TARGET}}\n");
+    let job = parse_job(&yaml, false, |name| std::env::var(name).ok()).expect("a valid job");
+    let fenced =
+        |epoch| sluice_connectors::fenced_sink(&job, Fence { task: "stream".into(), epoch }).expect("a fenced sink");
+    let (old, new) = (fenced(10), fenced(11));
+    old.prepare(&[(*table(namespace)).clone()]).await.expect("prepare");
+    old.claim(&job.name).await.expect("epoch 10 claims");
+    let mut old_writer = old.open(&job.name, "t1", table(namespace)).await.unwrap();
+    old_writer.write(&batch(&table(namespace), 1)).await.unwrap();
+    old_writer.commit(&checkpoint(1)).await.expect("epoch 10 commits while it holds the fence");
+
+    // Epoch 11 claims; epoch 10 then writes a row and tries to commit it.
+    new.claim(&job.name).await.expect("epoch 11 claims");
+    old_writer.write(&batch(&table(namespace), 2)).await.unwrap();
+    let refused = old_writer.commit(&checkpoint(2)).await.expect_err("epoch 10 is fenced");
+    assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
+    assert!(refused.to_string().contains("epoch 11"), "{refused}");
+    assert_eq!(count(), 1, "the fenced commit's row did not land");
+    let refused = old.claim(&job.name).await.expect_err("epoch 10 cannot claim back");
+    assert_eq!(refused.kind(), ErrorKind::Fenced);
+
+    // The new owner reads the old owner's last checkpoint and commits.
+    let mut new_writer = new.open(&job.name, "t1", table(namespace)).await.unwrap();
+    assert_eq!(new_writer.recover().await.unwrap().map(|checkpoint| checkpoint.rows_written), Some(1));
+    new_writer.write(&batch(&table(namespace), 2)).await.unwrap();
+    new_writer.commit(&checkpoint(2)).await.expect("epoch 11 commits");
+    assert_eq!(count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_commits_of_an_older_epoch() {
+    let namespace = unique_name("fence");
+    psql(&format!("CREATE SCHEMA {namespace}"));
+    let query = format!("SELECT count(*) FROM {namespace}.fenced");
+    older_epochs_cannot_commit("postgres", postgres_url(), &namespace, || psql(&query).trim().parse().unwrap()).await;
+    psql(&format!("DROP SCHEMA {namespace} CASCADE"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_refuses_commits_of_an_older_epoch() {
+    let namespace = unique_name("fence");
+    mariadb(&format!("CREATE DATABASE {namespace}"));
+    let query = format!("SELECT count(*) FROM {namespace}.fenced");
+    older_epochs_cannot_commit("mysql", mysql_url(), &namespace, || mariadb(&query).trim().parse().unwrap()).await;
+    mariadb(&format!("DROP DATABASE {namespace}"));
+}

@@ -1,0 +1,181 @@
+//! Cluster test parts: etcd members and `sluice server` nodes as child processes (so SIGKILL and
+//! SIGSTOP are real), and a small HTTP client for the API.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{wait_for, Guard, Workspace};
+
+/// A free TCP port on 127.0.0.1 (free when asked; the OS does not hand it out again at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port").local_addr().expect("an address").port()
+}
+
+/// An etcd cluster of one or more members, each its own process with its own data dir.
+pub struct Etcd {
+    pub endpoints: String,
+    members: Vec<(String, Option<Child>)>,
+    _directory: tempfile::TempDir,
+}
+
+impl Etcd {
+    pub fn start(count: usize) -> Etcd {
+        let directory = tempfile::Builder::new()
+            .prefix("sluice-etcd")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .expect("a temporary directory");
+        let ports: Vec<(u16, u16)> = (0..count).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> =
+            ports.iter().enumerate().map(|(index, (_, peer))| format!("m{index}=http://127.0.0.1:{peer}")).collect();
+        let mut members = Vec::new();
+        for (index, (client, peer)) in ports.iter().enumerate() {
+            let log = std::fs::File::create(directory.path().join(format!("m{index}.log"))).expect("a log file");
+            let child = Command::new("etcd")
+                .args(["--name", &format!("m{index}")])
+                .args(["--data-dir", directory.path().join(format!("m{index}")).to_str().unwrap()])
+                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                .args(["--initial-cluster", &initial.join(",")])
+                .args(["--initial-cluster-state", "new", "--initial-cluster-token", "sluice-test"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("etcd starts (apt-get install etcd-server; scripts/testdb install does)");
+            members.push((format!("http://127.0.0.1:{client}"), Some(child)));
+        }
+        let endpoints = members.iter().map(|(endpoint, _)| endpoint.clone()).collect::<Vec<_>>().join(",");
+        let etcd = Etcd { endpoints, members, _directory: directory };
+        wait_for("etcd to be healthy", Duration::from_secs(30), || etcd.leader().is_some());
+        etcd
+    }
+
+    /// The index of the member that leads, when one does.
+    pub fn leader(&self) -> Option<usize> {
+        let live: Vec<&str> =
+            self.members.iter().filter(|(_, child)| child.is_some()).map(|(endpoint, _)| endpoint.as_str()).collect();
+        let output = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &live.join(","), "--command-timeout=2s", "endpoint", "status", "-w", "json"])
+            .output()
+            .ok()?;
+        let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let statuses = statuses.as_array()?;
+        if statuses.len() < live.len() {
+            return None;
+        }
+        let leader = statuses.first()?["Status"]["leader"].as_u64()?;
+        let endpoint = statuses
+            .iter()
+            .find(|status| status["Status"]["header"]["member_id"].as_u64() == Some(leader))?["Endpoint"]
+            .as_str()?;
+        self.members.iter().position(|(member, _)| member == endpoint)
+    }
+
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.members[index].1.take() {
+            child.kill().expect("SIGKILL an etcd member");
+            child.wait().expect("reap it");
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // One at a time: stopping all members at once can take seconds.
+        for index in 0..self.members.len() {
+            self.kill(index);
+        }
+    }
+}
+
+/// A `sluice server` node.
+pub struct Server {
+    pub id: String,
+    pub url: String,
+    pub log: PathBuf,
+    pub child: Guard,
+}
+
+/// Starts a node in `workspace` (its state under `state-<id>`), waiting until its API answers.
+pub fn start_server(workspace: &Workspace, id: &str, etcd: Option<&str>, environment: &[(&str, String)]) -> Server {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let state = format!("state-{id}");
+    let mut arguments =
+        vec!["server", "--listen", &listen, "--node-id", id, "--state-dir", &state, "--lease-secs", "5"];
+    if let Some(etcd) = etcd {
+        arguments.extend(["--etcd", etcd]);
+    }
+    let log = workspace.path(&format!("{id}.log"));
+    let mut command = workspace.command(&arguments);
+    command
+        .stdout(Stdio::null())
+        .stderr(std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("a log file"));
+    for (name, value) in environment {
+        command.env(name, value);
+    }
+    let child = Guard::new(command.spawn().expect("sluice server starts"));
+    let url = format!("http://{listen}");
+    let mut server = Server { id: id.to_owned(), url, log, child };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while request(&server.url, "GET", "/healthz", None, None).map(|(status, _)| status) != Some(200) {
+        if let Ok(Some(status)) = server.child.try_wait() {
+            panic!("server {id} exited with {status}:\n{}", server.output());
+        }
+        assert!(Instant::now() < deadline, "server {id} did not answer within 30 s:\n{}", server.output());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server
+}
+
+impl Server {
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Calls the API; the status and the JSON body (`null` when there is none).
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<(&str, &str)>,
+    ) -> (u16, serde_json::Value) {
+        let (status, text) = request(&self.url, method, &format!("/api/v1{path}"), token, body)
+            .unwrap_or_else(|| panic!("{method} {path}: no answer from {}", self.id));
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)))
+    }
+}
+
+/// One HTTP/1.1 request; the status and body, or `None` when nothing answers.
+pub fn request(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<(&str, &str)>,
+) -> Option<(u16, String)> {
+    let authority = url.strip_prefix("http://")?;
+    let mut stream = TcpStream::connect(authority).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let (content_type, payload) = body.unwrap_or(("application/json", ""));
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n", payload.len());
+    if let Some(token) = token {
+        head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(payload.as_bytes()).ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
