@@ -156,6 +156,19 @@ pub enum SourceSchemaChange {
     },
 }
 
+impl SourceSchemaChange {
+    /// The tables the statement touches (both names of a rename).
+    pub fn tables(&self) -> Vec<&TableName> {
+        match self {
+            SourceSchemaChange::Create(table)
+            | SourceSchemaChange::Drop(table)
+            | SourceSchemaChange::Truncate(table)
+            | SourceSchemaChange::Alter { table, .. } => vec![table],
+            SourceSchemaChange::Rename { from, to } => vec![from, to],
+        }
+    }
+}
+
 /// A DDL statement's effect to apply to a target, with target names and, for created and
 /// altered tables, the schema the source's log gives the table after it.
 #[derive(Debug, Clone, PartialEq)]

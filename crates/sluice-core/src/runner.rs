@@ -24,14 +24,27 @@ pub use stream::STREAM_TASK;
 
 /// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
 /// runs one task of the plan its leader made.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Scope {
     /// Every split, then the change stream when the mode has one.
     Whole,
     /// The snapshot of these source tables (every split of each, then their indexes).
     Tables(std::collections::BTreeSet<TableName>),
-    /// The change stream alone; in `snapshot+cdc` every table's copy must be complete.
-    Stream,
+    /// The change stream alone; in `snapshot+cdc` every table's copy must be complete. With a
+    /// backfill, tables added to a running job and just copied join the stream.
+    Stream(Option<Backfill>),
+}
+
+/// Tables added to a running change stream and copied while it ran: the stream goes back to
+/// `from` (captured before their copy began) and replays their changes from there, while the
+/// changes of the tables it already had are skipped until it is back where it was.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Backfill {
+    /// Names this backfill; the stream's checkpoint keeps it, so it is taken in once.
+    pub id: String,
+    /// The added tables (source names).
+    pub tables: Vec<TableName>,
+    pub from: Position,
 }
 
 /// Splits waiting for a worker, each with the counters of its table.
@@ -54,6 +67,8 @@ pub struct Runner {
     /// The source's log position recorded in the plan.
     source_position: Mutex<Option<Position>>,
     scope: Scope,
+    /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
+    split_also: Vec<TableName>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -83,7 +98,15 @@ impl Runner {
             resumed_done: Default::default(),
             source_position: Mutex::new(None),
             scope: Scope::Whole,
+            split_also: Vec::new(),
         }
+    }
+
+    /// Splits these tables when planning even when the job copies nothing (a `cdc` job to
+    /// which they are added, backfilled by a copy).
+    pub fn splitting(mut self, tables: Vec<TableName>) -> Runner {
+        self.split_also = tables;
+        self
     }
 
     /// Limits the run to part of the job (a cluster task).
@@ -145,7 +168,7 @@ impl Runner {
             targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
         }
         self.sink.prepare(&targets).await?;
-        if snapshot && self.scope != Scope::Stream {
+        if (snapshot || matches!(self.scope, Scope::Tables(_))) && !matches!(self.scope, Scope::Stream(_)) {
             self.copy_snapshot(&plan, &targets).await?;
         }
         if self.job.mode == Mode::Snapshot || matches!(self.scope, Scope::Tables(_)) {
@@ -273,7 +296,7 @@ impl Runner {
             }
             let planned = match stored.get(&table.name) {
                 Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
-                None if !split => PlannedTable { target, splits: Vec::new() },
+                None if !split && !self.split_also.contains(&table.name) => PlannedTable { target, splits: Vec::new() },
                 None => {
                     let table = Arc::new(table);
                     let splits = self

@@ -23,6 +23,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(etcd_members: usize, nodes: usize) -> Cluster {
+        Cluster::start_with(etcd_members, nodes, "*")
+    }
+
+    /// A cluster whose job selects `tables` of the database (a glob or a table name).
+    fn start_with(etcd_members: usize, nodes: usize, tables: &str) -> Cluster {
         let database = unique_name("cluster");
         create_tables(&database);
         let etcd = Etcd::start(etcd_members);
@@ -33,7 +38,7 @@ impl Cluster {
             cluster.nodes.push(Some(node));
         }
         let job = format!(
-            "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{}.*\"]\n\
+            "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{}.{tables}\"]\n\
              target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {}\nparallelism: 2\n",
             cluster.job, cluster.database, cluster.database
         );
@@ -262,4 +267,42 @@ fn jobs_keep_running_when_the_etcd_leader_dies_and_resume_when_every_node_restar
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn tables_added_to_a_running_stream_are_copied_online_and_join_it() {
+    let cluster = Cluster::start_with(1, 2, "items");
+    let load = Load::start(&cluster.database, Random::from_environment("add-tables"), 200);
+    cluster.wait_streaming();
+    let add = |tables: &str| {
+        let body = format!(r#"{{"tables": [{tables}]}}"#);
+        cluster.any().call("POST", &format!("/jobs/{}/tables", cluster.job), None, Some(("application/json", &body)))
+    };
+    let (status, body) = add(&format!("\"{}.items\"", cluster.database));
+    assert_eq!(status, 400, "a table of the job already: {body}");
+    assert!(body["error"].as_str().unwrap().contains("already"), "{body}");
+    assert_eq!(add("\"no_dot\"").0, 400);
+    let (status, body) = add(&format!("\"{}.accounts\"", cluster.database));
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["version"], 2);
+    // The copy runs while the stream goes on, then the stream takes the table in.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let job = cluster.show();
+        let tasks = job["tasks"].as_array().cloned().unwrap_or_default();
+        if job["backfill"].is_null() && job["state"] == "running" && tasks.len() == 1 && tasks[0]["state"] == "running"
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the added table did not join the stream: {job:#}\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = committed("postgres", &cluster.job);
+    cluster.wait_applying("the stream with the added table", before, 50);
+    load.stop();
+    cluster.wait_converged();
+    cluster.assert_same();
+    let (_, versions) = cluster.any().call("GET", &format!("/jobs/{}/versions", cluster.job), None, None);
+    assert!(versions[1]["origin"].as_str().unwrap().starts_with("add tables"), "{versions}");
+    assert!(cluster.logs().contains("caught up; every table streams again"), "{}", cluster.logs());
 }

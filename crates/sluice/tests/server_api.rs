@@ -107,10 +107,9 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
         404
     );
     assert_eq!(server.call("GET", "/jobs/nothing", Some(READ), None).0, 404);
-    assert_eq!(
-        server.call("POST", "/jobs/copy/tables", Some(ADMIN), Some(("application/json", r#"{"tables": ["x"]}"#))).0,
-        501
-    );
+    let (status, body) =
+        server.call("POST", "/jobs/copy/tables", Some(ADMIN), Some(("application/json", r#"{"tables": ["main.x"]}"#)));
+    assert_eq!(status, 400, "a snapshot job has no stream to add tables to: {body}");
     assert_eq!(server.call("DELETE", "/jobs/copy", Some(ADMIN), None).0, 204);
     assert_eq!(server.call("GET", "/jobs/copy", Some(READ), None).0, 404);
 
@@ -171,4 +170,49 @@ fn a_server_without_tokens_listens_on_loopback_only() {
     let run = workspace.sluice(&["server", "--listen", "0.0.0.0:0", "--state-dir", "state"]);
     run.assert_code(2);
     assert!(run.all().contains("loopback"), "{}", run.all());
+}
+
+#[test]
+fn the_job_command_drives_a_server() {
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), 300);
+    let server = start_server(&workspace, "solo", None, &tokens());
+    workspace.write("job.yaml", &job_yaml("cli", 2));
+    let job = |arguments: &[&str], token: Option<&str>| {
+        let mut all = vec!["job", "--server", server.url.as_str()];
+        all.extend_from_slice(arguments);
+        let mut command = workspace.command(&all);
+        command.env_remove("SLUICE_TOKEN");
+        if let Some(token) = token {
+            command.env("SLUICE_TOKEN", token);
+        }
+        support::Run::from(command.output().expect("sluice job runs"))
+    };
+    let refused = job(&["list"], None);
+    refused.assert_code(1);
+    assert!(refused.all().contains("bearer token"), "{}", refused.all());
+    let submitted = job(&["submit", "job.yaml"], Some(ADMIN));
+    submitted.assert_code(0);
+    assert!(submitted.all().contains("\"version\": 1"), "{}", submitted.all());
+    assert_eq!(job(&["submit", "job.yaml"], Some(ADMIN)).code, 1, "a second submit is a conflict");
+    wait_state(&server, "cli", "succeeded");
+    let listed = job(&["list"], Some(READ));
+    listed.assert_code(0);
+    assert!(
+        listed.all().lines().any(|line| line.starts_with("cli ") && line.contains("succeeded")),
+        "{}",
+        listed.all()
+    );
+    let shown = job(&["show", "cli"], Some(READ));
+    assert!(shown.all().contains("\"state\": \"succeeded\""), "{}", shown.all());
+    workspace.write("job.yaml", &job_yaml("cli", 3));
+    job(&["update", "job.yaml"], Some(ADMIN)).assert_code(0);
+    let diff = job(&["diff", "cli", "1", "2"], Some(READ));
+    assert!(diff.all().contains("- parallelism: 2") && diff.all().contains("+ parallelism: 3"), "{}", diff.all());
+    job(&["rollback", "cli", "1"], Some(ADMIN)).assert_code(0);
+    assert!(job(&["versions", "cli"], Some(READ)).all().contains("rollback to 1"));
+    assert_eq!(job(&["stop", "cli"], Some(READ)).code, 1, "a read token cannot stop a job");
+    job(&["stop", "cli"], Some(ADMIN)).assert_code(0);
+    job(&["delete", "cli"], Some(ADMIN)).assert_code(0);
+    assert_eq!(job(&["show", "cli"], Some(READ)).code, 1);
 }

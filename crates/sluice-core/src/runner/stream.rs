@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::{interrupted, Runner};
+use super::{interrupted, Runner, Scope};
 use crate::change::{Batch, Change, Position};
 use crate::connector::{ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent};
 use crate::error::{Error, ErrorKind, Result, Side};
@@ -51,6 +51,20 @@ struct StreamCheckpoint {
     /// checkpoint, so a crash between the DDL and those rows forgets nothing.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pending: BTreeMap<String, PendingSchema>,
+    /// The last backfill (`Backfill::id`) the stream took in, so a restart does not go back for
+    /// it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backfilled: Option<String>,
+    /// While a backfill catches up: only changes of these tables apply until the stream is back
+    /// at `until`, where it was when the tables joined (the others have everything before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    catch_up: Option<CatchUp>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CatchUp {
+    until: Position,
+    tables: Vec<TableName>,
 }
 
 /// What a target table still needs once its new schema arrives.
@@ -122,8 +136,35 @@ impl Runner {
             }
             _ => {
                 let replay_until = if after_snapshot { head.clone() } else { None };
-                (StreamCheckpoint { at: start.clone(), replay_until, pending: BTreeMap::new() }, 0)
+                let checkpoint = StreamCheckpoint {
+                    at: start.clone(),
+                    replay_until,
+                    pending: BTreeMap::new(),
+                    backfilled: None,
+                    catch_up: None,
+                };
+                (checkpoint, 0)
             }
+        };
+        let checkpoint = match &self.scope {
+            Scope::Stream(Some(backfill)) if checkpoint.backfilled.as_deref() != Some(backfill.id.as_str()) => {
+                let names: Vec<String> = backfill.tables.iter().map(ToString::to_string).collect();
+                log::info!(
+                    "change stream: {} joined after their copy; going back to {} to replay their changes, the other tables resume after {}",
+                    names.join(", "),
+                    backfill.from.0,
+                    checkpoint.at.0
+                );
+                StreamCheckpoint {
+                    at: backfill.from.clone(),
+                    // The copy ended before now: its window closes at the source's head.
+                    replay_until: head.clone(),
+                    backfilled: Some(backfill.id.clone()),
+                    catch_up: Some(CatchUp { until: checkpoint.at.clone(), tables: backfill.tables.clone() }),
+                    ..checkpoint
+                }
+            }
+            _ => checkpoint,
         };
         let stats = &self.stats.stream;
         if stats.phase() != StreamPhase::Streaming {
@@ -356,7 +397,14 @@ impl Applier<'_> {
     }
 
     /// Row changes of the open source transaction. A table with a pending schema gets it first.
-    async fn changes(&mut self, changes: Vec<Change>) -> Result<()> {
+    async fn changes(&mut self, mut changes: Vec<Change>) -> Result<()> {
+        if let Some(catch_up) = &self.checkpoint.catch_up {
+            // The other tables have these changes already.
+            changes.retain(|change| catch_up.tables.contains(&change.table.name));
+            if changes.is_empty() {
+                return Ok(());
+            }
+        }
         let changes = self.runner.adjust_zero_dates(changes)?;
         let mut reshaped: Vec<Arc<TableSchema>> = Vec::new();
         for change in &changes {
@@ -411,12 +459,27 @@ impl Applier<'_> {
         self.arrivals.push(Arrival { received: SystemTime::now(), committed_at });
         self.checkpoint.at = position;
         self.open_transaction = false;
+        self.end_catch_up();
+    }
+
+    /// Ends a backfill's catch-up once the stream is back where it was when the tables joined.
+    fn end_catch_up(&mut self) {
+        if self
+            .checkpoint
+            .catch_up
+            .as_ref()
+            .is_some_and(|catch_up| self.runner.source.reached(&self.checkpoint.at, &catch_up.until))
+        {
+            log::info!("change stream: the added tables caught up; every table streams again");
+            self.checkpoint.catch_up = None;
+        }
     }
 
     /// Transactions of other tables, a rotation or a heartbeat.
     fn advance(&mut self, position: Position, committed_at: u64) {
         self.checkpoint.at = position;
         self.moved = true;
+        self.end_catch_up();
         if self.arrivals.is_empty() && !self.open_transaction {
             let lag = if committed_at == 0 { 0 } else { unix_now().saturating_sub(committed_at) };
             self.runner.stats.stream.lag_seconds.store(lag, std::sync::atomic::Ordering::Relaxed);
@@ -431,6 +494,25 @@ impl Applier<'_> {
         position: Position,
         committed_at: u64,
     ) -> Result<()> {
+        if let Some(catch_up) = &self.checkpoint.catch_up {
+            // The tables the stream had took this DDL already; an added table's copy may or may
+            // not hold its effect, so it cannot be replayed safely.
+            let added =
+                changes.iter().flat_map(SourceSchemaChange::tables).find(|table| catch_up.tables.contains(table));
+            if let Some(table) = added {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "unsupported DDL `{statement}` on table {table} while it was being added to the job ({})",
+                        position.0
+                    ),
+                )
+                .on(Side::Source)
+                .hint("drop the added table in the target and add it again once no DDL runs on it"));
+            }
+            self.advance(position, committed_at);
+            return Ok(());
+        }
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;
         }

@@ -74,6 +74,32 @@ pub fn parse_json(text: &str) -> Result<Node, SyntaxError> {
     Ok(from_json(value))
 }
 
+/// A node tree as JSON: plain YAML scalars that read as booleans, null or numbers become those,
+/// every other scalar a string; so `parse_json(to_json(parse_yaml(text)))` decodes to the same
+/// job as the YAML text.
+pub fn to_json(node: &Node) -> serde_json::Value {
+    use serde_json::Value;
+    match &node.kind {
+        _ if node.is_null() => Value::Null,
+        NodeKind::Scalar { text, quoted: true } => Value::String(text.clone()),
+        NodeKind::Scalar { text, quoted: false } => match text.as_str() {
+            "true" | "True" | "TRUE" => Value::Bool(true),
+            "false" | "False" | "FALSE" => Value::Bool(false),
+            _ => text
+                .parse::<i64>()
+                .map(Value::from)
+                .ok()
+                .or_else(|| text.parse::<u64>().map(Value::from).ok())
+                .or_else(|| text.parse::<f64>().ok().filter(|number| number.is_finite()).map(Value::from))
+                .unwrap_or_else(|| Value::String(text.clone())),
+        },
+        NodeKind::Sequence(items) => Value::Array(items.iter().map(to_json).collect()),
+        NodeKind::Mapping(entries) => {
+            Value::Object(entries.iter().map(|(key, value)| (key.clone(), to_json(value))).collect())
+        }
+    }
+}
+
 fn from_json(value: serde_json::Value) -> Node {
     let scalar = |text: String, quoted: bool| NodeKind::Scalar { text, quoted };
     let kind = match value {

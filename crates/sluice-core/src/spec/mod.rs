@@ -6,7 +6,7 @@ mod document;
 mod job;
 
 pub use decode::{join, Decoder, Fields, SpecError};
-pub use document::{Node, NodeKind};
+pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode, ZeroDates,
 };

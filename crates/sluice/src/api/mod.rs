@@ -57,7 +57,7 @@ type Reply = Result<Response, Failure>;
 
 /// A generation after `previous`, from the clock in milliseconds: a job deleted and made again
 /// under the same name never meets a task status of its predecessor.
-fn next_generation(previous: u64) -> u64 {
+pub fn next_generation(previous: u64) -> u64 {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
     now.max(previous + 1)
 }
@@ -146,6 +146,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         generation: next_generation(0),
         mode: spec.mode.to_string(),
         updated_at: timestamp(),
+        backfill: None,
     };
     let version = VersionRecord {
         version: 1,
@@ -310,12 +311,71 @@ async fn list_runs(State(api): Shared, Path(name): Path<String>) -> Reply {
     Ok(Json(Value::Array(listed)).into_response())
 }
 
-async fn add_tables(State(api): Shared, Path(name): Path<String>) -> Reply {
-    job(&api, &name).await?;
-    Err(failure(
-        StatusCode::NOT_IMPLEMENTED,
-        "adding tables to a running job is not available yet: submit a new version with the tables (PUT /api/v1/jobs/{name}); it replans and resumes from the checkpoints",
-    ))
+/// Adds tables to a running job with a change stream: a new version that lists them, copied
+/// while the stream runs on with the version before, then taken into the stream, which replays
+/// their changes from before their copy began.
+async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
+    let mut job = job(&api, &name).await?;
+    let request: Value = serde_json::from_slice(&body).map_err(|error| {
+        failure(StatusCode::BAD_REQUEST, format!("expected {{\"tables\": [\"db.table\", …]}}: {error}"))
+    })?;
+    let tables: Vec<String> = request
+        .get("tables")
+        .and_then(Value::as_array)
+        .map(|tables| tables.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if tables.is_empty() || tables.iter().any(|table| !table.contains('.') || table.contains(['*', '?', '!', ' '])) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            "expected {\"tables\": [\"db.table\", …]}: one or more table names, without wildcards",
+        ));
+    }
+    if job.mode == "snapshot" {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("job {name} has no change stream to add tables to; PUT a new version that lists them"),
+        ));
+    }
+    if job.backfill.is_some() {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            format!("job {name} is still copying tables added before; add more once they joined the stream"),
+        ));
+    }
+    let (current, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, job.version))
+        .await?
+        .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {}", job.version)))?;
+    let (spec, _, _) = validate(current.document.as_bytes(), &format_header(&current.format), api.node.config.fencing)?;
+    let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
+    if let Some(known) = tables.iter().find(|table| filter.matches(&sluice_core::TableName::parse(table))) {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("table {known} is part of job {name} already (source.tables)"),
+        ));
+    }
+    let parsed = if current.format == "json" {
+        sluice_core::spec::parse_json(&current.document)
+    } else {
+        sluice_core::spec::parse_yaml(&current.document)
+    }
+    .map_err(|error| {
+        failure(StatusCode::INTERNAL_SERVER_ERROR, format!("version {} does not parse: {}", job.version, error.message))
+    })?;
+    let mut document = sluice_core::spec::to_json(&parsed);
+    let Some(listed) = document.pointer_mut("/source/tables").and_then(Value::as_array_mut) else {
+        return Err(failure(StatusCode::BAD_REQUEST, format!("job {name} has no source.tables list to add to")));
+    };
+    listed.extend(tables.iter().cloned().map(Value::String));
+    let document = serde_json::to_string_pretty(&document).expect("JSON serializes");
+    validate(document.as_bytes(), &format_header("json"), api.node.config.fencing)?;
+    job.backfill = Some(BackfillRequest {
+        id: format!("added-{}", next_generation(job.generation)),
+        tables: tables.clone(),
+        stream_version: job.version,
+    });
+    let created = next_version(&api, &mut job, document, "json", format!("add tables {}", tables.join(", "))).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "name": name, "version": created["version"], "backfill": tables })))
+        .into_response())
 }
 
 async fn list_workers(State(api): Shared) -> Reply {

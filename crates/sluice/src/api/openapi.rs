@@ -42,7 +42,7 @@ pub const DOCUMENT: &str = r##"{
     "/jobs/{name}/versions/{a}/diff/{b}": { "get": { "summary": "A line diff of two versions' documents", "responses": { "200": { "description": "diff" } } } },
     "/jobs/{name}/rollback": { "post": { "summary": "Make version N the current one again, as a new version", "requestBody": { "content": { "application/json": { "schema": { "type": "object", "properties": { "version": { "type": "integer" } } } } } }, "responses": { "200": { "description": "new version" }, "404": { "description": "no such version" } } } },
     "/jobs/{name}/runs": { "get": { "summary": "Run summaries of the job's finished task runs", "responses": { "200": { "description": "runs" } } } },
-    "/jobs/{name}/tables": { "post": { "summary": "Add tables to a running job (not available yet: 501)", "responses": { "501": { "description": "not available" } } } },
+    "/jobs/{name}/tables": { "post": { "summary": "Add tables to a running job with a change stream: a new version; they are copied while the stream runs on, then join it (job field backfill until then)", "requestBody": { "content": { "application/json": { "schema": { "type": "object", "properties": { "tables": { "type": "array", "items": { "type": "string" } } } } } } }, "responses": { "202": { "description": "accepted" }, "400": { "description": "invalid, a snapshot job, or a table already in the job" }, "409": { "description": "tables added before are still being copied" } } } },
     "/workers": { "get": { "summary": "Live workers: id, address, capacity, tasks, alive", "responses": { "200": { "description": "workers" } } } },
     "/leader": { "get": { "summary": "The leader's worker id", "responses": { "200": { "description": "leader" } } } }
   }

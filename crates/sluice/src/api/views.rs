@@ -89,6 +89,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<Value> {
         "stats": { "rows_read": rows_read, "rows_written": rows_written, "rows_skipped": rows_skipped, "rows_per_sec": rows_per_sec, "lag_secs": lag },
         "tasks": tasks,
         "error": plan_error.or(failed),
+        "backfill": job.backfill.as_ref().map(|backfill| &backfill.tables),
         "updated_at": job.updated_at,
     }))
 }

@@ -72,6 +72,28 @@ pub struct JobRecord {
     pub generation: u64,
     pub mode: String,
     pub updated_at: String,
+    /// Tables added to the running job whose copy has not joined the stream yet.
+    #[serde(default)]
+    pub backfill: Option<BackfillRequest>,
+}
+
+/// Tables added to a running job (`POST /jobs/{name}/tables`): copied while the stream runs on
+/// with the version before, then taken into the stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackfillRequest {
+    pub id: String,
+    /// Source names of the added tables.
+    pub tables: Vec<String>,
+    /// The version the stream runs while the tables are copied.
+    pub stream_version: u32,
+}
+
+/// A backfill in a plan: what the stream needs to take the tables in, and whether their copy
+/// is complete (then the plan runs the stream alone, with every table).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackfillPlan {
+    pub backfill: sluice_core::runner::Backfill,
+    pub copied: bool,
 }
 
 /// One version of a job's document, as it was submitted (secrets included: the API redacts
@@ -118,6 +140,11 @@ pub struct PlanRecord {
     pub plan: Option<Plan>,
     /// Why planning failed, when it did (the job is then `failed`).
     pub error: Option<ErrorRecord>,
+    /// The version the stream task runs when it is not `version` (while tables are copied).
+    #[serde(default)]
+    pub stream_version: Option<u32>,
+    #[serde(default)]
+    pub backfill: Option<BackfillPlan>,
 }
 
 /// An error as the API shows it: which side, and the message (secrets scrubbed).
@@ -210,22 +237,30 @@ pub async fn load_all<T: DeserializeOwned>(store: &dyn Store, prefix: &str) -> R
         .collect()
 }
 
+/// One snapshot task per planned table among `tables`.
+pub fn snapshot_tasks(plan: &Plan, tables: &[TableName]) -> Vec<TaskPlan> {
+    plan.tables
+        .iter()
+        .filter_map(|table| Some(table.splits.first()?.table.name.clone()))
+        .filter(|source| tables.contains(source))
+        .map(|source| TaskPlan {
+            id: format!("snapshot:{source}"),
+            kind: TaskKind::Snapshot,
+            tables: vec![source],
+            after: Vec::new(),
+        })
+        .collect()
+}
+
 /// Cuts a job's plan into cluster tasks: one snapshot task per table, then the change stream
 /// after all of them.
 pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
     use sluice_core::spec::Mode;
     let mut tasks = Vec::new();
     if mode != Mode::Cdc {
-        for table in &plan.tables {
-            let Some(split) = table.splits.first() else { continue };
-            let source = split.table.name.clone();
-            tasks.push(TaskPlan {
-                id: format!("snapshot:{source}"),
-                kind: TaskKind::Snapshot,
-                tables: vec![source],
-                after: Vec::new(),
-            });
-        }
+        let every: Vec<TableName> =
+            plan.tables.iter().filter_map(|table| Some(table.splits.first()?.table.name.clone())).collect();
+        tasks = snapshot_tasks(plan, &every);
     }
     if mode != Mode::Snapshot {
         let after = tasks.iter().map(|task| task.id.clone()).collect();

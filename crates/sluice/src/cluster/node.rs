@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_core::connector::Fence;
-use sluice_core::runner::{Runner, Scope};
+use sluice_core::runner::{Backfill, Runner, Scope, STREAM_TASK};
 use sluice_core::spec::{parse_job, JobSpec};
 use sluice_core::state::{MemoryStateStore, StateStore};
-use sluice_core::{Error, ErrorKind, Result};
+use sluice_core::{Error, ErrorKind, Result, TableName};
 use tokio::sync::watch;
 
 use super::model::*;
@@ -234,29 +234,32 @@ impl Node {
         self.claim(&view, lease).await
     }
 
-    /// As leader: plans every job to run whose plan is missing or of an older generation.
+    /// As leader: plans every job to run whose plan is missing or of an older generation, and
+    /// takes added tables into the stream once their copy is complete.
     fn lead(self: &Arc<Self>, view: &View, guard: Guard) {
         for (name, job, _) in &view.jobs {
-            if job.desired != Desired::Running
-                || view.plans.get(name).is_some_and(|plan| plan.generation == job.generation)
-            {
+            if job.desired != Desired::Running {
                 continue;
             }
-            if !lock(&self.planning).insert(name.clone()) {
+            let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
+            let copied = current.is_some_and(|plan| {
+                plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
+                    && plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
+                        view.statuses.get(&format!("{name}/{}", task.id)).is_some_and(|status| {
+                            status.generation == job.generation && status.state == TaskState::Succeeded
+                        })
+                    })
+            });
+            if (current.is_some() && !copied) || !lock(&self.planning).insert(name.clone()) {
                 continue;
             }
             let (node, job, previous, guard) =
                 (self.clone(), job.clone(), view.plans.get(name).cloned(), guard.clone());
             tokio::spawn(async move {
-                let record = match node.plan(&job, previous).await {
-                    Ok((tasks, plan)) => PlanRecord {
-                        generation: job.generation,
-                        version: job.version,
-                        tasks,
-                        plan: Some(plan),
-                        error: None,
-                    },
-                    Err(error) => {
+                let record = if copied {
+                    node.join_backfill(&job, previous.expect("a current plan"), &guard).await
+                } else {
+                    Some(node.plan(&job, previous).await.unwrap_or_else(|error| {
                         log::error!("job {}: planning failed: {error}", job.name);
                         PlanRecord {
                             generation: job.generation,
@@ -264,42 +267,122 @@ impl Node {
                             tasks: Vec::new(),
                             plan: None,
                             error: Some((&error).into()),
+                            stream_version: None,
+                            backfill: None,
                         }
-                    }
+                    }))
                 };
-                match node.store.put_guarded(&plan_key(&job.name), &encode(&record), &guard).await {
-                    Ok(true) => log::info!(
-                        "job {}: planned generation {} into {} tasks",
-                        job.name,
-                        job.generation,
-                        record.tasks.len()
-                    ),
-                    Ok(false) => log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name),
-                    Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
+                if let Some(record) = record.filter(|record| record.generation == job.generation) {
+                    match node.store.put_guarded(&plan_key(&job.name), &encode(&record), &guard).await {
+                        Ok(true) => log::info!(
+                            "job {}: planned generation {} into {} tasks",
+                            job.name,
+                            job.generation,
+                            record.tasks.len()
+                        ),
+                        Ok(false) => {
+                            log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name)
+                        }
+                        Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
+                    }
                 }
                 lock(&node.planning).remove(&job.name);
             });
         }
     }
 
+    /// The added tables are copied: a new generation runs the stream alone, with every table
+    /// and the backfill to take in. The plan is stored before the job moves to its generation,
+    /// so no worker ever sees the new generation without it. Returns nothing to store.
+    async fn join_backfill(&self, job: &JobRecord, plan: PlanRecord, guard: &Guard) -> Option<PlanRecord> {
+        let generation = crate::api::next_generation(job.generation);
+        let record = PlanRecord {
+            generation,
+            version: job.version,
+            tasks: plan
+                .tasks
+                .iter()
+                .filter(|task| task.kind == TaskKind::Cdc)
+                .cloned()
+                .map(|task| TaskPlan { after: Vec::new(), ..task })
+                .collect(),
+            plan: plan.plan,
+            error: None,
+            stream_version: None,
+            backfill: plan.backfill.map(|backfill| BackfillPlan { copied: true, ..backfill }),
+        };
+        let moved = async {
+            if !self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await? {
+                return Ok(false);
+            }
+            let updated = JobRecord { generation, backfill: None, updated_at: timestamp(), ..job.clone() };
+            self.store.put(&job_key(&job.name), &encode(&updated), None).await?;
+            Ok::<_, Error>(true)
+        }
+        .await;
+        match moved {
+            Ok(true) => log::info!("job {}: the added tables are copied; the stream takes them in", job.name),
+            Ok(false) => log::warn!("job {}: no longer the leader; the backfill is left to the new one", job.name),
+            Err(error) => log::warn!("job {}: could not take the added tables into the stream: {error}", job.name),
+        }
+        None
+    }
+
     /// Discovers and splits the job's tables and prepares the target, keeping the split ids of
-    /// the previous plan for tables it already had.
-    async fn plan(
-        &self,
-        job: &JobRecord,
-        previous: Option<PlanRecord>,
-    ) -> Result<(Vec<TaskPlan>, sluice_core::state::Plan)> {
+    /// the previous plan for tables it already had. With tables being added, the plan copies
+    /// only them while the stream runs on with the version before.
+    async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
         let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
         let state = Arc::new(MemoryStateStore::default());
+        let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
         if let Some(plan) = previous.and_then(|previous| previous.plan) {
             state.save_plan(&job.name, &plan)?;
         }
         let source = sluice_connectors::source(&spec)?;
         let sink = sluice_connectors::sink(&spec)?;
+        let added: Vec<TableName> =
+            job.backfill.iter().flat_map(|request| &request.tables).map(|table| TableName::parse(table)).collect();
+        // The stream goes back here for the added tables: before any of their rows is read.
+        let from = match (&job.backfill, &previous_backfill) {
+            (Some(request), Some(previous)) if previous.backfill.id == request.id => {
+                Some(previous.backfill.from.clone())
+            }
+            (Some(_), _) => Some(source.log_position().await?.ok_or_else(|| {
+                Error::new(ErrorKind::Config, "the source has no change log position to backfill from")
+                    .on(sluice_core::Side::Source)
+            })?),
+            _ => None,
+        };
         let (_stop, stop_requested) = watch::channel(false);
-        let runner = Runner::new(spec.clone(), source, sink, state, stop_requested);
+        let runner = Runner::new(spec.clone(), source, sink, state, stop_requested).splitting(added.clone());
         let plan = runner.plan_and_prepare().await?;
-        Ok((tasks_of(spec.mode, &plan), plan))
+        let mut record = PlanRecord {
+            generation: job.generation,
+            version: job.version,
+            tasks: tasks_of(spec.mode, &plan),
+            plan: None,
+            error: None,
+            stream_version: None,
+            // A backfill taken in stays with the stream's plans: its checkpoint says whether it
+            // took it in.
+            backfill: previous_backfill.filter(|backfill| backfill.copied),
+        };
+        if let (Some(request), Some(from)) = (&job.backfill, from) {
+            record.tasks = snapshot_tasks(&plan, &added);
+            record.tasks.push(TaskPlan {
+                id: STREAM_TASK.to_owned(),
+                kind: TaskKind::Cdc,
+                tables: Vec::new(),
+                after: Vec::new(),
+            });
+            record.stream_version = Some(request.stream_version);
+            record.backfill = Some(BackfillPlan {
+                backfill: Backfill { id: request.id.clone(), tables: added, from },
+                copied: false,
+            });
+        }
+        record.plan = Some(plan);
+        Ok(record)
     }
 
     /// Stops the tasks here whose job stopped, changed generation, or moved to another owner.
@@ -474,21 +557,66 @@ impl Node {
         guard: &Guard,
         stop: watch::Receiver<bool>,
     ) -> Result<Arc<Runner>> {
-        let spec = Arc::new(load_spec(&*self.store, &job.name, plan.version).await?);
+        // While added tables are copied, the stream runs the version before them.
+        let version = match task.kind {
+            TaskKind::Cdc => plan.stream_version.unwrap_or(plan.version),
+            TaskKind::Snapshot => plan.version,
+        };
+        let spec = Arc::new(load_spec(&*self.store, &job.name, version).await?);
         let source = sluice_connectors::source(&spec)?;
         let sink = if self.config.fencing {
             sluice_connectors::fenced_sink(&spec, Fence { task: task.id.clone(), epoch: guard.create_revision })?
         } else {
             sluice_connectors::sink(&spec)?
         };
-        if let Some(shared) = &plan.plan {
-            self.state.save_plan(&job.name, shared)?;
-        }
+        // Each task keeps the leader's plan to itself: a stream of an older version must not
+        // drop from it the splits of tables another task is copying.
+        let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(plan.plan.clone()) });
         let scope = match task.kind {
             TaskKind::Snapshot => Scope::Tables(task.tables.iter().cloned().collect()),
-            TaskKind::Cdc => Scope::Stream,
+            TaskKind::Cdc => Scope::Stream(
+                plan.backfill.as_ref().filter(|backfill| backfill.copied).map(|backfill| backfill.backfill.clone()),
+            ),
         };
-        Ok(Arc::new(Runner::new(spec, source, sink, self.state.clone(), stop).with_scope(scope)))
+        Ok(Arc::new(Runner::new(spec, source, sink, state, stop).with_scope(scope)))
+    }
+}
+
+/// A task's state store: the node's store for checkpoints, dirty records, runs and stream
+/// status, with the leader's plan kept per task.
+struct TaskStateStore {
+    node: Arc<SqliteStateStore>,
+    plan: Mutex<Option<sluice_core::state::Plan>>,
+}
+
+impl StateStore for TaskStateStore {
+    fn load_plan(&self, _job: &str) -> Result<Option<sluice_core::state::Plan>> {
+        Ok(lock(&self.plan).clone())
+    }
+    fn save_plan(&self, _job: &str, plan: &sluice_core::state::Plan) -> Result<()> {
+        *lock(&self.plan) = Some(plan.clone());
+        Ok(())
+    }
+    fn save_checkpoint(&self, job: &str, checkpoint: &sluice_core::connector::Checkpoint) -> Result<()> {
+        self.node.save_checkpoint(job, checkpoint)
+    }
+    fn checkpoints(&self, job: &str) -> Result<Vec<sluice_core::connector::Checkpoint>> {
+        self.node.checkpoints(job)
+    }
+    fn record_dirty(&self, job: &str, task: &str, records: &[sluice_core::Rejected]) -> Result<u64> {
+        self.node.record_dirty(job, task, records)
+    }
+    fn dirty_records(&self, job: &str) -> Result<Vec<sluice_core::Rejected>> {
+        self.node.dirty_records(job)
+    }
+    fn record_run(&self, summary: &sluice_core::stats::RunSummary) -> Result<()> {
+        self.node.record_run(summary)
+    }
+    fn save_stream_status(&self, job: &str, status: &sluice_core::stats::StreamSummary) -> Result<()> {
+        self.node.save_stream_status(job, status)
+    }
+    fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>> {
+        self.node.stream_status(job)
     }
 }
 
