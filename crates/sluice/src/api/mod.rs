@@ -382,7 +382,7 @@ async fn list_workers(State(api): Shared) -> Reply {
     let workers = load_all::<WorkerRecord>(&*api.node.store, &format!("{ROOT}workers/")).await?;
     let listed: Vec<Value> = workers
         .into_iter()
-        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "tasks": worker.tasks, "alive": true }))
+        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "tasks": worker.tasks, "alive": true, "started_at": worker.started_at }))
         .collect();
     Ok(Json(Value::Array(listed)).into_response())
 }

@@ -2,6 +2,8 @@
 //! it, and the node that leads, places and runs tasks. Only `etcd.rs` knows etcd.
 
 pub mod etcd;
+mod leader;
 pub mod model;
 pub mod node;
 pub mod store;
+mod worker;

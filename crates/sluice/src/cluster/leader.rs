@@ -1,0 +1,170 @@
+//! The leader's work: it plans each job generation into tasks (one snapshot task per table,
+//! then the change stream) and takes tables added to a running job into its stream once their
+//! copy is complete. Only the node holding the leader key does this, and every plan it writes
+//! is guarded by that key.
+
+use std::sync::Arc;
+
+use sluice_core::runner::{Backfill, Runner, STREAM_TASK};
+use sluice_core::state::{MemoryStateStore, StateStore};
+use sluice_core::{Error, ErrorKind, Result, TableName};
+use tokio::sync::watch;
+
+use super::model::*;
+use super::node::{lock, Node, View};
+use super::store::Guard;
+use super::worker::load_spec;
+use crate::logger::timestamp;
+
+impl Node {
+    /// As leader: plans every job to run whose plan is missing or of an older generation, and
+    /// takes added tables into the stream once their copy is complete.
+    pub(super) fn lead(self: &Arc<Self>, view: &View, guard: Guard) {
+        for (name, job, _) in &view.jobs {
+            if job.desired != Desired::Running {
+                continue;
+            }
+            let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
+            let copied = current.is_some_and(|plan| {
+                plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
+                    && plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
+                        view.statuses.get(&format!("{name}/{}", task.id)).is_some_and(|status| {
+                            status.generation == job.generation && status.state == TaskState::Succeeded
+                        })
+                    })
+            });
+            if (current.is_some() && !copied) || !lock(&self.planning).insert(name.clone()) {
+                continue;
+            }
+            let (node, job, previous, guard) =
+                (self.clone(), job.clone(), view.plans.get(name).cloned(), guard.clone());
+            tokio::spawn(async move {
+                let record = if copied {
+                    node.join_backfill(&job, previous.expect("a current plan"), &guard).await
+                } else {
+                    Some(node.plan(&job, previous).await.unwrap_or_else(|error| {
+                        log::error!("job {}: planning failed: {error}", job.name);
+                        PlanRecord {
+                            generation: job.generation,
+                            version: job.version,
+                            tasks: Vec::new(),
+                            plan: None,
+                            error: Some((&error).into()),
+                            stream_version: None,
+                            backfill: None,
+                        }
+                    }))
+                };
+                if let Some(record) = record.filter(|record| record.generation == job.generation) {
+                    match node.store.put_guarded(&plan_key(&job.name), &encode(&record), &guard).await {
+                        Ok(true) => log::info!(
+                            "job {}: planned generation {} into {} tasks",
+                            job.name,
+                            job.generation,
+                            record.tasks.len()
+                        ),
+                        Ok(false) => {
+                            log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name)
+                        }
+                        Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
+                    }
+                }
+                lock(&node.planning).remove(&job.name);
+            });
+        }
+    }
+
+    /// The added tables are copied: a new generation runs the stream alone, with every table
+    /// and the backfill to take in. The plan is stored before the job moves to its generation,
+    /// so no worker ever sees the new generation without it. Returns nothing to store.
+    async fn join_backfill(&self, job: &JobRecord, plan: PlanRecord, guard: &Guard) -> Option<PlanRecord> {
+        let generation = crate::api::next_generation(job.generation);
+        let record = PlanRecord {
+            generation,
+            version: job.version,
+            tasks: plan
+                .tasks
+                .iter()
+                .filter(|task| task.kind == TaskKind::Cdc)
+                .cloned()
+                .map(|task| TaskPlan { after: Vec::new(), ..task })
+                .collect(),
+            plan: plan.plan,
+            error: None,
+            stream_version: None,
+            backfill: plan.backfill.map(|backfill| BackfillPlan { copied: true, ..backfill }),
+        };
+        let moved = async {
+            if !self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await? {
+                return Ok(false);
+            }
+            let updated = JobRecord { generation, backfill: None, updated_at: timestamp(), ..job.clone() };
+            self.store.put(&job_key(&job.name), &encode(&updated), None).await?;
+            Ok::<_, Error>(true)
+        }
+        .await;
+        match moved {
+            Ok(true) => log::info!("job {}: the added tables are copied; the stream takes them in", job.name),
+            Ok(false) => log::warn!("job {}: no longer the leader; the backfill is left to the new one", job.name),
+            Err(error) => log::warn!("job {}: could not take the added tables into the stream: {error}", job.name),
+        }
+        None
+    }
+
+    /// Discovers and splits the job's tables and prepares the target, keeping the split ids of
+    /// the previous plan for tables it already had. With tables being added, the plan copies
+    /// only them while the stream runs on with the version before.
+    async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
+        let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
+        let state = Arc::new(MemoryStateStore::default());
+        let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
+        if let Some(plan) = previous.and_then(|previous| previous.plan) {
+            state.save_plan(&job.name, &plan)?;
+        }
+        let source = sluice_connectors::source(&spec)?;
+        let sink = sluice_connectors::sink(&spec)?;
+        let added: Vec<TableName> =
+            job.backfill.iter().flat_map(|request| &request.tables).map(|table| TableName::parse(table)).collect();
+        // The stream goes back here for the added tables: before any of their rows is read.
+        let from = match (&job.backfill, &previous_backfill) {
+            (Some(request), Some(previous)) if previous.backfill.id == request.id => {
+                Some(previous.backfill.from.clone())
+            }
+            (Some(_), _) => Some(source.log_position().await?.ok_or_else(|| {
+                Error::new(ErrorKind::Config, "the source has no change log position to backfill from")
+                    .on(sluice_core::Side::Source)
+            })?),
+            _ => None,
+        };
+        let (_stop, stop_requested) = watch::channel(false);
+        let runner = Runner::new(spec.clone(), source, sink, state, stop_requested).splitting(added.clone());
+        let plan = runner.plan_and_prepare().await?;
+        let mut record = PlanRecord {
+            generation: job.generation,
+            version: job.version,
+            tasks: tasks_of(spec.mode, &plan),
+            plan: None,
+            error: None,
+            stream_version: None,
+            // A backfill taken in stays with the stream's plans: its checkpoint says whether it
+            // took it in.
+            backfill: previous_backfill.filter(|backfill| backfill.copied),
+        };
+        if let (Some(request), Some(from)) = (&job.backfill, from) {
+            record.tasks = snapshot_tasks(&plan, &added);
+            record.tasks.push(TaskPlan {
+                id: STREAM_TASK.to_owned(),
+                kind: TaskKind::Cdc,
+                tables: Vec::new(),
+                after: Vec::new(),
+            });
+            record.stream_version = Some(request.stream_version);
+            record.backfill = Some(BackfillPlan {
+                backfill: Backfill { id: request.id.clone(), tables: added, from },
+                copied: false,
+            });
+        }
+        record.plan = Some(plan);
+        Ok(record)
+    }
+}
