@@ -55,13 +55,6 @@ fn failure(status: StatusCode, message: impl Into<String>) -> Failure {
 
 type Reply = Result<Response, Failure>;
 
-/// A generation after `previous`, from the clock in milliseconds: a job deleted and made again
-/// under the same name never meets a task status of its predecessor.
-pub fn next_generation(previous: u64) -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
-    now.max(previous + 1)
-}
-
 pub fn router(api: Arc<Api>) -> Router {
     let jobs = Router::new()
         .route("/jobs", get(list_jobs).post(create_job))
@@ -128,12 +121,19 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
 }
 
 async fn job(api: &Api, name: &str) -> Result<JobRecord, Failure> {
-    let found = load::<JobRecord>(&*api.node.store, &job_key(name)).await?;
-    Ok(found.ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("no job named {name}")))?.0)
+    let found = load_job(&*api.node.store, name).await?;
+    found.ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("no job named {name}")))
 }
 
+/// Writes a job record back, unless it changed since it was read (another request, or the
+/// leader taking added tables into the stream).
 async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
-    api.node.store.put(&job_key(&job.name), &encode(job), None).await?;
+    if !api.node.store.replace(&job_key(&job.name), &encode(job), job.revision).await? {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            format!("job {} changed meanwhile; read it and try again", job.name),
+        ));
+    }
     Ok(())
 }
 
@@ -147,6 +147,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         mode: spec.mode.to_string(),
         updated_at: timestamp(),
         backfill: None,
+        revision: 0,
     };
     let version = VersionRecord {
         version: 1,
@@ -182,6 +183,18 @@ async fn show_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     Ok(Json(views::job_view(&*api.node.store, &job).await?).into_response())
 }
 
+/// While added tables are copied, the stream runs the version before them: no other version
+/// may come in between.
+fn no_backfill(job: &JobRecord) -> Result<(), Failure> {
+    match job.backfill {
+        Some(_) => Err(failure(
+            StatusCode::CONFLICT,
+            format!("job {} is copying tables added to it; try again once they joined the stream", job.name),
+        )),
+        None => Ok(()),
+    }
+}
+
 async fn next_version(
     api: &Api,
     job: &mut JobRecord,
@@ -203,6 +216,7 @@ async fn next_version(
 
 async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
+    no_backfill(&job)?;
     let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
     if spec.name != name {
         return Err(failure(
@@ -216,6 +230,7 @@ async fn update_job(State(api): Shared, Path(name): Path<String>, headers: Heade
 
 async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
+    no_backfill(&job)?;
     let request: Value = serde_json::from_slice(&body)
         .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("expected {{\"version\": N}}: {error}")))?;
     let Some(version) = request.get("version").and_then(Value::as_u64) else {
@@ -336,12 +351,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
             format!("job {name} has no change stream to add tables to; PUT a new version that lists them"),
         ));
     }
-    if job.backfill.is_some() {
-        return Err(failure(
-            StatusCode::CONFLICT,
-            format!("job {name} is still copying tables added before; add more once they joined the stream"),
-        ));
-    }
+    no_backfill(&job)?;
     let (current, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, job.version))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {}", job.version)))?;

@@ -157,6 +157,19 @@ impl Store for EtcdStore {
         Ok(response.succeeded().then(|| response.header().map_or(0, |header| header.revision() as u64)))
     }
 
+    async fn replace(&self, key: &str, value: &str, mod_revision: u64) -> Result<bool> {
+        let transaction = Txn::new()
+            .when([Compare::mod_revision(key, CompareOp::Equal, mod_revision as i64)])
+            .and_then([TxnOp::put(key, value, None)]);
+        let response = retrying("write", || {
+            let mut client = self.client.clone();
+            let transaction = transaction.clone();
+            async move { client.txn(transaction).await }
+        })
+        .await?;
+        Ok(response.succeeded())
+    }
+
     async fn put_guarded(&self, key: &str, value: &str, guard: &Guard) -> Result<bool> {
         let transaction = Txn::new()
             .when([Compare::create_revision(guard.key.as_str(), CompareOp::Equal, guard.create_revision as i64)])

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use sluice_core::runner::{Backfill, Runner, STREAM_TASK};
 use sluice_core::state::{MemoryStateStore, StateStore};
-use sluice_core::{Error, ErrorKind, Result, TableName};
+use sluice_core::{retry, Error, ErrorKind, Result, Side, TableName};
 use tokio::sync::watch;
 
 use super::model::*;
@@ -39,46 +39,56 @@ impl Node {
             let (node, job, previous, guard) =
                 (self.clone(), job.clone(), view.plans.get(name).cloned(), guard.clone());
             tokio::spawn(async move {
-                let record = if copied {
-                    node.join_backfill(&job, previous.expect("a current plan"), &guard).await
+                if copied {
+                    node.join_backfill(&job, previous.expect("a current plan"), &guard).await;
                 } else {
-                    Some(node.plan(&job, previous).await.unwrap_or_else(|error| {
-                        log::error!("job {}: planning failed: {error}", job.name);
-                        PlanRecord {
-                            generation: job.generation,
-                            version: job.version,
-                            tasks: Vec::new(),
-                            plan: None,
-                            error: Some((&error).into()),
-                            stream_version: None,
-                            backfill: None,
-                        }
-                    }))
-                };
-                if let Some(record) = record.filter(|record| record.generation == job.generation) {
-                    match node.store.put_guarded(&plan_key(&job.name), &encode(&record), &guard).await {
-                        Ok(true) => log::info!(
-                            "job {}: planned generation {} into {} tasks",
-                            job.name,
-                            job.generation,
-                            record.tasks.len()
-                        ),
-                        Ok(false) => {
-                            log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name)
-                        }
-                        Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
-                    }
+                    node.plan_generation(&job, previous, &guard).await;
                 }
                 lock(&node.planning).remove(&job.name);
             });
         }
     }
 
+    /// Plans a generation and stores the plan, or the error that stopped planning (the job is
+    /// then `failed` until restarted). A coordination-store error is not the job's: planning is
+    /// tried again at the next tick.
+    async fn plan_generation(&self, job: &JobRecord, previous: Option<PlanRecord>, guard: &Guard) {
+        // A backfill the stream may not have taken in yet stays with every later plan.
+        let carried =
+            previous.as_ref().and_then(|previous| previous.backfill.clone()).filter(|backfill| backfill.copied);
+        let record = match self.plan(job, previous).await {
+            Ok(record) => record,
+            Err(error) if error.side() == Some(Side::State) && retry::is_transient(&error) => {
+                log::warn!("job {}: planning waits for the coordination store: {error}", job.name);
+                return;
+            }
+            Err(error) => {
+                log::error!("job {}: planning failed: {error}", job.name);
+                PlanRecord {
+                    generation: job.generation,
+                    version: job.version,
+                    tasks: Vec::new(),
+                    plan: None,
+                    error: Some((&error).into()),
+                    stream_version: None,
+                    backfill: carried,
+                }
+            }
+        };
+        match self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await {
+            Ok(true) => {
+                log::info!("job {}: planned generation {} into {} tasks", job.name, job.generation, record.tasks.len())
+            }
+            Ok(false) => log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name),
+            Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
+        }
+    }
+
     /// The added tables are copied: a new generation runs the stream alone, with every table
     /// and the backfill to take in. The plan is stored before the job moves to its generation,
-    /// so no worker ever sees the new generation without it. Returns nothing to store.
-    async fn join_backfill(&self, job: &JobRecord, plan: PlanRecord, guard: &Guard) -> Option<PlanRecord> {
-        let generation = crate::api::next_generation(job.generation);
+    /// so no worker ever sees the new generation without it.
+    async fn join_backfill(&self, job: &JobRecord, plan: PlanRecord, guard: &Guard) {
+        let generation = next_generation(job.generation);
         let record = PlanRecord {
             generation,
             version: job.version,
@@ -99,8 +109,9 @@ impl Node {
                 return Ok(false);
             }
             let updated = JobRecord { generation, backfill: None, updated_at: timestamp(), ..job.clone() };
-            self.store.put(&job_key(&job.name), &encode(&updated), None).await?;
-            Ok::<_, Error>(true)
+            // A job changed meanwhile (stopped, updated) keeps its new state; the copied
+            // backfill stays in the plans and joins the stream at its next start.
+            self.store.replace(&job_key(&job.name), &encode(&updated), job.revision).await
         }
         .await;
         match moved {
@@ -108,7 +119,6 @@ impl Node {
             Ok(false) => log::warn!("job {}: no longer the leader; the backfill is left to the new one", job.name),
             Err(error) => log::warn!("job {}: could not take the added tables into the stream: {error}", job.name),
         }
-        None
     }
 
     /// Discovers and splits the job's tables and prepares the target, keeping the split ids of

@@ -75,6 +75,24 @@ pub struct JobRecord {
     /// Tables added to the running job whose copy has not joined the stream yet.
     #[serde(default)]
     pub backfill: Option<BackfillRequest>,
+    /// The store revision this record was read at (not stored): a write back replaces it only
+    /// if nobody wrote it since.
+    #[serde(skip)]
+    pub revision: u64,
+}
+
+/// Reads a job record with its revision.
+pub async fn load_job(store: &dyn Store, job: &str) -> Result<Option<JobRecord>> {
+    Ok(load::<JobRecord>(store, &job_key(job))
+        .await?
+        .map(|(record, entry)| JobRecord { revision: entry.mod_revision, ..record }))
+}
+
+/// A generation after `previous`, from the clock in milliseconds: a job deleted and made again
+/// under the same name never meets a task status of its predecessor.
+pub fn next_generation(previous: u64) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+    now.max(previous + 1)
 }
 
 /// Tables added to a running job (`POST /jobs/{name}/tables`): copied while the stream runs on

@@ -181,7 +181,11 @@ impl Node {
     async fn view(&self) -> Result<View> {
         let store = &*self.store;
         Ok(View {
-            jobs: load_all(store, &format!("{ROOT}jobs/")).await?,
+            jobs: load_all::<JobRecord>(store, &format!("{ROOT}jobs/"))
+                .await?
+                .into_iter()
+                .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry))
+                .collect(),
             plans: load_all::<PlanRecord>(store, &format!("{ROOT}plans/"))
                 .await?
                 .into_iter()

@@ -57,6 +57,10 @@ pub trait Store: Send + Sync {
     /// existed.
     async fn create(&self, key: &str, value: &str, lease: Option<i64>) -> Result<Option<u64>>;
 
+    /// Writes a key only if its last write is still the one at `mod_revision` (nobody changed
+    /// it since it was read); `false` (nothing written) otherwise.
+    async fn replace(&self, key: &str, value: &str, mod_revision: u64) -> Result<bool>;
+
     /// Writes a key only while `guard` holds; `false` (nothing written) when it does not.
     async fn put_guarded(&self, key: &str, value: &str, guard: &Guard) -> Result<bool>;
 
@@ -236,6 +240,17 @@ impl Store for MemoryStore {
         self.change(|memory| (!memory.keys.contains_key(key)).then(|| memory.write(key, value, lease)))
     }
 
+    async fn replace(&self, key: &str, value: &str, mod_revision: u64) -> Result<bool> {
+        self.change(|memory| {
+            let current = memory.keys.get(key).is_some_and(|entry| entry.mod_revision == mod_revision);
+            if current {
+                let lease = memory.leased.get(key).copied();
+                memory.write(key, value, lease);
+            }
+            current
+        })
+    }
+
     async fn put_guarded(&self, key: &str, value: &str, guard: &Guard) -> Result<bool> {
         self.change(|memory| {
             let holds = memory.holds(guard);
@@ -296,6 +311,17 @@ mod tests {
         assert_eq!(store.get("status").await.unwrap().unwrap().value, "from a");
         assert!(!store.delete_guarded(&guard).await.unwrap());
         assert!(store.delete_guarded(&Guard { key: "owner".into(), create_revision: second }).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_replace_loses_to_a_write_in_between() {
+        let store = MemoryStore::open(None).unwrap();
+        let read = store.put("job", "v1", None).await.unwrap();
+        store.put("job", "v2", None).await.unwrap();
+        assert!(!store.replace("job", "v1 changed", read).await.unwrap());
+        let current = store.get("job").await.unwrap().unwrap();
+        assert!(store.replace("job", "v3", current.mod_revision).await.unwrap());
+        assert_eq!(store.get("job").await.unwrap().unwrap().value, "v3");
     }
 
     #[tokio::test]

@@ -134,6 +134,15 @@ impl Node {
                     .await;
                 error
             }
+            Err(error)
+                if error.side() == Some(sluice_core::Side::State) && sluice_core::retry::is_transient(&error) =>
+            {
+                // The coordination store failed, not the task: give it back to be claimed again.
+                log::warn!("node {}: task {name} could not start: {error}", self.config.id);
+                let _ = self.store.delete_guarded(&guard).await;
+                lock(&self.running).remove(&name);
+                return;
+            }
             Err(error) => Some(error),
         };
         status.updated_at = timestamp();
