@@ -80,6 +80,10 @@ enum Command {
         /// How many tasks this node runs at once.
         #[arg(long, default_value_t = 4)]
         capacity: usize,
+        /// This node's share of the work against nodes of the same capacity (2 for a machine
+        /// twice as big).
+        #[arg(long, default_value_t = 1.0)]
+        weight: f64,
         /// Seconds a node may stay silent before its tasks move to other nodes.
         #[arg(long, default_value_t = 5)]
         lease_secs: u64,
@@ -160,9 +164,10 @@ fn main() -> ExitCode {
             Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
             Command::Check { job } => check(job).await,
             Command::Schema { job, apply } => schema(job, apply).await,
-            Command::Server { etcd, listen, node_id, state_dir, capacity, lease_secs, tokens_file } => {
-                server::serve(server::Options { etcd, listen, node_id, state_dir, capacity, lease_secs, tokens_file })
-                    .await
+            Command::Server { etcd, listen, node_id, state_dir, capacity, weight, lease_secs, tokens_file } => {
+                let options =
+                    server::Options { etcd, listen, node_id, state_dir, capacity, weight, lease_secs, tokens_file };
+                server::serve(options).await
             }
             Command::Job { server, token, action } => job_command(&server, token.as_deref(), action).await,
         }

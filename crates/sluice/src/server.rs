@@ -20,6 +20,7 @@ pub struct Options {
     pub node_id: Option<String>,
     pub state_dir: PathBuf,
     pub capacity: usize,
+    pub weight: f64,
     pub lease_secs: u64,
     pub tokens_file: Option<PathBuf>,
 }
@@ -69,8 +70,8 @@ async fn run(options: Options) -> Result<()> {
         ))
         .hint("set SLUICE_ADMIN_TOKEN (and SLUICE_READ_TOKEN) or --tokens-file, or listen on 127.0.0.1"));
     }
-    if options.capacity == 0 || options.lease_secs < 2 {
-        return Err(Error::config("--capacity must be at least 1 and --lease-secs at least 2"));
+    if options.capacity == 0 || options.lease_secs < 2 || !(options.weight > 0.0 && options.weight.is_finite()) {
+        return Err(Error::config("--capacity must be at least 1, --weight above 0 and --lease-secs at least 2"));
     }
     std::fs::create_dir_all(&options.state_dir).map_err(|error| {
         Error::config(format!("--state-dir {}: cannot create it: {error}", options.state_dir.display()))
@@ -87,6 +88,7 @@ async fn run(options: Options) -> Result<()> {
         id: id.clone(),
         address: format!("http://{}", options.listen),
         capacity: options.capacity,
+        weight: options.weight,
         lease: Duration::from_secs(options.lease_secs),
         state_dir: options.state_dir.clone(),
         fencing: options.etcd.is_some(),

@@ -219,9 +219,32 @@ pub struct WorkerRecord {
     pub address: String,
     /// How many tasks it runs at once.
     pub capacity: usize,
+    /// Its share of the work relative to other workers with the same capacity (a bigger
+    /// machine: 2.0); 1.0 by default.
+    #[serde(default = "one")]
+    pub weight: f64,
     /// `job/task` of the tasks it runs.
     pub tasks: Vec<String>,
     pub started_at: String,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// The placement rule: a worker running `tasks` may claim one more while it has a free slot and
+/// its load — tasks ÷ (capacity × weight) — is not above the least loaded other live worker
+/// that has a free slot. Ties claim together, each a different task (the claim is a create, so
+/// at most one wins a task).
+pub fn may_claim(me: &WorkerRecord, tasks: usize, others: &[WorkerRecord]) -> bool {
+    let load =
+        |tasks: usize, worker: &WorkerRecord| tasks as f64 / (worker.capacity.max(1) as f64 * worker.weight.max(0.01));
+    let least = others
+        .iter()
+        .filter(|worker| worker.id != me.id && worker.tasks.len() < worker.capacity)
+        .map(|worker| load(worker.tasks.len(), worker))
+        .fold(f64::INFINITY, f64::min);
+    tasks < me.capacity && load(tasks, me) <= least
 }
 
 /// Decodes a stored record, naming the key when it is not what this version writes.
@@ -290,4 +313,33 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
         });
     }
     tasks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(id: &str, tasks: usize, capacity: usize, weight: f64) -> WorkerRecord {
+        WorkerRecord {
+            id: id.into(),
+            address: String::new(),
+            capacity,
+            weight,
+            tasks: (0..tasks).map(|task| format!("job/{task}")).collect(),
+            started_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_worker_with_room_claims() {
+        let others = [worker("b", 1, 4, 1.0), worker("c", 2, 4, 1.0)];
+        assert!(may_claim(&worker("a", 0, 4, 1.0), 0, &others), "the idle worker claims");
+        assert!(may_claim(&worker("a", 1, 4, 1.0), 1, &others), "ties claim together");
+        assert!(!may_claim(&worker("a", 2, 4, 1.0), 2, &others), "a busier worker waits");
+        assert!(!may_claim(&worker("a", 4, 4, 1.0), 4, &[]), "a full worker never claims");
+        // Full workers do not hold others back; a weight of 2 takes twice the share.
+        assert!(may_claim(&worker("a", 3, 4, 1.0), 3, &[worker("b", 4, 4, 1.0)]));
+        assert!(may_claim(&worker("a", 2, 4, 2.0), 2, &[worker("b", 1, 4, 1.0)]), "2 of 8 shares is 1 of 4");
+        assert!(!may_claim(&worker("a", 3, 4, 2.0), 3, &[worker("b", 1, 4, 1.0)]));
+    }
 }

@@ -2,11 +2,11 @@
 //! claims. The same code runs a single-node server (on a `MemoryStore`) and a cluster member
 //! (on etcd).
 //!
-//! Placement rule: a worker claims a task only while it has a free slot (`capacity`) and its
-//! load (tasks ÷ capacity) is not above the least loaded live worker with a free slot; it
-//! claims at most one task per tick (500 ms), so work spreads across workers as they report
-//! their loads. Claiming is a create of the task's ownership key with the worker's lease: at
-//! most one worker wins, and the key's create revision is the task's fencing epoch.
+//! Placement (`model::may_claim`): a worker claims only with a free slot and a load (tasks ÷
+//! capacity × weight) not above the least loaded live worker's, at most one task per tick
+//! (500 ms), so work spreads as workers report their loads. Claiming is a create of the task's
+//! ownership key with the worker's lease: at most one worker wins, and the key's create revision
+//! is the task's fencing epoch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -31,6 +31,8 @@ pub struct NodeConfig {
     pub address: String,
     /// How many tasks it runs at once.
     pub capacity: usize,
+    /// Its share of work relative to workers of the same capacity.
+    pub weight: f64,
     /// The lease of its worker record and task ownerships.
     pub lease: Duration,
     pub state_dir: PathBuf,
@@ -205,16 +207,21 @@ impl Node {
         })
     }
 
-    async fn tick(self: &Arc<Self>) -> Result<()> {
-        let lease = *lock(&self.lease);
-        let record = WorkerRecord {
+    /// This worker as it advertises itself.
+    pub(super) fn record(&self) -> WorkerRecord {
+        WorkerRecord {
             id: self.config.id.clone(),
             address: self.config.address.clone(),
             capacity: self.config.capacity,
+            weight: self.config.weight,
             tasks: lock(&self.running).keys().cloned().collect(),
             started_at: self.started_at.clone(),
-        };
-        self.store.put(&worker_key(&self.config.id), &encode(&record), Some(lease)).await?;
+        }
+    }
+
+    async fn tick(self: &Arc<Self>) -> Result<()> {
+        let lease = *lock(&self.lease);
+        self.store.put(&worker_key(&self.config.id), &encode(&self.record()), Some(lease)).await?;
         let leader = match self.store.create(LEADER, &self.config.id, Some(lease)).await? {
             Some(revision) => {
                 log::info!("node {}: leads the cluster", self.config.id);

@@ -20,18 +20,7 @@ use crate::state_store::SqliteStateStore;
 impl Node {
     /// Claims one task when this worker has room and is among the least loaded.
     pub(super) async fn claim(self: &Arc<Self>, view: &View, lease: i64) -> Result<()> {
-        let mine = lock(&self.running).len();
-        if mine >= self.config.capacity {
-            return Ok(());
-        }
-        let load = |tasks: usize, capacity: usize| tasks as f64 / capacity.max(1) as f64;
-        let least = view
-            .workers
-            .iter()
-            .filter(|worker| worker.id != self.config.id && worker.tasks.len() < worker.capacity)
-            .map(|worker| load(worker.tasks.len(), worker.capacity))
-            .fold(f64::INFINITY, f64::min);
-        if load(mine, self.config.capacity) > least {
+        if !may_claim(&self.record(), lock(&self.running).len(), &view.workers) {
             return Ok(());
         }
         for (name, job, _) in &view.jobs {
