@@ -392,7 +392,7 @@ async fn list_workers(State(api): Shared) -> Reply {
     let workers = load_all::<WorkerRecord>(&*api.node.store, &format!("{ROOT}workers/")).await?;
     let listed: Vec<Value> = workers
         .into_iter()
-        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "tasks": worker.tasks, "alive": true, "started_at": worker.started_at }))
+        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "weight": worker.weight, "tasks": worker.tasks, "alive": true, "started_at": worker.started_at }))
         .collect();
     Ok(Json(Value::Array(listed)).into_response())
 }
