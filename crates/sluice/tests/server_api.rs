@@ -110,8 +110,15 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
     let (status, body) =
         server.call("POST", "/jobs/copy/tables", Some(ADMIN), Some(("application/json", r#"{"tables": ["main.x"]}"#)));
     assert_eq!(status, 400, "a snapshot job has no stream to add tables to: {body}");
+    // Deleting `copy` leaves a job whose name starts the same way alone.
+    let other = ("application/yaml", job_yaml("copy-more", 1).replace("target.db", "more.db"));
+    assert_eq!(server.call("POST", "/jobs", Some(ADMIN), Some((other.0, &other.1))).0, 201);
     assert_eq!(server.call("DELETE", "/jobs/copy", Some(ADMIN), None).0, 204);
     assert_eq!(server.call("GET", "/jobs/copy", Some(READ), None).0, 404);
+    let (status, more) = server.call("GET", "/jobs/copy-more", Some(READ), None);
+    assert_eq!(status, 200, "{more}");
+    assert_eq!(server.call("GET", "/jobs/copy-more/versions", Some(READ), None).1.as_array().map(Vec::len), Some(1));
+    wait_state(&server, "copy-more", "succeeded");
 
     // Workers, leader, OpenAPI and metrics.
     let (_, workers) = server.call("GET", "/workers", Some(READ), None);

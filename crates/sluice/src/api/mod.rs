@@ -281,11 +281,12 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     job(&api, &name).await?;
     let store = &api.node.store;
-    store.delete_prefix(&job_key(&name)).await?;
+    // The job first: its workers stop its tasks when they see it gone, and write nothing more.
+    store.delete(&job_key(&name)).await?;
+    store.delete(&plan_key(&name)).await?;
     for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name)] {
         store.delete_prefix(&prefix).await?;
     }
-    store.delete_prefix(&plan_key(&name)).await?;
     log::info!("job {name}: deleted");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

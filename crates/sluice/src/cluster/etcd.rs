@@ -196,6 +196,15 @@ impl Store for EtcdStore {
         Ok(response.succeeded())
     }
 
+    async fn delete(&self, key: &str) -> Result<()> {
+        retrying("delete", || {
+            let mut client = self.client.clone();
+            async move { client.delete(key, None).await }
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn delete_prefix(&self, prefix: &str) -> Result<()> {
         retrying("delete", || {
             let mut client = self.client.clone();

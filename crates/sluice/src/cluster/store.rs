@@ -67,6 +67,9 @@ pub trait Store: Send + Sync {
     /// Deletes a key only while it has `create_revision`; `false` when it did not.
     async fn delete_guarded(&self, guard: &Guard) -> Result<bool>;
 
+    /// Deletes a key (nothing when it does not exist).
+    async fn delete(&self, key: &str) -> Result<()>;
+
     /// Deletes every key starting with `prefix`.
     async fn delete_prefix(&self, prefix: &str) -> Result<()>;
 }
@@ -271,6 +274,15 @@ impl Store for MemoryStore {
                 memory.leased.remove(&guard.key);
             }
             holds
+        })
+    }
+
+    async fn delete(&self, key: &str) -> Result<()> {
+        self.change(|memory| {
+            if memory.keys.remove(key).is_some() {
+                memory.revision += 1;
+                memory.leased.remove(key);
+            }
         })
     }
 

@@ -104,6 +104,7 @@ impl Node {
             error: None,
             updated_at: timestamp(),
         };
+        let mut summary = None;
         let outcome = match self.prepare_task(&job, &plan, &task, &guard, stop).await {
             Ok(runner) => {
                 let reporter = tokio::spawn(report(
@@ -113,14 +114,10 @@ impl Node {
                     status_key.clone(),
                     guard.clone(),
                 ));
-                let (summary, error) = runner.run().await;
+                let (run, error) = runner.run().await;
                 reporter.abort();
                 status = snapshot_status(&status, &runner.stats(), 0.0);
-                let run_key = format!("{}{}-{}", runs_prefix(&job.name), timestamp(), task.id);
-                let _ = self
-                    .store
-                    .put_guarded(&run_key, &serde_json::to_string(&summary).unwrap_or_default(), &guard)
-                    .await;
+                summary = Some(run);
                 error
             }
             Err(error)
@@ -141,13 +138,20 @@ impl Node {
             Some(_) => TaskState::Failed,
         };
         status.error = outcome.as_ref().filter(|error| error.kind() != ErrorKind::Interrupted).map(Into::into);
+        let deleted = matches!(load_job(&*self.store, &job.name).await, Ok(None));
         match &outcome {
             Some(error) if error.kind() == ErrorKind::Fenced => {
                 log::warn!("node {}: task {name} stopped: {error}", self.config.id);
             }
+            _ if deleted => log::info!("node {}: task {name} stopped: its job was deleted", self.config.id),
             _ => {
                 if let Some(error) = &outcome {
                     log::warn!("node {}: task {name} ended: {error}", self.config.id);
+                }
+                if let Some(summary) = &summary {
+                    let run_key = format!("{}{}-{}", runs_prefix(&job.name), timestamp(), task.id);
+                    let text = serde_json::to_string(summary).unwrap_or_default();
+                    let _ = self.store.put_guarded(&run_key, &text, &guard).await;
                 }
                 match self.store.put_guarded(&status_key, &encode(&status), &guard).await {
                     Ok(true) => log::info!("node {}: task {name} {:?}", self.config.id, status.state),
