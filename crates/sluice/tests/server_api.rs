@@ -47,7 +47,10 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
     let (status, created) = server.call("POST", "/jobs", Some(ADMIN), Some((yaml.0, &yaml.1)));
     assert_eq!(status, 201, "{created}");
     assert_eq!(created, serde_json::json!({ "name": "copy", "version": 1 }));
-    assert_eq!(server.call("POST", "/jobs", Some(ADMIN), Some((yaml.0, &yaml.1))).0, 409, "a second create is refused");
+    let again = job_yaml("copy", 9);
+    assert_eq!(server.call("POST", "/jobs", Some(ADMIN), Some((yaml.0, &again))).0, 409, "a second create is refused");
+    let (_, first) = server.call("GET", "/jobs/copy/versions/1", Some(READ), None);
+    assert!(first["document"].as_str().unwrap().contains("parallelism: 2"), "version 1 is untouched: {first}");
 
     let job = wait_state(&server, "copy", "succeeded");
     let source_rows: u64 =

@@ -156,13 +156,18 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         created_at: timestamp(),
         origin: "submitted".into(),
     };
-    // The version first: a job record never points at a missing version.
-    api.node.store.put(&version_key(&spec.name, 1), &encode(&version), None).await?;
-    if api.node.store.create(&job_key(&spec.name), &encode(&record), None).await?.is_none() {
-        return Err(failure(
+    // The version first, so a job record never points at a missing version; both only if
+    // absent, so an existing job is never touched.
+    let exists = || {
+        failure(
             StatusCode::CONFLICT,
             format!("job {} exists; PUT /api/v1/jobs/{} makes a new version", spec.name, spec.name),
-        ));
+        )
+    };
+    if api.node.store.create(&version_key(&spec.name, 1), &encode(&version), None).await?.is_none()
+        || api.node.store.create(&job_key(&spec.name), &encode(&record), None).await?.is_none()
+    {
+        return Err(exists());
     }
     log::info!("job {}: submitted ({})", spec.name, spec.mode);
     Ok((StatusCode::CREATED, Json(json!({ "name": spec.name, "version": 1 }))).into_response())
@@ -205,7 +210,13 @@ async fn next_version(
     let versions = api.node.store.list(&versions_prefix(&job.name)).await?;
     let number = versions.len() as u32 + 1;
     let record = VersionRecord { version: number, format: format.into(), document, created_at: timestamp(), origin };
-    api.node.store.put(&version_key(&job.name, number), &encode(&record), None).await?;
+    // Only if absent: of two concurrent new versions, one gets the number, the other a 409.
+    if api.node.store.create(&version_key(&job.name, number), &encode(&record), None).await?.is_none() {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            format!("job {} got version {number} meanwhile; try again", job.name),
+        ));
+    }
     job.version = number;
     job.generation = next_generation(job.generation);
     job.updated_at = timestamp();
@@ -281,12 +292,13 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     job(&api, &name).await?;
     let store = &api.node.store;
-    // The job first: its workers stop its tasks when they see it gone, and write nothing more.
-    store.delete(&job_key(&name)).await?;
-    store.delete(&plan_key(&name)).await?;
+    // The job record last: a delete that fails half-way leaves a job that can be deleted again.
+    // Its workers stop its tasks when they see it gone, and write nothing more.
     for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name)] {
         store.delete_prefix(&prefix).await?;
     }
+    store.delete(&plan_key(&name)).await?;
+    store.delete(&job_key(&name)).await?;
     log::info!("job {name}: deleted");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
