@@ -1,6 +1,7 @@
 //! Fencing in the targets themselves (PostgreSQL and MariaDB): once a newer epoch claims a
 //! task, a writer of the older epoch can neither commit rows nor its checkpoint, nor claim the
-//! task back; the newer owner commits normally.
+//! task back; the newer owner commits normally, and a stalled old writer's row locks are freed
+//! when its idle transaction times out.
 
 mod support;
 
@@ -69,6 +70,58 @@ async fn older_epochs_cannot_commit(target: &str, url: String, namespace: &str, 
     new_writer.write(&batch(&table(namespace), 2)).await.unwrap();
     new_writer.commit(&checkpoint(2)).await.expect("epoch 11 commits");
     assert_eq!(count(), 2);
+}
+
+/// A worker stalled inside a transaction (paused, cut off) holds row locks; its session ends
+/// after 10 s idle, so the task's new owner gets the rows instead of waiting for the old one.
+async fn a_stalled_writer_gives_up_its_locks(target: &str, url: String, namespace: &str, count: impl Fn() -> u64) {
+    std::env::set_var("FENCE_TARGET", &url);
+    let yaml = format!("name: stall-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: ${{FENCE_TARGET}}\n");
+    let job = parse_job(&yaml, false, |name| std::env::var(name).ok()).expect("a valid job");
+    let fenced =
+        |epoch| sluice_connectors::fenced_sink(&job, Fence { task: "stream".into(), epoch }).expect("a fenced sink");
+    let (old, new) = (fenced(20), fenced(21));
+    old.prepare(&[(*table(namespace)).clone()]).await.expect("prepare");
+    old.claim(&job.name).await.unwrap();
+    let mut old_writer = old.open(&job.name, "t1", table(namespace)).await.unwrap();
+    old_writer.write(&batch(&table(namespace), 7)).await.unwrap();
+    // The old owner now stalls with row 7 locked in its open transaction.
+    new.claim(&job.name).await.unwrap();
+    let started = std::time::Instant::now();
+    let taken_over = async {
+        let mut new_writer = new.open(&job.name, "t1", table(namespace)).await?;
+        new_writer.write(&batch(&table(namespace), 7)).await?;
+        new_writer.commit(&checkpoint(7)).await
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(40), taken_over)
+        .await
+        .expect("the stalled session's locks were freed within 40 s")
+        .expect("the new owner writes and commits");
+    eprintln!("{target}: the new owner committed {:?} after the old one stalled", started.elapsed());
+    assert_eq!(count(), 1);
+    assert!(old_writer.commit(&checkpoint(7)).await.is_err(), "the stalled writer cannot commit when it wakes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ends_a_stalled_writers_transaction() {
+    let namespace = unique_name("stall");
+    psql(&format!("CREATE SCHEMA {namespace}"));
+    let query = format!("SELECT count(*) FROM {namespace}.fenced");
+    a_stalled_writer_gives_up_its_locks("postgres", postgres_url(), &namespace, || {
+        psql(&query).trim().parse().unwrap()
+    })
+    .await;
+    psql(&format!("DROP SCHEMA {namespace} CASCADE"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_ends_a_stalled_writers_transaction() {
+    let namespace = unique_name("stall");
+    mariadb(&format!("CREATE DATABASE {namespace}"));
+    let query = format!("SELECT count(*) FROM {namespace}.fenced");
+    a_stalled_writer_gives_up_its_locks("mysql", mysql_url(), &namespace, || mariadb(&query).trim().parse().unwrap())
+        .await;
+    mariadb(&format!("DROP DATABASE {namespace}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -67,6 +67,17 @@ impl MysqlSink {
             .query_drop("SET SESSION sql_mode = 'STRICT_ALL_TABLES,NO_AUTO_VALUE_ON_ZERO,NO_ENGINE_SUBSTITUTION'")
             .await
             .map_err(|error| mysql_error(error, Side::Target, &self.server, "set the session's sql_mode"))?;
+        if self.fence.is_some() {
+            // A fenced session ends a transaction left idle for 10 s (MariaDB), so a worker
+            // stalled in the middle of one cannot hold the row locks its task's new owner needs.
+            // MySQL has no such setting (error 1193): there the locks last until the stalled
+            // worker's connection ends.
+            match connection.query_drop("SET SESSION idle_transaction_timeout = 10").await {
+                Ok(()) => {}
+                Err(mysql_async::Error::Server(error)) if error.code == 1193 => {}
+                Err(error) => return Err(mysql_error(error, Side::Target, &self.server, "limit idle transactions")),
+            }
+        }
         Ok(connection)
     }
 }
