@@ -160,7 +160,7 @@ impl Runner {
     async fn run_tasks(self: &Arc<Self>) -> Result<()> {
         let snapshot = self.job.mode != Mode::Cdc;
         // A fenced sink takes its fence before reading any checkpoint.
-        self.sink.claim(&self.job.name).await?;
+        self.with_retry("take the task's fence in the target", || self.sink.claim(&self.job.name)).await?;
         let (mut plan, mut targets) = self.plan(snapshot).await?;
         if let Scope::Tables(tables) = &self.scope {
             plan.tables

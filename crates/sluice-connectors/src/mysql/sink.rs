@@ -258,6 +258,8 @@ impl Sink for MysqlSink {
             )
             .await
             .map_err(error("create the checkpoint table sluice.checkpoints"))?;
+        // Made here too, once, before the tasks of a cluster job claim their fences at once.
+        connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
         for table in tables {
             if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
                 return Err(Error::new(
@@ -321,6 +323,12 @@ impl Sink for MysqlSink {
         let mut connection = self.connection().await?;
         let error = |doing: &'static str| move |error| mysql_error(error, Side::Target, &self.server, doing);
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
+        // The row exists before it is locked: locking a missing row takes a gap lock, and two
+        // tasks claiming at once would deadlock on the gap.
+        connection
+            .exec_drop("INSERT IGNORE INTO sluice.fences (job, task, epoch) VALUES (?, ?, 0)", (job, &fence.task))
+            .await
+            .map_err(error("make the fence"))?;
         connection.query_drop("BEGIN").await.map_err(error("begin"))?;
         let held: Option<u64> = connection
             .exec_first("SELECT epoch FROM sluice.fences WHERE job = ? AND task = ? FOR UPDATE", (job, &fence.task))
@@ -331,10 +339,7 @@ impl Sink for MysqlSink {
             return Err(fence.moved(job, held));
         }
         connection
-            .exec_drop(
-                "INSERT INTO sluice.fences (job, task, epoch) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE epoch = VALUES(epoch)",
-                (job, &fence.task, fence.epoch),
-            )
+            .exec_drop("UPDATE sluice.fences SET epoch = ? WHERE job = ? AND task = ?", (fence.epoch, job, &fence.task))
             .await
             .map_err(error("take the fence"))?;
         connection.query_drop("COMMIT").await.map_err(error("commit the fence"))

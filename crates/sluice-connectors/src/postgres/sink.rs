@@ -137,6 +137,8 @@ impl Sink for PostgresSink {
             )
             .await
             .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
+        // Made here too, once, before the tasks of a cluster job claim their fences at once.
+        client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
         for table in tables {
             if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
                 return Err(Error::new(

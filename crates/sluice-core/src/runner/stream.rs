@@ -149,18 +149,21 @@ impl Runner {
         let checkpoint = match &self.scope {
             Scope::Stream(Some(backfill)) if checkpoint.backfilled.as_deref() != Some(backfill.id.as_str()) => {
                 let names: Vec<String> = backfill.tables.iter().map(ToString::to_string).collect();
+                // Normally the stream is past `from` and goes back for the added tables alone; a
+                // stream still behind `from` simply goes on, every table from where it is.
+                let ahead = self.source.reached(&checkpoint.at, &backfill.from);
                 log::info!(
-                    "change stream: {} joined after their copy; going back to {} to replay their changes, the other tables resume after {}",
+                    "change stream: {} joined after their copy; their changes since {} are replayed, the other tables resume after {}",
                     names.join(", "),
-                    backfill.from.0,
+                    if ahead { &backfill.from.0 } else { &checkpoint.at.0 },
                     checkpoint.at.0
                 );
                 StreamCheckpoint {
-                    at: backfill.from.clone(),
+                    at: if ahead { backfill.from.clone() } else { checkpoint.at.clone() },
                     // The copy ended before now: its window closes at the source's head.
                     replay_until: head.clone(),
                     backfilled: Some(backfill.id.clone()),
-                    catch_up: Some(CatchUp { until: checkpoint.at.clone(), tables: backfill.tables.clone() }),
+                    catch_up: ahead.then(|| CatchUp { until: checkpoint.at.clone(), tables: backfill.tables.clone() }),
                     ..checkpoint
                 }
             }
