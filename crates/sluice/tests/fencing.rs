@@ -54,10 +54,18 @@ async fn older_epochs_cannot_commit(target: &str, url: String, namespace: &str, 
     old_writer.write(&batch(&table(namespace), 1)).await.unwrap();
     old_writer.commit(&checkpoint(1)).await.expect("epoch 10 commits while it holds the fence");
 
-    // Epoch 11 claims; epoch 10 then writes a row and tries to commit it.
+    // Epoch 11 claims. The old owner's open session fails: PostgreSQL ends it at the claim,
+    // MariaDB refuses its commit.
     new.claim(&job.name).await.expect("epoch 11 claims");
-    old_writer.write(&batch(&table(namespace), 2)).await.unwrap();
-    let refused = old_writer.commit(&checkpoint(2)).await.expect_err("epoch 10 is fenced");
+    let stale = async {
+        old_writer.write(&batch(&table(namespace), 2)).await?;
+        old_writer.commit(&checkpoint(2)).await
+    };
+    assert!(stale.await.is_err(), "the old owner's session cannot commit");
+    // A session it opens afterwards (its retry) is refused by the fence.
+    let mut retry = old.open(&job.name, "t1", table(namespace)).await.unwrap();
+    retry.write(&batch(&table(namespace), 2)).await.unwrap();
+    let refused = retry.commit(&checkpoint(2)).await.expect_err("epoch 10 is fenced");
     assert_eq!(refused.kind(), ErrorKind::Fenced, "{refused}");
     assert!(refused.to_string().contains("epoch 11"), "{refused}");
     assert_eq!(count(), 1, "the fenced commit's row did not land");

@@ -46,13 +46,17 @@ impl PostgresSink {
     /// A writer's connection. A fenced one ends a transaction left idle for 10 s, so a worker
     /// stalled in the middle of one (paused, cut off) cannot hold the row locks its task's new
     /// owner needs.
-    async fn writer_connection(&self) -> Result<Client> {
+    async fn writer_connection(&self, job: &str) -> Result<Client> {
         let client = connect(&self.url, Side::Target, &self.server).await?;
-        if self.fence.is_some() {
-            client
-                .batch_execute("SET idle_in_transaction_session_timeout = '10s'")
-                .await
-                .map_err(self.error("limit idle transactions"))?;
+        if let Some(fence) = &self.fence {
+            // Tagged, so the task's next owner can end this session should this worker stall
+            // in the middle of a statement (a COPY waiting for rows is not idle).
+            let settings = format!(
+                "SET idle_in_transaction_session_timeout = '10s'; SET application_name = '{}{}'",
+                fence_tag(job, fence),
+                fence.epoch
+            );
+            client.batch_execute(&settings).await.map_err(self.error("tag and limit the session"))?;
         }
         Ok(client)
     }
@@ -188,7 +192,7 @@ impl Sink for PostgresSink {
 
     async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
         Ok(Box::new(super::changes::PostgresChangeWriter {
-            client: self.writer_connection().await?,
+            client: self.writer_connection(job).await?,
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
@@ -202,6 +206,19 @@ impl Sink for PostgresSink {
         let Some(fence) = &self.fence else { return Ok(()) };
         let mut client = connect(&self.url, Side::Target, &self.server).await?;
         client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
+        // Sessions of older owners of this task are stale: ending them rolls back whatever they
+        // hold (a stalled COPY's row locks, a share lock on the fence) before the fence is taken.
+        let tag = fence_tag(job, fence);
+        client
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid()
+                   AND CASE WHEN starts_with(application_name, $1)
+                       THEN substr(application_name, length($1) + 1)::bigint < $2 ELSE false END",
+                &[&tag, &(fence.epoch as i64)],
+            )
+            .await
+            .map_err(self.error("end the sessions of the task's older owners"))?;
         let transaction = client.transaction().await.map_err(self.error("begin"))?;
         let held: Option<i64> = transaction
             .query_opt("SELECT epoch FROM sluice.fences WHERE job = $1 AND task = $2 FOR UPDATE", &[&job, &fence.task])
@@ -223,7 +240,7 @@ impl Sink for PostgresSink {
     }
 
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
-        let client = self.writer_connection().await?;
+        let client = self.writer_connection(job).await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let stage = (self.write_mode == WriteMode::Upsert).then(|| format!("sluice_stage_{}", std::process::id()));
         let copy_target = stage.clone().unwrap_or_else(|| qualified(&table.name));
@@ -438,6 +455,15 @@ pub(super) async fn read_checkpoint(
         done: row.get(1),
         rows_written: row.get::<_, i64>(2) as u64,
     }))
+}
+
+/// The application name prefix of a fenced task's sessions (its epoch follows): a hash, since
+/// application names are short.
+fn fence_tag(job: &str, fence: &Fence) -> String {
+    let hash = format!("{job}\0{}", fence.task)
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("sluice-fence:{hash:016x}:")
 }
 
 /// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
