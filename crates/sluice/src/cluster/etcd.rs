@@ -67,6 +67,18 @@ where
     }
 }
 
+impl EtcdStore {
+    /// Runs a transaction (its compares, then its operations when they hold).
+    async fn transaction(&self, doing: &str, transaction: Txn) -> Result<etcd_client::TxnResponse> {
+        retrying(doing, || {
+            let mut client = self.client.clone();
+            let transaction = transaction.clone();
+            async move { client.txn(transaction).await }
+        })
+        .await
+    }
+}
+
 fn entry(value: &KeyValue) -> Entry {
     Entry {
         key: String::from_utf8_lossy(value.key()).into_owned(),
@@ -148,12 +160,7 @@ impl Store for EtcdStore {
             value,
             put_options(lease),
         )]);
-        let response = retrying("create", || {
-            let mut client = self.client.clone();
-            let transaction = transaction.clone();
-            async move { client.txn(transaction).await }
-        })
-        .await?;
+        let response = self.transaction("create", transaction).await?;
         Ok(response.succeeded().then(|| response.header().map_or(0, |header| header.revision() as u64)))
     }
 
@@ -161,12 +168,7 @@ impl Store for EtcdStore {
         let transaction = Txn::new()
             .when([Compare::mod_revision(key, CompareOp::Equal, mod_revision as i64)])
             .and_then([TxnOp::put(key, value, None)]);
-        let response = retrying("write", || {
-            let mut client = self.client.clone();
-            let transaction = transaction.clone();
-            async move { client.txn(transaction).await }
-        })
-        .await?;
+        let response = self.transaction("write", transaction).await?;
         Ok(response.succeeded())
     }
 
@@ -174,12 +176,7 @@ impl Store for EtcdStore {
         let transaction = Txn::new()
             .when([Compare::create_revision(guard.key.as_str(), CompareOp::Equal, guard.create_revision as i64)])
             .and_then([TxnOp::put(key, value, None)]);
-        let response = retrying("write", || {
-            let mut client = self.client.clone();
-            let transaction = transaction.clone();
-            async move { client.txn(transaction).await }
-        })
-        .await?;
+        let response = self.transaction("write", transaction).await?;
         Ok(response.succeeded())
     }
 
@@ -187,12 +184,7 @@ impl Store for EtcdStore {
         let transaction = Txn::new()
             .when([Compare::create_revision(guard.key.as_str(), CompareOp::Equal, guard.create_revision as i64)])
             .and_then([TxnOp::delete(guard.key.as_str(), None)]);
-        let response = retrying("delete", || {
-            let mut client = self.client.clone();
-            let transaction = transaction.clone();
-            async move { client.txn(transaction).await }
-        })
-        .await?;
+        let response = self.transaction("delete", transaction).await?;
         Ok(response.succeeded())
     }
 
