@@ -99,6 +99,8 @@ install_chameleon() {
   fi
 }
 
+# The servers and build tools (MariaDB, PostgreSQL, etcd, protoc) come from the project's installer.
+scripts/testdb install >/dev/null
 install_peers
 if wanted chameleon; then install_chameleon || log "pg_chameleon could not be installed"; fi
 export SLUICE_TEST_PASSWORD=bench-pw

@@ -202,7 +202,7 @@ fn target_url(target: &str) -> String {
 
 /// Compares every value in the PostgreSQL schema with the expected text and every MySQL copy
 /// with the source byte for byte; returns the differences.
-fn mismatches(database: &str, pg_schema: &str, my_copy: &str) -> Vec<String> {
+fn mismatches_of(database: &str, pg_schema: &str, my_copy: &str) -> Vec<String> {
     let mut mismatches = Vec::new();
     for (index, case) in CASES.iter().enumerate() {
         let shown =
@@ -250,22 +250,32 @@ fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
     create_source(&database);
     fill_source(&database);
     let workspace = Workspace::new();
-    let copy = |target: &str, name: &str, namespace: &str| {
+    let copy = |target: &str, name: &str, namespace: &str, source: &str| {
         let job = workspace.write(&format!("{name}.yaml"), &job_text(name, "snapshot", &database, target, namespace));
         let run = Run::from(
             workspace
                 .command(&["run", job.to_str().unwrap()])
-                .env("SOURCE", mysql_url())
+                .env("SOURCE", source)
                 .env("TARGET", target_url(target))
                 .output()
                 .unwrap(),
         );
         run.assert_code(0);
+        run
     };
     let pg_schema = format!("{database}_pg");
     let my_copy = format!("{database}_copy");
-    copy("postgres", "to-postgres", &pg_schema);
-    copy("mysql", "to-mysql", &my_copy);
+    for (target, namespace) in [("postgres", &pg_schema), ("mysql", &my_copy)] {
+        let run = copy(target, &format!("to-{target}"), namespace, &mysql_url());
+        assert!(!run.stderr.contains("read through the driver"), "{}", run.stderr);
+    }
+    // A compressed connection is beyond the lean reader: the same values come through the
+    // driver (mysql_async), the other read path, and must arrive the same.
+    let (driver_pg, driver_my) = (format!("{database}_pg_driver"), format!("{database}_copy_driver"));
+    for (target, namespace) in [("postgres", &driver_pg), ("mysql", &driver_my)] {
+        let run = copy(target, &format!("driver-to-{target}"), namespace, &format!("{}?compression=fast", mysql_url()));
+        assert!(run.stderr.contains("read through the driver (compression)"), "{}", run.stderr);
+    }
     // MariaDB's JSON (a LONGTEXT with a json_valid check) stays JSON on both targets.
     let json = CASES.iter().position(|case| case.mysql_type == "JSON").unwrap();
     let pg_type = postgres_records(&format!(
@@ -276,7 +286,9 @@ fn every_edge_value_survives_mysql_to_postgres_and_mysql_to_mysql() {
         "SELECT count(*) FROM information_schema.CHECK_CONSTRAINTS WHERE CONSTRAINT_SCHEMA = '{my_copy}' AND TABLE_NAME = 't{json:02}' AND CHECK_CLAUSE LIKE 'json_valid%'"
     ));
     assert_eq!(my_check.trim(), "1");
-    let mismatches = mismatches(&database, &pg_schema, &my_copy);
+    let mut mismatches = mismatches_of(&database, &pg_schema, &my_copy);
+    mismatches
+        .extend(mismatches_of(&database, &driver_pg, &driver_my).into_iter().map(|text| format!("driver: {text}")));
     assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 
@@ -325,7 +337,7 @@ fn every_edge_value_survives_the_change_stream() {
         let text = String::from_utf8_lossy(&output.stderr);
         assert!(!text.contains("ERROR") && !text.contains("panicked"), "{text}");
     }
-    let mismatches = mismatches(&database, &pg_schema, &my_copy);
+    let mismatches = mismatches_of(&database, &pg_schema, &my_copy);
     assert!(mismatches.is_empty(), "{} mismatches:\n{}", mismatches.len(), mismatches.join("\n"));
 }
 

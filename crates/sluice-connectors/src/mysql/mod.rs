@@ -6,6 +6,7 @@ mod ddl;
 mod gtid;
 mod sink;
 mod source;
+mod wire;
 
 use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
 use sluice_core::secret::{self, Secret};
@@ -16,7 +17,7 @@ pub use source::{default_server_id, MysqlSource, StreamOptions};
 
 /// Every session is pinned to UTC, so `TIMESTAMP` values arrive as UTC instants, and to
 /// utf8mb4, so text of any column charset arrives as UTF-8.
-const SESSION_SETUP: [&str; 3] =
+pub(super) const SESSION_SETUP: [&str; 3] =
     ["SET time_zone = '+00:00'", "SET NAMES utf8mb4", "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"];
 
 /// The connection options of a URL, sessions pinned as `SESSION_SETUP` says.
@@ -43,23 +44,53 @@ fn pool(url: &Secret, side: Side, connections: usize) -> Result<Pool, Error> {
 fn mysql_error(error: mysql_async::Error, side: Side, server: &str, doing: &str) -> Error {
     use mysql_async::Error as Driver;
     let (kind, hint) = match &error {
-        Driver::Server(server_error) => match server_error.code {
-            // Access denied (user or password; database).
-            1045 | 1044 | 1698 => (ErrorKind::Auth, Some(format!("check the user and password in {side}.url"))),
-            1142 | 1143 | 1227 => (ErrorKind::Auth, Some("grant the missing privilege to the user".to_owned())),
-            1146 | 1049 | 1054 => (ErrorKind::Schema, None),
-            // Deadlock, lock wait timeout, server shutting down, too many connections.
-            1213 | 1205 | 1053 | 1040 => (ErrorKind::Unavailable, None),
-            _ if side == Side::Source => (ErrorKind::Read, None),
-            _ => (ErrorKind::Write, None),
-        },
-        Driver::Io(_) => (ErrorKind::Connect, Some(format!("check that the server at {server} is up and reachable"))),
+        Driver::Server(server_error) => server_error_kind(server_error.code, side),
+        Driver::Io(_) => io_error_kind(server),
         Driver::Driver(_) if error.is_fatal() => (ErrorKind::Unavailable, None),
         Driver::Url(_) => (ErrorKind::Config, None),
-        _ if side == Side::Source => (ErrorKind::Read, None),
-        _ => (ErrorKind::Write, None),
+        _ => (read_or_write(side), None),
     };
-    let error = Error::new(kind, format!("{doing} on {server}: {error}")).on(side);
+    classified(kind, hint, format!("{doing} on {server}: {error}"), side)
+}
+
+/// Classifies an error of the lean reader as [`mysql_error`] does the driver's.
+fn wire_error(error: wire::WireError, side: Side, server: &str, doing: &str) -> Error {
+    use wire::WireError as Wire;
+    let (kind, hint) = match &error {
+        Wire::Server { code, .. } => server_error_kind(*code, side),
+        Wire::Io(_) => io_error_kind(server),
+        Wire::Unsupported(_) | Wire::Protocol(_) => (read_or_write(side), None),
+    };
+    classified(kind, hint, format!("{doing} on {server}: {error}"), side)
+}
+
+/// The kind of a server error code, and what to do about it.
+fn server_error_kind(code: u16, side: Side) -> (ErrorKind, Option<String>) {
+    match code {
+        // Access denied (user or password; database).
+        1045 | 1044 | 1698 => (ErrorKind::Auth, Some(format!("check the user and password in {side}.url"))),
+        1142 | 1143 | 1227 => (ErrorKind::Auth, Some("grant the missing privilege to the user".to_owned())),
+        1146 | 1049 | 1054 => (ErrorKind::Schema, None),
+        // Deadlock, lock wait timeout, server shutting down, too many connections.
+        1213 | 1205 | 1053 | 1040 => (ErrorKind::Unavailable, None),
+        _ => (read_or_write(side), None),
+    }
+}
+
+fn io_error_kind(server: &str) -> (ErrorKind, Option<String>) {
+    (ErrorKind::Connect, Some(format!("check that the server at {server} is up and reachable")))
+}
+
+fn read_or_write(side: Side) -> ErrorKind {
+    if side == Side::Source {
+        ErrorKind::Read
+    } else {
+        ErrorKind::Write
+    }
+}
+
+fn classified(kind: ErrorKind, hint: Option<String>, message: String, side: Side) -> Error {
+    let error = Error::new(kind, message).on(side);
     match hint {
         Some(hint) => error.hint(hint),
         None => error,

@@ -1,6 +1,7 @@
 //! Reading MySQL/MariaDB tables: discovery from information_schema, primary-key range splits,
 //! and keyset-paginated reads whose bounds the server compares in the key's own collation.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -15,7 +16,8 @@ use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::binlog::{BinlogChangeStream, LogPosition};
-use super::{decode, mysql_error, options, pool, quote, ColumnType};
+use super::wire::{WireConnection, WireError};
+use super::{decode, mysql_error, options, pool, quote, wire_error, ColumnType, SESSION_SETUP};
 
 const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
 
@@ -48,6 +50,9 @@ pub struct MysqlSource {
     filter: TableFilter,
     mode: Mode,
     stream: StreamOptions,
+    /// Whether snapshot reads go through the lean client (`wire`); cleared, for the rest of the
+    /// run, when it meets a connection it does not speak.
+    lean_reads: AtomicBool,
 }
 
 impl MysqlSource {
@@ -66,11 +71,28 @@ impl MysqlSource {
             filter,
             mode,
             stream,
+            lean_reads: AtomicBool::new(true),
         })
     }
 
     async fn connection(&self) -> Result<Conn> {
         self.pool.get_conn().await.map_err(|error| mysql_error(error, Side::Source, &self.server, "connect"))
+    }
+
+    /// A connection for reading a split: the lean client where it can connect, else one from
+    /// the driver's pool.
+    async fn read_connection(&self) -> Result<ReadConnection> {
+        if self.lean_reads.load(Ordering::Relaxed) {
+            match WireConnection::connect(&self.opts, &SESSION_SETUP).await {
+                Ok(connection) => return Ok(ReadConnection::Lean(Box::new(connection))),
+                Err(WireError::Unsupported(what)) => {
+                    log::info!("source {}: tables are read through the driver ({what})", self.server);
+                    self.lean_reads.store(false, Ordering::Relaxed);
+                }
+                Err(error) => return Err(wire_error(error, Side::Source, &self.server, "connect")),
+            }
+        }
+        Ok(ReadConnection::Driver(self.connection().await?))
     }
 
     fn error(&self, doing: &str) -> impl Fn(mysql_async::Error) -> Error + '_ {
@@ -295,7 +317,7 @@ impl Source for MysqlSource {
     }
 
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
-        let connection = self.connection().await?;
+        let connection = self.read_connection().await?;
         let after = match resume_after {
             Some(position) => Some(keys_from_json(position.0.get("key").unwrap_or(&serde_json::Value::Null))?),
             None => None,
@@ -673,8 +695,14 @@ impl MysqlSource {
     }
 }
 
+/// The connection a reader reads its split through.
+enum ReadConnection {
+    Lean(Box<WireConnection>),
+    Driver(Conn),
+}
+
 struct MysqlReader {
-    connection: Conn,
+    connection: ReadConnection,
     server: String,
     table: Arc<TableSchema>,
     /// The last key read (or the split's lower bound): the next batch starts strictly after it.
@@ -719,9 +747,20 @@ impl Reader for MysqlReader {
             return Ok(None);
         }
         let (sql, parameters) = self.statement();
-        let rows: Vec<Row> = self.connection.exec(sql, parameters).await.map_err(|error| {
-            mysql_error(error, Side::Source, &self.server, &format!("read table {}", self.table.name))
-        })?;
+        let doing = || format!("read table {}", self.table.name);
+        let rows: Vec<Vec<mysql_async::Value>> = match &mut self.connection {
+            ReadConnection::Lean(connection) => connection
+                .execute(&sql, &parameters)
+                .await
+                .map_err(|error| wire_error(error, Side::Source, &self.server, &doing()))?,
+            ReadConnection::Driver(connection) => connection
+                .exec::<Row, _, _>(sql, parameters)
+                .await
+                .map_err(|error| mysql_error(error, Side::Source, &self.server, &doing()))?
+                .into_iter()
+                .map(Row::unwrap)
+                .collect(),
+        };
         if rows.len() < self.batch_rows {
             self.finished = true;
         }
@@ -732,8 +771,7 @@ impl Reader for MysqlReader {
         let mut rejected = Vec::new();
         let mut last_key = Vec::new();
         let count = rows.len();
-        for (number, row) in rows.into_iter().enumerate() {
-            let raw = row.unwrap();
+        for (number, raw) in rows.into_iter().enumerate() {
             if number + 1 == count {
                 last_key = self.table.primary_key.iter().map(|&index| raw[index].clone()).collect();
             }
