@@ -2,6 +2,7 @@
 //! such a target the runner rejects the row or stores NULL, as the job says, and counts either.
 
 use crate::change::{key_text, Batch, ChangeKind, Rejected};
+use crate::schema::DataType;
 use crate::spec::ZeroDates;
 use crate::value::Value;
 
@@ -11,6 +12,10 @@ fn is_zero_date(value: &Value) -> bool {
         Value::DateTime(date_time) | Value::Timestamp(date_time) => date_time.date.is_zero_or_partial(),
         _ => false,
     }
+}
+
+fn holds_dates(data_type: &DataType) -> bool {
+    matches!(data_type, DataType::Date | DataType::DateTime { .. } | DataType::Timestamp { .. })
 }
 
 /// What the policy made of a batch.
@@ -25,8 +30,14 @@ pub struct Outcome {
 /// Applies the policy to the new images of a batch. Returns `None` when the batch holds no zero
 /// date, which is the common case and costs one scan.
 pub fn apply(batch: &Batch, policy: ZeroDates, target: &str) -> Option<Outcome> {
+    // Only date columns are looked at: the values of a table without any are not touched.
     let has_zero = batch.changes.iter().any(|change| match &change.kind {
-        ChangeKind::Insert { after } | ChangeKind::Update { after, .. } => after.iter().any(is_zero_date),
+        ChangeKind::Insert { after } | ChangeKind::Update { after, .. } => change
+            .table
+            .columns
+            .iter()
+            .zip(after)
+            .any(|(column, value)| holds_dates(&column.data_type) && is_zero_date(value)),
         ChangeKind::Delete { .. } => false,
     });
     if !has_zero {

@@ -695,6 +695,62 @@ impl MysqlSource {
     }
 }
 
+/// A batch's rows, decoded one by one as they are read.
+struct DecodedRows<'a> {
+    table: &'a Arc<TableSchema>,
+    changes: Vec<Change>,
+    rejected: Vec<Rejected>,
+    /// The key of the last row read, as the server sent it: the next batch starts after it.
+    last_key: Vec<mysql_async::Value>,
+    count: usize,
+    /// The approximate size of the changes' values ([`Change::approximate_size`]).
+    bytes: u64,
+}
+
+impl<'a> DecodedRows<'a> {
+    fn new(table: &'a Arc<TableSchema>, capacity: usize) -> DecodedRows<'a> {
+        DecodedRows {
+            table,
+            changes: Vec::with_capacity(capacity),
+            rejected: Vec::new(),
+            last_key: Vec::new(),
+            count: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Decodes a row read from the server, emptying `raw` (so its buffer can be reused). A value
+    /// that does not decode rejects its row, with the reason.
+    fn push(&mut self, raw: &mut Vec<mysql_async::Value>) {
+        self.count += 1;
+        self.last_key.clear();
+        self.last_key.extend(self.table.primary_key.iter().map(|&index| raw[index].clone()));
+        let mut values = Vec::with_capacity(raw.len());
+        let mut problem = None;
+        for (value, column) in raw.drain(..).zip(&self.table.columns) {
+            match decode(value, &column.data_type) {
+                Ok(value) => values.push(value),
+                Err(reason) => {
+                    problem.get_or_insert(format!("column {}: {reason}", column.name));
+                    values.push(Value::Null);
+                }
+            }
+        }
+        match problem {
+            None => {
+                self.bytes += values.iter().map(Value::approximate_size).sum::<usize>() as u64;
+                self.changes.push(Change::insert(self.table.clone(), values));
+            }
+            Some(reason) => self.rejected.push(Rejected {
+                table: self.table.name.to_string(),
+                key: key_text(self.table, &values),
+                reason: format!("source: {reason}"),
+                record: None,
+            }),
+        }
+    }
+}
+
 /// The connection a reader reads its split through.
 enum ReadConnection {
     Lean(Box<WireConnection>),
@@ -748,53 +804,29 @@ impl Reader for MysqlReader {
         }
         let (sql, parameters) = self.statement();
         let doing = || format!("read table {}", self.table.name);
-        let rows: Vec<Vec<mysql_async::Value>> = match &mut self.connection {
+        // Each row is decoded as it arrives, while its bytes are still in the cache.
+        let mut rows = DecodedRows::new(&self.table, self.batch_rows);
+        match &mut self.connection {
             ReadConnection::Lean(connection) => connection
-                .execute(&sql, &parameters)
+                .execute(&sql, &parameters, |raw| rows.push(raw))
                 .await
                 .map_err(|error| wire_error(error, Side::Source, &self.server, &doing()))?,
-            ReadConnection::Driver(connection) => connection
-                .exec::<Row, _, _>(sql, parameters)
-                .await
-                .map_err(|error| mysql_error(error, Side::Source, &self.server, &doing()))?
-                .into_iter()
-                .map(Row::unwrap)
-                .collect(),
-        };
-        if rows.len() < self.batch_rows {
-            self.finished = true;
-        }
-        if rows.is_empty() {
-            return Ok(None);
-        }
-        let mut changes = Vec::with_capacity(rows.len());
-        let mut rejected = Vec::new();
-        let mut last_key = Vec::new();
-        let count = rows.len();
-        for (number, raw) in rows.into_iter().enumerate() {
-            if number + 1 == count {
-                last_key = self.table.primary_key.iter().map(|&index| raw[index].clone()).collect();
-            }
-            let mut values = Vec::with_capacity(raw.len());
-            let mut problem = None;
-            for (value, column) in raw.into_iter().zip(&self.table.columns) {
-                match decode(value, &column.data_type) {
-                    Ok(value) => values.push(value),
-                    Err(reason) => {
-                        problem.get_or_insert(format!("column {}: {reason}", column.name));
-                        values.push(Value::Null);
-                    }
+            ReadConnection::Driver(connection) => {
+                let result: Vec<Row> = connection
+                    .exec(sql, parameters)
+                    .await
+                    .map_err(|error| mysql_error(error, Side::Source, &self.server, &doing()))?;
+                for row in result {
+                    rows.push(&mut row.unwrap());
                 }
             }
-            match problem {
-                None => changes.push(Change::insert(self.table.clone(), values)),
-                Some(reason) => rejected.push(Rejected {
-                    table: self.table.name.to_string(),
-                    key: key_text(&self.table, &values),
-                    reason: format!("source: {reason}"),
-                    record: None,
-                }),
-            }
+        }
+        let DecodedRows { changes, rejected, last_key, count, bytes, .. } = rows;
+        if count < self.batch_rows {
+            self.finished = true;
+        }
+        if count == 0 {
+            return Ok(None);
         }
         let key_json: Vec<serde_json::Value> = last_key
             .iter()
@@ -806,7 +838,7 @@ impl Reader for MysqlReader {
             })
             .collect();
         self.after = Some(last_key);
-        let mut batch = Batch::new(changes, Position(json!({"key": key_json})));
+        let mut batch = Batch::counted(changes, Position(json!({"key": key_json})), bytes);
         batch.rejected = rejected;
         Ok(Some(batch))
     }

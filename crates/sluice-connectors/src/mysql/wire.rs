@@ -262,9 +262,15 @@ impl WireConnection {
         }
     }
 
-    /// Runs `sql` (prepared once per connection) with `parameters` and returns its rows, each
-    /// value as mysql_async's binary protocol yields it.
-    pub(super) async fn execute(&mut self, sql: &str, parameters: &[My]) -> Result<Vec<Vec<My>>> {
+    /// Runs `sql` (prepared once per connection) with `parameters` and hands each row to
+    /// `row` as it is read, its values as mysql_async's binary protocol yields them. `row` may
+    /// empty the vector; it is reused for the next row.
+    pub(super) async fn execute(
+        &mut self,
+        sql: &str,
+        parameters: &[My],
+        mut row: impl FnMut(&mut Vec<My>),
+    ) -> Result<()> {
         let index = match self.statements.iter().position(|statement| statement.sql == sql) {
             Some(index) => index,
             None => self.prepare(sql).await?,
@@ -297,13 +303,17 @@ impl WireConnection {
             columns.push(column_definition(self.payload())?);
         }
         self.read_end_of_list().await?;
-        let mut rows = Vec::new();
+        let mut values = Vec::with_capacity(columns.len());
         loop {
             self.read_payload().await?;
             let payload = self.payload();
             match payload.first() {
-                Some(0x00) => rows.push(binary_row(payload, &columns)?),
-                Some(0xFE) if payload.len() < 9 => return Ok(rows),
+                Some(0x00) => {
+                    values.clear();
+                    binary_row(payload, &columns, &mut values)?;
+                    row(&mut values);
+                }
+                Some(0xFE) if payload.len() < 9 => return Ok(()),
                 Some(0xFF) => return Err(server_error(payload)),
                 _ => return protocol("a row of the binary protocol does not start with 0x00"),
             }
@@ -546,12 +556,11 @@ fn put_parameters(packet: &mut Vec<u8>, parameters: &[My]) {
 }
 
 /// A row of the binary protocol: 0x00, a NULL bitmap offset by two bits, then the values.
-fn binary_row(payload: &[u8], columns: &[Column]) -> Result<Vec<My>> {
+fn binary_row(payload: &[u8], columns: &[Column], values: &mut Vec<My>) -> Result<()> {
     let bitmap_length = (columns.len() + 9) / 8;
     let mut cursor = Cursor::new(payload);
     cursor.take(1)?;
     let nulls = cursor.take(bitmap_length)?;
-    let mut values = Vec::with_capacity(columns.len());
     for (index, column) in columns.iter().enumerate() {
         let bit = index + 2;
         if nulls[bit / 8] & (1 << (bit % 8)) != 0 {
@@ -629,7 +638,7 @@ fn binary_row(payload: &[u8], columns: &[Column]) -> Result<Vec<My>> {
         };
         values.push(value);
     }
-    Ok(values)
+    Ok(())
 }
 
 /// A length-encoded integer.
@@ -740,7 +749,8 @@ mod tests {
         row.extend_from_slice(&1.5f32.to_le_bytes());
         let columns =
             columns(&[(8, true), (3, false), (253, false), (11, false), (12, false), (253, false), (4, false)]);
-        let values = binary_row(&row, &columns).unwrap();
+        let mut values = Vec::new();
+        binary_row(&row, &columns, &mut values).unwrap();
         assert_eq!(
             values,
             vec![
@@ -753,13 +763,15 @@ mod tests {
                 My::Float(1.5),
             ]
         );
-        assert!(matches!(binary_row(&row[..row.len() - 1], &columns), Err(WireError::Protocol(_))));
+        let truncated = binary_row(&row[..row.len() - 1], &columns, &mut Vec::new());
+        assert!(matches!(truncated, Err(WireError::Protocol(_))));
     }
 
     #[test]
     fn zero_dates_and_short_forms_decode() {
         let row = [0x00, 0x00, 0, 4, 0xE8, 0x07, 1, 31];
-        let values = binary_row(&row, &columns(&[(10, false), (10, false)])).unwrap();
+        let mut values = Vec::new();
+        binary_row(&row, &columns(&[(10, false), (10, false)]), &mut values).unwrap();
         assert_eq!(values, vec![My::Date(0, 0, 0, 0, 0, 0, 0), My::Date(2024, 1, 31, 0, 0, 0, 0)]);
     }
 
