@@ -395,15 +395,27 @@ fn loadable(table: &TableSchema) -> bool {
 /// feeds, `\N` for NULL, and backslash escapes for backslash, tab, line feed and NUL.
 fn encode_load_data(table: &TableSchema, rows: &[&Row], output: &mut Vec<u8>) {
     fn escaped(bytes: &[u8], output: &mut Vec<u8>) {
-        for &byte in bytes {
-            match byte {
-                b'\\' => output.extend_from_slice(b"\\\\"),
-                b'\t' => output.extend_from_slice(b"\\t"),
-                b'\n' => output.extend_from_slice(b"\\n"),
-                0 => output.extend_from_slice(b"\\0"),
-                byte => output.push(byte),
-            }
+        // Most values need no escape: a branch-free scan (which the compiler vectorizes) finds
+        // out before the byte-by-byte pass.
+        let special = bytes.iter().fold(false, |found, &byte| found | matches!(byte, b'\\' | b'\t' | b'\n' | 0));
+        if !special {
+            output.extend_from_slice(bytes);
+            return;
         }
+        let mut start = 0;
+        for (index, &byte) in bytes.iter().enumerate() {
+            let escape: &[u8] = match byte {
+                b'\\' => b"\\\\",
+                b'\t' => b"\\t",
+                b'\n' => b"\\n",
+                0 => b"\\0",
+                _ => continue,
+            };
+            output.extend_from_slice(&bytes[start..index]);
+            output.extend_from_slice(escape);
+            start = index + 1;
+        }
+        output.extend_from_slice(&bytes[start..]);
     }
     for row in rows {
         for (index, value) in row.iter().enumerate() {
@@ -418,6 +430,8 @@ fn encode_load_data(table: &TableSchema, rows: &[&Row], output: &mut Vec<u8>) {
                 Value::Timestamp(date_time) => output.extend_from_slice(date_time.to_string().as_bytes()),
                 // Text `0` is the year 2000 to YEAR; the stored zero year is `0000`.
                 Value::Int(0) if table.columns[index].data_type == DataType::Year => output.extend_from_slice(b"0000"),
+                Value::Int(value) => output.extend_from_slice(itoa::Buffer::new().format(*value).as_bytes()),
+                Value::UInt(value) => output.extend_from_slice(itoa::Buffer::new().format(*value).as_bytes()),
                 other => escaped(other.to_string().as_bytes(), output),
             }
         }
@@ -688,4 +702,49 @@ pub(super) async fn commit_with_checkpoint(
         Err(error) => Err(error),
     };
     committed.map_err(|error| mysql_error(error, Side::Target, server, "commit"))
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::{Column, TableName};
+
+    use super::*;
+
+    #[test]
+    fn load_data_text_escapes_exactly_what_the_format_reads_specially() {
+        let column = |name: &str, data_type| Column {
+            name: name.into(),
+            data_type,
+            nullable: true,
+            native_type: String::new(),
+            collation: None,
+        };
+        let table = TableSchema {
+            name: TableName::parse("t"),
+            columns: vec![
+                column("id", DataType::Integer { bytes: 8, unsigned: false }),
+                column("big", DataType::Integer { bytes: 8, unsigned: true }),
+                column("year", DataType::Year),
+                column("note", DataType::Text { length: None, fixed: false }),
+                column("raw", DataType::Bytes { length: None, fixed: false }),
+            ],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+        };
+        let rows = [
+            vec![
+                Value::Int(i64::MIN),
+                Value::UInt(u64::MAX),
+                Value::Int(0),
+                Value::Text("tab\there\\ line\nend".into()),
+                Value::Bytes(vec![0, b'a', b'\\']),
+            ],
+            vec![Value::Int(7), Value::Null, Value::Int(1999), Value::Text("plain é".into()), Value::Bytes(Vec::new())],
+        ];
+        let mut output = Vec::new();
+        encode_load_data(&table, &rows.iter().collect::<Vec<_>>(), &mut output);
+        let expected = "-9223372036854775808\t18446744073709551615\t0000\ttab\\there\\\\ line\\nend\t\\0a\\\\\n\
+                        7\t\\N\t1999\tplain é\t\n";
+        assert_eq!(String::from_utf8(output).unwrap(), expected);
+    }
 }
