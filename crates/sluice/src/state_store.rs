@@ -124,14 +124,17 @@ impl StateStore for SqliteStateStore {
 
     fn save_checkpoint(&self, job: &str, checkpoint: &Checkpoint) -> Result<()> {
         let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+        // Saved after every batch: the statement is prepared once per connection.
         self.connection()
-            .execute(
+            .prepare_cached(
                 "INSERT INTO checkpoints (job, task, position, done, rows_written, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, strftime('%Y-%m-%dT%H:%M:%fZ'))
                  ON CONFLICT (job, task) DO UPDATE SET position = excluded.position, done = excluded.done,
                      rows_written = excluded.rows_written, updated_at = excluded.updated_at
                  WHERE excluded.rows_written >= checkpoints.rows_written",
-                params![job, checkpoint.task, position, checkpoint.done, checkpoint.rows_written],
             )
+            .and_then(|mut statement| {
+                statement.execute(params![job, checkpoint.task, position, checkpoint.done, checkpoint.rows_written])
+            })
             .map_err(|error| state_error("cannot save a checkpoint", error))?;
         Ok(())
     }
