@@ -235,6 +235,12 @@ total=$total_sbtest; bytes=$bytes_sbtest
 # --- report ---------------------------------------------------------------------------------
 python3 - "$results" "$tables" "$rows" <<'PY' | tee "$out/snapshot-$stamp.md"
 import json, sys
+
+def cell(text):
+    """A Markdown table cell: a pipe in a tool's name (`mariadb-dump | mariadb`) is escaped."""
+    return str(text).replace("|", "\\|")
+
+
 runs = [json.loads(line) for line in open(sys.argv[1])]
 by = {run["name"]: run for run in runs}
 limit_read = next((r["wall"] for r in runs if r["kind"] == "limit-read" and "failed" not in r), None)
@@ -254,12 +260,12 @@ for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL"), (
     print("| tool | × sluice's time | × physical limit | × (read + load) | wall s | rows/s | MB/s | tool CPU s | rows per tool CPU-s | peak RSS MB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in (r for r in runs if r["kind"] == kind and "failed" in r):
-        print(f"| {r['name']} | failed: {r['failed']} | | | | | | | | |")
+        print(f"| {cell(r['name'])} | failed: {cell(r['failed'])} | | | | | | | | |")
     for r in sorted((r for r in runs if r["kind"] == kind and "failed" not in r), key=lambda r: r["wall"]):
         vs = f"{r['wall'] / sluice['wall']:.2f}" if sluice else "-"
         vl = f"{r['wall'] / physical:.2f}" if physical else "-"
         vs_summed = f"{r['wall'] / summed:.2f}" if summed else "-"
         cpu = r["cpu"] or 0.001
-        print(f"| {r['name']} | {vs} | {vl} | {vs_summed} | {r['wall']:.2f} | {r['rows'] / r['wall']:,.0f} | {r['bytes'] / r['wall'] / 1e6:,.1f} | {r['cpu']:.2f} | {r['rows'] / cpu:,.0f} | {r['rss_kb'] / 1024:,.0f} |")
+        print(f"| {cell(r['name'])} | {vs} | {vl} | {vs_summed} | {r['wall']:.2f} | {r['rows'] / r['wall']:,.0f} | {r['bytes'] / r['wall'] / 1e6:,.1f} | {r['cpu']:.2f} | {r['rows'] / cpu:,.0f} | {r['rss_kb'] / 1024:,.0f} |")
     print()
 PY
