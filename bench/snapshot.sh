@@ -80,12 +80,26 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 results="$out/snapshot-$stamp.jsonl"
 : > "$results"
 
+# settle: waits (at most 2 minutes) until MariaDB has written back the pages the previous tool
+# dirtied, so that no tool pays for the one before it.
+settle() {
+  $my -e "SET GLOBAL innodb_max_dirty_pages_pct_lwm = 0, GLOBAL innodb_max_dirty_pages_pct = 0"
+  local dirty
+  for _ in $(seq 1 240); do
+    dirty=$($my -N -e "SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'INNODB_BUFFER_POOL_PAGES_DIRTY'")
+    if [[ $dirty -lt 100 ]]; then return; fi
+    sleep 0.5
+  done
+  echo "MariaDB still has $dirty dirty pages after 2 minutes; measuring anyway" >&2
+}
+
 # measure NAME KIND COMMAND...: times the command, appends a JSON line.
 measure() {
   local name=$1 kind=$2
   shift 2
   # --only keeps the physical limit, which every ratio needs.
   if [[ -n "$only" && "$name" != *"$only"* && "$kind" != limit-* ]]; then return; fi
+  settle
   echo "running $name" >&2
   local timing
   timing=$(mktemp)
@@ -106,7 +120,9 @@ measure() {
     "$name" "$kind" "$total" "$bytes" "$wall" "$(awk "BEGIN{print $user + $system}")" "$rss" >> "$results"
 }
 
-fresh_pg() { $pg -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "DROP SCHEMA IF EXISTS sluice CASCADE" >/dev/null 2>&1; }
+# Before each tool: its target schema dropped, and a CHECKPOINT, so no tool pays for the WAL of
+# the one before it.
+fresh_pg() { $pg -c "DROP SCHEMA IF EXISTS $1 CASCADE" -c "DROP SCHEMA IF EXISTS sluice CASCADE" -c "CHECKPOINT" >/dev/null 2>&1; }
 fresh_my() { $my -e "DROP DATABASE IF EXISTS $1; DROP DATABASE IF EXISTS sluice"; }
 
 # --- the physical limit -------------------------------------------------------------------
@@ -128,11 +144,9 @@ copy_all() {
   done
 }
 measure "limit: PostgreSQL COPY from a file" limit-pg copy_all
-fresh_my limit_my
-$my -e "CREATE DATABASE limit_my"
-for t in $(seq 1 "$tables"); do $my -e "CREATE TABLE limit_my.sbtest$t LIKE sbtest.sbtest$t"; done
-load_all() { for t in $(seq 1 "$tables"); do $my --local-infile=1 -e "LOAD DATA LOCAL INFILE '$export_dir/sbtest$t.tsv' INTO TABLE limit_my.sbtest$t"; done; }
-measure "limit: MariaDB LOAD DATA from a file" limit-my load_all
+# Every copy is dropped as soon as it is measured, so its background work (autovacuum) does
+# not run under the next tool.
+fresh_pg limit_pg
 
 # --- MySQL -> PostgreSQL --------------------------------------------------------------------
 # job NAME TYPE URL NAMESPACE [DATABASE]: a job file copying DATABASE (sbtest) into a target.
@@ -156,7 +170,7 @@ EOF
 fresh_pg sluice_pg
 measure "sluice MySQL→PostgreSQL" pg "$sluice" run "$(job bench-pg postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg"
 # Both servers keep their data on tmpfs: each copy is dropped once measured.
-fresh_pg sluice_pg; fresh_pg limit_pg
+fresh_pg sluice_pg
 fresh_pg sling_pg
 sling_pg() {
   for t in $(seq 1 "$tables"); do
@@ -188,9 +202,17 @@ measure "sluice MySQL→Parquet" parquet "$sluice" run "$(job bench-parquet parq
 rm -rf "$base/lake-bench-parquet"
 
 # --- MySQL -> MySQL -------------------------------------------------------------------------
+# The MariaDB limit is measured here, after every PostgreSQL target: writing 4 M rows leaves
+# MariaDB flushing pages for a while, under whatever runs next.
+fresh_my limit_my
+$my -e "CREATE DATABASE limit_my"
+for t in $(seq 1 "$tables"); do $my -e "CREATE TABLE limit_my.sbtest$t LIKE sbtest.sbtest$t"; done
+load_all() { for t in $(seq 1 "$tables"); do $my --local-infile=1 -e "LOAD DATA LOCAL INFILE '$export_dir/sbtest$t.tsv' INTO TABLE limit_my.sbtest$t"; done; }
+measure "limit: MariaDB LOAD DATA from a file" limit-my load_all
+fresh_my limit_my
 fresh_my sluice_my
 measure "sluice MySQL→MySQL" my "$sluice" run "$(job bench-my mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my"
-fresh_my sluice_my; fresh_my limit_my; rm -rf "$export_dir"
+fresh_my sluice_my; rm -rf "$export_dir"
 fresh_my dump_my
 dump_pipe() {
   $my -e "CREATE DATABASE dump_my"

@@ -127,7 +127,8 @@ pub(super) struct WireConnection {
 
 impl WireConnection {
     /// Connects, authenticates and runs `setup` (statements without results). Returns
-    /// `Unsupported` for what this client does not speak, before sending a password.
+    /// `Unsupported` for what this client does not speak; TLS, a socket or compression are
+    /// refused before connecting. The password itself is never sent, only its scramble.
     pub(super) async fn connect(opts: &Opts, setup: &[&str]) -> Result<WireConnection> {
         if opts.ssl_opts().is_some() {
             return Err(WireError::Unsupported("TLS".into()));
