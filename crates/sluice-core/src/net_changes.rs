@@ -218,13 +218,7 @@ mod tests {
     use crate::value::Value;
 
     fn table() -> Arc<TableSchema> {
-        let column = |name: &str| Column {
-            name: name.into(),
-            data_type: DataType::Integer { bytes: 8, unsigned: false },
-            nullable: false,
-            native_type: String::new(),
-            collation: None,
-        };
+        let column = |name: &str| Column::new(name, DataType::Integer { bytes: 8, unsigned: false }, false);
         Arc::new(TableSchema {
             name: TableName::parse("db.t"),
             columns: vec![column("id"), column("v")],

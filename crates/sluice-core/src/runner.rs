@@ -521,13 +521,7 @@ mod tests {
     fn table() -> Arc<TableSchema> {
         Arc::new(TableSchema {
             name: TableName::parse("t"),
-            columns: vec![Column {
-                name: "id".into(),
-                data_type: DataType::Integer { bytes: 8, unsigned: false },
-                nullable: false,
-                native_type: String::new(),
-                collation: None,
-            }],
+            columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
             primary_key: vec![0],
             indexes: Vec::new(),
         })

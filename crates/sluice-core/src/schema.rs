@@ -101,6 +101,14 @@ pub struct Column {
     pub collation: Option<String>,
 }
 
+impl Column {
+    /// A column known only by its name and type: no source type name, no collation (columns
+    /// read from files, and tables built by tests).
+    pub fn new(name: impl Into<String>, data_type: DataType, nullable: bool) -> Column {
+        Column { name: name.into(), data_type, nullable, native_type: String::new(), collation: None }
+    }
+}
+
 /// A table's shape: its columns in order and the positions of its primary-key columns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableSchema {
@@ -180,13 +188,7 @@ mod tests {
 
     #[test]
     fn column_changes_rename_first_and_replay_as_no_ops() {
-        let column = |name: &str| Column {
-            name: name.into(),
-            data_type: DataType::Integer { bytes: 8, unsigned: false },
-            nullable: true,
-            native_type: String::new(),
-            collation: None,
-        };
+        let column = |name: &str| Column::new(name, DataType::Integer { bytes: 8, unsigned: false }, true);
         let table = TableSchema {
             name: TableName::parse("db.t"),
             columns: vec![column("id"), column("a2"), column("b"), column("new")],

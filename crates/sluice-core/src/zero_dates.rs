@@ -106,13 +106,7 @@ mod tests {
     use crate::value::Date;
 
     fn batch() -> Batch {
-        let column = |name: &str, nullable| Column {
-            name: name.into(),
-            data_type: DataType::Date,
-            nullable,
-            native_type: String::new(),
-            collation: None,
-        };
+        let column = |name: &str, nullable| Column::new(name, DataType::Date, nullable);
         let table = Arc::new(TableSchema {
             name: TableName::parse("d.t"),
             columns: vec![column("a", true), column("b", false)],

@@ -16,13 +16,7 @@ use support::{mariadb, mysql_url, postgres_url, psql, unique_name};
 fn table(namespace: &str) -> Arc<TableSchema> {
     Arc::new(TableSchema {
         name: TableName::new(Some(namespace), "fenced"),
-        columns: vec![Column {
-            name: "id".into(),
-            data_type: DataType::Integer { bytes: 8, unsigned: false },
-            nullable: false,
-            native_type: String::new(),
-            collation: None,
-        }],
+        columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
         primary_key: vec![0],
         indexes: Vec::new(),
     })

@@ -267,13 +267,7 @@ mod tests {
     use super::*;
 
     fn table() -> TableSchema {
-        let column = |name: &str, data_type| Column {
-            name: name.into(),
-            data_type,
-            nullable: true,
-            native_type: String::new(),
-            collation: None,
-        };
+        let column = |name: &str, data_type| Column::new(name, data_type, true);
         TableSchema {
             name: TableName::parse("t"),
             columns: vec![

@@ -276,13 +276,6 @@ impl FileSource {
             schema.name = name.clone();
             return Ok(schema);
         }
-        let text_column = |name: String, data_type: DataType| Column {
-            name,
-            data_type,
-            nullable: true,
-            native_type: String::new(),
-            collation: None,
-        };
         let mut columns = Vec::new();
         if let Some(first) = files.first() {
             let file = File::open(first)
@@ -296,7 +289,7 @@ impl FileSource {
                     columns = header
                         .unwrap_or_default()
                         .into_iter()
-                        .map(|field| text_column(field.text, DataType::Text { length: None, fixed: false }))
+                        .map(|field| Column::new(field.text, DataType::Text { length: None, fixed: false }, true))
                         .collect();
                 }
                 Format::Jsonl => {
@@ -305,8 +298,10 @@ impl FileSource {
                         .read_line(&mut line)
                         .map_err(|error| io_error(Side::Source, format!("read {}", first.display()), error))?;
                     if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(&line) {
-                        columns =
-                            object.into_iter().map(|(key, value)| text_column(key, inferred_type(&value))).collect();
+                        columns = object
+                            .into_iter()
+                            .map(|(key, value)| Column::new(key, inferred_type(&value), true))
+                            .collect();
                     }
                 }
             }

@@ -712,13 +712,7 @@ mod tests {
 
     #[test]
     fn load_data_text_escapes_exactly_what_the_format_reads_specially() {
-        let column = |name: &str, data_type| Column {
-            name: name.into(),
-            data_type,
-            nullable: true,
-            native_type: String::new(),
-            collation: None,
-        };
+        let column = |name: &str, data_type| Column::new(name, data_type, true);
         let table = TableSchema {
             name: TableName::parse("t"),
             columns: vec![
