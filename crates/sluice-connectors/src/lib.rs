@@ -40,7 +40,10 @@ const FILE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables", "d
 const PARQUET_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
 const SQLITE_SOURCE: &[&str] = &["type", "path", "tables"];
 const SQLITE_TARGET: &[&str] = &["type", "path", "write_mode", "create_tables"];
-const MYSQL_SOURCE: &[&str] = &["type", "url", "tables", "start_position", "server_id"];
+const MYSQL_SOURCE: &[&str] = &["type", "url", "tables", "start_position", "server_id", "read_timeout_secs"];
+/// How long a snapshot read waits for the MySQL source's next bytes by default: far longer
+/// than a primary-key range read is ever silent, far shorter than forever.
+const MYSQL_READ_TIMEOUT_SECS: u64 = 120;
 const SERVER_TARGET: &[&str] = &["type", "url", "write_mode", "create_tables", "namespace"];
 
 const CONNECTORS: &[Connector] = &[
@@ -200,6 +203,11 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ));
             }
         }
+        if let Some(node) = endpoint.options.get("read_timeout_secs") {
+            if read_timeout_secs(node).is_none() {
+                errors.push(endpoint.error("read_timeout_secs", "expected a whole number of seconds from 1 to 86400"));
+            }
+        }
         if !is_source && endpoint.write_mode == WriteMode::Upsert && !connector.upsert {
             errors.push(endpoint.error(
                 "write_mode",
@@ -251,6 +259,13 @@ fn server_id(node: &sluice_core::spec::Node) -> Option<u32> {
     }
 }
 
+fn read_timeout_secs(node: &sluice_core::spec::Node) -> Option<u64> {
+    match &node.kind {
+        NodeKind::Scalar { text, .. } => text.parse::<u64>().ok().filter(|secs| (1..=86_400).contains(secs)),
+        _ => None,
+    }
+}
+
 /// Builds the source of a validated job.
 pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
     let endpoint = &job.source;
@@ -281,6 +296,13 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
                     .unwrap_or_else(|| mysql::default_server_id(&job.name)),
                 batch_rows: job.limits.batch_rows,
             },
+            std::time::Duration::from_secs(
+                endpoint
+                    .options
+                    .get("read_timeout_secs")
+                    .and_then(read_timeout_secs)
+                    .unwrap_or(MYSQL_READ_TIMEOUT_SECS),
+            ),
         )?)),
         other => Err(Error::config(format!("source.type: `{other}` is not available as a source in this build"))),
     }

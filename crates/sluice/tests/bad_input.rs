@@ -271,6 +271,22 @@ fn change_capture_is_refused_where_a_side_cannot_do_it() {
 }
 
 #[test]
+fn a_read_timeout_out_of_range_is_refused_with_its_field() {
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        "name: x\nsource:\n  type: mysql\n  url: mysql://u@h\n  tables: [\"d.*\"]\n  read_timeout_secs: 0\ntarget:\n  type: postgres\n  url: postgres://u@h/d\n",
+    );
+    let run = workspace.sluice(&["check", job.to_str().unwrap()]);
+    run.assert_code(2);
+    assert!(
+        run.stderr.contains("source.read_timeout_secs (line 6): expected a whole number of seconds from 1 to 86400"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
 fn missing_replication_privileges_are_named_by_check() {
     let database = unique_name("replgrants");
     let user = unique_name("noslave");

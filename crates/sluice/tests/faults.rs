@@ -102,6 +102,51 @@ async fn connections_reset_mid_copy_on_both_sides_are_retried_without_loss_or_du
     assert!(target_proxy.connections() > 4 && source_proxy.connections() > 2, "connections were re-opened");
 }
 
+/// The source goes silent in the middle of a snapshot read (no data, no TCP error): the read is
+/// given up after `read_timeout_secs`, the split is read again from its checkpoint, and the copy
+/// ends exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_silent_mid_snapshot_is_given_up_and_read_again() {
+    let database = unique_name("quiet");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.numbers (id INT PRIMARY KEY, v INT NOT NULL);
+         INSERT INTO {database}.numbers SELECT seq, seq * 7 FROM {database}.seq_1_to_20000;"
+    ));
+    let source_proxy = Proxy::start(address_of(&mysql_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n  read_timeout_secs: 1\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\nlimits: {{split_rows: 5000, batch_rows: 500, rows_per_sec: 5000}}\nretry: {{max_attempts: 50, initial_backoff_ms: 20, max_backoff_ms: 200}}\n"
+        ),
+    );
+    let mut command = workspace.command(&["run", job.to_str().unwrap()]);
+    command.env("SOURCE", through(&mysql_url(), &source_proxy)).env("TARGET", postgres_url());
+    let mut child = tokio::task::spawn_blocking(move || Run::from(command.output().unwrap()));
+
+    until_committed(&job_name, 4_000, &mut child).await;
+    let before = source_proxy.connections();
+    source_proxy.set(Fault::Stall);
+    // The silent reads are given up and the splits retried on new connections.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while source_proxy.connections() <= before {
+        assert!(tokio::time::Instant::now() < deadline, "no new connection after the source went silent");
+        assert!(!child.is_finished(), "the run ended while the source was silent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    source_proxy.set(Fault::None);
+
+    let run = child.await.unwrap();
+    run.assert_code(0);
+    assert!(run.stderr.contains("the server sent nothing for 1 s"), "the silence was named:\n{}", run.stderr);
+    assert_eq!(
+        psql(&format!("SELECT count(*), count(DISTINCT id), sum(v) FROM {database}.numbers")).trim(),
+        format!("20000|20000|{}", 7 * 20_000u64 * 20_001 / 2)
+    );
+    assert_eq!(committed(&job_name), 20_000, "every row committed exactly once");
+}
+
 /// The binlog connection is reset in the middle of one large source transaction: the stream
 /// reconnects at the last transaction boundary, and a sampler on the target sees the
 /// transaction either not at all or whole, then exactly once.

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
@@ -53,6 +54,8 @@ pub struct MysqlSource {
     /// Whether snapshot reads go through the lean client (`wire`); cleared, for the rest of the
     /// run, when it meets a connection it does not speak.
     lean_reads: AtomicBool,
+    /// How long a snapshot read through the lean client waits for the server's next bytes.
+    read_timeout: Duration,
 }
 
 impl MysqlSource {
@@ -63,6 +66,7 @@ impl MysqlSource {
         mode: Mode,
         connections: usize,
         stream: StreamOptions,
+        read_timeout: Duration,
     ) -> Result<MysqlSource> {
         Ok(MysqlSource {
             pool: pool(url, Side::Source, connections + 1)?,
@@ -72,6 +76,7 @@ impl MysqlSource {
             mode,
             stream,
             lean_reads: AtomicBool::new(true),
+            read_timeout,
         })
     }
 
@@ -83,7 +88,7 @@ impl MysqlSource {
     /// the driver's pool.
     async fn read_connection(&self) -> Result<ReadConnection> {
         if self.lean_reads.load(Ordering::Relaxed) {
-            match WireConnection::connect(&self.opts, &SESSION_SETUP).await {
+            match WireConnection::connect(&self.opts, &SESSION_SETUP, self.read_timeout).await {
                 Ok(connection) => return Ok(ReadConnection::Lean(Box::new(connection))),
                 Err(WireError::Unsupported(what)) => {
                     log::info!("source {}: tables are read through the driver ({what})", self.server);

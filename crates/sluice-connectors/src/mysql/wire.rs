@@ -16,6 +16,7 @@
 
 use std::io;
 use std::ops::Range;
+use std::time::Duration;
 
 use mysql_async::{Opts, Value as My};
 use sha1::Sha1;
@@ -123,13 +124,19 @@ pub(super) struct WireConnection {
     sequence: u8,
     /// Statements prepared on this connection (a reader uses two at most).
     statements: Vec<Statement>,
+    /// How long a read may wait for the server's next bytes before the connection is given up.
+    silence: Duration,
 }
 
 impl WireConnection {
     /// Connects, authenticates and runs `setup` (statements without results). Returns
     /// `Unsupported` for what this client does not speak; TLS, a socket or compression are
     /// refused before connecting. The password itself is never sent, only its scramble.
-    pub(super) async fn connect(opts: &Opts, setup: &[&str]) -> Result<WireConnection> {
+    ///
+    /// Whenever the connection waits for the server (connecting included) and nothing comes
+    /// for `silence`, it fails with a timed-out `Io` error: a server or network gone quiet
+    /// mid-read is an error to retry, not a read that waits forever.
+    pub(super) async fn connect(opts: &Opts, setup: &[&str], silence: Duration) -> Result<WireConnection> {
         if opts.ssl_opts().is_some() {
             return Err(WireError::Unsupported("TLS".into()));
         }
@@ -139,7 +146,9 @@ impl WireConnection {
         if opts.compression().is_some() {
             return Err(WireError::Unsupported("compression".into()));
         }
-        let stream = TcpStream::connect((opts.ip_or_hostname(), opts.tcp_port())).await?;
+        let stream = tokio::time::timeout(silence, TcpStream::connect((opts.ip_or_hostname(), opts.tcp_port())))
+            .await
+            .map_err(|_| silent(silence))??;
         stream.set_nodelay(true)?;
         let mut connection = WireConnection {
             stream,
@@ -150,6 +159,7 @@ impl WireConnection {
             payload: Payload::Buffered(0..0),
             sequence: 0,
             statements: Vec::new(),
+            silence,
         };
         connection.authenticate(opts).await?;
         for statement in setup {
@@ -432,7 +442,9 @@ impl WireConnection {
             if self.buffer.len() < needed {
                 self.buffer.resize(needed, 0);
             }
-            let read = self.stream.read(&mut self.buffer[self.end..]).await?;
+            let read = tokio::time::timeout(self.silence, self.stream.read(&mut self.buffer[self.end..]))
+                .await
+                .map_err(|_| silent(self.silence))??;
             if read == 0 {
                 return Err(WireError::Io(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -454,6 +466,14 @@ impl Drop for WireConnection {
 }
 
 /// The answer to the server's scramble for an authentication plugin.
+/// The error of a server that sent nothing for `silence`.
+fn silent(silence: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("the server sent nothing for {} s (source.read_timeout_secs)", silence.as_secs()),
+    )
+}
+
 fn auth_response(plugin: &str, password: &str, scramble: &[u8]) -> Result<Vec<u8>> {
     if password.is_empty() {
         return Ok(Vec::new());
