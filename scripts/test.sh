@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs what is missing, starts
-# hermetic MariaDB and PostgreSQL servers (own temp dirs and ports, see scripts/testdb), runs the
+# hermetic MariaDB and PostgreSQL servers (own temp dirs and ports, see scripts/testdb; a second
+# pair that accepts only TLS), runs the
 # lints and every test against them, and stops the servers whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,8 +13,11 @@ scripts/testdb install
 
 base=$(mktemp -d /dev/shm/sluice-test.XXXXXX 2>/dev/null || mktemp -d /tmp/sluice-test.XXXXXX)
 cleanup() {
-  scripts/testdb stop mariadb "$base/mariadb" >/dev/null 2>&1 || true
-  scripts/testdb stop postgres "$base/postgres" >/dev/null 2>&1 || true
+  local server
+  for server in mariadb postgres; do
+    scripts/testdb stop "$server" "$base/$server" >/dev/null 2>&1 || true
+    scripts/testdb stop "$server" "$base/$server-tls" >/dev/null 2>&1 || true
+  done
   rm -rf "$base"
 }
 trap cleanup EXIT
@@ -23,7 +27,16 @@ postgres_url=$(scripts/testdb start postgres "$base/postgres")
 export SLUICE_TEST_MYSQL_URL=${mysql_url#URL=}
 export SLUICE_TEST_POSTGRES_URL=${postgres_url#URL=}
 export SLUICE_TEST_MYSQL_SOCKET="$base/mariadb/mysql.sock"
-echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on port $(cat "$base/postgres/port")"
+# A second pair that accepts TLS connections only, with certificates made now (tests/tls.rs).
+scripts/testdb certs "$base/certs"
+mysql_tls_url=$(scripts/testdb start mariadb "$base/mariadb-tls" --tls "$base/certs")
+postgres_tls_url=$(scripts/testdb start postgres "$base/postgres-tls" --tls "$base/certs")
+export SLUICE_TEST_TLS_DIR="$base/certs"
+export SLUICE_TEST_MYSQL_TLS_URL=${mysql_tls_url#URL=}
+export SLUICE_TEST_POSTGRES_TLS_URL=${postgres_tls_url#URL=}
+export SLUICE_TEST_MYSQL_TLS_SOCKET="$base/mariadb-tls/mysql.sock"
+echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on port $(cat "$base/postgres/port");" \
+  "TLS only: MariaDB on port $(cat "$base/mariadb-tls/port"), PostgreSQL on port $(cat "$base/postgres-tls/port")"
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -11,6 +11,7 @@ pub mod parquet;
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +20,27 @@ use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
 use sluice_core::{Error, Result};
+
+/// Refuses names a target cannot hold as they are, all of them in one error: a target that
+/// truncated them (PostgreSQL does, with only a notice) could merge two names into one.
+pub(crate) fn refuse_long_names<'a>(
+    tables: impl IntoIterator<Item = &'a sluice_core::TableSchema>,
+    limit: usize,
+    unit: &str,
+    length: impl Fn(&str) -> usize + Copy,
+    target: &str,
+) -> Result<()> {
+    let long: Vec<String> = tables.into_iter().flat_map(|table| table.names_longer_than(limit, length)).collect();
+    if long.is_empty() {
+        return Ok(());
+    }
+    Err(Error::new(
+        sluice_core::ErrorKind::Schema,
+        format!("{target} names are at most {limit} {unit}; these are longer: {}", long.join(", ")),
+    )
+    .on(sluice_core::Side::Target)
+    .hint("rename them in the source, or choose a shorter target `namespace`; sluice does not shorten names"))
+}
 
 /// A connector type a job may name, what it can be, and the fields it takes on each side.
 struct Connector {

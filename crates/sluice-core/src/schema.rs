@@ -138,6 +138,61 @@ impl TableSchema {
     pub fn primary_key_names(&self) -> Vec<&str> {
         self.primary_key.iter().map(|&index| self.columns[index].name.as_str()).collect()
     }
+
+    /// This table's names (namespace, table, columns) that are longer than `limit` as `length`
+    /// measures them, each described with its length.
+    pub fn names_longer_than(&self, limit: usize, length: impl Fn(&str) -> usize) -> Vec<String> {
+        let mut long = Vec::new();
+        let mut check = |what: String, name: &str| {
+            if length(name) > limit {
+                long.push(format!("{what} ({})", length(name)));
+            }
+        };
+        if let Some(namespace) = &self.name.namespace {
+            check(format!("schema `{namespace}`"), namespace);
+        }
+        check(format!("table `{}`", self.name), &self.name.name);
+        for column in &self.columns {
+            check(format!("column `{}` of {}", column.name, self.name), &column.name);
+        }
+        long
+    }
+
+    /// What makes this schema unusable, every problem at once: a key or index naming a column
+    /// that does not exist, a column named twice, no columns. Schemas read from files are
+    /// checked with this before anything indexes into `columns`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.columns.is_empty() {
+            problems.push("it has no columns".to_owned());
+        }
+        let count = self.columns.len();
+        for (position, index) in self.primary_key.iter().enumerate() {
+            if *index >= count {
+                problems.push(format!(
+                    "primary_key[{position}] is {index}, but the columns are numbered 0 to {}",
+                    count.saturating_sub(1)
+                ));
+            }
+        }
+        for index in &self.indexes {
+            for (position, column) in index.columns.iter().enumerate() {
+                if *column >= count {
+                    problems.push(format!(
+                        "index {}: columns[{position}] is {column}, but the columns are numbered 0 to {}",
+                        index.name,
+                        count.saturating_sub(1)
+                    ));
+                }
+            }
+        }
+        for (position, column) in self.columns.iter().enumerate() {
+            if self.columns[..position].iter().any(|earlier| earlier.name == column.name) {
+                problems.push(format!("column `{}` is named twice", column.name));
+            }
+        }
+        problems
+    }
 }
 
 /// One step that brings a target table's columns to a source table's new schema.

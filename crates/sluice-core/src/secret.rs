@@ -55,20 +55,97 @@ pub fn register(secret: &str) {
     }
 }
 
-/// Replaces every registered secret, and any password inside a URL, with `***`.
+/// A secret at least this long is removed wherever it appears; a shorter one only where it
+/// stands alone (not inside a longer word), so a password `test` does not turn a table
+/// `contest_entries` into `con***_entries`.
+const ANYWHERE_LENGTH: usize = 8;
+
+/// The backstop behind structural redaction: replaces every registered secret, and any
+/// password inside a URL or a `password=` pair, with `***`. Messages are built from redacted
+/// forms in the first place (`Secret`, `redact_url_passwords`); this catches what a driver
+/// may echo.
 pub fn scrub(text: &str) -> String {
     let mut text = redact_url_passwords(text);
     let secrets = registry().lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for secret in secrets.iter() {
         if text.contains(secret.as_str()) {
-            text = text.replace(secret.as_str(), REDACTED);
+            text = replace_secret(&text, secret);
         }
     }
     text
 }
 
-/// Redacts the password of every `scheme://user:password@host` found in the text.
+/// Replaces the occurrences of `secret` in `text` (whole words only, for short secrets).
+fn replace_secret(text: &str, secret: &str) -> String {
+    if secret.len() >= ANYWHERE_LENGTH {
+        return text.replace(secret, REDACTED);
+    }
+    let word =
+        |character: Option<char>| character.is_some_and(|character| character.is_alphanumeric() || character == '_');
+    let mut output = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(secret) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + secret.len()..].chars().next();
+        output.push_str(&rest[..at]);
+        if word(before) || word(after) {
+            output.push_str(secret);
+        } else {
+            output.push_str(REDACTED);
+        }
+        rest = &rest[at + secret.len()..];
+    }
+    output.push_str(rest);
+    output
+}
+
+/// Redacts the password of every `scheme://user:password@host` found in the text, and the
+/// value of every `password=` (URL query parameter or key=value connection string).
 pub fn redact_url_passwords(text: &str) -> String {
+    redact_password_pairs(&redact_url_authorities(text))
+}
+
+/// Redacts the value after each `password=` / `pwd=` / `passwd=` (any case), up to the next
+/// `&`, whitespace, quote or the end.
+fn redact_password_pairs(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut output = String::with_capacity(text.len());
+    let mut position = 0;
+    while let Some(found) = ["password=", "passwd=", "pwd="]
+        .iter()
+        .filter_map(|key| lower[position..].find(key).map(|at| (position + at, key.len())))
+        .min()
+    {
+        let (at, key_length) = found;
+        let starts_word =
+            at == 0 || !lower.as_bytes()[at - 1].is_ascii_alphanumeric() && lower.as_bytes()[at - 1] != b'_';
+        let value_start = at + key_length;
+        output.push_str(&text[position..value_start]);
+        position = value_start;
+        if !starts_word {
+            continue;
+        }
+        let quoted = text[value_start..].starts_with('\'');
+        let value_end = if quoted {
+            text[value_start + 1..].find('\'').map_or(text.len(), |end| value_start + 1 + end + 1)
+        } else {
+            text[value_start..]
+                .find(|character: char| {
+                    character == '&' || character == '#' || character == '"' || character.is_whitespace()
+                })
+                .map_or(text.len(), |end| value_start + end)
+        };
+        if value_end > value_start {
+            output.push_str(REDACTED);
+        }
+        position = value_end;
+    }
+    output.push_str(&text[position..]);
+    output
+}
+
+/// Redacts the password of every `scheme://user:password@host` found in the text.
+fn redact_url_authorities(text: &str) -> String {
     let mut output = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -90,6 +167,28 @@ pub fn redact_url_passwords(text: &str) -> String {
     output
 }
 
+/// Whether a connection URL or key=value string, as written (before `${VAR}` expansion), holds
+/// a password in plain text: a non-empty password in `user:password@`, or a `password=` value,
+/// that is not a `${VAR}` reference.
+pub fn has_literal_password(written: &str) -> bool {
+    let literal = |password: &str| !password.is_empty() && !password.contains("${");
+    if let Some((_, after_scheme)) = written.split_once("://") {
+        let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
+        if let Some((credentials, _)) = authority.rsplit_once('@') {
+            if credentials.split_once(':').is_some_and(|(_, password)| literal(password)) {
+                return true;
+            }
+        }
+    }
+    written
+        .split(|character: char| character == '?' || character == '&' || character.is_whitespace())
+        .filter_map(|pair| pair.split_once('='))
+        .any(|(key, value)| {
+            matches!(key.to_ascii_lowercase().as_str(), "password" | "passwd" | "pwd")
+                && literal(value.trim_matches('\''))
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +207,29 @@ mod tests {
             "cannot reach mysql://repl:***@db:3306/x and postgres://u@h/db"
         );
         assert_eq!(redact_url_passwords("no url here"), "no url here");
+        assert_eq!(
+            redact_url_passwords("mysql://h:1/db?user=u&password=p%40ss&x=1 and host=h password='a b' port=5"),
+            "mysql://h:1/db?user=u&password=***&x=1 and host=h password=*** port=5"
+        );
+        assert_eq!(redact_url_passwords("new_password=x; mypwd=y"), "new_password=x; mypwd=y");
+    }
+
+    #[test]
+    fn literal_passwords_are_told_from_variables() {
+        assert!(has_literal_password("mysql://u:pw@h:1"));
+        assert!(has_literal_password("postgres://u@h/db?sslmode=require&password=pw"));
+        assert!(has_literal_password("host=h password=pw"));
+        assert!(!has_literal_password("mysql://u:${PW}@h:1"));
+        assert!(!has_literal_password("mysql://u@h:1?password=${PW}"));
+        assert!(!has_literal_password("mysql://u@h:1"));
+        assert!(!has_literal_password("${SOURCE_URL}"));
+    }
+
+    #[test]
+    fn a_short_secret_is_scrubbed_only_where_it_stands_alone() {
+        register("tst");
+        assert_eq!(scrub("table contst_entries, password tst."), "table contst_entries, password ***.");
+        register("LongerSecret99");
+        assert_eq!(scrub("xLongerSecret99y"), "x***y");
     }
 }

@@ -1,8 +1,20 @@
 //! The `sluice` binary: the command line, and the wiring of a standalone run.
 
+/// `println!` that writes nothing more, instead of panicking, once standard output is closed
+/// (`sluice job list | head -1`): the command still finishes its work and exits with its code.
+#[macro_export]
+macro_rules! out {
+    ($($argument:tt)*) => {{
+        use std::io::Write as _;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, $($argument)*).and_then(|()| stdout.flush());
+    }};
+}
+
 mod api;
 mod client;
 mod cluster;
+mod job_command;
 mod job_file;
 mod logger;
 mod progress;
@@ -28,9 +40,14 @@ use crate::state_store::SqliteStateStore;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Sluice moves data between databases and files: snapshot, cdc, or both.
+/// Sluice moves data between databases, files, streams and lakes: a full copy (snapshot), the
+/// changes from the source's log (cdc), or both with a seamless switch (snapshot+cdc), with no
+/// loss, no disorder and no duplication across crashes and restarts.
+///
+/// Run a job from a YAML file on this machine (`sluice run job.yaml`), or start a server
+/// (`sluice server`, a cluster with --etcd) and drive it with `sluice job`.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+#[command(name = "sluice", version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -64,93 +81,88 @@ enum Command {
     },
     /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
     /// a cluster; without it, one node runs on embedded state.
-    Server {
-        /// etcd members, comma separated (http://host:port,…).
-        #[arg(long)]
-        etcd: Option<String>,
-        /// Where the API listens.
-        #[arg(long, default_value = "127.0.0.1:7070")]
-        listen: std::net::SocketAddr,
-        /// This node's worker id, stable across restarts (default: host name and port).
-        #[arg(long)]
-        node_id: Option<String>,
-        /// The node's own state (and, without --etcd, the jobs).
-        #[arg(long, default_value = ".sluice-server")]
-        state_dir: PathBuf,
-        /// How many tasks this node runs at once.
-        #[arg(long, default_value_t = 4)]
-        capacity: usize,
-        /// This node's share of the work against nodes of the same capacity (2 for a machine
-        /// twice as big).
-        #[arg(long, default_value_t = 1.0)]
-        weight: f64,
-        /// Seconds a node may stay silent before its tasks move to other nodes.
-        #[arg(long, default_value_t = 5)]
-        lease_secs: u64,
-        /// A file of `admin TOKEN` / `read TOKEN` lines (besides SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN).
-        #[arg(long)]
-        tokens_file: Option<PathBuf>,
-    },
-    /// Manage the jobs of a server.
+    Server(ServerArguments),
+    /// Manage the jobs of a server: submit, list, show, stop, start, update, roll back, delete.
     Job {
-        /// The server's address.
-        #[arg(long, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7070")]
-        server: String,
-        /// A bearer token (admin to change things, read to look).
-        #[arg(long, env = "SLUICE_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        connection: ConnectionArguments,
+        /// Print the API's JSON answer instead of tables.
+        #[arg(long, global = true)]
+        json: bool,
         #[command(subcommand)]
-        action: JobAction,
+        action: job_command::JobAction,
     },
 }
 
-#[derive(Debug, Subcommand)]
-enum JobAction {
-    /// Create a job from a job file (YAML, or JSON when it ends in .json).
-    Submit {
-        file: PathBuf,
-    },
-    /// Make a job file the job's next version.
-    Update {
-        file: PathBuf,
-    },
-    /// The jobs and their states.
-    List,
-    /// One job: state, phase, statistics and tasks.
-    Show {
-        name: String,
-    },
-    Stop {
-        name: String,
-    },
-    Start {
-        name: String,
-    },
-    Restart {
-        name: String,
-    },
-    /// The job's versions.
-    Versions {
-        name: String,
-    },
-    /// A line diff of two versions.
-    Diff {
-        name: String,
-        from: u32,
-        to: u32,
-    },
-    /// Make an older version current again (as a new version).
-    Rollback {
-        name: String,
-        version: u32,
-    },
-    Delete {
-        name: String,
-    },
+#[derive(Debug, clap::Args)]
+struct ServerArguments {
+    /// etcd members, comma separated (http://host:port or https://host:port, …).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// The CA certificate (PEM) that signed the etcd members' certificates.
+    #[arg(long, requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd members that require one; with --etcd-key.
+    #[arg(long, requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// An etcd user (its password in SLUICE_ETCD_PASSWORD).
+    #[arg(long, requires = "etcd")]
+    etcd_user: Option<String>,
+    /// Where the API listens.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: std::net::SocketAddr,
+    /// Serve the API over HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// This node's worker id, stable across restarts (default: host name and port).
+    #[arg(long)]
+    node_id: Option<String>,
+    /// The node's own state (and, without --etcd, the jobs).
+    #[arg(long, default_value = ".sluice-server")]
+    state_dir: PathBuf,
+    /// How many tasks this node runs at once.
+    #[arg(long, default_value_t = 4)]
+    capacity: usize,
+    /// This node's share of the work against nodes of the same capacity (2 for a machine
+    /// twice as big).
+    #[arg(long, default_value_t = 1.0)]
+    weight: f64,
+    /// Seconds a node may stay silent before its tasks move to other nodes.
+    #[arg(long, default_value_t = 5)]
+    lease_secs: u64,
+    /// A file of `admin TOKEN` / `read TOKEN` lines (besides SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN).
+    #[arg(long)]
+    tokens_file: Option<PathBuf>,
+    /// Serve /metrics without a token even when tokens are set (for a scraper on a trusted
+    /// network).
+    #[arg(long)]
+    open_metrics: bool,
+}
+
+/// How `sluice job` reaches a server; accepted anywhere on the command line.
+#[derive(Debug, clap::Args)]
+struct ConnectionArguments {
+    /// The server's address (http://host:port or https://host:port).
+    #[arg(long, global = true, env = "SLUICE_SERVER", default_value = "http://127.0.0.1:7070")]
+    server: String,
+    /// A bearer token (admin to change things, read to look).
+    #[arg(long, global = true, env = "SLUICE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The CA certificate (PEM) that signed an HTTPS server's certificate.
+    #[arg(long, global = true, env = "SLUICE_CA")]
+    ca: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     logger::install();
+    // Every TLS configuration of the process (ours and the drivers') uses this provider.
+    sluice_connectors::tls::provider();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -164,15 +176,38 @@ fn main() -> ExitCode {
             Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
             Command::Check { job } => check(job).await,
             Command::Schema { job, apply } => schema(job, apply).await,
-            Command::Server { etcd, listen, node_id, state_dir, capacity, weight, lease_secs, tokens_file } => {
-                let options =
-                    server::Options { etcd, listen, node_id, state_dir, capacity, weight, lease_secs, tokens_file };
-                server::serve(options).await
+            Command::Server(arguments) => server::serve(server_options(arguments)).await,
+            Command::Job { connection, json, action } => {
+                let connection =
+                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
+                job_command::run(&connection, json, action).await
             }
-            Command::Job { server, token, action } => job_command(&server, token.as_deref(), action).await,
         }
     });
     ExitCode::from(code)
+}
+
+fn server_options(arguments: ServerArguments) -> server::Options {
+    let etcd = arguments.etcd.map(|members| cluster::etcd::EtcdOptions {
+        members,
+        ca: arguments.etcd_ca,
+        cert: arguments.etcd_cert,
+        key: arguments.etcd_key,
+        user: arguments.etcd_user,
+        password: std::env::var("SLUICE_ETCD_PASSWORD").ok().map(sluice_core::secret::Secret::new),
+    });
+    server::Options {
+        etcd,
+        listen: arguments.listen,
+        tls: arguments.tls_cert.zip(arguments.tls_key),
+        node_id: arguments.node_id,
+        state_dir: arguments.state_dir,
+        capacity: arguments.capacity,
+        weight: arguments.weight,
+        lease_secs: arguments.lease_secs,
+        tokens_file: arguments.tokens_file,
+        open_metrics: arguments.open_metrics,
+    }
 }
 
 /// Loads and validates a job, printing every error; `None` means exit 2.
@@ -196,7 +231,7 @@ fn fail(error: &Error) -> u8 {
 
 async fn check(path: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
-    println!(
+    out!(
         "ok    job file: {} is valid ({} → {}, {})",
         path.display(),
         job.source.connector,
@@ -226,7 +261,7 @@ async fn schema(path: PathBuf, apply: bool) -> u8 {
             .map(|table| TableSchema { name: sink.target_name(&table.name), ..table })
             .collect();
         for statement in sink.create_statements(&tables) {
-            println!("{statement};");
+            out!("{statement};");
         }
         if apply {
             sink.prepare(&tables).await?;
@@ -246,12 +281,12 @@ fn report(result: Result<Vec<CheckItem>, Error>) -> bool {
     match result {
         Ok(items) => {
             for item in &items {
-                println!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail);
+                out!("{}  {}: {}", if item.ok { "ok  " } else { "FAIL" }, item.what, item.detail);
             }
             items.iter().all(|item| item.ok)
         }
         Err(error) => {
-            println!("FAIL  {error}");
+            out!("FAIL  {error}");
             false
         }
     }
@@ -348,97 +383,14 @@ async fn watch_signals(stop: watch::Sender<bool>) {
     }
 }
 
-async fn job_command(server: &str, token: Option<&str>, action: JobAction) -> u8 {
-    let read = |file: &std::path::Path| -> Result<(String, &'static str), String> {
-        let text = std::fs::read_to_string(file).map_err(|error| format!("cannot read {}: {error}", file.display()))?;
-        let json = file.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-        Ok((text, if json { "application/json" } else { "application/yaml" }))
-    };
-    let (method, path, body) = match &action {
-        JobAction::Submit { file } | JobAction::Update { file } => match read(file) {
-            Ok(body) => {
-                let path = match &action {
-                    JobAction::Update { .. } => {
-                        let name =
-                            sluice_core::spec::parse_job_partially(&body.0, body.1 == "application/json", |_| None)
-                                .0
-                                .map(|job| job.name)
-                                .unwrap_or_default();
-                        format!("/jobs/{name}")
-                    }
-                    _ => "/jobs".to_owned(),
-                };
-                (if matches!(action, JobAction::Update { .. }) { "PUT" } else { "POST" }, path, Some(body))
-            }
-            Err(error) => {
-                eprintln!("error: {error}");
-                return 2;
-            }
-        },
-        JobAction::List => ("GET", "/jobs".to_owned(), None),
-        JobAction::Show { name } => ("GET", format!("/jobs/{name}"), None),
-        JobAction::Stop { name } => ("POST", format!("/jobs/{name}/stop"), None),
-        JobAction::Start { name } => ("POST", format!("/jobs/{name}/start"), None),
-        JobAction::Restart { name } => ("POST", format!("/jobs/{name}/restart"), None),
-        JobAction::Versions { name } => ("GET", format!("/jobs/{name}/versions"), None),
-        JobAction::Diff { name, from, to } => ("GET", format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
-        JobAction::Rollback { name, version } => (
-            "POST",
-            format!("/jobs/{name}/rollback"),
-            Some((format!("{{\"version\": {version}}}"), "application/json")),
-        ),
-        JobAction::Delete { name } => ("DELETE", format!("/jobs/{name}"), None),
-    };
-    let body = body.as_ref().map(|(text, content_type)| (*content_type, text.as_str()));
-    match client::request(server, token, method, &path, body).await {
-        Ok(response) => {
-            let value: serde_json::Value =
-                serde_json::from_str(&response.body).unwrap_or(serde_json::Value::String(response.body.clone()));
-            if let (JobAction::Diff { .. }, Some(diff)) = (&action, value.get("diff").and_then(|diff| diff.as_str())) {
-                print!("{diff}");
-            } else if let (JobAction::List, Some(jobs)) = (&action, value.as_array()) {
-                println!("{:<32}  {:<10}  {:>7}  mode", "name", "state", "version");
-                for job in jobs {
-                    let field = |name: &str| {
-                        job.get(name)
-                            .map(|value| value.as_str().map(str::to_owned).unwrap_or(value.to_string()))
-                            .unwrap_or_default()
-                    };
-                    println!(
-                        "{:<32}  {:<10}  {:>7}  {}",
-                        field("name"),
-                        field("state"),
-                        field("version"),
-                        field("mode")
-                    );
-                }
-            } else if !response.body.is_empty() {
-                println!("{}", serde_json::to_string_pretty(&value).unwrap_or(response.body.clone()));
-            }
-            match response.status {
-                200..=299 => 0,
-                400 => 2,
-                _ => 1,
-            }
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            1
-        }
-    }
-}
-
 fn print_summary(summary: &RunSummary) {
     use progress::group;
-    println!("job {}: {} in {:.2}s", summary.job, summary.status, summary.elapsed_secs);
+    out!("job {}: {} in {:.2}s", summary.job, summary.status, summary.elapsed_secs);
     let width =
         summary.tables.iter().map(|table| table.source.len().max(table.target.len())).max().unwrap_or(5).clamp(6, 48);
-    println!(
-        "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
-        "source", "target", "rows read", "rows written", "skipped"
-    );
+    out!("  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}", "source", "target", "rows read", "rows written", "skipped");
     for table in &summary.tables {
-        println!(
+        out!(
             "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
             table.source,
             table.target,
@@ -447,7 +399,7 @@ fn print_summary(summary: &RunSummary) {
             group(table.rows_skipped)
         );
     }
-    println!(
+    out!(
         "  {:<width$}  {:<width$}  {:>12}  {:>12}  {:>8}",
         "total",
         "",
@@ -455,18 +407,18 @@ fn print_summary(summary: &RunSummary) {
         group(summary.rows_written),
         group(summary.rows_skipped)
     );
-    println!("  {} rows/s; {} bytes read", group(summary.rows_per_sec as u64), group(summary.bytes_read));
+    out!("  {} rows/s; {} bytes read", group(summary.rows_per_sec as u64), group(summary.bytes_read));
     if summary.splits_resumed_done > 0 {
-        println!(
+        out!(
             "  {} splits were already complete from an earlier run and were not copied again",
             summary.splits_resumed_done
         );
     }
     if let Some(stream) = &summary.stream {
         let rate = if summary.elapsed_secs > 0.0 { stream.rows_applied as f64 / summary.elapsed_secs } else { 0.0 };
-        println!("  {}", progress::stream_line(stream, rate));
+        out!("  {}", progress::stream_line(stream, rate));
         if stream.schema_changes > 0 {
-            println!("  {} DDL statements carried to the target", stream.schema_changes);
+            out!("  {} DDL statements carried to the target", stream.schema_changes);
         }
     }
 }

@@ -9,14 +9,17 @@ use sluice_core::{Error, Result};
 use tokio::sync::watch;
 
 use crate::api::{router, Api, Tokens};
-use crate::cluster::etcd::EtcdStore;
+use crate::cluster::etcd::{EtcdOptions, EtcdStore};
 use crate::cluster::node::{Node, NodeConfig};
 use crate::cluster::store::{MemoryStore, Store};
 
 #[derive(Debug)]
 pub struct Options {
-    pub etcd: Option<String>,
+    pub etcd: Option<EtcdOptions>,
     pub listen: SocketAddr,
+    /// The API's certificate chain and key (PEM): HTTPS instead of HTTP.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    pub open_metrics: bool,
     pub node_id: Option<String>,
     pub state_dir: PathBuf,
     pub capacity: usize,
@@ -47,12 +50,14 @@ fn host_name() -> String {
 
 /// Connects to etcd, retrying for 30 s: a cluster electing a new leader answers "unavailable"
 /// for a moment, and a node started with its cluster should wait for it rather than exit.
-async fn connect_etcd(members: &str) -> Result<EtcdStore> {
+async fn connect_etcd(options: &EtcdOptions) -> Result<EtcdStore> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match EtcdStore::connect(members).await {
+        match EtcdStore::connect(options).await {
             Ok(store) => return Ok(store),
-            Err(error) if error.kind() != sluice_core::ErrorKind::Config && std::time::Instant::now() < deadline => {
+            Err(error)
+                if error.kind() == sluice_core::ErrorKind::Unavailable && std::time::Instant::now() < deadline =>
+            {
                 log::warn!("{error}; trying again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -81,12 +86,21 @@ async fn run(options: Options) -> Result<()> {
         Some(members) => Arc::new(connect_etcd(members).await?),
         None => Arc::new(MemoryStore::open(Some(options.state_dir.join("server.json")))?),
     };
-    let listener = tokio::net::TcpListener::bind(options.listen)
-        .await
+    let tls = match &options.tls {
+        Some((cert, key)) => {
+            let config = sluice_connectors::tls::server_config(cert, key)
+                .map_err(|error| Error::config(format!("--tls-cert/--tls-key: {error}")))?;
+            Some(axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(config)))
+        }
+        None => None,
+    };
+    let listener = std::net::TcpListener::bind(options.listen)
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
         .map_err(|error| Error::config(format!("--listen {}: cannot listen: {error}", options.listen)))?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let config = NodeConfig {
         id: id.clone(),
-        address: format!("http://{}", options.listen),
+        address: format!("{scheme}://{}", options.listen),
         capacity: options.capacity,
         weight: options.weight,
         lease: Duration::from_secs(options.lease_secs),
@@ -98,18 +112,30 @@ async fn run(options: Options) -> Result<()> {
     tokio::spawn(crate::watch_signals(stop));
     let running = tokio::spawn(node.clone().run(stopped.clone()));
     log::info!(
-        "node {id}: API on http://{} ({}); {} tokens",
+        "node {id}: API on {scheme}://{} ({}); {} tokens",
         options.listen,
         if options.etcd.is_some() { "cluster on etcd" } else { "single node" },
         if tokens.is_empty() { "no" } else { "with" }
     );
-    let api = Arc::new(Api { node, tokens });
+    let api = Arc::new(Api { node, tokens, open_metrics: options.open_metrics });
+    let handle = axum_server::Handle::new();
     let mut shutdown = stopped.clone();
-    let served = axum::serve(listener, router(api))
-        .with_graceful_shutdown(async move {
-            let _ = shutdown.wait_for(|stopped| *stopped).await;
-        })
-        .await;
+    let stopping = handle.clone();
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|stopped| *stopped).await;
+        stopping.graceful_shutdown(Some(Duration::from_secs(10)));
+    });
+    let service = router(api).into_make_service();
+    let served = match tls {
+        Some(tls) => match axum_server::from_tcp_rustls(listener, tls) {
+            Ok(server) => server.handle(handle).serve(service).await,
+            Err(error) => Err(error),
+        },
+        None => match axum_server::from_tcp(listener) {
+            Ok(server) => server.handle(handle).serve(service).await,
+            Err(error) => Err(error),
+        },
+    };
     let _ = running.await;
     served.map_err(|error| Error::config(format!("the API server failed: {error}")))
 }

@@ -175,8 +175,12 @@ fn the_canary_password_appears_in_no_output_and_no_file_a_run_writes() {
         "failing.yaml",
         &format!("name: canary-failing\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}_failing.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: false\n"),
     );
+    // The same password as a `?password=` parameter (libpq's form) is kept as secret.
+    let password = format!(":{}@", support::canary());
+    let query_form = postgres_url().replacen(&password, "@", 1) + "?password=" + &support::canary();
+    assert!(query_form.contains("sluice@"), "{query_form}");
     let mut outputs = String::new();
-    for (job, code) in [(&good, 0), (&failing, 1)] {
+    for (job, code, target) in [(&good, 0, postgres_url()), (&failing, 1, postgres_url()), (&good, 0, query_form)] {
         for command in ["check", "run"] {
             let run = Run::from(
                 workspace
@@ -185,7 +189,7 @@ fn the_canary_password_appears_in_no_output_and_no_file_a_run_writes() {
                             [..if command == "run" { 4 } else { 2 }],
                     )
                     .env("URL", mysql_url())
-                    .env("TARGET", postgres_url())
+                    .env("TARGET", &target)
                     .env("SLUICE_LOG", "debug")
                     .output()
                     .unwrap(),
@@ -342,4 +346,92 @@ fn change_capture_refuses_tables_without_a_primary_key_before_copying() {
     let copied =
         support::psql(&format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}'"));
     assert_eq!(copied.trim(), "0", "nothing was copied before the refusal");
+}
+
+#[test]
+fn names_longer_than_postgresql_allows_are_refused_all_at_once() {
+    let database = unique_name("long");
+    let table = "t".repeat(64);
+    let column = "c".repeat(64);
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.{table} (id INT PRIMARY KEY, {column} INT); \
+         CREATE TABLE {database}.short (id INT PRIMARY KEY)"
+    ));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: long\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n"
+        ),
+    );
+    let run = Run::from(
+        workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("URL", mysql_url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    run.assert_code(1);
+    let text = run.all();
+    assert!(text.contains("PostgreSQL names are at most 63 bytes"), "{text}");
+    assert!(text.contains(&format!("table `{database}.{table}` (64)")), "every long name is listed: {text}");
+    assert!(text.contains(&format!("column `{column}`")), "every long name is listed: {text}");
+    let created =
+        support::psql(&format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}'"));
+    assert_eq!(created.trim(), "0", "nothing was created or truncated");
+    assert_no_secret(&run);
+}
+
+#[test]
+fn a_file_schema_with_a_key_past_its_columns_is_refused_not_a_panic() {
+    let workspace = Workspace::new();
+    support::make_source(&workspace.path("source.db"), 10);
+    let copy = workspace.write("copy.yaml", "name: keys\nsource:\n  type: sqlite\n  path: source.db\n  tables: [items]\ntarget:\n  type: jsonl\n  path: in\n");
+    workspace.sluice(&["run", copy.to_str().unwrap()]).assert_code(0);
+    // The schema the file target wrote, with its key and an index pointing past the columns.
+    let schema_path = std::fs::read_dir(workspace.path("in"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("_schema.json"))
+        .find(|path| path.exists())
+        .expect("a _schema.json");
+    let mut schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&schema_path).unwrap()).unwrap();
+    schema["primary_key"] = serde_json::json!([5000]);
+    schema["indexes"] = serde_json::json!([{"name": "by_x", "columns": [0, 9000], "unique": false}]);
+    std::fs::write(&schema_path, schema.to_string()).unwrap();
+    let job = workspace
+        .write("job.yaml", "name: keys2\nsource:\n  type: jsonl\n  path: in\ntarget:\n  type: jsonl\n  path: out\n");
+    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
+    let text = run.all();
+    assert!(!text.contains("panicked"), "{text}");
+    assert_ne!(run.code, 0, "{text}");
+    assert!(text.contains("_schema.json is not a usable table schema"), "{text}");
+    assert!(
+        text.contains("primary_key[0] is 5000") && text.contains("index by_x: columns[1] is 9000"),
+        "every problem: {text}"
+    );
+}
+
+#[test]
+fn a_closed_standard_output_ends_printing_not_the_process() {
+    let workspace = Workspace::new();
+    support::make_source(&workspace.path("source.db"), 10);
+    let job = workspace.write(
+        "job.yaml",
+        "name: pipe\nsource:\n  type: sqlite\n  path: source.db\ntarget:\n  type: jsonl\n  path: out\n",
+    );
+    for arguments in [&["schema", job.to_str().unwrap()][..], &["run", job.to_str().unwrap()], &["--help"]] {
+        let mut child = workspace
+            .command(arguments)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closing the reading end first: every write of the child meets a broken pipe.
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("panicked"), "{arguments:?}: {stderr}");
+        assert_eq!(output.status.code(), Some(0), "{arguments:?}: {stderr}");
+    }
 }

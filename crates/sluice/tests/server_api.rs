@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::cluster::{start_server, Server};
-use support::{count, make_source, wait_for, Workspace};
+use support::{count, make_source, wait_for, Run, Workspace};
 
 const ADMIN: &str = "admin-token-0123456789";
 const READ: &str = "read-token-0123456789ab";
@@ -109,6 +109,13 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
         server.call("POST", "/jobs/copy/rollback", Some(ADMIN), Some(("application/json", r#"{"version": 9}"#))).0,
         404
     );
+    // A number past u32 is refused, not cut down to another version.
+    for version in ["4294967297", "0", "-1", "\"1\""] {
+        let body = format!("{{\"version\": {version}}}");
+        let (status, answer) =
+            server.call("POST", "/jobs/copy/rollback", Some(ADMIN), Some(("application/json", &body)));
+        assert_eq!(status, 400, "{version}: {answer}");
+    }
     assert_eq!(server.call("GET", "/jobs/nothing", Some(READ), None).0, 404);
     let (status, body) =
         server.call("POST", "/jobs/copy/tables", Some(ADMIN), Some(("application/json", r#"{"tables": ["main.x"]}"#)));
@@ -129,14 +136,18 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
     assert_eq!(server.call("GET", "/leader", Some(READ), None).1["leader"], "solo");
     let (_, openapi) = server.call("GET", "/openapi.json", None, None);
     assert_eq!(openapi["openapi"], "3.0.3");
-    let metrics = support::cluster::request(&server.url, "GET", "/metrics", None, None).unwrap().1;
+    // Metrics need the read token once tokens are set.
+    assert_eq!(support::cluster::request(&server.url, "GET", "/metrics", None, None).unwrap().0, 401);
+    let metrics = support::cluster::request(&server.url, "GET", "/metrics", Some(READ), None).unwrap().1;
     assert!(metrics.contains("sluice_workers 1"), "{metrics}");
 }
 
 #[test]
 fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     let workspace = Workspace::new();
-    let server = start_server(&workspace, "solo", None, &tokens());
+    let mut environment = tokens();
+    environment.push(("SECRETIVE_PW", "Sup3r-Secret-pw".to_owned()));
+    let server = start_server(&workspace, "solo", None, &environment);
     let bad =
         "name: bad\nmode: snapshot\nsource:\n  type: nothing\ntarget:\n  type: sqlite\n  path: t.db\n  colour: red\n";
     let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", bad)));
@@ -148,12 +159,29 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     }
     assert_eq!(server.call("POST", "/jobs", Some(ADMIN), Some(("application/json", "{not json"))).0, 400);
 
-    // A job whose URL holds a password: no response shows it.
+    // A literal password is refused (the store would keep it at rest), by path and line, and
+    // the answer does not repeat it.
     let secret = "Sup3r-Secret-pw";
-    let job = format!(
-        "name: secretive\nmode: snapshot\nsource:\n  type: mysql\n  url: mysql://u:{secret}@127.0.0.1:1/db\n  tables: [\"db.*\"]\ntarget:\n  type: sqlite\n  path: t.db\nretry: {{max_attempts: 1}}\n"
+    let job = |url: &str| {
+        format!(
+            "name: secretive\nmode: snapshot\nsource:\n  type: mysql\n  url: {url}\n  tables: [\"db.*\"]\ntarget:\n  type: sqlite\n  path: t.db\nretry: {{max_attempts: 1}}\n"
+        )
+    };
+    for url in [format!("mysql://u:{secret}@127.0.0.1:1/db"), format!("mysql://u@127.0.0.1:1/db?password={secret}")] {
+        let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &job(&url))));
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["errors"][0]["path"], "source.url", "{body}");
+        assert_eq!(body["errors"][0]["line"], 5, "{body}");
+        assert!(!body.to_string().contains(secret), "{body}");
+    }
+
+    // A password from the server's environment: no response or log shows it.
+    let (status, body) = server.call(
+        "POST",
+        "/jobs",
+        Some(ADMIN),
+        Some(("application/yaml", &job("mysql://u:${SECRETIVE_PW}@127.0.0.1:1/db"))),
     );
-    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &job)));
     assert_eq!(status, 201, "{body}");
     let failed = wait_state(&server, "secretive", "failed");
     assert_eq!(failed["error"]["side"], "source", "{failed:#}");
@@ -172,6 +200,8 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     assert!(everything.contains("u:***@127.0.0.1"), "the URL is shown redacted: {everything}");
     assert!(!everything.contains(secret), "a response shows the password: {everything}");
     assert!(!server.output().contains(secret), "the log shows the password");
+    let stored = std::fs::read_to_string(workspace.path("state-solo/server.json")).expect("the store file");
+    assert!(!stored.contains(secret), "the store keeps the password at rest");
 }
 
 #[test]
@@ -203,7 +233,11 @@ fn the_job_command_drives_a_server() {
     assert!(refused.all().contains("bearer token"), "{}", refused.all());
     let submitted = job(&["submit", "job.yaml"], Some(ADMIN));
     submitted.assert_code(0);
-    assert!(submitted.all().contains("\"version\": 1"), "{}", submitted.all());
+    assert!(
+        submitted.stdout.lines().any(|line| line.starts_with("version:") && line.ends_with(" 1")),
+        "{}",
+        submitted.all()
+    );
     assert_eq!(job(&["submit", "job.yaml"], Some(ADMIN)).code, 1, "a second submit is a conflict");
     wait_state(&server, "cli", "succeeded");
     let listed = job(&["list"], Some(READ));
@@ -214,7 +248,21 @@ fn the_job_command_drives_a_server() {
         listed.all()
     );
     let shown = job(&["show", "cli"], Some(READ));
-    assert!(shown.all().contains("\"state\": \"succeeded\""), "{}", shown.all());
+    assert!(
+        shown.stdout.lines().any(|line| line.starts_with("state:") && line.ends_with("succeeded")),
+        "{}",
+        shown.all()
+    );
+    assert!(
+        shown.stdout.lines().any(|line| line.starts_with("id ") && line.contains("state")),
+        "a task table: {}",
+        shown.all()
+    );
+    // --json prints the API's answer, and --server/--token go anywhere on the line.
+    let json = job(&["show", "--json", "cli", "--token", READ], None);
+    json.assert_code(0);
+    let value: serde_json::Value = serde_json::from_str(&json.stdout).expect("JSON");
+    assert_eq!(value["state"], "succeeded", "{}", json.all());
     workspace.write("job.yaml", &job_yaml("cli", 3));
     job(&["update", "job.yaml"], Some(ADMIN)).assert_code(0);
     let diff = job(&["diff", "cli", "1", "2"], Some(READ));
@@ -225,4 +273,81 @@ fn the_job_command_drives_a_server() {
     job(&["stop", "cli"], Some(ADMIN)).assert_code(0);
     job(&["delete", "cli"], Some(ADMIN)).assert_code(0);
     assert_eq!(job(&["show", "cli"], Some(READ)).code, 1);
+}
+
+/// Sends `head` (request line and headers, without the blank line) and `body` as they are;
+/// the status.
+fn raw_status(url: &str, head: &str, body: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let authority = url.strip_prefix("http://").expect("an http URL");
+    let mut stream = std::net::TcpStream::connect(authority).expect("connect");
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!("{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+    stream.write_all(head.as_bytes()).unwrap();
+    // The server may answer (and close) before reading a refused body.
+    let _ = stream.write_all(body);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response);
+    text.split_whitespace().nth(1).and_then(|status| status.parse().ok()).unwrap_or_else(|| panic!("no status: {text}"))
+}
+
+#[test]
+fn a_server_refuses_cross_site_requests_and_hostile_documents() {
+    let workspace = Workspace::new();
+    let server = start_server(&workspace, "open", None, &[]);
+    let host = server.url.strip_prefix("http://").unwrap().to_owned();
+    let job = job_yaml("fine", 1);
+    let post = |headers: &str| format!("POST /api/v1/jobs HTTP/1.1\r\nHost: {host}\r\n{headers}");
+    // Another site's page, a rebound DNS name, a form's content type: all refused.
+    assert_eq!(
+        raw_status(&server.url, &post("Origin: http://evil.example\r\nContent-Type: application/yaml"), job.as_bytes()),
+        403
+    );
+    assert_eq!(
+        raw_status(&server.url, &post("Sec-Fetch-Site: cross-site\r\nContent-Type: application/yaml"), job.as_bytes()),
+        403
+    );
+    let rebound = format!(
+        "POST /api/v1/jobs HTTP/1.1\r\nHost: evil.example:{}\r\nContent-Type: application/yaml",
+        server.url.rsplit(':').next().unwrap()
+    );
+    assert_eq!(raw_status(&server.url, &rebound, job.as_bytes()), 403);
+    assert_eq!(raw_status(&server.url, &post("Content-Type: text/plain"), job.as_bytes()), 415);
+    assert_eq!(raw_status(&server.url, &post("Content-Type: application/x-www-form-urlencoded"), job.as_bytes()), 415);
+    // The same request from the server's own origin goes through.
+    let origin = format!("Origin: http://{host}\r\nContent-Type: application/yaml");
+    assert_eq!(raw_status(&server.url, &post(&origin), job.as_bytes()), 201);
+
+    // A "billion laughs" document: refused at once, memory flat.
+    let mut laughs = String::from(
+        "name: lol\na0: &a0 [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]\n",
+    );
+    for level in 1..10 {
+        laughs.push_str(&format!("a{level}: &a{level} [{}]\n", vec![format!("*a{}", level - 1); 9].join(", ")));
+    }
+    let started = Instant::now();
+    let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", &laughs)));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("more than 100000 values"), "{body}");
+    assert!(started.elapsed() < Duration::from_secs(1), "refused in {:?}", started.elapsed());
+    // A document over the size limit.
+    let huge = format!("{job}# {}\n", "x".repeat(2 * 1024 * 1024));
+    assert_eq!(raw_status(&server.url, &post("Content-Type: application/yaml"), huge.as_bytes()), 413);
+    assert_eq!(server.call("GET", "/jobs", None, None).0, 200, "the server lives on");
+}
+
+#[test]
+fn a_short_token_from_the_environment_is_refused() {
+    let workspace = Workspace::new();
+    let run = Run::from(
+        workspace
+            .command(&["server", "--listen", "127.0.0.1:0", "--state-dir", "state"])
+            .env("SLUICE_ADMIN_TOKEN", "short")
+            .output()
+            .unwrap(),
+    );
+    run.assert_code(2);
+    assert!(run.all().contains("SLUICE_ADMIN_TOKEN: a token needs at least 16 characters"), "{}", run.all());
+    assert!(!run.all().contains("short\n"), "the token is not echoed: {}", run.all());
 }

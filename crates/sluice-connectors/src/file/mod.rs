@@ -274,6 +274,15 @@ impl FileSource {
                     .on(Side::Source)
             })?;
             schema.name = name.clone();
+            let problems = schema.problems();
+            if !problems.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("{} is not a usable table schema: {}", schema_file.display(), problems.join("; ")),
+                )
+                .on(Side::Source)
+                .hint("fix the file (keys and indexes name columns by their 0-based position) or remove it"));
+            }
             return Ok(schema);
         }
         let mut columns = Vec::new();

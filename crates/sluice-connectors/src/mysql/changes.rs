@@ -12,7 +12,7 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use super::sink::{
     column_definition, commit_with_checkpoint, create_table_sql, delete_keys, insert_rows, qualified, read_checkpoint,
 };
-use super::{decode, mysql_error, quote};
+use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::net_changes::missing_rows;
 
 pub(super) struct MysqlChangeWriter {
@@ -133,6 +133,15 @@ impl ChangeWriter for MysqlChangeWriter {
     /// MySQL commits DDL on its own, before the checkpoint: each change is written to be a
     /// no-op when replayed after a crash in between.
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        match change {
+            SchemaChange::Create(table) | SchemaChange::Alter { table, .. } => refuse_long_names([table])?,
+            SchemaChange::Rename { to, .. } => {
+                let renamed =
+                    TableSchema { name: to.clone(), columns: Vec::new(), primary_key: Vec::new(), indexes: Vec::new() };
+                refuse_long_names([&renamed])?
+            }
+            SchemaChange::Drop(_) | SchemaChange::Truncate(_) => {}
+        }
         match change {
             SchemaChange::Create(table) => {
                 self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?

@@ -8,7 +8,12 @@ mod sink;
 mod source;
 mod wire;
 
-use mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mysql_async::{ClientIdentity, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, SslOpts};
+
+use crate::tls::{ClientTls, Verification};
 use sluice_core::secret::{self, Secret};
 use sluice_core::{DataType, Date, DateTime, Decimal, Error, ErrorKind, Side, Time, Value};
 
@@ -20,18 +25,99 @@ pub use source::{default_server_id, MysqlSource, StreamOptions};
 pub(super) const SESSION_SETUP: [&str; 3] =
     ["SET time_zone = '+00:00'", "SET NAMES utf8mb4", "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"];
 
-/// The connection options of a URL, sessions pinned as `SESSION_SETUP` says.
-fn options(url: &Secret, side: Side) -> Result<Opts, Error> {
-    let opts = Opts::from_url(url.expose()).map_err(|error| {
-        Error::config(format!("{side}.url: not a valid MySQL URL ({})", secret::scrub(&error.to_string())))
-            .hint("expected mysql://user:password@host:port")
-    })?;
-    Ok(OptsBuilder::from_opts(opts).init(SESSION_SETUP.to_vec()).into())
+/// The TLS parameters sluice reads itself, named as the MySQL client's options.
+const TLS_PARAMETERS: [&str; 4] = ["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+
+/// A MySQL URL resolved: the driver's options (TLS set when it is used) and the TLS
+/// configuration of the lean reader (`None`: plaintext).
+#[derive(Debug, Clone)]
+pub(super) struct Endpoint {
+    pub(super) opts: Opts,
+    pub(super) tls: Option<Arc<rustls::ClientConfig>>,
 }
 
-/// Builds a connection pool for one side from its URL. Nothing connects until first use.
-fn pool(url: &Secret, side: Side, connections: usize) -> Result<Pool, Error> {
-    let opts = options(url, side)?;
+/// Resolves a URL, with the MySQL client's `ssl-mode` semantics: `DISABLED`, `PREFERRED` (the
+/// default: TLS, unverified, when the server offers it; plaintext otherwise, with a warning),
+/// `REQUIRED` (TLS, unverified), `VERIFY_CA`, `VERIFY_IDENTITY`; `ssl-ca`, `ssl-cert` and
+/// `ssl-key` name PEM files. A Unix socket never uses TLS. Sessions are pinned as
+/// `SESSION_SETUP` says.
+fn endpoint(url: &Secret, side: Side) -> Result<Endpoint, Error> {
+    let (rest, parameters) = crate::tls::take_parameters(url.expose(), &TLS_PARAMETERS);
+    let opts = Opts::from_url(&rest).map_err(|error| {
+        Error::config(format!("{side}.url: not a valid MySQL URL ({})", secret::scrub(&error.to_string())))
+            .hint("expected mysql://user:password@host:port[?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem]")
+    })?;
+    let value = |name: &str| parameters.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+    let path = |name: &str| value(name).filter(|path| !path.is_empty()).map(std::path::PathBuf::from);
+    let mode = value("ssl-mode").unwrap_or_else(|| "PREFERRED".to_owned()).to_ascii_uppercase();
+    let verification = match mode.as_str() {
+        "DISABLED" => None,
+        "PREFERRED" | "REQUIRED" => Some(Verification::Encrypt),
+        "VERIFY_CA" => Some(Verification::Chain),
+        "VERIFY_IDENTITY" => Some(Verification::Full),
+        other => {
+            return Err(Error::config(format!(
+                "{side}.url: ssl-mode={other} is not one of DISABLED, PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY"
+            )))
+        }
+    };
+    let tls = ClientTls {
+        verification: verification.unwrap_or(Verification::Encrypt),
+        ca: path("ssl-ca"),
+        cert: path("ssl-cert"),
+        key: path("ssl-key"),
+    };
+    let builder = OptsBuilder::from_opts(opts.clone()).init(SESSION_SETUP.to_vec());
+    let use_tls = match verification {
+        None => false,
+        Some(_) if opts.socket().is_some() => false,
+        Some(_) if mode == "PREFERRED" => {
+            let offered = wire::offers_tls(opts.ip_or_hostname(), opts.tcp_port(), Duration::from_secs(3));
+            if offered == Ok(false) && first_warning(&format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())) {
+                log::warn!(
+                    "the MySQL server at {}:{} offers no TLS; connecting in plaintext (ssl-mode=PREFERRED; \
+                     set ssl-mode=REQUIRED or stricter to refuse)",
+                    opts.ip_or_hostname(),
+                    opts.tcp_port()
+                );
+            }
+            offered.unwrap_or(false)
+        }
+        Some(_) => true,
+    };
+    if !use_tls {
+        return Ok(Endpoint { opts: builder.into(), tls: None });
+    }
+    let config = tls.config().map_err(|error| {
+        Error::config(format!("{side}.url: {error}")).on(side).hint("fix ssl-ca, ssl-cert or ssl-key")
+    })?;
+    let mut ssl = SslOpts::default()
+        .with_danger_accept_invalid_certs(tls.verification == Verification::Encrypt)
+        .with_danger_skip_domain_validation(tls.verification != Verification::Full);
+    if let Some(ca) = &tls.ca {
+        ssl = ssl.with_root_certs(vec![ca.clone().into()]).with_disable_built_in_roots(true);
+    }
+    if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+        ssl = ssl.with_client_identity(Some(ClientIdentity::new(cert.clone().into(), key.clone().into())));
+    }
+    Ok(Endpoint { opts: builder.ssl_opts(ssl).into(), tls: Some(Arc::new(config)) })
+}
+
+/// True the first time it is asked about `server` in this process: a warning about a server
+/// is worth one line, not one per connection pool.
+fn first_warning(server: &str) -> bool {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if warned.iter().any(|known| known == server) {
+        return false;
+    }
+    warned.push(server.to_owned());
+    true
+}
+
+/// Builds a connection pool for one side. Nothing connects until first use.
+fn pool(endpoint: &Endpoint, connections: usize) -> Result<Pool, Error> {
+    let opts = endpoint.opts.clone();
     let constraints = PoolConstraints::new(0, connections.max(1)).expect("0 <= max");
     let builder = OptsBuilder::from_opts(opts)
         .prefer_socket(false)
@@ -45,6 +131,9 @@ fn mysql_error(error: mysql_async::Error, side: Side, server: &str, doing: &str)
     use mysql_async::Error as Driver;
     let (kind, hint) = match &error {
         Driver::Server(server_error) => server_error_kind(server_error.code, side),
+        Driver::Io(_) | Driver::Driver(_) if crate::tls::is_tls_failure(&error.to_string()) => {
+            (ErrorKind::Auth, Some(tls_hint()))
+        }
         Driver::Io(_) => io_error_kind(server),
         Driver::Driver(_) if error.is_fatal() => (ErrorKind::Unavailable, None),
         Driver::Url(_) => (ErrorKind::Config, None),
@@ -60,8 +149,14 @@ fn wire_error(error: wire::WireError, side: Side, server: &str, doing: &str) -> 
         Wire::Server { code, .. } => server_error_kind(*code, side),
         Wire::Io(_) => io_error_kind(server),
         Wire::Unsupported(_) | Wire::Protocol(_) => (read_or_write(side), None),
+        Wire::Tls(_) => (ErrorKind::Auth, Some(tls_hint())),
     };
     classified(kind, hint, format!("{doing} on {server}: {error}"), side)
+}
+
+/// What to do when a TLS connection to MySQL fails.
+fn tls_hint() -> String {
+    crate::tls::HANDSHAKE_HINT.replace("{mode}", "ssl-mode").replace("{ca}", "ssl-ca")
 }
 
 /// The kind of a server error code, and what to do about it.
@@ -69,6 +164,13 @@ fn server_error_kind(code: u16, side: Side) -> (ErrorKind, Option<String>) {
     match code {
         // Access denied (user or password; database).
         1045 | 1044 | 1698 => (ErrorKind::Auth, Some(format!("check the user and password in {side}.url"))),
+        // Insecure transport refused (MySQL 3159, MariaDB 4036).
+        3159 | 4036 => (
+            ErrorKind::Auth,
+            Some(format!(
+                "the server accepts only TLS connections: set ssl-mode=VERIFY_IDENTITY (or REQUIRED) in {side}.url"
+            )),
+        ),
         1142 | 1143 | 1227 => (ErrorKind::Auth, Some("grant the missing privilege to the user".to_owned())),
         1146 | 1049 | 1054 => (ErrorKind::Schema, None),
         // Deadlock, lock wait timeout, server shutting down, too many connections.
@@ -95,6 +197,14 @@ fn classified(kind: ErrorKind, hint: Option<String>, message: String, side: Side
         Some(hint) => error.hint(hint),
         None => error,
     }
+}
+
+/// MySQL's and MariaDB's identifier limit, in characters.
+const MAX_NAME_CHARACTERS: usize = 64;
+
+/// Refuses tables whose names MySQL cannot hold.
+fn refuse_long_names<'a>(tables: impl IntoIterator<Item = &'a sluice_core::TableSchema>) -> Result<(), Error> {
+    crate::refuse_long_names(tables, MAX_NAME_CHARACTERS, "characters", |name| name.chars().count(), "MySQL")
 }
 
 /// Quotes an identifier for MySQL: backticks, inner backticks doubled.

@@ -12,7 +12,7 @@ use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 
-use super::{mysql_error, pool, quote};
+use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
 
 /// The most placeholders one MySQL statement may hold.
 const MAX_PLACEHOLDERS: usize = 65_535;
@@ -42,7 +42,7 @@ impl MysqlSink {
         connections: usize,
     ) -> Result<MysqlSink> {
         Ok(MysqlSink {
-            pool: pool(url, Side::Target, connections + 1)?,
+            pool: pool(&endpoint(url, Side::Target)?, connections + 1)?,
             local_infile: std::sync::atomic::AtomicBool::new(false),
             server,
             write_mode,
@@ -241,6 +241,7 @@ impl Sink for MysqlSink {
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        refuse_long_names(tables)?;
         let mut connection = self.connection().await?;
         let error = |doing: &str| {
             let doing = doing.to_owned();

@@ -18,7 +18,7 @@ use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, Table
 
 use super::binlog::{BinlogChangeStream, LogPosition};
 use super::wire::{WireConnection, WireError};
-use super::{decode, mysql_error, options, pool, quote, wire_error, ColumnType, SESSION_SETUP};
+use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
 
 const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
 
@@ -45,7 +45,7 @@ pub fn default_server_id(job: &str) -> u32 {
 #[derive(Debug)]
 pub struct MysqlSource {
     pool: Pool,
-    opts: mysql_async::Opts,
+    endpoint: Endpoint,
     /// The URL without its password, for messages.
     server: String,
     filter: TableFilter,
@@ -68,9 +68,10 @@ impl MysqlSource {
         stream: StreamOptions,
         read_timeout: Duration,
     ) -> Result<MysqlSource> {
+        let endpoint = endpoint(url, Side::Source)?;
         Ok(MysqlSource {
-            pool: pool(url, Side::Source, connections + 1)?,
-            opts: options(url, Side::Source)?,
+            pool: pool(&endpoint, connections + 1)?,
+            endpoint,
             server: display_url,
             filter,
             mode,
@@ -88,7 +89,7 @@ impl MysqlSource {
     /// the driver's pool.
     async fn read_connection(&self) -> Result<ReadConnection> {
         if self.lean_reads.load(Ordering::Relaxed) {
-            match WireConnection::connect(&self.opts, &SESSION_SETUP, self.read_timeout).await {
+            match WireConnection::connect(&self.endpoint, &SESSION_SETUP, self.read_timeout).await {
                 Ok(connection) => return Ok(ReadConnection::Lean(Box::new(connection))),
                 Err(WireError::Unsupported(what)) => {
                     log::info!("source {}: tables are read through the driver ({what})", self.server);
@@ -163,7 +164,7 @@ impl Source for MysqlSource {
         // Refused at start as by `sluice check`: a stream on the wrong settings would be wrong.
         self.check_binlog(&mut self.connection().await?).await?;
         let stream = BinlogChangeStream::open(
-            self.opts.clone(),
+            self.endpoint.opts.clone(),
             self.server.clone(),
             self.filter.clone(),
             after,
@@ -369,7 +370,7 @@ impl MysqlSource {
             Err(error) => return missing(format!("{user} cannot read the binlog position: {}", error.message())),
         };
         let opened = BinlogChangeStream::open(
-            self.opts.clone(),
+            self.endpoint.opts.clone(),
             self.server.clone(),
             self.filter.clone(),
             &position,

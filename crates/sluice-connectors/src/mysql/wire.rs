@@ -8,9 +8,10 @@
 //! The values are the very ones mysql_async's binary protocol yields, so both paths feed the
 //! same `decode` and the same type mapping.
 //!
-//! What it speaks: plain TCP, protocol 4.1, `mysql_native_password` and the fast path of
-//! `caching_sha2_password`. Anything else — TLS, a Unix socket, compression, another
-//! authentication plugin, or a server asking for full `caching_sha2_password` authentication —
+//! What it speaks: TCP, plain or TLS (rustls, the same configuration as the driver's),
+//! protocol 4.1, `mysql_native_password` and `caching_sha2_password` (its full authentication
+//! only over TLS, where the password may travel). Anything else — a Unix socket, compression,
+//! another authentication plugin, full `caching_sha2_password` authentication without TLS —
 //! is [`WireError::Unsupported`] while connecting, and the caller reads through mysql_async
 //! instead. Nothing is skipped: once connected, every other surprise is an error.
 
@@ -18,11 +19,17 @@ use std::io;
 use std::ops::Range;
 use std::time::Duration;
 
-use mysql_async::{Opts, Value as My};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use mysql_async::Value as My;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use super::Endpoint;
 
 /// A payload of this length continues in the next packet.
 const LARGEST_PAYLOAD: usize = 0xFF_FFFF;
@@ -39,6 +46,7 @@ const SECURE_CONNECTION: u32 = 0x8000;
 const MULTI_RESULTS: u32 = 0x2_0000;
 const PLUGIN_AUTH: u32 = 0x8_0000;
 const PLUGIN_AUTH_LENENC_DATA: u32 = 0x20_0000;
+const SSL: u32 = 0x800;
 
 // Commands.
 const COM_QUIT: u8 = 0x01;
@@ -56,6 +64,8 @@ pub(super) enum WireError {
     /// The connection needs something this client does not speak (named); read through
     /// mysql_async instead. Only returned by [`WireConnection::connect`].
     Unsupported(String),
+    /// TLS could not be set up as the URL asks (no TLS offered, a certificate refused).
+    Tls(String),
     /// The socket failed or closed.
     Io(io::Error),
     /// The server answered with an error packet.
@@ -74,6 +84,7 @@ impl std::fmt::Display for WireError {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             WireError::Unsupported(what) => write!(formatter, "not supported by the lean reader: {what}"),
+            WireError::Tls(what) => write!(formatter, "TLS: {what}"),
             WireError::Io(error) => write!(formatter, "input/output error: {error}"),
             WireError::Server { code, message } => write!(formatter, "server error {code}: {message}"),
             WireError::Protocol(what) => write!(formatter, "protocol error: {what}"),
@@ -114,7 +125,7 @@ struct Statement {
 /// can take the few bytes at once.
 #[derive(Debug)]
 pub(super) struct WireConnection {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not yet consumed are `buffer[start..end]`.
     buffer: Vec<u8>,
     start: usize,
@@ -136,10 +147,8 @@ impl WireConnection {
     /// Whenever the connection waits for the server (connecting included) and nothing comes
     /// for `silence`, it fails with a timed-out `Io` error: a server or network gone quiet
     /// mid-read is an error to retry, not a read that waits forever.
-    pub(super) async fn connect(opts: &Opts, setup: &[&str], silence: Duration) -> Result<WireConnection> {
-        if opts.ssl_opts().is_some() {
-            return Err(WireError::Unsupported("TLS".into()));
-        }
+    pub(super) async fn connect(endpoint: &Endpoint, setup: &[&str], silence: Duration) -> Result<WireConnection> {
+        let opts = &endpoint.opts;
         if opts.socket().is_some() {
             return Err(WireError::Unsupported("a Unix socket".into()));
         }
@@ -151,7 +160,7 @@ impl WireConnection {
             .map_err(|_| silent(silence))??;
         stream.set_nodelay(true)?;
         let mut connection = WireConnection {
-            stream,
+            stream: Stream::Plain(stream),
             buffer: vec![0; READ_BUFFER],
             start: 0,
             end: 0,
@@ -161,14 +170,15 @@ impl WireConnection {
             statements: Vec::new(),
             silence,
         };
-        connection.authenticate(opts).await?;
+        connection.authenticate(endpoint).await?;
         for statement in setup {
             connection.query(statement).await?;
         }
         Ok(connection)
     }
 
-    async fn authenticate(&mut self, opts: &Opts) -> Result<()> {
+    async fn authenticate(&mut self, endpoint: &Endpoint) -> Result<()> {
+        let opts = &endpoint.opts;
         self.read_payload().await?;
         let greeting = self.payload().to_vec();
         if greeting.first() == Some(&0xFF) {
@@ -213,7 +223,25 @@ impl WireConnection {
             | PLUGIN_AUTH
             | PLUGIN_AUTH_LENENC_DATA
             | if database.is_some() { CONNECT_WITH_DB } else { 0 };
-        let ours = wanted & capabilities;
+        let mut ours = wanted & capabilities;
+        if let Some(tls) = &endpoint.tls {
+            if capabilities & SSL == 0 {
+                return Err(WireError::Tls(format!(
+                    "the server at {}:{} does not offer TLS, and ssl-mode asks for it",
+                    opts.ip_or_hostname(),
+                    opts.tcp_port()
+                )));
+            }
+            ours |= SSL;
+            // SSLRequest: the first 32 bytes of the handshake response, then the TLS handshake.
+            let mut request = Vec::with_capacity(32);
+            request.extend_from_slice(&ours.to_le_bytes());
+            request.extend_from_slice(&(LARGEST_PAYLOAD as u32).to_le_bytes());
+            request.push(UTF8MB4);
+            request.extend_from_slice(&[0; 23]);
+            self.write_payload(&request).await?;
+            self.start_tls(tls.clone(), opts.ip_or_hostname()).await?;
+        }
         let mut packet = Vec::with_capacity(128);
         packet.extend_from_slice(&ours.to_le_bytes());
         packet.extend_from_slice(&(LARGEST_PAYLOAD as u32).to_le_bytes());
@@ -254,12 +282,37 @@ impl WireConnection {
                 // caching_sha2_password: 3 is "fast authentication succeeded", an OK follows;
                 // 4 asks for the password in full, which needs TLS or the server's RSA key.
                 Some(0x01) if reply.get(1) == Some(&3) => {}
+                // Over TLS the password may be sent as it is.
+                Some(0x01) if reply.get(1) == Some(&4) && matches!(self.stream, Stream::Tls(_)) => {
+                    let mut clear = password.as_bytes().to_vec();
+                    clear.push(0);
+                    self.write_payload(&clear).await?;
+                }
                 Some(0x01) if reply.get(1) == Some(&4) => {
                     return Err(WireError::Unsupported("full caching_sha2_password authentication".into()))
                 }
                 _ => return protocol("unexpected packet during authentication"),
             }
         }
+    }
+
+    /// Turns the plain connection into a TLS one (after the SSLRequest packet).
+    async fn start_tls(&mut self, config: std::sync::Arc<rustls::ClientConfig>, host: &str) -> Result<()> {
+        let name = crate::tls::server_name(host).map_err(WireError::Tls)?;
+        let plain = match std::mem::replace(&mut self.stream, Stream::Closed) {
+            Stream::Plain(plain) => plain,
+            other => {
+                self.stream = other;
+                return protocol("TLS started twice");
+            }
+        };
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let tls = tokio::time::timeout(self.silence, connector.connect(name, plain))
+            .await
+            .map_err(|_| silent(self.silence))?
+            .map_err(|error| WireError::Tls(crate::tls::describe(&error)))?;
+        self.stream = Stream::Tls(Box::new(tls));
+        Ok(())
     }
 
     /// Runs a statement that returns no rows.
@@ -460,12 +513,94 @@ impl WireConnection {
 impl Drop for WireConnection {
     fn drop(&mut self) {
         // COM_QUIT, so the server logs a goodbye rather than an aborted connection. A socket
-        // that cannot take five bytes at once is closed without it.
-        let _ = self.stream.try_write(&[1, 0, 0, 0, COM_QUIT]);
+        // that cannot take five bytes at once, or a TLS one, is closed without it.
+        if let Stream::Plain(stream) = &self.stream {
+            let _ = stream.try_write(&[1, 0, 0, 0, COM_QUIT]);
+        }
     }
 }
 
 /// The answer to the server's scramble for an authentication plugin.
+/// The connection under the protocol: plain TCP or TLS over it.
+#[derive(Debug)]
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    /// Only while TLS starts.
+    Closed,
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(self: Pin<&mut Self>, context: &mut Context<'_>, buffer: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_read(context, buffer),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_read(context, buffer),
+            Stream::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(self: Pin<&mut Self>, context: &mut Context<'_>, buffer: &[u8]) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_write(context, buffer),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_write(context, buffer),
+            Stream::Closed => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_flush(context),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_flush(context),
+            Stream::Closed => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Plain(stream) => Pin::new(stream).poll_shutdown(context),
+            Stream::Tls(stream) => Pin::new(stream.as_mut()).poll_shutdown(context),
+            Stream::Closed => Poll::Ready(Ok(())),
+        }
+    }
+}
+
+/// Whether the server at `host:port` offers TLS, from its greeting (read over a short-lived,
+/// blocking connection that is closed right after). For `ssl-mode=PREFERRED`.
+pub(super) fn offers_tls(host: &str, port: u16, timeout: Duration) -> std::result::Result<bool, String> {
+    use std::io::Read as _;
+    use std::net::ToSocketAddrs as _;
+    let addresses = (host, port).to_socket_addrs().map_err(|error| error.to_string())?;
+    let mut last = "no address".to_owned();
+    for address in addresses {
+        let mut stream = match std::net::TcpStream::connect_timeout(&address, timeout) {
+            Ok(stream) => stream,
+            Err(error) => {
+                last = error.to_string();
+                continue;
+            }
+        };
+        stream.set_read_timeout(Some(timeout)).map_err(|error| error.to_string())?;
+        let mut header = [0u8; 4];
+        stream.read_exact(&mut header).map_err(|error| error.to_string())?;
+        let length = usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
+        let mut greeting = vec![0; length.min(1024)];
+        stream.read_exact(&mut greeting).map_err(|error| error.to_string())?;
+        let mut cursor = Cursor::new(&greeting);
+        let parsed = (|| -> Result<u32> {
+            if cursor.byte()? != 10 {
+                return protocol("not protocol 10");
+            }
+            cursor.null_terminated()?;
+            cursor.take(4 + 8 + 1)?;
+            Ok(u32::from(cursor.u16()?))
+        })();
+        return parsed.map(|capabilities| capabilities & SSL != 0).map_err(|error| error.to_string());
+    }
+    Err(last)
+}
+
 /// The error of a server that sent nothing for `silence`.
 fn silent(silence: Duration) -> io::Error {
     io::Error::new(

@@ -10,7 +10,7 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, V
 use tokio_postgres::Client;
 
 use super::sink::{commit_with_checkpoint, create_index_sql, create_table_sql, qualified, read_checkpoint};
-use super::{column_type, copy_rows, encode_copy, postgres_error, quote};
+use super::{column_type, copy_rows, encode_copy, postgres_error, quote, refuse_long_names};
 
 /// At most this many keys per DELETE; a larger set takes several statements.
 const KEYS_PER_STATEMENT: usize = 10_000;
@@ -166,6 +166,15 @@ impl ChangeWriter for PostgresChangeWriter {
 
     /// PostgreSQL's DDL is transactional: the change commits with the checkpoint.
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        match change {
+            SchemaChange::Create(table) | SchemaChange::Alter { table, .. } => refuse_long_names([table])?,
+            SchemaChange::Rename { to, .. } => {
+                let renamed =
+                    TableSchema { name: to.clone(), columns: Vec::new(), primary_key: Vec::new(), indexes: Vec::new() };
+                refuse_long_names([&renamed])?
+            }
+            SchemaChange::Drop(_) | SchemaChange::Truncate(_) => {}
+        }
         self.begin().await?;
         match change {
             SchemaChange::Create(table) => {

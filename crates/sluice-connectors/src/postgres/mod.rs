@@ -6,26 +6,114 @@ mod sink;
 
 use sluice_core::secret::Secret;
 use sluice_core::{DataType, Error, ErrorKind, Side, Value};
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
+
+use crate::tls::{take_parameters, ClientTls, Verification};
 
 pub use sink::PostgresSink;
 
+/// The TLS parameters sluice reads itself, named as libpq names them.
+const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// A connection URL (or key=value string) as the driver's configuration and the TLS settings,
+/// with libpq's `sslmode` semantics: `disable`, `prefer` (the default: TLS when the server
+/// offers it, unverified), `require` (TLS, unverified; verified like `verify-ca` when
+/// `sslrootcert` is given), `verify-ca`, `verify-full`.
+pub(crate) fn endpoint(url: &Secret, side: Side) -> Result<(tokio_postgres::Config, SslMode, ClientTls), Error> {
+    let (rest, parameters) = take_parameters(url.expose(), &TLS_PARAMETERS);
+    let mut config: tokio_postgres::Config = rest.parse().map_err(|error| {
+        Error::config(format!("{side}.url: not a valid PostgreSQL URL ({error})"))
+            .hint("expected postgres://user:password@host:port/database[?sslmode=verify-full&sslrootcert=ca.pem]")
+    })?;
+    let value = |name: &str| parameters.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+    let path = |name: &str| value(name).filter(|path| !path.is_empty()).map(std::path::PathBuf::from);
+    let ca = path("sslrootcert");
+    let (mode, verification) = match value("sslmode").as_deref().unwrap_or("prefer") {
+        "disable" => (SslMode::Disable, Verification::Encrypt),
+        "allow" | "prefer" => (SslMode::Prefer, Verification::Encrypt),
+        "require" if ca.is_some() => (SslMode::Require, Verification::Chain),
+        "require" => (SslMode::Require, Verification::Encrypt),
+        "verify-ca" => (SslMode::Require, Verification::Chain),
+        "verify-full" => (SslMode::Require, Verification::Full),
+        other => {
+            return Err(Error::config(format!(
+                "{side}.url: sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
+            )))
+        }
+    };
+    config.ssl_mode(mode);
+    let tls = ClientTls { verification, ca, cert: path("sslcert"), key: path("sslkey") };
+    Ok((config, mode, tls))
+}
+
 /// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC.
 async fn connect(url: &Secret, side: Side, server: &str) -> Result<Client, Error> {
-    let (client, connection) = tokio_postgres::connect(url.expose(), NoTls)
-        .await
-        .map_err(|error| postgres_error(error, side, server, "connect"))?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            log::debug!("postgres connection closed: {error}");
+    let (config, mode, tls) = endpoint(url, side)?;
+    let connector = match mode {
+        SslMode::Disable => None,
+        _ => Some(tls.config().map_err(|error| {
+            Error::config(format!("{side}.url: {error}")).on(side).hint("fix sslrootcert, sslcert or sslkey")
+        })?),
+    };
+    let client = match connector {
+        Some(tls) => {
+            let (client, connection) = config
+                .connect(tokio_postgres_rustls::MakeRustlsConnect::new(tls))
+                .await
+                .map_err(|error| postgres_error(error, side, server, "connect"))?;
+            drive(connection);
+            client
         }
-    });
+        None => {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|error| postgres_error(error, side, server, "connect"))?;
+            drive(connection);
+            client
+        }
+    };
     client
         .batch_execute("SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'")
         .await
         .map_err(|error| postgres_error(error, side, server, "set up the session"))?;
     Ok(client)
+}
+
+/// PostgreSQL's identifier limit (NAMEDATALEN - 1), in bytes.
+const MAX_NAME_BYTES: usize = 63;
+
+/// Refuses tables whose names PostgreSQL would truncate.
+fn refuse_long_names<'a>(tables: impl IntoIterator<Item = &'a sluice_core::TableSchema>) -> Result<(), Error> {
+    crate::refuse_long_names(tables, MAX_NAME_BYTES, "bytes", str::len, "PostgreSQL")
+}
+
+/// A name of at most `MAX_NAME_BYTES` made from `name`: itself when short enough, else its
+/// start (cut on a character boundary) and a hash of the whole, so two long names stay apart
+/// and the same name always gives the same result.
+fn bounded_name(name: &str) -> String {
+    if name.len() <= MAX_NAME_BYTES {
+        return name.to_owned();
+    }
+    let hash = name
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+    let mut start = name[..MAX_NAME_BYTES - 17].to_owned();
+    while !name.is_char_boundary(start.len()) {
+        start.pop();
+    }
+    format!("{start}_{hash:016x}")
+}
+
+/// Runs a connection's I/O until its client is dropped or the connection fails.
+fn drive(connection: impl std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static) {
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            log::debug!("postgres connection closed: {error}");
+        }
+    });
 }
 
 /// Classifies a driver error and names the side and the server (without its password).
@@ -71,6 +159,18 @@ fn postgres_error(error: tokio_postgres::Error, side: Side, server: &str, doing:
             }
             text
         }
+    };
+    let (kind, hint) = if doing == "connect" && error.as_db_error().is_none() && crate::tls::is_tls_failure(&detail) {
+        (ErrorKind::Auth, Some(crate::tls::HANDSHAKE_HINT.replace("{mode}", "sslmode").replace("{ca}", "sslrootcert")))
+    } else if detail.contains("no encryption") {
+        (
+            ErrorKind::Auth,
+            Some(format!(
+                "the server accepts only TLS connections: set sslmode=verify-full (or require) in {side}.url"
+            )),
+        )
+    } else {
+        (kind, hint)
     };
     let error = Error::new(kind, format!("{doing} on {server}: {detail}")).on(side);
     match hint {
@@ -220,6 +320,16 @@ fn escape_copy(text: &str, output: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_names_are_bounded_deterministically_and_stay_apart() {
+        let (a, b) = ("x".repeat(70) + "_a", "x".repeat(70) + "_b");
+        assert_eq!(bounded_name("short"), "short");
+        assert!(bounded_name(&a).len() <= MAX_NAME_BYTES && bounded_name(&b).len() <= MAX_NAME_BYTES);
+        assert_ne!(bounded_name(&a), bounded_name(&b));
+        assert_eq!(bounded_name(&a), bounded_name(&a));
+        assert!(bounded_name(&"é".repeat(40)).len() <= MAX_NAME_BYTES);
+    }
 
     #[test]
     fn copy_text_escapes_what_copy_reads_specially() {

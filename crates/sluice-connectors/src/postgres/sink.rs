@@ -11,7 +11,7 @@ use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
-use super::{column_type, connect, copy_rows, is_row_error, postgres_error, quote};
+use super::{bounded_name, column_type, connect, copy_rows, is_row_error, postgres_error, quote, refuse_long_names};
 
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
@@ -131,6 +131,7 @@ impl Sink for PostgresSink {
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        refuse_long_names(tables)?;
         let client = connect(&self.url, Side::Target, &self.server).await?;
         client
             .batch_execute(
@@ -287,16 +288,13 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
 }
 
 /// `CREATE INDEX` for each secondary index. PostgreSQL index names are per schema, so each is
-/// prefixed with its table's name (and cut to the 63-byte limit on a character boundary).
+/// prefixed with its table's name (and bounded to the 63-byte limit by `bounded_name`).
 pub(super) fn create_index_sql(table: &TableSchema) -> Vec<String> {
     table
         .indexes
         .iter()
         .map(|index| {
-            let mut name = format!("{}_{}", table.name.name, index.name);
-            while name.len() > 63 {
-                name.pop();
-            }
+            let name = bounded_name(&format!("{}_{}", table.name.name, index.name));
             let columns: Vec<String> = index.columns.iter().map(|&column| quote(&table.columns[column].name)).collect();
             format!(
                 "CREATE {}INDEX IF NOT EXISTS {} ON {} ({})",

@@ -175,8 +175,9 @@ fn is_variable_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
 }
 
-/// Describes a node for messages; scalars are quoted, so the user sees what they wrote.
-fn describe(node: &Node) -> String {
+/// Describes a node for messages; scalars are quoted as written, so the user sees what they
+/// wrote and a `${VAR}` is shown as `${VAR}`, never as the value it expands to.
+pub fn describe(node: &Node) -> String {
     match &node.kind {
         NodeKind::Scalar { text, .. } if !node.is_null() => format!("`{text}`"),
         _ => node.shape().to_owned(),

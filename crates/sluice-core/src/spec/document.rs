@@ -115,17 +115,28 @@ fn from_json(value: serde_json::Value) -> Node {
     Node { kind, line: None }
 }
 
+/// The most nodes a document may hold once its aliases are expanded: a job file has a few
+/// hundred; a "billion laughs" document is refused before it takes memory or time.
+const MAX_NODES: usize = 100_000;
+/// The deepest nesting of collections a document may have.
+const MAX_DEPTH: usize = 64;
+
 /// Folds parser events into nodes with a stack of open collections.
 #[derive(Default)]
 struct Builder {
     stack: Vec<Open>,
-    anchors: HashMap<usize, Node>,
+    /// Each anchor's node and how many nodes it holds.
+    anchors: HashMap<usize, (Node, usize)>,
     root: Option<Node>,
+    /// Nodes made so far, aliases counted at their expanded size.
+    nodes: usize,
 }
 
 struct Open {
     node: Node,
     anchor: usize,
+    /// `nodes` when the collection opened.
+    nodes_before: usize,
     /// For mappings: the key read, waiting for its value.
     pending_key: Option<(String, usize)>,
 }
@@ -134,24 +145,27 @@ impl Builder {
     fn accept(&mut self, event: Event<'_>, span: Span) -> Result<(), SyntaxError> {
         let line = Some(span.start.line());
         match event {
-            Event::MappingStart(anchor, _) => self.open(NodeKind::Mapping(Vec::new()), anchor, line),
-            Event::SequenceStart(anchor, _) => self.open(NodeKind::Sequence(Vec::new()), anchor, line),
+            Event::MappingStart(anchor, _) => self.open(NodeKind::Mapping(Vec::new()), anchor, span)?,
+            Event::SequenceStart(anchor, _) => self.open(NodeKind::Sequence(Vec::new()), anchor, span)?,
             Event::MappingEnd | Event::SequenceEnd => {
                 let open = self.stack.pop().expect("the parser balances collections");
-                self.add(open.node, open.anchor, span)?;
+                let size = self.nodes - open.nodes_before;
+                self.add(open.node, open.anchor, size, span)?;
             }
             Event::Scalar(text, style, anchor, _) => {
                 let quoted = !matches!(style, ScalarStyle::Plain);
                 let node = Node { kind: NodeKind::Scalar { text: text.into_owned(), quoted }, line };
-                self.add(node, anchor, span)?;
+                self.count(1, span)?;
+                self.add(node, anchor, 1, span)?;
             }
             Event::Alias(anchor) => {
-                let node = self.anchors.get(&anchor).cloned().ok_or_else(|| SyntaxError {
+                let (node, size) = self.anchors.get(&anchor).cloned().ok_or_else(|| SyntaxError {
                     line,
                     column: Some(span.start.col() + 1),
                     message: "alias refers to an unknown anchor".into(),
                 })?;
-                self.add(node, 0, span)?;
+                self.count(size, span)?;
+                self.add(node, 0, size, span)?;
             }
             Event::DocumentStart(_) if self.root.is_some() => {
                 return Err(SyntaxError {
@@ -165,13 +179,38 @@ impl Builder {
         Ok(())
     }
 
-    fn open(&mut self, kind: NodeKind, anchor: usize, line: Option<usize>) {
-        self.stack.push(Open { node: Node { kind, line }, anchor, pending_key: None });
+    fn open(&mut self, kind: NodeKind, anchor: usize, span: Span) -> Result<(), SyntaxError> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(SyntaxError {
+                line: Some(span.start.line()),
+                column: Some(span.start.col() + 1),
+                message: format!("collections nest deeper than {MAX_DEPTH} levels"),
+            });
+        }
+        self.count(1, span)?;
+        let line = Some(span.start.line());
+        self.stack.push(Open { node: Node { kind, line }, anchor, nodes_before: self.nodes - 1, pending_key: None });
+        Ok(())
     }
 
-    fn add(&mut self, node: Node, anchor: usize, span: Span) -> Result<(), SyntaxError> {
+    /// Counts `size` more nodes, refusing a document that grows past `MAX_NODES`.
+    fn count(&mut self, size: usize, span: Span) -> Result<(), SyntaxError> {
+        self.nodes = self.nodes.saturating_add(size);
+        if self.nodes > MAX_NODES {
+            return Err(SyntaxError {
+                line: Some(span.start.line()),
+                column: Some(span.start.col() + 1),
+                message: format!(
+                    "the document expands to more than {MAX_NODES} values (through YAML aliases?); a job is far smaller"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, node: Node, anchor: usize, size: usize, span: Span) -> Result<(), SyntaxError> {
         if anchor != 0 {
-            self.anchors.insert(anchor, node.clone());
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         let Some(parent) = self.stack.last_mut() else {
             self.root = Some(node);
@@ -236,6 +275,23 @@ mod tests {
         assert!(error.line.is_some() && error.column.is_some(), "{error:?}");
         let error = parse_yaml("a: 1\na: 2\n").unwrap_err();
         assert_eq!((error.line, error.message.as_str()), (Some(2), "duplicate key `a`"));
+    }
+
+    #[test]
+    fn a_billion_laughs_is_refused_quickly() {
+        let mut text =
+            String::from("a0: &a0 [\"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\", \"lol\"]\n");
+        for level in 1..10 {
+            let previous = level - 1;
+            let items = vec![format!("*a{previous}"); 9].join(", ");
+            text.push_str(&format!("a{level}: &a{level} [{items}]\n"));
+        }
+        let started = std::time::Instant::now();
+        let error = parse_yaml(&text).expect_err("refused");
+        assert!(error.message.contains("more than 100000 values"), "{}", error.message);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        let deep = "[".repeat(100) + &"]".repeat(100);
+        assert!(parse_yaml(&deep).expect_err("refused").message.contains("nest deeper"));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::decode::{Decoder, Fields, SpecError};
+use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
 use crate::secret::{self, Secret};
 
@@ -199,7 +199,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
                 _ => None,
             };
             if mode.is_none() {
-                decoder.error("mode", node.line, format!("unknown mode `{text}`; expected snapshot, cdc or snapshot+cdc (aliases: full, incremental, full+incremental)"));
+                decoder.error("mode", node.line, format!("unknown mode {}; expected snapshot, cdc or snapshot+cdc (aliases: full, incremental, full+incremental)", decode::describe(node)));
             }
             mode
         }),
@@ -263,7 +263,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
                 decoder.error(
                     &fields.path("write_mode"),
                     node.line,
-                    format!("unknown write mode `{text}`; expected insert or upsert"),
+                    format!("unknown write mode {}; expected insert or upsert", decode::describe(node)),
                 );
                 None
             }
@@ -299,12 +299,21 @@ fn register_url_password(url: &str) {
         return;
     };
     let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
+    let mut passwords = Vec::new();
     if let Some((credentials, _)) = authority.rsplit_once('@') {
         if let Some((_, password)) = credentials.split_once(':') {
-            secret::register(password);
-            if let Some(decoded) = percent_decode(password) {
-                secret::register(&decoded);
-            }
+            passwords.push(password);
+        }
+    }
+    // `?password=` (libpq and several drivers read it).
+    let query = after_scheme.split_once('?').map_or("", |(_, query)| query);
+    passwords.extend(query.split('&').filter_map(|pair| pair.split_once('=')).filter_map(|(key, value)| {
+        matches!(key.to_ascii_lowercase().as_str(), "password" | "passwd" | "pwd").then_some(value)
+    }));
+    for password in passwords {
+        secret::register(password);
+        if let Some(decoded) = percent_decode(password) {
+            secret::register(&decoded);
         }
     }
 }
@@ -384,7 +393,7 @@ fn decode_error_policy(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Err
                 decoder.error(
                     "errors.zero_dates",
                     node.line,
-                    format!("unknown policy `{text}`; expected reject or null"),
+                    format!("unknown policy {}; expected reject or null", decode::describe(node)),
                 );
                 None
             }

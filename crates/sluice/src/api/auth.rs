@@ -6,13 +6,16 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use sluice_core::{Error, Result};
 
 use super::Api;
+
+/// The shortest token accepted, from the environment or the tokens file.
+const MIN_TOKEN_LENGTH: usize = 16;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub enum Role {
@@ -32,9 +35,13 @@ impl Tokens {
         let mut tokens = Vec::new();
         for (variable, role) in [("SLUICE_ADMIN_TOKEN", Role::Admin), ("SLUICE_READ_TOKEN", Role::Read)] {
             if let Ok(token) = std::env::var(variable) {
-                if !token.is_empty() {
-                    tokens.push((token, role));
+                if token.len() < MIN_TOKEN_LENGTH {
+                    return Err(Error::config(format!(
+                        "{variable}: a token needs at least {MIN_TOKEN_LENGTH} characters"
+                    ))
+                    .hint("make one with `openssl rand -hex 32`"));
                 }
+                tokens.push((token, role));
             }
         }
         if let Some(path) = file {
@@ -57,9 +64,9 @@ impl Tokens {
                     }
                 };
                 let token = line.split_whitespace().nth(1).unwrap_or_default();
-                if token.len() < 16 {
+                if token.len() < MIN_TOKEN_LENGTH {
                     return Err(Error::config(format!(
-                        "--tokens-file {} line {}: a token needs at least 16 characters",
+                        "--tokens-file {} line {}: a token needs at least {MIN_TOKEN_LENGTH} characters",
                         path.display(),
                         number + 1
                     )));
@@ -122,4 +129,72 @@ pub async fn authorize(State(api): State<Arc<Api>>, request: Request, next: Next
             .into_response();
     }
     next.run(request).await
+}
+
+/// Refuses what a browser on another site could send: a request whose `Origin` is not the
+/// server itself, or that a browser marks cross-site; and, on a server without tokens (whose
+/// loopback address is its only protection), a `Host` that is not a loopback name (DNS
+/// rebinding). A body must be JSON or YAML, which a plain HTML form cannot send.
+pub async fn same_site(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+    let headers = request.headers();
+    let refuse = |message: String| (StatusCode::FORBIDDEN, axum::Json(json!({ "error": message }))).into_response();
+    let host = header(headers, "host").unwrap_or_default();
+    if let Some(origin) = header(headers, "origin") {
+        let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest).trim_end_matches('/');
+        if !origin_host.eq_ignore_ascii_case(host) {
+            return refuse(format!("cross-site request refused: Origin {origin} is not this server ({host})"));
+        }
+    }
+    if header(headers, "sec-fetch-site") == Some("cross-site") {
+        return refuse("cross-site request refused (Sec-Fetch-Site: cross-site)".to_owned());
+    }
+    if api.tokens.is_empty() && !loopback_host(host) {
+        return refuse(format!(
+            "this server has no API token and answers only requests addressed to a loopback name, not Host {host}"
+        ));
+    }
+    let has_body = header(headers, "content-length").is_some_and(|length| length != "0")
+        || headers.contains_key("transfer-encoding");
+    if has_body && !matches!(*request.method(), Method::GET | Method::HEAD) {
+        let content_type = header(headers, "content-type").unwrap_or_default();
+        let media = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+        if !matches!(media.as_str(), "application/json" | "application/yaml" | "application/x-yaml" | "text/yaml") {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                axum::Json(json!({ "error": format!("a request body must be application/json or application/yaml, not {content_type:?}") })),
+            )
+                .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|value| value.to_str().ok())
+}
+
+/// Whether a `Host` header names this machine's loopback (with any port).
+fn loopback_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|character| character.is_ascii_digit()) && !name.ends_with(':') => name,
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<std::net::IpAddr>().is_ok_and(|address| address.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_host;
+
+    #[test]
+    fn loopback_hosts_are_recognized_with_or_without_a_port() {
+        for host in ["127.0.0.1:7070", "localhost", "LOCALHOST:1", "[::1]:80", "::1", "127.1.2.3"] {
+            assert!(loopback_host(host), "{host}");
+        }
+        for host in ["evil.example:7070", "10.0.0.1", "", "localhost.evil.example"] {
+            assert!(!loopback_host(host), "{host}");
+        }
+    }
 }

@@ -30,7 +30,12 @@ use crate::logger::timestamp;
 pub struct Api {
     pub node: Arc<Node>,
     pub tokens: Tokens,
+    /// `/metrics` answers without a token even when tokens are set (`--open-metrics`).
+    pub open_metrics: bool,
 }
+
+/// The largest request body the API reads: a job document is a few kilobytes.
+const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 type Shared = State<Arc<Api>>;
 
@@ -44,8 +49,17 @@ impl IntoResponse for Failure {
 }
 
 impl From<sluice_core::Error> for Failure {
+    /// 503 only when the coordination store cannot be reached; what a request got wrong is a
+    /// 400, a conflict a 409, anything else a 500.
     fn from(error: sluice_core::Error) -> Failure {
-        Failure(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": error.to_string() }))
+        use sluice_core::ErrorKind;
+        let status = match error.kind() {
+            ErrorKind::Unavailable | ErrorKind::Connect => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Config | ErrorKind::Schema | ErrorKind::Data => StatusCode::BAD_REQUEST,
+            ErrorKind::Conflict | ErrorKind::Fenced => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        Failure(status, json!({ "error": error.to_string() }))
     }
 }
 
@@ -71,11 +85,19 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/workers", get(list_workers))
         .route("/leader", get(show_leader))
         .layer(axum::middleware::from_fn_with_state(api.clone(), auth::authorize));
+    let metrics = Router::new().route("/metrics", get(metrics));
+    let metrics = if api.open_metrics {
+        metrics
+    } else {
+        metrics.layer(axum::middleware::from_fn_with_state(api.clone(), auth::authorize))
+    };
     Router::new()
         .nest("/api/v1", jobs)
+        .merge(metrics)
         .route("/api/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi::DOCUMENT) }))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), auth::same_site))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api)
 }
 
@@ -86,6 +108,20 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
     let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
     let json = !content_type.contains("yaml");
     let (job, mut errors) = parse_job_partially(text, json, |name| std::env::var(name).ok());
+    // The same document with every `${VAR}` left as written: what the store keeps at rest.
+    if let (Some(written), _) = parse_job_partially(text, json, |name| Some(format!("${{{name}}}"))) {
+        for endpoint in [&written.source, &written.target] {
+            if endpoint.url.as_ref().is_some_and(|url| sluice_core::secret::has_literal_password(url.expose())) {
+                errors.push(SpecError {
+                    path: format!("{}.url", endpoint.role),
+                    line: endpoint.line_of("url"),
+                    message: "holds a password in plain text, which the server would keep at rest; write it as \
+                              ${VARIABLE} and set that variable in the environment of every node"
+                        .into(),
+                });
+            }
+        }
+    }
     if let Some(job) = &job {
         errors.extend(sluice_connectors::validate(job));
         if cluster && !sluice_connectors::fences(&job.target.connector) {
@@ -244,9 +280,20 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
     no_backfill(&job)?;
     let request: Value = serde_json::from_slice(&body)
         .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("expected {{\"version\": N}}: {error}")))?;
-    let Some(version) = request.get("version").and_then(Value::as_u64) else {
-        return Err(failure(StatusCode::BAD_REQUEST, "expected {\"version\": N} with N a version number"));
+    let version =
+        request.get("version").and_then(Value::as_u64).filter(|version| (1..=u64::from(u32::MAX)).contains(version));
+    let Some(version) = version else {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("expected {{\"version\": N}} with N a version of job {name}: 1 to {}", job.version),
+        ));
     };
+    if version > u64::from(job.version) {
+        return Err(failure(
+            StatusCode::NOT_FOUND,
+            format!("job {name} has no version {version}; its versions are 1 to {}", job.version),
+        ));
+    }
     let (old, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, version as u32))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;

@@ -1,208 +1,443 @@
 //! The coordination store on etcd: leases, guarded writes as transactions comparing create
-//! revisions. Only this file knows etcd's client.
+//! revisions. Only this file knows etcd.
+//!
+//! It speaks etcd's v3 JSON gateway (`POST /v3/kv/range` …, the same gRPC services as JSON over
+//! HTTP/1.1, served by every etcd ≥ 3.4 on its client port) through reqwest: no protobuf
+//! compiler at build time, and the same rustls configuration as every other connection. Keys and
+//! values travel base64-encoded; 64-bit integers as strings.
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
-use sluice_core::{Error, ErrorKind, Result};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sluice_connectors::tls::{ClientTls, Verification};
+use sluice_core::secret::Secret;
+use sluice_core::{Error, ErrorKind, Result, Side};
 
 use super::store::{store_error, Entry, Guard, Store};
 
+/// How to reach an etcd cluster: its members, TLS files and user.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    /// Members, comma separated: `http://host:port` or `https://host:port`.
+    pub members: String,
+    /// The CA that signed the members' certificates (the system's roots when absent).
+    pub ca: Option<PathBuf>,
+    /// A client certificate and key, for members started with `--client-cert-auth`.
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// An etcd user, with its password, when etcd has authentication enabled.
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+}
+
 /// A connection to an etcd cluster (any of its members).
-#[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    http: reqwest::Client,
+    members: Vec<String>,
+    /// The member that answered last: requests go there first.
+    current: AtomicUsize,
+    user: Option<(String, Secret)>,
+    /// The auth token of `user`, renewed when etcd says it is no longer valid.
+    token: Mutex<Option<Secret>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("EtcdStore").finish_non_exhaustive()
+        formatter.debug_struct("EtcdStore").field("members", &self.members).finish_non_exhaustive()
     }
 }
 
+fn etcd_config_error(message: impl Into<String>) -> Error {
+    Error::config(message).on(Side::State)
+}
+
 impl EtcdStore {
-    /// Connects to the members in `endpoints` (`http://host:port`, comma separated).
-    pub async fn connect(endpoints: &str) -> Result<EtcdStore> {
-        let members: Vec<String> = endpoints
+    /// Connects to the members of `options` and proves one answers.
+    pub async fn connect(options: &EtcdOptions) -> Result<EtcdStore> {
+        let members: Vec<String> = options
+            .members
             .split(',')
             .map(str::trim)
             .filter(|member| !member.is_empty())
-            .map(|member| if member.contains("://") { member.to_owned() } else { format!("http://{member}") })
+            .map(|member| {
+                let member = member.trim_end_matches('/');
+                if member.contains("://") {
+                    member.to_owned()
+                } else {
+                    format!("http://{member}")
+                }
+            })
             .collect();
         if members.is_empty() {
-            return Err(Error::config("--etcd: no member given; expected http://host:port[,http://host:port…]"));
+            return Err(etcd_config_error("--etcd: no member given; expected http(s)://host:port[,…]"));
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(3))
-            .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
-            .with_keep_alive_while_idle(true);
-        let client = Client::connect(&members, Some(options)).await.map_err(|error| {
-            Error::new(ErrorKind::Connect, format!("cannot reach etcd at {}: {error}", members.join(",")))
-                .hint("start etcd or fix --etcd")
-        })?;
-        let store = EtcdStore { client };
-        // Connecting is lazy: one read proves a member answers.
-        store.get("/sluice/").await?;
-        Ok(store)
+        if let Some(member) =
+            members.iter().find(|member| !member.starts_with("http://") && !member.starts_with("https://"))
+        {
+            return Err(etcd_config_error(format!("--etcd {member}: expected http:// or https://")));
+        }
+        let secure = members.iter().any(|member| member.starts_with("https://"));
+        let has_tls_files = options.ca.is_some() || options.cert.is_some() || options.key.is_some();
+        if has_tls_files && !secure {
+            return Err(etcd_config_error(
+                "--etcd-ca/--etcd-cert/--etcd-key are given but the --etcd members are http://; use https://",
+            ));
+        }
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(Duration::from_secs(5))
+            .tcp_keepalive(Duration::from_secs(1))
+            .no_proxy();
+        if secure {
+            let tls = ClientTls {
+                verification: Verification::Full,
+                ca: options.ca.clone(),
+                cert: options.cert.clone(),
+                key: options.key.clone(),
+            };
+            let config = tls.config().map_err(|error| etcd_config_error(format!("etcd: {error}")))?;
+            builder = builder.tls_backend_preconfigured(config);
+        }
+        let http = builder.build().map_err(|error| etcd_config_error(format!("etcd: {error}")))?;
+        let user = match (&options.user, &options.password) {
+            (Some(user), Some(password)) => Some((user.clone(), password.clone())),
+            (None, None) => None,
+            _ => return Err(etcd_config_error("etcd authentication needs both --etcd-user and SLUICE_ETCD_PASSWORD")),
+        };
+        let store = EtcdStore { http, members, current: AtomicUsize::new(0), user, token: Mutex::new(None) };
+        match store.get("/sluice/").await {
+            Ok(_) => Ok(store),
+            Err(error) if error.kind() == ErrorKind::Unavailable => {
+                for member in &store.members {
+                    if speaks_tls(member).await {
+                        return Err(etcd_config_error(format!(
+                            "--etcd {member}: this member speaks TLS; write https:// (with --etcd-ca when its CA \
+                             is not among the system's)"
+                        )));
+                    }
+                }
+                Err(error)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Sends one gateway call, moving to the next member while a member cannot be reached (a
+    /// request that could not connect was never sent, so this is safe even for a write), and
+    /// authenticating again when etcd no longer knows the token.
+    async fn call(&self, doing: &str, path: &str, body: &Value) -> Result<Value> {
+        let mut authenticated_again = false;
+        let mut failures = Vec::new();
+        let mut attempt = 0;
+        while attempt < self.members.len() * 2 {
+            let index = (self.current.load(Ordering::Relaxed) + attempt) % self.members.len();
+            let member = &self.members[index];
+            let token = self.token(doing, member).await?;
+            let mut request = self.http.post(format!("{member}{path}")).json(body);
+            if let Some(token) = &token {
+                request = request.header("Authorization", token.expose());
+            }
+            match request.send().await {
+                Ok(response) => {
+                    self.current.store(index, Ordering::Relaxed);
+                    let status = response.status();
+                    let answer = answer(doing, member, response).await?;
+                    if status.is_success() {
+                        return Ok(answer);
+                    }
+                    let message = answer
+                        .get("error")
+                        .or_else(|| answer.get("message"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("no message")
+                        .to_owned();
+                    if message.contains("invalid auth token") && self.user.is_some() && !authenticated_again {
+                        authenticated_again = true;
+                        *self.token.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+                        continue;
+                    }
+                    return Err(answer_error(doing, status.as_u16(), &message));
+                }
+                Err(error) if error.is_connect() => {
+                    let cause = describe(&error);
+                    if sluice_connectors::tls::is_tls_failure(&cause) {
+                        return Err(Error::new(ErrorKind::Auth, format!("etcd at {member}: {cause}"))
+                            .on(Side::State)
+                            .hint(
+                                sluice_connectors::tls::HANDSHAKE_HINT
+                                    .replace("{ca}", "--etcd-ca")
+                                    .replace(", or weaken {mode}", ""),
+                            ));
+                    }
+                    failures.push(format!("{member}: {cause}"));
+                    attempt += 1;
+                }
+                Err(error) => return Err(store_error(doing, format!("{member}: {}", describe(&error)))),
+            }
+        }
+        Err(Error::new(ErrorKind::Unavailable, format!("coordination store: cannot {doing}: {}", failures.join("; ")))
+            .on(Side::State)
+            .hint("start etcd or fix --etcd"))
+    }
+
+    /// The auth token to send, authenticating first when there is a user and no token yet.
+    async fn token(&self, doing: &str, member: &str) -> Result<Option<Secret>> {
+        let Some((user, password)) = &self.user else { return Ok(None) };
+        if let Some(token) = self.token.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone() {
+            return Ok(Some(token));
+        }
+        let body = json!({ "name": user, "password": password.expose() });
+        let response = self
+            .http
+            .post(format!("{member}/v3/auth/authenticate"))
+            .json(&body)
+            .send()
+            .await
+            .map_err(|error| store_error(doing, format!("{member}: {}", describe(&error))))?;
+        let status = response.status();
+        let answer = answer(doing, member, response).await?;
+        let Some(token) = answer.get("token").and_then(Value::as_str) else {
+            let message = answer.get("error").and_then(Value::as_str).unwrap_or("no token in the answer");
+            return Err(Error::new(ErrorKind::Auth, format!("etcd refused user {user}: {message} (HTTP {status})"))
+                .on(Side::State)
+                .hint("check --etcd-user and SLUICE_ETCD_PASSWORD"));
+        };
+        let token = Secret::new(token);
+        *self.token.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(token.clone());
+        Ok(Some(token))
+    }
+
+    async fn transaction(&self, doing: &str, compare: Value, success: Value) -> Result<(bool, u64)> {
+        let answer = self.call(doing, "/v3/kv/txn", &json!({ "compare": [compare], "success": [success] })).await?;
+        let succeeded = answer.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
+        Ok((succeeded, revision(&answer)))
     }
 }
 
-/// Runs `call` again (up to 4 times) while it fails to connect: the client spreads requests over
-/// every member, dead ones included, and a request that could not connect was never sent, so
-/// trying again (on the next member) is safe even for a write.
-async fn retrying<T, F, Fut>(doing: &str, mut call: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-{
-    let mut attempt = 1;
-    loop {
-        match call().await {
-            Ok(value) => return Ok(value),
-            Err(error) if attempt < 4 && format!("{error:?}").contains("ConnectError") => attempt += 1,
-            Err(error) => return Err(store_error(doing, error)),
-        }
+/// The JSON of a gateway answer. Anything else is not etcd's gateway speaking: a plain-HTTP
+/// request to an HTTPS member, a proxy, another service on the port. That is a setting to fix,
+/// not a moment to wait out.
+async fn answer(doing: &str, member: &str, response: reqwest::Response) -> Result<Value> {
+    let status = response.status();
+    let text = response.text().await.map_err(|error| store_error(doing, format!("{member}: {}", describe(&error))))?;
+    serde_json::from_str(&text).map_err(|_| {
+        let shown: String = text.trim().chars().take(200).collect();
+        let hint = if shown.contains("HTTPS") {
+            "this member speaks HTTPS: write https:// in --etcd, with --etcd-ca"
+        } else {
+            "check that --etcd names etcd's client URLs (etcd 3.4 or newer)"
+        };
+        Error::config(format!(
+            "coordination store: cannot {doing}: etcd at {member} answered HTTP {status}, not etcd's JSON: {shown}"
+        ))
+        .on(Side::State)
+        .hint(hint)
+    })
+}
+
+/// Whether an `http://` member answers a TLS handshake: a plaintext request to an HTTPS-only
+/// member is just a closed connection, which alone says nothing of why.
+async fn speaks_tls(member: &str) -> bool {
+    let Some(authority) = member.strip_prefix("http://") else { return false };
+    let host = authority.rsplit_once(':').map_or(authority, |(host, _)| host);
+    let connect = tokio::net::TcpStream::connect(authority);
+    let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_secs(2), connect).await else { return false };
+    let tls = ClientTls { verification: Verification::Encrypt, ca: None, cert: None, key: None };
+    let (Ok(config), Ok(name)) = (tls.config(), sluice_connectors::tls::server_name(host)) else { return false };
+    let handshake = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, stream);
+    match tokio::time::timeout(Duration::from_secs(2), handshake).await {
+        Ok(Ok(_)) => true,
+        // A server that wants a client certificate ends the handshake with an alert: TLS all the same.
+        Ok(Err(error)) => error.to_string().to_ascii_lowercase().contains("alert"),
+        Err(_) => false,
     }
 }
 
-impl EtcdStore {
-    /// Runs a transaction (its compares, then its operations when they hold).
-    async fn transaction(&self, doing: &str, transaction: Txn) -> Result<etcd_client::TxnResponse> {
-        retrying(doing, || {
-            let mut client = self.client.clone();
-            let transaction = transaction.clone();
-            async move { client.txn(transaction).await }
+/// An HTTP error answer of the gateway as a store error.
+fn answer_error(doing: &str, status: u16, message: &str) -> Error {
+    let kind = if message.contains("permission denied") || message.contains("authentication") || status == 401 {
+        ErrorKind::Auth
+    } else {
+        ErrorKind::Unavailable
+    };
+    Error::new(kind, format!("coordination store: cannot {doing}: etcd answered {status}: {message}")).on(Side::State)
+}
+
+/// A reqwest error with its causes (the TLS reason sits two levels down).
+fn describe(error: &reqwest::Error) -> String {
+    sluice_connectors::tls::describe(error)
+}
+
+fn encode(text: &str) -> String {
+    BASE64.encode(text.as_bytes())
+}
+
+/// The end of the key range holding every key that starts with `prefix` (etcd's prefix rule:
+/// the prefix with its last byte incremented).
+fn prefix_end(prefix: &str) -> String {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return BASE64.encode(end);
+        }
+    }
+    // Every byte 0xff (or empty): to the end of the key space.
+    BASE64.encode([0u8])
+}
+
+/// A 64-bit integer the gateway sends as a string (or leaves out when it is zero).
+fn integer(value: Option<&Value>) -> i64 {
+    match value {
+        Some(Value::String(text)) => text.parse().unwrap_or(0),
+        Some(Value::Number(number)) => number.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+fn revision(answer: &Value) -> u64 {
+    integer(answer.get("header").and_then(|header| header.get("revision"))) as u64
+}
+
+#[derive(Deserialize)]
+struct KeyValue {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    create_revision: Value,
+    #[serde(default)]
+    mod_revision: Value,
+}
+
+fn entries(answer: &Value) -> Result<Vec<Entry>> {
+    let Some(kvs) = answer.get("kvs") else { return Ok(Vec::new()) };
+    let kvs: Vec<KeyValue> = serde_json::from_value(kvs.clone())
+        .map_err(|error| store_error("read", format!("unexpected answer: {error}")))?;
+    let text = |encoded: &str| -> Result<String> {
+        let bytes = BASE64.decode(encoded).map_err(|error| store_error("read", format!("bad base64: {error}")))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    kvs.iter()
+        .map(|kv| {
+            Ok(Entry {
+                key: text(&kv.key)?,
+                value: text(&kv.value)?,
+                create_revision: integer(Some(&kv.create_revision)) as u64,
+                mod_revision: integer(Some(&kv.mod_revision)) as u64,
+            })
         })
-        .await
-    }
+        .collect()
 }
 
-fn entry(value: &KeyValue) -> Entry {
-    Entry {
-        key: String::from_utf8_lossy(value.key()).into_owned(),
-        value: String::from_utf8_lossy(value.value()).into_owned(),
-        create_revision: value.create_revision() as u64,
-        mod_revision: value.mod_revision() as u64,
+fn put_request(key: &str, value: &str, lease: Option<i64>) -> Value {
+    let mut put = json!({ "key": encode(key), "value": encode(value) });
+    if let Some(lease) = lease {
+        put["lease"] = json!(lease.to_string());
     }
+    put
 }
 
-fn put_options(lease: Option<i64>) -> Option<PutOptions> {
-    lease.map(|lease| PutOptions::new().with_lease(lease))
+fn compare_create(key: &str, create_revision: u64) -> Value {
+    json!({ "target": "CREATE", "result": "EQUAL", "key": encode(key), "create_revision": create_revision.to_string() })
 }
 
 #[async_trait]
 impl Store for EtcdStore {
     async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let response = retrying("grant a lease", || {
-            let mut client = self.client.clone();
-            async move { client.lease_grant(ttl.as_secs().max(1) as i64, None).await }
-        })
-        .await?;
-        Ok(response.id())
+        let answer =
+            self.call("grant a lease", "/v3/lease/grant", &json!({ "TTL": ttl.as_secs().max(1).to_string() })).await?;
+        match integer(answer.get("ID")) {
+            0 => Err(store_error("grant a lease", format!("unexpected answer: {answer}"))),
+            id => Ok(id),
+        }
     }
 
     async fn renew(&self, lease: i64) -> Result<bool> {
-        let renewed = async {
-            let (mut keeper, mut responses) = self.client.clone().lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            responses.message().await
-        }
-        .await;
-        match renewed {
-            Ok(response) => Ok(response.is_some_and(|response| response.ttl() > 0)),
-            // etcd forgot the lease: it ended.
-            Err(error) if error.to_string().contains("lease not found") => Ok(false),
-            Err(error) => Err(store_error("renew the lease", error)),
-        }
+        // The gateway answers a one-message keep-alive stream with one result; a lease etcd no
+        // longer knows comes back with no TTL.
+        let answer = self.call("renew the lease", "/v3/lease/keepalive", &json!({ "ID": lease.to_string() })).await?;
+        let result = answer.get("result").unwrap_or(&answer);
+        Ok(integer(result.get("TTL")) > 0)
     }
 
     async fn revoke(&self, lease: i64) -> Result<()> {
-        retrying("revoke the lease", || {
-            let mut client = self.client.clone();
-            async move { client.lease_revoke(lease).await }
-        })
-        .await?;
-        Ok(())
+        match self.call("revoke the lease", "/v3/lease/revoke", &json!({ "ID": lease.to_string() })).await {
+            Err(error) if error.message().contains("lease not found") => Ok(()),
+            other => other.map(drop),
+        }
     }
 
     async fn get(&self, key: &str) -> Result<Option<Entry>> {
-        let response = retrying("read", || {
-            let mut client = self.client.clone();
-            async move { client.get(key, None).await }
-        })
-        .await?;
-        Ok(response.kvs().first().map(entry))
+        let answer = self.call("read", "/v3/kv/range", &json!({ "key": encode(key) })).await?;
+        Ok(entries(&answer)?.into_iter().next())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Entry>> {
-        let response = retrying("list", || {
-            let mut client = self.client.clone();
-            async move { client.get(prefix, Some(GetOptions::new().with_prefix())).await }
-        })
-        .await?;
-        Ok(response.kvs().iter().map(entry).collect())
+        let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix) });
+        entries(&self.call("list", "/v3/kv/range", &body).await?)
     }
 
     async fn put(&self, key: &str, value: &str, lease: Option<i64>) -> Result<u64> {
-        let response = retrying("write", || {
-            let mut client = self.client.clone();
-            async move { client.put(key, value, put_options(lease)).await }
-        })
-        .await?;
-        Ok(response.header().map_or(0, |header| header.revision() as u64))
+        let answer = self.call("write", "/v3/kv/put", &put_request(key, value, lease)).await?;
+        Ok(revision(&answer))
     }
 
     async fn create(&self, key: &str, value: &str, lease: Option<i64>) -> Result<Option<u64>> {
-        let transaction = Txn::new().when([Compare::create_revision(key, CompareOp::Equal, 0)]).and_then([TxnOp::put(
-            key,
-            value,
-            put_options(lease),
-        )]);
-        let response = self.transaction("create", transaction).await?;
-        Ok(response.succeeded().then(|| response.header().map_or(0, |header| header.revision() as u64)))
+        let success = json!({ "request_put": put_request(key, value, lease) });
+        let (succeeded, revision) = self.transaction("create", compare_create(key, 0), success).await?;
+        Ok(succeeded.then_some(revision))
     }
 
     async fn replace(&self, key: &str, value: &str, mod_revision: u64) -> Result<bool> {
-        let transaction = Txn::new()
-            .when([Compare::mod_revision(key, CompareOp::Equal, mod_revision as i64)])
-            .and_then([TxnOp::put(key, value, None)]);
-        let response = self.transaction("write", transaction).await?;
-        Ok(response.succeeded())
+        let compare =
+            json!({ "target": "MOD", "result": "EQUAL", "key": encode(key), "mod_revision": mod_revision.to_string() });
+        let success = json!({ "request_put": put_request(key, value, None) });
+        Ok(self.transaction("write", compare, success).await?.0)
     }
 
     async fn put_guarded(&self, key: &str, value: &str, guard: &Guard) -> Result<bool> {
-        let transaction = Txn::new()
-            .when([Compare::create_revision(guard.key.as_str(), CompareOp::Equal, guard.create_revision as i64)])
-            .and_then([TxnOp::put(key, value, None)]);
-        let response = self.transaction("write", transaction).await?;
-        Ok(response.succeeded())
+        let success = json!({ "request_put": put_request(key, value, None) });
+        Ok(self.transaction("write", compare_create(&guard.key, guard.create_revision), success).await?.0)
     }
 
     async fn delete_guarded(&self, guard: &Guard) -> Result<bool> {
-        let transaction = Txn::new()
-            .when([Compare::create_revision(guard.key.as_str(), CompareOp::Equal, guard.create_revision as i64)])
-            .and_then([TxnOp::delete(guard.key.as_str(), None)]);
-        let response = self.transaction("delete", transaction).await?;
-        Ok(response.succeeded())
+        let success = json!({ "request_delete_range": { "key": encode(&guard.key) } });
+        Ok(self.transaction("delete", compare_create(&guard.key, guard.create_revision), success).await?.0)
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        retrying("delete", || {
-            let mut client = self.client.clone();
-            async move { client.delete(key, None).await }
-        })
-        .await?;
-        Ok(())
+        self.call("delete", "/v3/kv/deleterange", &json!({ "key": encode(key) })).await.map(drop)
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<()> {
-        retrying("delete", || {
-            let mut client = self.client.clone();
-            async move { client.delete(prefix, Some(etcd_client::DeleteOptions::new().with_prefix())).await }
-        })
-        .await?;
-        Ok(())
+        let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix) });
+        self.call("delete", "/v3/kv/deleterange", &body).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_range_ends_after_its_last_byte() {
+        assert_eq!(BASE64.decode(prefix_end("/jobs/")).unwrap(), b"/jobs0");
+        assert_eq!(BASE64.decode(prefix_end("a\u{7f}")).unwrap(), b"a\x80");
+    }
+
+    #[test]
+    fn gateway_integers_are_read_as_strings_numbers_or_absent() {
+        assert_eq!(integer(Some(&json!("42"))), 42);
+        assert_eq!(integer(Some(&json!(7))), 7);
+        assert_eq!(integer(None), 0);
     }
 }

@@ -18,11 +18,24 @@ pub fn free_port() -> u16 {
 pub struct Etcd {
     pub endpoints: String,
     members: Vec<(String, Option<Child>)>,
+    /// The certificates of members that speak only HTTPS and want client certificates.
+    tls: Option<PathBuf>,
     _directory: tempfile::TempDir,
 }
 
 impl Etcd {
     pub fn start(count: usize) -> Etcd {
+        Etcd::start_with(count, None)
+    }
+
+    /// One member that speaks only HTTPS (as `localhost`, the name its certificate holds), with
+    /// `certs` from scripts/testdb certs; with `client_certificates`, it accepts only clients
+    /// with a certificate of their CA.
+    pub fn start_tls(certs: &std::path::Path, client_certificates: bool) -> Etcd {
+        Etcd::start_with(1, Some((certs.to_owned(), client_certificates)))
+    }
+
+    fn start_with(count: usize, tls: Option<(PathBuf, bool)>) -> Etcd {
         let directory = tempfile::Builder::new()
             .prefix("sluice-etcd")
             .tempdir_in("/dev/shm")
@@ -34,11 +47,23 @@ impl Etcd {
         let mut members = Vec::new();
         for (index, (client, peer)) in ports.iter().enumerate() {
             let log = std::fs::File::create(directory.path().join(format!("m{index}.log"))).expect("a log file");
-            let child = Command::new("etcd")
+            let (listen, advertise) = match &tls {
+                Some(_) => (format!("https://127.0.0.1:{client}"), format!("https://localhost:{client}")),
+                None => (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{client}")),
+            };
+            let mut command = Command::new("etcd");
+            if let Some((certs, client_certificates)) = &tls {
+                let file = |name: &str| certs.join(name).to_str().expect("a UTF-8 path").to_owned();
+                command.args(["--cert-file", &file("server.pem"), "--key-file", &file("server.key")]);
+                if *client_certificates {
+                    command.args(["--trusted-ca-file", &file("ca.pem"), "--client-cert-auth"]);
+                }
+            }
+            let child = command
                 .args(["--name", &format!("m{index}")])
                 .args(["--data-dir", directory.path().join(format!("m{index}")).to_str().unwrap()])
-                .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
-                .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+                .args(["--listen-client-urls", &listen])
+                .args(["--advertise-client-urls", &advertise])
                 .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
                 .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
                 .args(["--initial-cluster", &initial.join(",")])
@@ -48,10 +73,10 @@ impl Etcd {
                 .stderr(log)
                 .spawn()
                 .expect("etcd starts (apt-get install etcd-server; scripts/testdb install does)");
-            members.push((format!("http://127.0.0.1:{client}"), Some(child)));
+            members.push((advertise, Some(child)));
         }
         let endpoints = members.iter().map(|(endpoint, _)| endpoint.clone()).collect::<Vec<_>>().join(",");
-        let etcd = Etcd { endpoints, members, _directory: directory };
+        let etcd = Etcd { endpoints, members, tls: tls.map(|(certs, _)| certs), _directory: directory };
         wait_for("etcd to be healthy", Duration::from_secs(30), || etcd.leader().is_some());
         etcd
     }
@@ -60,11 +85,7 @@ impl Etcd {
     pub fn leader(&self) -> Option<usize> {
         let live: Vec<&str> =
             self.members.iter().filter(|(_, child)| child.is_some()).map(|(endpoint, _)| endpoint.as_str()).collect();
-        let output = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &live.join(","), "--command-timeout=2s", "endpoint", "status", "-w", "json"])
-            .output()
-            .ok()?;
+        let output = self.etcdctl_at(&live.join(",")).args(["endpoint", "status", "-w", "json"]).output().ok()?;
         let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
         let statuses = statuses.as_array()?;
         if statuses.len() < live.len() {
@@ -76,6 +97,21 @@ impl Etcd {
             .find(|status| status["Status"]["header"]["member_id"].as_u64() == Some(leader))?["Endpoint"]
             .as_str()?;
         self.members.iter().position(|(member, _)| member == endpoint)
+    }
+
+    /// `etcdctl` for these members (with the client certificate when they want one).
+    pub fn etcdctl(&self) -> Command {
+        self.etcdctl_at(&self.endpoints)
+    }
+
+    fn etcdctl_at(&self, endpoints: &str) -> Command {
+        let mut command = Command::new("etcdctl");
+        command.env("ETCDCTL_API", "3").args(["--endpoints", endpoints, "--command-timeout=2s"]);
+        if let Some(certs) = &self.tls {
+            let file = |name: &str| certs.join(name).to_str().expect("a UTF-8 path").to_owned();
+            command.args(["--cacert", &file("ca.pem"), "--cert", &file("client.pem"), "--key", &file("client.key")]);
+        }
+        command
     }
 
     pub fn kill(&mut self, index: usize) {
@@ -105,14 +141,23 @@ pub struct Server {
 
 /// Starts a node in `workspace` (its state under `state-<id>`), waiting until its API answers.
 pub fn start_server(workspace: &Workspace, id: &str, etcd: Option<&str>, environment: &[(&str, String)]) -> Server {
+    let mut extra = Vec::new();
+    if let Some(etcd) = etcd {
+        extra.extend(["--etcd", etcd]);
+    }
+    start_server_with(workspace, id, &extra, environment)
+}
+
+/// Starts a node with more arguments. With `--tls-cert` its URL is `https://localhost:PORT`
+/// and it is ready when it logs that its API listens (the test client speaks plain HTTP only).
+pub fn start_server_with(workspace: &Workspace, id: &str, extra: &[&str], environment: &[(&str, String)]) -> Server {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let state = format!("state-{id}");
     let mut arguments =
         vec!["server", "--listen", &listen, "--node-id", id, "--state-dir", &state, "--lease-secs", "5"];
-    if let Some(etcd) = etcd {
-        arguments.extend(["--etcd", etcd]);
-    }
+    arguments.extend_from_slice(extra);
+    let https = extra.contains(&"--tls-cert");
     let log = workspace.path(&format!("{id}.log"));
     let mut command = workspace.command(&arguments);
     command
@@ -122,10 +167,14 @@ pub fn start_server(workspace: &Workspace, id: &str, etcd: Option<&str>, environ
         command.env(name, value);
     }
     let child = Guard::new(command.spawn().expect("sluice server starts"));
-    let url = format!("http://{listen}");
+    let url = if https { format!("https://localhost:{port}") } else { format!("http://{listen}") };
     let mut server = Server { id: id.to_owned(), url, log, child };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while request(&server.url, "GET", "/healthz", None, None).map(|(status, _)| status) != Some(200) {
+    let ready = |server: &Server| match https {
+        true => server.output().contains("API on https://"),
+        false => request(&server.url, "GET", "/healthz", None, None).map(|(status, _)| status) == Some(200),
+    };
+    while !ready(&server) {
         if let Ok(Some(status)) = server.child.try_wait() {
             panic!("server {id} exited with {status}:\n{}", server.output());
         }

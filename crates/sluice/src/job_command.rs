@@ -1,0 +1,246 @@
+//! `sluice job …`: turns a subcommand into an API call and its answer into readable text (or
+//! the answer's JSON with `--json`).
+
+use std::path::Path;
+
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::Value;
+
+use crate::client::{self, Connection};
+
+#[derive(Debug, Subcommand)]
+pub enum JobAction {
+    /// Create a job from a job file (YAML, or JSON when it ends in .json).
+    Submit {
+        /// The job file.
+        file: std::path::PathBuf,
+    },
+    /// Make a job file the next version of the job it names.
+    Update {
+        /// The job file.
+        file: std::path::PathBuf,
+    },
+    /// The jobs: name, state, version, mode.
+    List,
+    /// One job: state, phase, statistics and tasks.
+    Show {
+        /// The job's name.
+        name: String,
+    },
+    /// Stop a job: its tasks end after committing what they hold.
+    Stop {
+        /// The job's name.
+        name: String,
+    },
+    /// Start a stopped job again; it resumes from its checkpoints.
+    Start {
+        /// The job's name.
+        name: String,
+    },
+    /// Stop and start a job (a new generation of its tasks).
+    Restart {
+        /// The job's name.
+        name: String,
+    },
+    /// The job's versions.
+    Versions {
+        /// The job's name.
+        name: String,
+    },
+    /// A line diff of two versions.
+    Diff {
+        /// The job's name.
+        name: String,
+        /// The older version.
+        from: u32,
+        /// The newer version.
+        to: u32,
+    },
+    /// Make an older version current again (as a new version).
+    Rollback {
+        /// The job's name.
+        name: String,
+        /// The version to go back to.
+        version: u32,
+    },
+    /// Delete a job, its versions and its status (not the data it moved).
+    Delete {
+        /// The job's name.
+        name: String,
+    },
+}
+
+/// Reads a job file: its text and content type.
+fn job_file(file: &Path) -> Result<(String, &'static str), String> {
+    let text = std::fs::read_to_string(file).map_err(|error| format!("cannot read {}: {error}", file.display()))?;
+    let json = file.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
+    Ok((text, if json { "application/json" } else { "application/yaml" }))
+}
+
+/// Runs one `sluice job` action; the exit code (0 done, 1 refused or failed, 2 bad input).
+pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
+    let (method, path, body) = match &action {
+        JobAction::Submit { file } | JobAction::Update { file } => match job_file(file) {
+            Ok(body) => {
+                if let JobAction::Update { .. } = action {
+                    let parsed =
+                        sluice_core::spec::parse_job_partially(&body.0, body.1 == "application/json", |_| None).0;
+                    match parsed.map(|job| job.name).filter(|name| !name.is_empty()) {
+                        Some(name) => (Method::PUT, format!("/jobs/{name}"), Some(body)),
+                        None => {
+                            eprintln!("error: {}: the job file has no valid `name`", file.display());
+                            return 2;
+                        }
+                    }
+                } else {
+                    (Method::POST, "/jobs".to_owned(), Some(body))
+                }
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                return 2;
+            }
+        },
+        JobAction::List => (Method::GET, "/jobs".to_owned(), None),
+        JobAction::Show { name } => (Method::GET, format!("/jobs/{name}"), None),
+        JobAction::Stop { name } => (Method::POST, format!("/jobs/{name}/stop"), None),
+        JobAction::Start { name } => (Method::POST, format!("/jobs/{name}/start"), None),
+        JobAction::Restart { name } => (Method::POST, format!("/jobs/{name}/restart"), None),
+        JobAction::Versions { name } => (Method::GET, format!("/jobs/{name}/versions"), None),
+        JobAction::Diff { name, from, to } => (Method::GET, format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
+        JobAction::Rollback { name, version } => (
+            Method::POST,
+            format!("/jobs/{name}/rollback"),
+            Some((format!("{{\"version\": {version}}}"), "application/json")),
+        ),
+        JobAction::Delete { name } => (Method::DELETE, format!("/jobs/{name}"), None),
+    };
+    let body = body.as_ref().map(|(text, content_type)| (*content_type, text.as_str()));
+    let response = match client::request(connection, method, &path, body).await {
+        Ok(response) => response,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return 1;
+        }
+    };
+    let value: Value = serde_json::from_str(&response.body).unwrap_or(Value::String(response.body.clone()));
+    let success = (200..300).contains(&response.status);
+    if json {
+        out!("{}", serde_json::to_string_pretty(&value).unwrap_or(response.body.clone()));
+    } else if !success {
+        let message = value.get("error").map(describe_error).unwrap_or_else(|| response.body.clone());
+        eprintln!("error: {message} (HTTP {})", response.status);
+        if let Some(errors) = value.get("errors").and_then(Value::as_array) {
+            for error in errors {
+                eprintln!("  {}", describe_error(error));
+            }
+        }
+    } else {
+        match &action {
+            JobAction::List => print_table(&["name", "state", "version", "mode"], value.as_array()),
+            JobAction::Versions { .. } => {
+                print_table(&["version", "current", "created_at", "origin"], value.as_array());
+            }
+            JobAction::Show { .. } => print_job(&value),
+            JobAction::Diff { .. } => match value.get("diff").and_then(Value::as_str) {
+                Some(diff) => out!("{}", diff.trim_end_matches('\n')),
+                None => out!("{value:#}"),
+            },
+            _ => print_fields(&value),
+        }
+    }
+    match response.status {
+        200..=299 => 0,
+        400 => 2,
+        _ => 1,
+    }
+}
+
+/// An error object of the API (`{message, hint, path, …}`) or a plain string, on one line.
+fn describe_error(error: &Value) -> String {
+    match error {
+        Value::String(text) => text.clone(),
+        Value::Object(fields) => {
+            let text = |name: &str| fields.get(name).and_then(Value::as_str);
+            let mut line = String::new();
+            if let Some(path) = text("path") {
+                line.push_str(path);
+                if let Some(number) = fields.get("line").and_then(Value::as_u64) {
+                    line.push_str(&format!(" (line {number})"));
+                }
+                line.push_str(": ");
+            }
+            line.push_str(text("message").unwrap_or(&error.to_string()));
+            if let Some(hint) = text("hint") {
+                line.push_str(&format!("; {hint}"));
+            }
+            line
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A field's value as a table cell.
+fn cell(value: Option<&Value>) -> String {
+    match value {
+        None | Some(Value::Null) => "-".to_owned(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Rows of objects as an aligned table of the given columns.
+fn print_table(columns: &[&str], rows: Option<&Vec<Value>>) {
+    let rows: Vec<Vec<String>> =
+        rows.into_iter().flatten().map(|row| columns.iter().map(|column| cell(row.get(*column))).collect()).collect();
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(index, column)| {
+            rows.iter().map(|row| row[index].chars().count()).chain([column.len()]).max().unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> =
+            cells.iter().zip(&widths).map(|(text, width)| format!("{text:<width$}", width = *width)).collect();
+        out!("{}", padded.join("  ").trim_end());
+    };
+    line(columns.iter().map(|column| column.to_string()).collect());
+    for row in rows {
+        line(row);
+    }
+}
+
+/// A job: its fields, its statistics, then its tasks as a table.
+fn print_job(job: &Value) {
+    for field in ["name", "state", "phase", "version", "mode", "generation", "updated_at"] {
+        if let Some(value) = job.get(field).filter(|value| !value.is_null()) {
+            out!("{:<12} {}", format!("{field}:"), cell(Some(value)));
+        }
+    }
+    if let Some(error) = job.get("error").filter(|error| !error.is_null()) {
+        out!("{:<12} {}", "error:", describe_error(error));
+    }
+    if let Some(stats) = job.get("stats").and_then(Value::as_object) {
+        let parts: Vec<String> = stats.iter().map(|(name, value)| format!("{name} {}", cell(Some(value)))).collect();
+        out!("{:<12} {}", "stats:", parts.join(", "));
+    }
+    if let Some(tasks) = job.get("tasks").and_then(Value::as_array).filter(|tasks| !tasks.is_empty()) {
+        out!("");
+        print_table(&["id", "kind", "state", "worker", "rows_written", "lag_secs", "error"], Some(tasks));
+    }
+}
+
+/// Any other answer: its fields one per line.
+fn print_fields(value: &Value) {
+    match value.as_object() {
+        Some(fields) => {
+            for (name, value) in fields {
+                out!("{:<12} {}", format!("{name}:"), cell(Some(value)));
+            }
+        }
+        None if !value.is_null() => out!("{}", cell(Some(value))),
+        None => {}
+    }
+}

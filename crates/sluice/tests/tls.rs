@@ -1,0 +1,342 @@
+//! TLS everywhere, against servers that accept nothing else: the MariaDB and PostgreSQL that
+//! scripts/test.sh starts with `--tls` (plaintext TCP refused), etcd speaking only HTTPS to
+//! clients with a certificate, with authentication on, and the API over HTTPS. Certificates are
+//! made at test time (`scripts/testdb certs`): the server's names only `localhost`, so a URL
+//! naming 127.0.0.1 is a wrong host name.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::cluster::{start_server_with, Etcd};
+use support::{canary, signal, unique_name, wait_for, Run, Workspace};
+
+/// The test certificates (scripts/testdb certs).
+fn certs() -> PathBuf {
+    PathBuf::from(std::env::var("SLUICE_TEST_TLS_DIR").expect("SLUICE_TEST_TLS_DIR is set by scripts/test.sh"))
+}
+
+fn cert(name: &str) -> String {
+    certs().join(name).to_str().expect("a UTF-8 path").to_owned()
+}
+
+/// A URL of a TLS-only test server, with `host` for its host and `query` appended.
+fn url(variable: &str, host: &str, query: &str) -> String {
+    let base = std::env::var(variable).unwrap_or_else(|_| panic!("{variable} is set by scripts/test.sh"));
+    let base = base.replace("@127.0.0.1:", &format!("@{host}:"));
+    if query.is_empty() {
+        base
+    } else {
+        format!("{base}?{query}")
+    }
+}
+
+fn mysql(host: &str, query: &str) -> String {
+    url("SLUICE_TEST_MYSQL_TLS_URL", host, query)
+}
+
+fn postgres(host: &str, query: &str) -> String {
+    url("SLUICE_TEST_POSTGRES_TLS_URL", host, query)
+}
+
+/// The strictest settings, which must work: the certificate's host name and its CA.
+fn mysql_verified() -> String {
+    mysql("localhost", &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={}", cert("ca.pem")))
+}
+
+fn postgres_verified() -> String {
+    postgres("localhost", &format!("sslmode=verify-full&sslrootcert={}", cert("ca.pem")))
+}
+
+/// SQL as root over the TLS MariaDB's socket.
+fn mariadb(sql: &str) -> String {
+    let socket = std::env::var("SLUICE_TEST_MYSQL_TLS_SOCKET").expect("set by scripts/test.sh");
+    let output = Command::new("mariadb")
+        .args(["--no-defaults", "--default-character-set=utf8mb4", "-uroot", "-S", &socket, "--batch", "-N", "-e", sql])
+        .output()
+        .expect("run the mariadb client");
+    assert!(output.status.success(), "mariadb: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// SQL on the TLS PostgreSQL (psql negotiates TLS).
+fn psql(sql: &str) -> String {
+    let output = Command::new("psql")
+        .args([postgres("127.0.0.1", "sslmode=require").as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A source database with one table of `rows` rows.
+fn make_source(database: &str, rows: u32) {
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY, name VARCHAR(40), \
+         amount DECIMAL(12,2), seen DATETIME(3)); USE {database}; INSERT INTO items SELECT seq, CONCAT('item ', seq), \
+         seq * 1.25, '2026-01-02 03:04:05.678' FROM seq_1_to_{rows};"
+    ));
+}
+
+fn source_rows(database: &str) -> String {
+    mariadb(&format!(
+        "SELECT id, name, amount, DATE_FORMAT(seen, '%Y-%m-%d %H:%i:%s.%f') FROM {database}.items ORDER BY id"
+    ))
+    .replace('\t', "|")
+}
+
+fn target_rows(database: &str) -> String {
+    psql(&format!(
+        "SELECT id, name, amount, to_char(seen, 'YYYY-MM-DD HH24:MI:SS.US') FROM {database}.items ORDER BY id"
+    ))
+}
+
+/// The target holds exactly the source's rows; on a difference, the first differing row.
+fn assert_same(database: &str) {
+    let (source, target) = (source_rows(database), target_rows(database));
+    if source != target {
+        let first = source.lines().zip(target.lines()).find(|(a, b)| a != b);
+        panic!(
+            "{database}: {} source rows, {} target rows; first difference (source, target): {first:?}",
+            source.lines().count(),
+            target.lines().count()
+        );
+    }
+}
+
+fn target_count(database: &str) -> Option<u64> {
+    let output = Command::new("psql")
+        .args([
+            postgres("127.0.0.1", "sslmode=require").as_str(),
+            "-X",
+            "-At",
+            "-c",
+            &format!("SELECT count(*) FROM {database}.items"),
+        ])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&output.stdout).trim().parse().ok()
+}
+
+fn snapshot_cdc_job(name: &str, database: &str) -> String {
+    format!(
+        "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{TARGET}}\nparallelism: 2\nlimits: {{ split_rows: 300 }}\n"
+    )
+}
+
+#[test]
+fn a_snapshot_and_its_changes_move_over_verified_tls_only() {
+    let database = unique_name("tls");
+    make_source(&database, 1000);
+    let workspace = Workspace::new();
+    let job = workspace.write("job.yaml", &snapshot_cdc_job(&database.replace('_', "-"), &database));
+    let child = workspace.start_run(&job, &mysql_verified(), &postgres_verified(), &["--summary-json", "summary.json"]);
+    wait_for("the snapshot in the target", Duration::from_secs(60), || target_count(&database) == Some(1000));
+    mariadb(&format!(
+        "INSERT INTO {database}.items VALUES (1001, 'new', 9.5, '2026-03-04 05:06:07.089'); \
+         UPDATE {database}.items SET name = 'changed' WHERE id = 7; DELETE FROM {database}.items WHERE id = 8;"
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while target_rows(&database) != source_rows(&database) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let child = child.into_inner();
+    signal(&child, "INT");
+    let run = Run::from(child.wait_with_output().expect("the run ends"));
+    assert!(run.code == 0 && target_rows(&database) == source_rows(&database), "{}", run.all());
+    assert_same(&database);
+    assert!(!run.all().contains("through the driver"), "the lean reader reads over TLS: {}", run.all());
+    assert!(!run.all().contains(&canary()), "the password never prints");
+
+    // The driver path (compression makes the lean reader step aside) over TLS too.
+    let driver = unique_name("tls_driver");
+    make_source(&driver, 300);
+    let job = workspace.write(
+        "driver.yaml",
+        &format!(
+            "name: {}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{driver}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n",
+            driver.replace('_', "-")
+        ),
+    );
+    let output = workspace
+        .command(&["run", job.to_str().unwrap()])
+        .env("SOURCE", format!("{}&compression=fast", mysql_verified()))
+        .env("TARGET", postgres_verified())
+        .output()
+        .expect("sluice runs");
+    let run = Run::from(output);
+    run.assert_code(0);
+    assert!(run.all().contains("through the driver"), "{}", run.all());
+    assert_same(&driver);
+}
+
+/// Runs a snapshot job from `source` to `target` and expects it to fail fast, naming `side`
+/// and saying something of `cause`.
+fn assert_refused(workspace: &Workspace, source: (&str, &str), target: (&str, &str), side: &str, cause: &[&str]) {
+    let job = format!(
+        "name: refused\nsource:\n  type: {}\n  {}\n  tables: [\"*\"]\ntarget:\n  type: {}\n  {}\n",
+        source.0, source.1, target.0, target.1
+    );
+    let file = workspace.write("refused.yaml", &job);
+    let started = Instant::now();
+    let run = workspace.sluice(&["run", file.to_str().unwrap(), "--summary-json", "refused.json"]);
+    let elapsed = started.elapsed();
+    assert_ne!(run.code, 0, "{job}\n{}", run.all());
+    let text = run.all();
+    let lower = text.to_lowercase();
+    assert!(lower.contains(side), "the error names the {side} side: {text}");
+    assert!(cause.iter().any(|cause| lower.contains(cause)), "the error says why ({cause:?}): {text}");
+    assert!(!text.contains(&canary()), "the password never prints: {text}");
+    assert!(elapsed < Duration::from_secs(20), "refused in {elapsed:?}, not fast: {text}");
+}
+
+#[test]
+fn a_wrong_ca_a_wrong_host_name_or_plaintext_fail_fast_and_clearly() {
+    let workspace = Workspace::new();
+    let database = unique_name("tls_refused");
+    make_source(&database, 10);
+    std::fs::create_dir(workspace.path("out")).unwrap();
+    let files = ("jsonl", "path: out");
+    let other_ca = cert("other-ca.pem");
+    let ca = cert("ca.pem");
+    let source = |url: String| format!("url: \"{url}\"");
+    // MySQL source.
+    for (url, cause) in [
+        (mysql("localhost", &format!("ssl-mode=VERIFY_CA&ssl-ca={other_ca}")), &["certificate", "unknownissuer"][..]),
+        (mysql("127.0.0.1", &format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}")), &["not valid for name", "name"][..]),
+        (mysql("127.0.0.1", "ssl-mode=DISABLED"), &["tls"][..]),
+    ] {
+        let url = url.replace("?", &format!("/{database}?"));
+        assert_refused(&workspace, ("mysql", &source(url)), files, "source", cause);
+    }
+    // PostgreSQL target.
+    let sqlite = workspace.path("source.db");
+    support::make_source(&sqlite, 3);
+    let sqlite_source = format!("path: {}", sqlite.display());
+    for (url, cause) in [
+        (
+            postgres("localhost", &format!("sslmode=verify-ca&sslrootcert={other_ca}")),
+            &["certificate", "unknownissuer"][..],
+        ),
+        (postgres("127.0.0.1", &format!("sslmode=verify-full&sslrootcert={ca}")), &["not valid for name", "name"][..]),
+        (postgres("127.0.0.1", "sslmode=disable"), &["no encryption", "tls"][..]),
+    ] {
+        assert_refused(&workspace, ("sqlite", &sqlite_source), ("postgres", &source(url)), "target", cause);
+    }
+}
+
+/// An HTTPS etcd member with authentication on: user `root` with `password`. (etcd's JSON
+/// gateway refuses users together with client certificates, so this member wants none.)
+fn etcd_with_user(password: &str) -> Etcd {
+    let etcd = Etcd::start_tls(&certs(), false);
+    for arguments in [
+        &["user", "add", &format!("root:{password}")][..],
+        &["user", "grant-role", "root", "root"],
+        &["auth", "enable"],
+    ] {
+        let output = etcd.etcdctl().args(arguments).output().expect("run etcdctl");
+        assert!(output.status.success(), "etcdctl {arguments:?}: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    etcd
+}
+
+/// `sluice server` run to its end with `arguments` (it is expected to stop at once).
+fn server_refused(workspace: &Workspace, arguments: &[String], environment: &[(&str, String)], cause: &str) {
+    let mut all = vec!["server".to_owned(), "--listen".to_owned(), "127.0.0.1:0".to_owned()];
+    all.extend_from_slice(arguments);
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let output = workspace.command(&all).envs(environment.iter().map(|(name, value)| (*name, value))).output();
+    let run = Run::from(output.expect("sluice server runs"));
+    assert_ne!(run.code, 0, "{}", run.all());
+    let text = run.all().to_lowercase();
+    assert!(text.contains("etcd") && text.contains(cause), "{all:?}: expected etcd and {cause}: {text}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{all:?}: not fast: {text}");
+    assert!(!run.all().contains(&canary()), "{}", run.all());
+}
+
+fn strings(arguments: &[&str]) -> Vec<String> {
+    arguments.iter().map(|argument| argument.to_string()).collect()
+}
+
+#[test]
+fn a_cluster_node_reaches_etcd_over_tls_and_serves_https() {
+    let etcd = Etcd::start_tls(&certs(), true);
+    let workspace = Workspace::new();
+    let token = "admin-token-0123456789abcdef".to_owned();
+    let (ca, client_cert, client_key) = (cert("ca.pem"), cert("client.pem"), cert("client.key"));
+    let (server_cert, server_key) = (cert("server.pem"), cert("server.key"));
+    let etcd_arguments = |endpoints: &str, etcd_ca: &str| {
+        strings(&["--etcd", endpoints, "--etcd-ca", etcd_ca, "--etcd-cert", &client_cert, "--etcd-key", &client_key])
+    };
+    let environment =
+        [("SLUICE_ADMIN_TOKEN", token.clone()), ("SOURCE", mysql_verified()), ("TARGET", postgres_verified())];
+    let mut arguments = etcd_arguments(&etcd.endpoints, &ca);
+    arguments.extend(strings(&["--tls-cert", &server_cert, "--tls-key", &server_key]));
+    let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
+    let server = start_server_with(&workspace, "tls0", &arguments, &environment);
+
+    let database = unique_name("tls_cluster");
+    let job_name = database.replace('_', "-");
+    make_source(&database, 500);
+    workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n"
+        ),
+    );
+    let job = |arguments: &[&str]| {
+        let mut all = vec!["job"];
+        all.extend_from_slice(arguments);
+        let mut command = workspace.command(&all);
+        command.env("SLUICE_TOKEN", &token).env("SLUICE_SERVER", &server.url).env("SLUICE_CA", &ca);
+        Run::from(command.output().expect("sluice job runs"))
+    };
+    job(&["submit", "job.yaml"]).assert_code(0);
+    let mut last = Value::Null;
+    wait_for("the job to end", Duration::from_secs(60), || {
+        let shown = job(&["show", &job_name, "--json"]);
+        last = serde_json::from_str(&shown.stdout).unwrap_or(Value::Null);
+        last["state"] == "succeeded" || last["state"] == "failed"
+    });
+    assert_eq!(last["state"], "succeeded", "{last:#}\n{}", server.output());
+    assert_same(&database);
+
+    // HTTPS is checked like any TLS: the address is not the certificate's name.
+    let wrong_name = server.url.replace("localhost", "127.0.0.1");
+    let refused = job(&["list", "--server", &wrong_name]);
+    assert_eq!(refused.code, 1, "{}", refused.all());
+    assert!(refused.all().to_lowercase().contains("certificate"), "{}", refused.all());
+    let plaintext = job(&["list", "--server", &server.url.replace("https://", "http://")]);
+    assert_eq!(plaintext.code, 1, "{}", plaintext.all());
+    assert!(!server.output().contains(&canary()), "{}", server.output());
+
+    // A node that cannot trust etcd, names it by the wrong name, or speaks plaintext to it
+    // stops at once naming etcd.
+    let port = etcd.endpoints.rsplit(':').next().unwrap().to_owned();
+    server_refused(&workspace, &etcd_arguments(&etcd.endpoints, &cert("other-ca.pem")), &environment, "certificate");
+    server_refused(&workspace, &etcd_arguments(&format!("https://127.0.0.1:{port}"), &ca), &environment, "certificate");
+    server_refused(&workspace, &strings(&["--etcd", &format!("http://localhost:{port}")]), &environment, "https");
+}
+
+#[test]
+fn a_cluster_node_signs_in_to_etcd_as_a_user() {
+    let password = format!("{}-etcd", canary());
+    let etcd = etcd_with_user(&password);
+    let workspace = Workspace::new();
+    let arguments = strings(&["--etcd", &etcd.endpoints, "--etcd-ca", &cert("ca.pem"), "--etcd-user", "root"]);
+    let environment = [("SLUICE_ETCD_PASSWORD", password.clone())];
+    let borrowed: Vec<&str> = arguments.iter().map(String::as_str).collect();
+    let server = start_server_with(&workspace, "user0", &borrowed, &environment);
+    let (status, body) = server.call("GET", "/workers", None, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body.as_array().map(Vec::len), Some(1), "the node registered itself in etcd: {body}");
+    assert!(!server.output().contains(&password), "{}", server.output());
+    server_refused(&workspace, &arguments, &[("SLUICE_ETCD_PASSWORD", "wrong-password".to_owned())], "root");
+}
