@@ -99,7 +99,7 @@ install_chameleon() {
   fi
 }
 
-# The servers and build tools (MariaDB, PostgreSQL, etcd, protoc) come from the project's installer.
+# The servers (MariaDB, PostgreSQL, etcd) come from the project's installer.
 scripts/testdb install >/dev/null
 install_peers
 if wanted chameleon; then install_chameleon || log "pg_chameleon could not be installed"; fi

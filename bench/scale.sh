@@ -15,7 +15,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "usage: $0 [--sizes \"N ...\"] [--out DIR]" >&2; exit 2 ;;
   esac
 done
-# The servers and build tools (MariaDB, PostgreSQL, etcd, protoc) come from the project's installer.
+# The servers (MariaDB, PostgreSQL, etcd) come from the project's installer.
 scripts/testdb install >/dev/null
 command -v sysbench >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sysbench time >/dev/null; }
 export SLUICE_TEST_PASSWORD=bench-pw

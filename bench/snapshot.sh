@@ -41,7 +41,7 @@ install_peers() {
   sling=$(python3 -c "import sling_linux_amd64, os; print(os.path.join(os.path.dirname(sling_linux_amd64.__file__), 'bin', 'sling-linux-amd64'))")
 }
 
-# The servers and build tools (MariaDB, PostgreSQL, etcd, protoc) come from the project's installer.
+# The servers (MariaDB, PostgreSQL, etcd) come from the project's installer.
 scripts/testdb install >/dev/null
 install_peers
 export SLUICE_TEST_PASSWORD=bench-pw

@@ -173,6 +173,24 @@ fn a_snapshot_and_its_changes_move_over_verified_tls_only() {
     run.assert_code(0);
     assert!(run.all().contains("through the driver"), "{}", run.all());
     assert_same(&driver);
+
+    // MySQL as the target over TLS too (LOAD DATA LOCAL and the checkpoint on the driver).
+    let copy = format!("{driver}_copy");
+    let job = workspace.write(
+        "mysql.yaml",
+        &format!(
+            "name: {}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{driver}.*\"]\n\
+             target:\n  type: mysql\n  url: ${{TARGET}}\n  namespace: {copy}\n",
+            copy.replace('_', "-")
+        ),
+    );
+    let run = workspace.start_run(&job, &mysql_verified(), &mysql_verified(), &[]).into_inner();
+    let run = Run::from(run.wait_with_output().expect("the run ends"));
+    run.assert_code(0);
+    let copied = mariadb(&format!(
+        "SELECT id, name, amount, DATE_FORMAT(seen, '%Y-%m-%d %H:%i:%s.%f') FROM {copy}.items ORDER BY id"
+    ));
+    assert_eq!(copied.replace('\t', "|"), source_rows(&driver), "{}", run.all());
 }
 
 /// Runs a snapshot job from `source` to `target` and expects it to fail fast, naming `side`
@@ -307,6 +325,10 @@ fn a_cluster_node_reaches_etcd_over_tls_and_serves_https() {
     });
     assert_eq!(last["state"], "succeeded", "{last:#}\n{}", server.output());
     assert_same(&database);
+    let stored = etcd.etcdctl().args(["get", "", "--prefix"]).output().expect("run etcdctl");
+    let stored = String::from_utf8_lossy(&stored.stdout);
+    assert!(stored.contains(&job_name), "the job is in etcd: {stored}");
+    assert!(!stored.contains(&canary()), "no etcd key holds the password");
 
     // HTTPS is checked like any TLS: the address is not the certificate's name.
     let wrong_name = server.url.replace("localhost", "127.0.0.1");
