@@ -225,6 +225,18 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ));
             }
         }
+        if let Some(url) = &endpoint.url {
+            let parameters = match connector.name {
+                #[cfg(feature = "mysql")]
+                "mysql" => Some(&mysql::TLS_PARAMETERS),
+                #[cfg(feature = "postgres")]
+                "postgres" => Some(&postgres::TLS_PARAMETERS),
+                _ => None,
+            };
+            for problem in parameters.map(|parameters| parameters.problems(url.expose())).unwrap_or_default() {
+                errors.push(endpoint.error("url", problem));
+            }
+        }
         if let Some(node) = endpoint.options.get("read_timeout_secs") {
             if read_timeout_secs(node).is_none() {
                 errors.push(endpoint.error("read_timeout_secs", "expected a whole number of seconds from 1 to 86400"));

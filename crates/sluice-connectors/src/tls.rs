@@ -140,10 +140,14 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, String> {
 pub const HANDSHAKE_HINT: &str = "the TLS handshake failed: check that {ca} is the CA that signed the server's \
      certificate, that the host in the URL is a name the certificate holds, or weaken {mode}";
 
-/// Whether an error text is a failed TLS handshake or certificate check.
-pub fn is_tls_failure(text: &str) -> bool {
+/// Whether an error text is a refused certificate (ours or the server's) or a server that does
+/// not speak TLS where TLS is required: settings to fix, not moments to wait out. (A handshake
+/// cut short by a restarting server is neither.)
+pub fn is_certificate_failure(text: &str) -> bool {
     let text = text.to_ascii_lowercase();
-    ["certificate", "tls", "ssl", "handshake"].iter().any(|word| text.contains(word))
+    ["certificate", "unknownissuer", "notvalidforname", "does not support tls", "does not offer tls", "no tls"]
+        .iter()
+        .any(|words| text.contains(words))
 }
 
 /// Says in words why a TLS handshake failed (rustls' messages are terse).
@@ -254,6 +258,69 @@ impl ServerCertVerifier for AnyName {
     }
 }
 
+/// How a connector names its TLS URL parameters, and the modes it knows.
+#[derive(Debug)]
+pub struct TlsParameters {
+    pub mode: &'static str,
+    /// The modes, matched without regard to case for MySQL's upper-case names.
+    pub modes: &'static [&'static str],
+    pub ca: &'static str,
+    pub cert: &'static str,
+    pub key: &'static str,
+}
+
+/// The TLS settings of a URL, and the URL without them (for the driver).
+#[derive(Debug)]
+pub struct FoundTls {
+    pub rest: String,
+    pub mode: Option<String>,
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+impl FoundTls {
+    /// The client settings for a verification strength, with the files found.
+    pub fn client(&self, verification: Verification) -> ClientTls {
+        ClientTls { verification, ca: self.ca.clone(), cert: self.cert.clone(), key: self.key.clone() }
+    }
+}
+
+impl TlsParameters {
+    pub fn names(&self) -> [&'static str; 4] {
+        [self.mode, self.ca, self.cert, self.key]
+    }
+
+    /// Takes this connector's TLS parameters out of `url` (the last of a repeated one wins).
+    pub fn read(&self, url: &str) -> FoundTls {
+        let (rest, taken) = take_parameters(url, &self.names());
+        let value = |name: &str| taken.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
+        let path = |name: &str| value(name).filter(|path| !path.is_empty()).map(PathBuf::from);
+        FoundTls { rest, mode: value(self.mode), ca: path(self.ca), cert: path(self.cert), key: path(self.key) }
+    }
+
+    /// Every problem with the TLS parameters of `url`, for the job file's validation.
+    pub fn problems(&self, url: &str) -> Vec<String> {
+        let (_, taken) = take_parameters(url, &self.names());
+        let value = |name: &str| taken.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.as_str());
+        let mut problems = Vec::new();
+        if let Some(mode) = value(self.mode) {
+            if !self.modes.iter().any(|known| known.eq_ignore_ascii_case(mode)) {
+                problems.push(format!("{}={mode} is not one of {}", self.mode, self.modes.join(", ")));
+            }
+        }
+        if value(self.cert).is_some() != value(self.key).is_some() {
+            problems.push(format!("{} and {} go together: a client certificate needs its key", self.cert, self.key));
+        }
+        for name in [self.ca, self.cert, self.key] {
+            if value(name).is_some_and(str::is_empty) {
+                problems.push(format!("{name} is empty; give the path of a PEM file"));
+            }
+        }
+        problems
+    }
+}
+
 /// Removes the query parameters named in `names` from a URL (`scheme://…?a=1&b=2`) or a
 /// key=value connection string (`host=h sslmode=require`), returning the rest and the removed
 /// `(name, value)` pairs in order. Values are percent-decoded in URLs.
@@ -284,16 +351,50 @@ pub fn take_parameters(connection: &str, names: &[&str]) -> (String, Vec<(String
         (rest, taken)
     } else {
         let mut kept = Vec::new();
-        for pair in connection.split_whitespace() {
-            match pair.split_once('=') {
-                Some((name, value)) if names.contains(&name) => {
-                    taken.push((name.to_owned(), value.trim_matches('\'').to_owned()))
-                }
-                _ => kept.push(pair),
+        for (name, value) in conninfo_pairs(connection) {
+            if names.contains(&name.as_str()) {
+                taken.push((name, value));
+            } else {
+                kept.push(format!("{name}='{}'", value.replace('\\', "\\\\").replace('\'', "\\'")));
             }
         }
         (kept.join(" "), taken)
     }
+}
+
+/// The `key = value` pairs of a libpq connection string: values may be single-quoted, with
+/// `\'` and `\\` escapes; spaces around `=` are allowed.
+fn conninfo_pairs(text: &str) -> Vec<(String, String)> {
+    let mut pairs = Vec::new();
+    let mut characters = text.chars().peekable();
+    loop {
+        while characters.next_if(|character| character.is_whitespace()).is_some() {}
+        let mut key = String::new();
+        while let Some(character) = characters.next_if(|character| *character != '=' && !character.is_whitespace()) {
+            key.push(character);
+        }
+        if key.is_empty() {
+            break;
+        }
+        while characters.next_if(|character| character.is_whitespace()).is_some() {}
+        if characters.next_if_eq(&'=').is_none() {
+            pairs.push((key, String::new()));
+            continue;
+        }
+        while characters.next_if(|character| character.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        let quoted = characters.next_if_eq(&'\'').is_some();
+        while let Some(character) = characters.next() {
+            match character {
+                '\\' => value.extend(characters.next()),
+                '\'' if quoted => break,
+                character if character.is_whitespace() && !quoted => break,
+                character => value.push(character),
+            }
+        }
+        pairs.push((key, value));
+    }
+    pairs
 }
 
 fn percent_decode(text: &str) -> String {
@@ -306,10 +407,6 @@ fn percent_decode(text: &str) -> String {
             (b'%', Some(high), Some(low)) => {
                 decoded.push((high * 16 + low) as u8);
                 index += 3;
-            }
-            (b'+', _, _) => {
-                decoded.push(b' ');
-                index += 1;
             }
             (byte, _, _) => {
                 decoded.push(byte);
@@ -335,9 +432,14 @@ mod tests {
             taken,
             [("sslmode".to_owned(), "verify-full".to_owned()), ("sslrootcert".to_owned(), "/tmp/ca.pem".to_owned())]
         );
-        let (rest, taken) = take_parameters("host=h user=u sslmode=require", &["sslmode"]);
-        assert_eq!(rest, "host=h user=u");
+        let (rest, taken) = take_parameters("host=h user=u sslmode = require", &["sslmode"]);
+        assert_eq!(rest, "host='h' user='u'");
         assert_eq!(taken, [("sslmode".to_owned(), "require".to_owned())]);
+        // A quoted value is one value, whatever it holds.
+        let (rest, taken) = take_parameters(r"password='a sslmode=disable\'x' sslmode=verify-full", &["sslmode"]);
+        assert_eq!(taken, [("sslmode".to_owned(), "verify-full".to_owned())]);
+        assert_eq!(rest, r"password='a sslmode=disable\'x'");
+        assert_eq!(take_parameters("postgres://h/db?sslrootcert=%2Fa+b.pem", &["sslrootcert"]).1[0].1, "/a+b.pem");
         assert_eq!(take_parameters("mysql://u@h:1", &["ssl-mode"]).0, "mysql://u@h:1");
     }
 }

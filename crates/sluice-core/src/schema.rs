@@ -131,6 +131,11 @@ pub struct Index {
 }
 
 impl TableSchema {
+    /// A table known by its name only (no columns yet).
+    pub fn named(name: TableName) -> TableSchema {
+        TableSchema { name, columns: Vec::new(), primary_key: Vec::new(), indexes: Vec::new() }
+    }
+
     pub fn column_index(&self, name: &str) -> Option<usize> {
         self.columns.iter().position(|column| column.name == name)
     }

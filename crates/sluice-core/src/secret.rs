@@ -167,26 +167,33 @@ fn redact_url_authorities(text: &str) -> String {
     output
 }
 
-/// Whether a connection URL or key=value string, as written (before `${VAR}` expansion), holds
-/// a password in plain text: a non-empty password in `user:password@`, or a `password=` value,
-/// that is not a `${VAR}` reference.
-pub fn has_literal_password(written: &str) -> bool {
-    let literal = |password: &str| !password.is_empty() && !password.contains("${");
-    if let Some((_, after_scheme)) = written.split_once("://") {
+/// The passwords a connection URL or key=value string holds, as written: the one in
+/// `user:password@`, and every `password=` (or `passwd=`, `pwd=`) value, quotes removed.
+pub fn url_passwords(connection: &str) -> Vec<&str> {
+    let mut passwords = Vec::new();
+    if let Some((_, after_scheme)) = connection.split_once("://") {
         let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
         if let Some((credentials, _)) = authority.rsplit_once('@') {
-            if credentials.split_once(':').is_some_and(|(_, password)| literal(password)) {
-                return true;
+            if let Some((_, password)) = credentials.split_once(':') {
+                passwords.push(password);
             }
         }
     }
-    written
-        .split(|character: char| character == '?' || character == '&' || character.is_whitespace())
-        .filter_map(|pair| pair.split_once('='))
-        .any(|(key, value)| {
-            matches!(key.to_ascii_lowercase().as_str(), "password" | "passwd" | "pwd")
-                && literal(value.trim_matches('\''))
-        })
+    passwords.extend(
+        connection
+            .split(|character: char| character == '?' || character == '&' || character.is_whitespace())
+            .filter_map(|pair| pair.split_once('='))
+            .filter(|(key, _)| matches!(key.to_ascii_lowercase().as_str(), "password" | "passwd" | "pwd"))
+            .map(|(_, value)| value.trim_matches('\'')),
+    );
+    passwords.retain(|password| !password.is_empty());
+    passwords
+}
+
+/// Whether a connection URL or key=value string, as written (before `${VAR}` expansion), holds
+/// a password in plain text: one that is not a `${VAR}` reference.
+pub fn has_literal_password(written: &str) -> bool {
+    url_passwords(written).iter().any(|password| !password.contains("${"))
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ use crate::state_store::SqliteStateStore;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Sluice moves data between databases, files, streams and lakes: a full copy (snapshot), the
+/// Sluice moves data between databases and files: a full copy (snapshot), the
 /// changes from the source's log (cdc), or both with a seamless switch (snapshot+cdc), with no
 /// loss, no disorder and no duplication across crashes and restarts.
 ///

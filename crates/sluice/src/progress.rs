@@ -175,7 +175,7 @@ pub fn group(number: u64) -> String {
     let digits = number.to_string();
     let mut output = String::with_capacity(digits.len() + digits.len() / 3);
     for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
+        if index > 0 && (digits.len() - index).is_multiple_of(3) {
             output.push(',');
         }
         output.push(digit);

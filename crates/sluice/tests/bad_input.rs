@@ -421,17 +421,34 @@ fn a_closed_standard_output_ends_printing_not_the_process() {
         "name: pipe\nsource:\n  type: sqlite\n  path: source.db\ntarget:\n  type: jsonl\n  path: out\n",
     );
     for arguments in [&["schema", job.to_str().unwrap()][..], &["run", job.to_str().unwrap()], &["--help"]] {
-        let mut child = workspace
-            .command(arguments)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Closing the reading end first: every write of the child meets a broken pipe.
-        drop(child.stdout.take());
-        let output = child.wait_with_output().unwrap();
+        // The reading end is closed before the child starts: every write it makes meets a
+        // broken pipe.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let output = workspace.command(arguments).stdout(writer).stderr(std::process::Stdio::piped()).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!stderr.contains("panicked"), "{arguments:?}: {stderr}");
         assert_eq!(output.status.code(), Some(0), "{arguments:?}: {stderr}");
     }
+}
+
+#[test]
+fn tls_settings_in_urls_are_checked_with_the_job_file() {
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        "name: tls\nsource:\n  type: mysql\n  url: mysql://u:${PW}@h:3306?ssl-mode=SOMETIMES&ssl-cert=c.pem\n  tables: [\"d.*\"]\n\
+         target:\n  type: postgres\n  url: postgres://u:${PW}@h/db?sslmode=verify&sslrootcert=\n",
+    );
+    let run = Run::from(workspace.command(&["check", job.to_str().unwrap()]).env("PW", canary()).output().unwrap());
+    run.assert_code(2);
+    for expected in [
+        "source.url (line 4): ssl-mode=SOMETIMES is not one of DISABLED, PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY",
+        "source.url (line 4): ssl-cert and ssl-key go together",
+        "target.url (line 8): sslmode=verify is not one of disable, allow, prefer, require, verify-ca, verify-full",
+        "target.url (line 8): sslrootcert is empty",
+    ] {
+        assert!(run.stderr.contains(expected), "{expected}:\n{}", run.stderr);
+    }
+    assert_no_secret(&run);
 }

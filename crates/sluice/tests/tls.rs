@@ -232,6 +232,21 @@ fn a_wrong_ca_a_wrong_host_name_or_plaintext_fail_fast_and_clearly() {
         let url = url.replace("?", &format!("/{database}?"));
         assert_refused(&workspace, ("mysql", &source(url)), files, "source", cause);
     }
+    // PREFERRED, the default, takes the TLS the server offers (and verifies the chain of a CA
+    // given, as REQUIRED does); VERIFY_CA accepts a name the certificate does not hold.
+    let verify_ca = format!("ssl-mode=VERIFY_CA&ssl-ca={ca}");
+    for query in ["", "ssl-mode=REQUIRED", &format!("ssl-mode=PREFERRED&ssl-ca={ca}"), &verify_ca] {
+        let url = mysql("127.0.0.1", query);
+        let target = postgres("127.0.0.1", &format!("sslmode=verify-ca&sslrootcert={ca}"));
+        let job = format!("name: preferred\nsource:\n  type: mysql\n  url: \"{url}\"\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: \"{target}\"\n");
+        let file = workspace.write("preferred.yaml", &job);
+        let run = workspace.sluice(&["check", file.to_str().unwrap()]);
+        run.assert_code(0);
+        assert!(!run.all().contains(&canary()), "{}", run.all());
+    }
+    let url =
+        mysql("localhost", &format!("ssl-mode=REQUIRED&ssl-ca={other_ca}")).replace("?", &format!("/{database}?"));
+    assert_refused(&workspace, ("mysql", &source(url)), files, "source", &["certificate", "unknownissuer"]);
     // PostgreSQL target.
     let sqlite = workspace.path("source.db");
     support::make_source(&sqlite, 3);
@@ -243,6 +258,10 @@ fn a_wrong_ca_a_wrong_host_name_or_plaintext_fail_fast_and_clearly() {
         ),
         (postgres("127.0.0.1", &format!("sslmode=verify-full&sslrootcert={ca}")), &["not valid for name", "name"][..]),
         (postgres("127.0.0.1", "sslmode=disable"), &["no encryption", "tls"][..]),
+        (
+            postgres("localhost", &format!("sslmode=require&sslrootcert={other_ca}")),
+            &["certificate", "unknownissuer"][..],
+        ),
     ] {
         assert_refused(&workspace, ("sqlite", &sqlite_source), ("postgres", &source(url)), "target", cause);
     }
@@ -356,9 +375,9 @@ fn a_cluster_node_signs_in_to_etcd_as_a_user() {
     let environment = [("SLUICE_ETCD_PASSWORD", password.clone())];
     let borrowed: Vec<&str> = arguments.iter().map(String::as_str).collect();
     let server = start_server_with(&workspace, "user0", &borrowed, &environment);
-    let (status, body) = server.call("GET", "/workers", None, None);
-    assert_eq!(status, 200, "{body}");
-    assert_eq!(body.as_array().map(Vec::len), Some(1), "the node registered itself in etcd: {body}");
+    wait_for("the node to register itself in etcd", Duration::from_secs(30), || {
+        server.call("GET", "/workers", None, None).1.as_array().map(Vec::len) == Some(1)
+    });
     assert!(!server.output().contains(&password), "{}", server.output());
     server_refused(&workspace, &arguments, &[("SLUICE_ETCD_PASSWORD", "wrong-password".to_owned())], "root");
 }

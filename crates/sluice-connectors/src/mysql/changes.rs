@@ -135,11 +135,7 @@ impl ChangeWriter for MysqlChangeWriter {
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
         match change {
             SchemaChange::Create(table) | SchemaChange::Alter { table, .. } => refuse_long_names([table])?,
-            SchemaChange::Rename { to, .. } => {
-                let renamed =
-                    TableSchema { name: to.clone(), columns: Vec::new(), primary_key: Vec::new(), indexes: Vec::new() };
-                refuse_long_names([&renamed])?
-            }
+            SchemaChange::Rename { to, .. } => refuse_long_names([&TableSchema::named(to.clone())])?,
             SchemaChange::Drop(_) | SchemaChange::Truncate(_) => {}
         }
         match change {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use mysql_async::{ClientIdentity, Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts, SslOpts};
 
-use crate::tls::{ClientTls, Verification};
+use crate::tls::{TlsParameters, Verification};
 use sluice_core::secret::{self, Secret};
 use sluice_core::{DataType, Date, DateTime, Decimal, Error, ErrorKind, Side, Time, Value};
 
@@ -26,7 +26,13 @@ pub(super) const SESSION_SETUP: [&str; 3] =
     ["SET time_zone = '+00:00'", "SET NAMES utf8mb4", "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"];
 
 /// The TLS parameters sluice reads itself, named as the MySQL client's options.
-const TLS_PARAMETERS: [&str; 4] = ["ssl-mode", "ssl-ca", "ssl-cert", "ssl-key"];
+pub(crate) const TLS_PARAMETERS: TlsParameters = TlsParameters {
+    mode: "ssl-mode",
+    modes: &["DISABLED", "PREFERRED", "REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"],
+    ca: "ssl-ca",
+    cert: "ssl-cert",
+    key: "ssl-key",
+};
 
 /// A MySQL URL resolved: the driver's options (TLS set when it is used) and the TLS
 /// configuration of the lean reader (`None`: plaintext).
@@ -42,44 +48,44 @@ pub(super) struct Endpoint {
 /// `ssl-key` name PEM files. A Unix socket never uses TLS. Sessions are pinned as
 /// `SESSION_SETUP` says.
 fn endpoint(url: &Secret, side: Side) -> Result<Endpoint, Error> {
-    let (rest, parameters) = crate::tls::take_parameters(url.expose(), &TLS_PARAMETERS);
-    let opts = Opts::from_url(&rest).map_err(|error| {
+    let found = TLS_PARAMETERS.read(url.expose());
+    let opts = Opts::from_url(&found.rest).map_err(|error| {
         Error::config(format!("{side}.url: not a valid MySQL URL ({})", secret::scrub(&error.to_string())))
             .hint("expected mysql://user:password@host:port[?ssl-mode=VERIFY_IDENTITY&ssl-ca=ca.pem]")
     })?;
-    let value = |name: &str| parameters.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
-    let path = |name: &str| value(name).filter(|path| !path.is_empty()).map(std::path::PathBuf::from);
-    let mode = value("ssl-mode").unwrap_or_else(|| "PREFERRED".to_owned()).to_ascii_uppercase();
+    let mode = found.mode.clone().unwrap_or_else(|| "PREFERRED".to_owned()).to_ascii_uppercase();
     let verification = match mode.as_str() {
         "DISABLED" => None,
+        // As libpq's `require`: a CA given is a CA to check the chain against.
+        "PREFERRED" | "REQUIRED" if found.ca.is_some() => Some(Verification::Chain),
         "PREFERRED" | "REQUIRED" => Some(Verification::Encrypt),
         "VERIFY_CA" => Some(Verification::Chain),
         "VERIFY_IDENTITY" => Some(Verification::Full),
         other => {
             return Err(Error::config(format!(
-                "{side}.url: ssl-mode={other} is not one of DISABLED, PREFERRED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY"
+                "{side}.url: ssl-mode={other} is not one of {}",
+                TLS_PARAMETERS.modes.join(", ")
             )))
         }
     };
-    let tls = ClientTls {
-        verification: verification.unwrap_or(Verification::Encrypt),
-        ca: path("ssl-ca"),
-        cert: path("ssl-cert"),
-        key: path("ssl-key"),
-    };
+    let tls = found.client(verification.unwrap_or(Verification::Encrypt));
     let builder = OptsBuilder::from_opts(opts.clone()).init(SESSION_SETUP.to_vec());
     let use_tls = match verification {
         None => false,
         Some(_) if opts.socket().is_some() => false,
         Some(_) if mode == "PREFERRED" => {
-            let offered = wire::offers_tls(opts.ip_or_hostname(), opts.tcp_port(), Duration::from_secs(3));
-            if offered == Ok(false) && first_warning(&format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port())) {
-                log::warn!(
-                    "the MySQL server at {}:{} offers no TLS; connecting in plaintext (ssl-mode=PREFERRED; \
-                     set ssl-mode=REQUIRED or stricter to refuse)",
-                    opts.ip_or_hostname(),
-                    opts.tcp_port()
-                );
+            let server = format!("{}:{}", opts.ip_or_hostname(), opts.tcp_port());
+            let offered = blocking(|| wire::offers_tls(opts.ip_or_hostname(), opts.tcp_port(), PROBE_TIMEOUT));
+            match &offered {
+                Ok(false) if first_warning(&server) => log::warn!(
+                    "the MySQL server at {server} offers no TLS; connecting in plaintext (ssl-mode=PREFERRED; \
+                     set ssl-mode=REQUIRED or stricter to refuse)"
+                ),
+                Err(error) if first_warning(&server) => log::warn!(
+                    "cannot tell whether the MySQL server at {server} offers TLS ({error}); connecting in plaintext \
+                     (ssl-mode=PREFERRED; set ssl-mode=REQUIRED or stricter to refuse)"
+                ),
+                _ => {}
             }
             offered.unwrap_or(false)
         }
@@ -91,9 +97,26 @@ fn endpoint(url: &Secret, side: Side) -> Result<Endpoint, Error> {
     let config = tls.config().map_err(|error| {
         Error::config(format!("{side}.url: {error}")).on(side).hint("fix ssl-ca, ssl-cert or ssl-key")
     })?;
-    let mut ssl = SslOpts::default()
-        .with_danger_accept_invalid_certs(tls.verification == Verification::Encrypt)
-        .with_danger_skip_domain_validation(tls.verification != Verification::Full);
+    let mut ssl = SslOpts::default().with_danger_accept_invalid_certs(tls.verification == Verification::Encrypt);
+    if tls.verification == Verification::Chain {
+        // mysql_async's "skip the name" does not recognise rustls' name error, so it is given a
+        // name the certificate holds (read over a handshake whose chain was checked).
+        let config = Arc::new(config.clone());
+        match blocking(|| wire::certificate_name(opts.ip_or_hostname(), opts.tcp_port(), config, PROBE_TIMEOUT)) {
+            Ok(name) => ssl = ssl.with_danger_tls_hostname_override(Some(name)),
+            Err(error) if crate::tls::is_certificate_failure(&error) => {
+                return Err(Error::new(
+                    ErrorKind::Auth,
+                    format!("{side}: TLS to {}:{}: {error}", opts.ip_or_hostname(), opts.tcp_port()),
+                )
+                .on(side)
+                .hint(tls_hint()))
+            }
+            // Unreachable for now: the driver checks the URL's host name, which holds when it
+            // is the certificate's; connecting will say what is wrong otherwise.
+            Err(error) => log::debug!("{side}: cannot read the server's certificate names yet: {error}"),
+        }
+    }
     if let Some(ca) = &tls.ca {
         ssl = ssl.with_root_certs(vec![ca.clone().into()]).with_disable_built_in_roots(true);
     }
@@ -101,6 +124,20 @@ fn endpoint(url: &Secret, side: Side) -> Result<Endpoint, Error> {
         ssl = ssl.with_client_identity(Some(ClientIdentity::new(cert.clone().into(), key.clone().into())));
     }
     Ok(Endpoint { opts: builder.ssl_opts(ssl).into(), tls: Some(Arc::new(config)) })
+}
+
+/// How long a look at the server while resolving an endpoint may wait, per step.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs a short blocking look at the server without holding up the other tasks of a
+/// multi-threaded runtime.
+fn blocking<T>(probe: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(probe)
+        }
+        _ => probe(),
+    }
 }
 
 /// True the first time it is asked about `server` in this process: a warning about a server
@@ -131,7 +168,10 @@ fn mysql_error(error: mysql_async::Error, side: Side, server: &str, doing: &str)
     use mysql_async::Error as Driver;
     let (kind, hint) = match &error {
         Driver::Server(server_error) => server_error_kind(server_error.code, side),
-        Driver::Io(_) | Driver::Driver(_) if crate::tls::is_tls_failure(&error.to_string()) => {
+        // A certificate refused or no TLS where the URL asks for it: settings, not a moment.
+        Driver::Io(mysql_async::IoError::Tls(_))
+        | Driver::Driver(mysql_async::DriverError::NoClientSslFlagFromServer) => (ErrorKind::Auth, Some(tls_hint())),
+        Driver::Io(mysql_async::IoError::Io(io)) if io.get_ref().is_some_and(|inner| inner.is::<rustls::Error>()) => {
             (ErrorKind::Auth, Some(tls_hint()))
         }
         Driver::Io(_) => io_error_kind(server),

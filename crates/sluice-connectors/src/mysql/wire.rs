@@ -224,7 +224,7 @@ impl WireConnection {
             | PLUGIN_AUTH_LENENC_DATA
             | if database.is_some() { CONNECT_WITH_DB } else { 0 };
         let mut ours = wanted & capabilities;
-        if let Some(tls) = &endpoint.tls {
+        if endpoint.tls.is_some() {
             if capabilities & SSL == 0 {
                 return Err(WireError::Tls(format!(
                     "the server at {}:{} does not offer TLS, and ssl-mode asks for it",
@@ -233,20 +233,18 @@ impl WireConnection {
                 )));
             }
             ours |= SSL;
-            // SSLRequest: the first 32 bytes of the handshake response, then the TLS handshake.
-            let mut request = Vec::with_capacity(32);
-            request.extend_from_slice(&ours.to_le_bytes());
-            request.extend_from_slice(&(LARGEST_PAYLOAD as u32).to_le_bytes());
-            request.push(UTF8MB4);
-            request.extend_from_slice(&[0; 23]);
-            self.write_payload(&request).await?;
-            self.start_tls(tls.clone(), opts.ip_or_hostname()).await?;
         }
+        // Capabilities, largest packet, character set, 23 reserved bytes: alone, the SSLRequest;
+        // followed by the credentials, the handshake response.
         let mut packet = Vec::with_capacity(128);
         packet.extend_from_slice(&ours.to_le_bytes());
         packet.extend_from_slice(&(LARGEST_PAYLOAD as u32).to_le_bytes());
         packet.push(UTF8MB4);
         packet.extend_from_slice(&[0; 23]);
+        if let Some(tls) = &endpoint.tls {
+            self.write_payload(&packet).await?;
+            self.start_tls(tls.clone(), opts.ip_or_hostname()).await?;
+        }
         packet.extend_from_slice(opts.user().unwrap_or("").as_bytes());
         packet.push(0);
         if ours & PLUGIN_AUTH_LENENC_DATA != 0 {
@@ -520,7 +518,6 @@ impl Drop for WireConnection {
     }
 }
 
-/// The answer to the server's scramble for an authentication plugin.
 /// The connection under the protocol: plain TCP or TLS over it.
 #[derive(Debug)]
 enum Stream {
@@ -566,14 +563,13 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Whether the server at `host:port` offers TLS, from its greeting (read over a short-lived,
-/// blocking connection that is closed right after). For `ssl-mode=PREFERRED`.
-pub(super) fn offers_tls(host: &str, port: u16, timeout: Duration) -> std::result::Result<bool, String> {
+/// Connects to `host:port` (blocking, bounded by `timeout` per step), reads the greeting and
+/// returns its capability flags, with the stream positioned after it.
+fn greet(host: &str, port: u16, timeout: Duration) -> std::result::Result<(std::net::TcpStream, u32), String> {
     use std::io::Read as _;
     use std::net::ToSocketAddrs as _;
-    let addresses = (host, port).to_socket_addrs().map_err(|error| error.to_string())?;
     let mut last = "no address".to_owned();
-    for address in addresses {
+    for address in (host, port).to_socket_addrs().map_err(|error| error.to_string())? {
         let mut stream = match std::net::TcpStream::connect_timeout(&address, timeout) {
             Ok(stream) => stream,
             Err(error) => {
@@ -582,23 +578,73 @@ pub(super) fn offers_tls(host: &str, port: u16, timeout: Duration) -> std::resul
             }
         };
         stream.set_read_timeout(Some(timeout)).map_err(|error| error.to_string())?;
+        stream.set_write_timeout(Some(timeout)).map_err(|error| error.to_string())?;
         let mut header = [0u8; 4];
         stream.read_exact(&mut header).map_err(|error| error.to_string())?;
         let length = usize::from(header[0]) | usize::from(header[1]) << 8 | usize::from(header[2]) << 16;
-        let mut greeting = vec![0; length.min(1024)];
+        let mut greeting = vec![0; length];
         stream.read_exact(&mut greeting).map_err(|error| error.to_string())?;
         let mut cursor = Cursor::new(&greeting);
-        let parsed = (|| -> Result<u32> {
+        let capabilities = (|| -> Result<u32> {
             if cursor.byte()? != 10 {
                 return protocol("not protocol 10");
             }
             cursor.null_terminated()?;
             cursor.take(4 + 8 + 1)?;
             Ok(u32::from(cursor.u16()?))
-        })();
-        return parsed.map(|capabilities| capabilities & SSL != 0).map_err(|error| error.to_string());
+        })()
+        .map_err(|error| error.to_string())?;
+        return Ok((stream, capabilities));
     }
     Err(last)
+}
+
+/// Whether the server at `host:port` offers TLS, from its greeting (read over a short-lived,
+/// blocking connection that is closed right after). For `ssl-mode=PREFERRED`.
+pub(super) fn offers_tls(host: &str, port: u16, timeout: Duration) -> std::result::Result<bool, String> {
+    greet(host, port, timeout).map(|(_, capabilities)| capabilities & SSL != 0)
+}
+
+/// A DNS name the server's certificate holds, read over a TLS handshake checked with `config`
+/// (blocking, short-lived). The driver cannot check a chain without a name (`VERIFY_CA`), so it
+/// is given this name to check instead.
+pub(super) fn certificate_name(
+    host: &str,
+    port: u16,
+    config: std::sync::Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> std::result::Result<String, String> {
+    use std::io::Write as _;
+    let (mut stream, capabilities) = greet(host, port, timeout)?;
+    if capabilities & SSL == 0 {
+        return Err(format!("the server at {host}:{port} does not offer TLS, and ssl-mode asks for it"));
+    }
+    let mut request = vec![32, 0, 0, 1];
+    request.extend_from_slice(&(PROTOCOL_41 | SECURE_CONNECTION | SSL).to_le_bytes());
+    request.extend_from_slice(&(LARGEST_PAYLOAD as u32).to_le_bytes());
+    request.push(UTF8MB4);
+    request.extend_from_slice(&[0; 23]);
+    stream.write_all(&request).map_err(|error| error.to_string())?;
+    let name = crate::tls::server_name(host)?;
+    let mut connection = rustls::ClientConnection::new(config, name).map_err(|error| error.to_string())?;
+    while connection.is_handshaking() {
+        connection.complete_io(&mut stream).map_err(|error| crate::tls::describe(&error))?;
+    }
+    let certificate = connection
+        .peer_certificates()
+        .and_then(|certificates| certificates.first())
+        .ok_or_else(|| "the server sent no certificate".to_owned())?;
+    let parsed = webpki::EndEntityCert::try_from(certificate).map_err(|error| format!("its certificate: {error}"))?;
+    let names: Vec<&str> = parsed.valid_dns_names().collect();
+    names
+        .iter()
+        .find(|name| !name.starts_with('*'))
+        .map(|name| name.to_string())
+        .or_else(|| names.first().map(|wildcard| wildcard.replacen('*', "sluice", 1)))
+        .ok_or_else(|| {
+            "its certificate holds no DNS name, which ssl-mode=VERIFY_CA needs here; use VERIFY_IDENTITY or REQUIRED"
+                .to_owned()
+        })
 }
 
 /// The error of a server that sent nothing for `silence`.
@@ -609,6 +655,7 @@ fn silent(silence: Duration) -> io::Error {
     )
 }
 
+/// The answer to the server's scramble for an authentication plugin.
 fn auth_response(plugin: &str, password: &str, scramble: &[u8]) -> Result<Vec<u8>> {
     if password.is_empty() {
         return Ok(Vec::new());

@@ -10,42 +10,45 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use crate::tls::{take_parameters, ClientTls, Verification};
+use crate::tls::{ClientTls, TlsParameters, Verification};
 
 pub use sink::PostgresSink;
 
 /// The TLS parameters sluice reads itself, named as libpq names them.
-const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+pub(crate) const TLS_PARAMETERS: TlsParameters = TlsParameters {
+    mode: "sslmode",
+    modes: &["disable", "allow", "prefer", "require", "verify-ca", "verify-full"],
+    ca: "sslrootcert",
+    cert: "sslcert",
+    key: "sslkey",
+};
 
 /// A connection URL (or key=value string) as the driver's configuration and the TLS settings,
 /// with libpq's `sslmode` semantics: `disable`, `prefer` (the default: TLS when the server
 /// offers it, unverified), `require` (TLS, unverified; verified like `verify-ca` when
 /// `sslrootcert` is given), `verify-ca`, `verify-full`.
 pub(crate) fn endpoint(url: &Secret, side: Side) -> Result<(tokio_postgres::Config, SslMode, ClientTls), Error> {
-    let (rest, parameters) = take_parameters(url.expose(), &TLS_PARAMETERS);
-    let mut config: tokio_postgres::Config = rest.parse().map_err(|error| {
+    let found = TLS_PARAMETERS.read(url.expose());
+    let mut config: tokio_postgres::Config = found.rest.parse().map_err(|error| {
         Error::config(format!("{side}.url: not a valid PostgreSQL URL ({error})"))
             .hint("expected postgres://user:password@host:port/database[?sslmode=verify-full&sslrootcert=ca.pem]")
     })?;
-    let value = |name: &str| parameters.iter().rev().find(|(key, _)| key == name).map(|(_, value)| value.clone());
-    let path = |name: &str| value(name).filter(|path| !path.is_empty()).map(std::path::PathBuf::from);
-    let ca = path("sslrootcert");
-    let (mode, verification) = match value("sslmode").as_deref().unwrap_or("prefer") {
+    let (mode, verification) = match found.mode.as_deref().unwrap_or("prefer") {
         "disable" => (SslMode::Disable, Verification::Encrypt),
         "allow" | "prefer" => (SslMode::Prefer, Verification::Encrypt),
-        "require" if ca.is_some() => (SslMode::Require, Verification::Chain),
+        "require" if found.ca.is_some() => (SslMode::Require, Verification::Chain),
         "require" => (SslMode::Require, Verification::Encrypt),
         "verify-ca" => (SslMode::Require, Verification::Chain),
         "verify-full" => (SslMode::Require, Verification::Full),
         other => {
             return Err(Error::config(format!(
-                "{side}.url: sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
+                "{side}.url: sslmode={other} is not one of {}",
+                TLS_PARAMETERS.modes.join(", ")
             )))
         }
     };
     config.ssl_mode(mode);
-    let tls = ClientTls { verification, ca, cert: path("sslcert"), key: path("sslkey") };
-    Ok((config, mode, tls))
+    Ok((config, mode, found.client(verification)))
 }
 
 /// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC.
@@ -100,11 +103,11 @@ fn bounded_name(name: &str) -> String {
     let hash = name
         .bytes()
         .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
-    let mut start = name[..MAX_NAME_BYTES - 17].to_owned();
-    while !name.is_char_boundary(start.len()) {
-        start.pop();
+    let mut cut = MAX_NAME_BYTES - 17;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
     }
-    format!("{start}_{hash:016x}")
+    format!("{}_{hash:016x}", &name[..cut])
 }
 
 /// Runs a connection's I/O until its client is dropped or the connection fails.
@@ -160,7 +163,10 @@ fn postgres_error(error: tokio_postgres::Error, side: Side, server: &str, doing:
             text
         }
     };
-    let (kind, hint) = if doing == "connect" && error.as_db_error().is_none() && crate::tls::is_tls_failure(&detail) {
+    let (kind, hint) = if doing == "connect"
+        && error.as_db_error().is_none()
+        && crate::tls::is_certificate_failure(&detail)
+    {
         (ErrorKind::Auth, Some(crate::tls::HANDSHAKE_HINT.replace("{mode}", "sslmode").replace("{ca}", "sslrootcert")))
     } else if detail.contains("no encryption") {
         (
@@ -328,7 +334,9 @@ mod tests {
         assert!(bounded_name(&a).len() <= MAX_NAME_BYTES && bounded_name(&b).len() <= MAX_NAME_BYTES);
         assert_ne!(bounded_name(&a), bounded_name(&b));
         assert_eq!(bounded_name(&a), bounded_name(&a));
-        assert!(bounded_name(&"é".repeat(40)).len() <= MAX_NAME_BYTES);
+        for name in ["é".repeat(40), format!("a{}", "é".repeat(40)), "😀".repeat(20)] {
+            assert!(bounded_name(&name).len() <= MAX_NAME_BYTES, "{name}");
+        }
     }
 
     #[test]

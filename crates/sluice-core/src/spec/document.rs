@@ -289,7 +289,9 @@ mod tests {
         let started = std::time::Instant::now();
         let error = parse_yaml(&text).expect_err("refused");
         assert!(error.message.contains("more than 100000 values"), "{}", error.message);
-        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        // Refused after counting 100,000 values, not after building a billion (generous for a
+        // debug build on a busy machine).
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
         let deep = "[".repeat(100) + &"]".repeat(100);
         assert!(parse_yaml(&deep).expect_err("refused").message.contains("nest deeper"));
     }

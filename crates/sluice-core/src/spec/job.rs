@@ -295,22 +295,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
 /// Registers the password part of a connection URL so no message can leak it, even one a driver
 /// wrote.
 fn register_url_password(url: &str) {
-    let Some((_, after_scheme)) = url.split_once("://") else {
-        return;
-    };
-    let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
-    let mut passwords = Vec::new();
-    if let Some((credentials, _)) = authority.rsplit_once('@') {
-        if let Some((_, password)) = credentials.split_once(':') {
-            passwords.push(password);
-        }
-    }
-    // `?password=` (libpq and several drivers read it).
-    let query = after_scheme.split_once('?').map_or("", |(_, query)| query);
-    passwords.extend(query.split('&').filter_map(|pair| pair.split_once('=')).filter_map(|(key, value)| {
-        matches!(key.to_ascii_lowercase().as_str(), "password" | "passwd" | "pwd").then_some(value)
-    }));
-    for password in passwords {
+    for password in secret::url_passwords(url) {
         secret::register(password);
         if let Some(decoded) = percent_decode(password) {
             secret::register(&decoded);

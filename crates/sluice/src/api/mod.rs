@@ -49,12 +49,15 @@ impl IntoResponse for Failure {
 }
 
 impl From<sluice_core::Error> for Failure {
-    /// 503 only when the coordination store cannot be reached; what a request got wrong is a
-    /// 400, a conflict a 409, anything else a 500.
+    /// 503 only when the coordination store cannot be reached or refuses this node; what a
+    /// request got wrong is a 400, a conflict a 409, anything else a 500.
     fn from(error: sluice_core::Error) -> Failure {
         use sluice_core::ErrorKind;
         let status = match error.kind() {
-            ErrorKind::Unavailable | ErrorKind::Connect => StatusCode::SERVICE_UNAVAILABLE,
+            // Whatever the coordination store answered, the request itself was fine.
+            _ if error.side() == Some(sluice_core::Side::State) => StatusCode::SERVICE_UNAVAILABLE,
+            // The coordination store is down or refuses this node (its credentials).
+            ErrorKind::Unavailable | ErrorKind::Connect | ErrorKind::Auth => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Config | ErrorKind::Schema | ErrorKind::Data => StatusCode::BAD_REQUEST,
             ErrorKind::Conflict | ErrorKind::Fenced => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -139,7 +139,16 @@ impl EtcdStore {
         while attempt < self.members.len() * 2 {
             let index = (self.current.load(Ordering::Relaxed) + attempt) % self.members.len();
             let member = &self.members[index];
-            let token = self.token(doing, member).await?;
+            let token = match self.token(doing, member).await {
+                Ok(token) => token,
+                // This member cannot be reached to sign in: the next one may.
+                Err(error) if error.kind() == ErrorKind::Unavailable => {
+                    failures.push(error.message().to_owned());
+                    attempt += 1;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
             let mut request = self.http.post(format!("{member}{path}")).json(body);
             if let Some(token) = &token {
                 request = request.header("Authorization", token.expose());
@@ -149,11 +158,14 @@ impl EtcdStore {
                     self.current.store(index, Ordering::Relaxed);
                     let status = response.status();
                     let answer = answer(doing, member, response).await?;
-                    if status.is_success() {
+                    // A streaming call (lease keep-alive) answers 200 with `{"error": {...}}`.
+                    let streamed_error = answer.get("error").filter(|error| error.is_object());
+                    if status.is_success() && streamed_error.is_none() {
                         return Ok(answer);
                     }
-                    let message = answer
-                        .get("error")
+                    let message = streamed_error
+                        .and_then(|error| error.get("message"))
+                        .or_else(|| answer.get("error"))
                         .or_else(|| answer.get("message"))
                         .and_then(Value::as_str)
                         .unwrap_or("no message")
@@ -167,7 +179,7 @@ impl EtcdStore {
                 }
                 Err(error) if error.is_connect() => {
                     let cause = describe(&error);
-                    if sluice_connectors::tls::is_tls_failure(&cause) {
+                    if sluice_connectors::tls::is_certificate_failure(&cause) {
                         return Err(Error::new(ErrorKind::Auth, format!("etcd at {member}: {cause}"))
                             .on(Side::State)
                             .hint(
