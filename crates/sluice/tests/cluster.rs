@@ -306,3 +306,39 @@ fn tables_added_to_a_running_stream_are_copied_online_and_join_it() {
     assert!(versions[1]["origin"].as_str().unwrap().starts_with("add tables"), "{versions}");
     assert!(cluster.logs().contains("caught up; every table streams again"), "{}", cluster.logs());
 }
+
+/// A plan far larger than one etcd value (2,500 splits of one table; etcd refuses requests over
+/// 1.5 MiB) is stored in pieces: the job runs to the end instead of staying `pending`.
+#[test]
+fn a_plan_of_thousands_of_splits_is_stored_in_pieces() {
+    let database = unique_name("pieces");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v VARCHAR(20){}); \
+         USE {database}; INSERT INTO t (id, v) SELECT seq, CONCAT('v', seq) FROM seq_1_to_2500;",
+        // Wide enough that the plan (each split names its table's columns) is ~4 MB.
+        (1..=12)
+            .map(|index| format!(", a_rather_long_column_name_number_{index} VARCHAR(20) DEFAULT 'x'"))
+            .collect::<String>()
+    ));
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let node = start_server(&workspace, "pieces0", Some(&etcd.endpoints), &environment);
+    let name = database.replace('_', "-");
+    let job = format!(
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{TARGET}}\nparallelism: 4\nlimits: {{ split_rows: 1 }}\n"
+    );
+    let (status, body) = node.call("POST", "/jobs", None, Some(("application/yaml", &job)));
+    assert_eq!(status, 201, "{body}");
+    let mut last = Value::Null;
+    wait_for("the job to end", Duration::from_secs(180), || {
+        last = node.call("GET", &format!("/jobs/{name}"), None, None).1;
+        last["state"] == "succeeded" || last["state"] == "failed"
+    });
+    assert_eq!(last["state"], "succeeded", "{last:#}\n{}", node.output());
+    assert_eq!(psql(&format!("SELECT count(*), count(DISTINCT id) FROM {database}.t")).trim(), "2500|2500");
+    assert!(node.output().contains("plan pieces"), "{}", node.output());
+    let record = etcd.etcdctl().args(["get", &format!("/sluice/plans/{name}"), "--print-value-only"]).output().unwrap();
+    assert!(record.stdout.len() < 64 * 1024, "the plan record itself stays small: {} bytes", record.stdout.len());
+}

@@ -348,6 +348,7 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
         store.delete_prefix(&prefix).await?;
     }
     store.delete(&plan_key(&name)).await?;
+    store.delete_prefix(&plan_pieces_prefix(&name)).await?;
     store.delete(&job_key(&name)).await?;
     log::info!("job {name}: deleted");
     Ok(StatusCode::NO_CONTENT.into_response())

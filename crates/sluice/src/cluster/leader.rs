@@ -56,6 +56,7 @@ impl Node {
         // A backfill the stream may not have taken in yet stays with every later plan.
         let carried =
             previous.as_ref().and_then(|previous| previous.backfill.clone()).filter(|backfill| backfill.copied);
+        let previous_pieces = previous.as_ref().map(|previous| previous.pieces);
         let record = match self.plan(job, previous).await {
             Ok(record) => record,
             Err(error) if error.side() == Some(Side::State) && retry::is_transient(&error) => {
@@ -69,17 +70,43 @@ impl Node {
                     version: job.version,
                     tasks: Vec::new(),
                     plan: None,
+                    pieces: None,
                     error: Some((&error).into()),
                     stream_version: None,
                     backfill: carried,
                 }
             }
         };
-        match self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await {
-            Ok(true) => {
-                log::info!("job {}: planned generation {} into {} tasks", job.name, job.generation, record.tasks.len())
+        let previous_pieces = previous_pieces.flatten();
+        let stored = async {
+            // The splits first, in pieces, then the record that points at them.
+            let mut record = record;
+            if let Some(plan) = record.plan.take() {
+                match store_plan(&*self.store, &job.name, job.generation, &plan, guard).await? {
+                    Some((header, pieces)) => {
+                        record.plan = Some(header);
+                        record.pieces = Some(pieces);
+                    }
+                    None => return Ok((false, record)),
+                }
             }
-            Ok(false) => log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name),
+            let stored = self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await?;
+            if stored {
+                let keep = record.pieces.map_or(0, |pieces| pieces.id);
+                remove_other_pieces(&*self.store, &job.name, keep, previous_pieces).await?;
+            }
+            Ok::<_, Error>((stored, record))
+        }
+        .await;
+        match stored {
+            Ok((true, record)) => log::info!(
+                "job {}: planned generation {} into {} tasks ({} plan pieces)",
+                job.name,
+                job.generation,
+                record.tasks.len(),
+                record.pieces.map_or(0, |pieces| pieces.count)
+            ),
+            Ok((false, _)) => log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name),
             Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
         }
     }
@@ -100,6 +127,8 @@ impl Node {
                 .map(|task| TaskPlan { after: Vec::new(), ..task })
                 .collect(),
             plan: plan.plan,
+            // The stream's generation reads the same splits.
+            pieces: plan.pieces,
             error: None,
             stream_version: None,
             backfill: plan.backfill.map(|backfill| BackfillPlan { copied: true, ..backfill }),
@@ -128,8 +157,10 @@ impl Node {
         let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
         let state = Arc::new(MemoryStateStore::default());
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
-        if let Some(plan) = previous.and_then(|previous| previous.plan) {
-            state.save_plan(&job.name, &plan)?;
+        if let Some(previous) = &previous {
+            if let Some(plan) = load_plan(&*self.store, &job.name, previous).await? {
+                state.save_plan(&job.name, &plan)?;
+            }
         }
         let source = sluice_connectors::source(&spec)?;
         let sink = sluice_connectors::sink(&spec)?;
@@ -154,6 +185,7 @@ impl Node {
             version: job.version,
             tasks: tasks_of(spec.mode, &plan),
             plan: None,
+            pieces: None,
             error: None,
             stream_version: None,
             // A backfill taken in stays with the stream's plans: its checkpoint says whether it

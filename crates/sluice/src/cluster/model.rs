@@ -4,6 +4,7 @@
 //! /sluice/jobs/{job}                 JobRecord: current version, desired state, generation
 //! /sluice/versions/{job}/{version}   VersionRecord: the job document as submitted
 //! /sluice/plans/{job}                PlanRecord: the leader's plan for one generation
+//! /sluice/plan-pieces/{job}/{id}/{n} PlanPiece: the splits of a plan, in pieces of ≤ 512 KiB
 //! /sluice/owners/{job}/{task}        Owner (leased): who runs a task; create revision = epoch
 //! /sluice/tasks/{job}/{task}         TaskStatus: state, counters, position, last error
 //! /sluice/runs/{job}/{time}-{task}   RunSummary of one finished task run
@@ -32,6 +33,12 @@ pub fn version_key(job: &str, version: u32) -> String {
 }
 pub fn plan_key(job: &str) -> String {
     format!("{ROOT}plans/{job}")
+}
+pub fn plan_pieces_prefix(job: &str) -> String {
+    format!("{ROOT}plan-pieces/{job}/")
+}
+fn plan_piece_key(job: &str, id: u64, index: u32) -> String {
+    format!("{}{id:020}/{index:06}", plan_pieces_prefix(job))
 }
 pub fn owners_prefix(job: &str) -> String {
     format!("{ROOT}owners/{job}/")
@@ -154,8 +161,12 @@ pub struct PlanRecord {
     pub generation: u64,
     pub version: u32,
     pub tasks: Vec<TaskPlan>,
-    /// The splits and the source position every task of this plan shares.
+    /// The splits and the source position every task of this plan shares. With `pieces`, the
+    /// splits are kept apart (`load_plan` joins them): a plan of 100,000 splits is far larger
+    /// than one etcd value may be, and every node reads every plan record at every tick.
     pub plan: Option<Plan>,
+    #[serde(default)]
+    pub pieces: Option<PlanPieces>,
     /// Why planning failed, when it did (the job is then `failed`).
     pub error: Option<ErrorRecord>,
     /// The version the stream task runs when it is not `version` (while tables are copied).
@@ -163,6 +174,163 @@ pub struct PlanRecord {
     pub stream_version: Option<u32>,
     #[serde(default)]
     pub backfill: Option<BackfillPlan>,
+}
+
+/// Where a plan's splits are kept: `count` pieces under `plan-pieces/{job}/{id}/`. A plan
+/// carried over to a later generation keeps its pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanPieces {
+    pub id: u64,
+    pub count: u32,
+}
+
+/// The most JSON one piece holds: well under etcd's default request limit of 1.5 MiB.
+const PIECE_BYTES: usize = 512 * 1024;
+
+/// Some splits of a plan, each table's schema written once per piece.
+#[derive(Debug, Serialize, Deserialize)]
+struct PlanPiece {
+    tables: Vec<PieceTable>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PieceTable {
+    target: TableName,
+    /// This continues the last table of the previous piece.
+    #[serde(default)]
+    continued: bool,
+    /// The schema of the splits (none for a table without splits).
+    schema: Option<std::sync::Arc<sluice_core::TableSchema>>,
+    splits: Vec<PieceSplit>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PieceSplit {
+    id: String,
+    descriptor: serde_json::Value,
+    estimated_rows: u64,
+    /// Only for a split whose schema is not its table's in this piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    schema: Option<std::sync::Arc<sluice_core::TableSchema>>,
+}
+
+/// Cuts a plan's splits into pieces of about `limit` bytes of JSON at most (a single split
+/// larger than that gets a piece of its own).
+fn pieces_of(plan: &Plan, limit: usize) -> Vec<PlanPiece> {
+    let mut pieces = Vec::new();
+    let mut piece = PlanPiece { tables: Vec::new() };
+    let mut size = 0;
+    for table in &plan.tables {
+        if table.splits.is_empty() {
+            piece.tables.push(PieceTable {
+                target: table.target.clone(),
+                continued: false,
+                schema: None,
+                splits: Vec::new(),
+            });
+            continue;
+        }
+        let mut open = false;
+        let mut continued = false;
+        for split in &table.splits {
+            let split_size = split.id.len() + split.descriptor.to_string().len() + 64;
+            if size > 0 && size + split_size > limit {
+                pieces.push(std::mem::replace(&mut piece, PlanPiece { tables: Vec::new() }));
+                size = 0;
+                continued = open;
+                open = false;
+            }
+            if !open {
+                size += encode(&*split.table).len() + 64;
+                piece.tables.push(PieceTable {
+                    target: table.target.clone(),
+                    continued,
+                    schema: Some(split.table.clone()),
+                    splits: Vec::new(),
+                });
+                open = true;
+            }
+            let current = piece.tables.last_mut().expect("a table is open");
+            let schema = (current.schema.as_ref() != Some(&split.table)).then(|| split.table.clone());
+            size += split_size + schema.as_ref().map_or(0, |schema| encode(&**schema).len());
+            current.splits.push(PieceSplit {
+                id: split.id.clone(),
+                descriptor: split.descriptor.clone(),
+                estimated_rows: split.estimated_rows,
+                schema,
+            });
+        }
+    }
+    pieces.push(piece);
+    pieces
+}
+
+/// Joins pieces back into the plan `header` (which has the source position, no tables).
+fn join_pieces(mut plan: Plan, pieces: Vec<PlanPiece>) -> Plan {
+    for piece in pieces {
+        for table in piece.tables {
+            let schema = table.schema;
+            let splits = table.splits.into_iter().filter_map(|split| {
+                Some(sluice_core::connector::Split {
+                    id: split.id,
+                    table: split.schema.or_else(|| schema.clone())?,
+                    descriptor: split.descriptor,
+                    estimated_rows: split.estimated_rows,
+                })
+            });
+            match plan.tables.last_mut() {
+                Some(last) if table.continued => last.splits.extend(splits),
+                _ => plan
+                    .tables
+                    .push(sluice_core::state::PlannedTable { target: table.target, splits: splits.collect() }),
+            }
+        }
+    }
+    plan
+}
+
+/// Stores a plan's splits in pieces (guarded), and returns the record's view of them: the plan
+/// without its splits and where the pieces are.
+pub async fn store_plan(
+    store: &dyn Store,
+    job: &str,
+    id: u64,
+    plan: &Plan,
+    guard: &super::store::Guard,
+) -> Result<Option<(Plan, PlanPieces)>> {
+    let pieces = pieces_of(plan, PIECE_BYTES);
+    for (index, piece) in pieces.iter().enumerate() {
+        if !store.put_guarded(&plan_piece_key(job, id, index as u32), &encode(piece), guard).await? {
+            return Ok(None);
+        }
+    }
+    let header = Plan { tables: Vec::new(), source_position: plan.source_position.clone() };
+    Ok(Some((header, PlanPieces { id, count: pieces.len() as u32 })))
+}
+
+/// Removes the pieces of every plan of `job` but the one with `keep`.
+pub async fn remove_other_pieces(store: &dyn Store, job: &str, keep: u64, previous: Option<PlanPieces>) -> Result<()> {
+    match previous {
+        Some(previous) if previous.id != keep => {
+            store.delete_prefix(&format!("{}{:020}/", plan_pieces_prefix(job), previous.id)).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The whole plan of a record: its splits joined from their pieces when they are kept apart.
+pub async fn load_plan(store: &dyn Store, job: &str, record: &PlanRecord) -> Result<Option<Plan>> {
+    let (Some(header), Some(pieces)) = (record.plan.clone(), record.pieces) else { return Ok(record.plan.clone()) };
+    let mut loaded = Vec::with_capacity(pieces.count as usize);
+    for index in 0..pieces.count {
+        let key = plan_piece_key(job, pieces.id, index);
+        let entry = store.get(&key).await?.ok_or_else(|| {
+            Error::new(ErrorKind::Unavailable, format!("coordination store: piece {key} of the plan is missing"))
+                .on(Side::State)
+        })?;
+        loaded.push(decode(&entry)?);
+    }
+    Ok(Some(join_pieces(header, loaded)))
 }
 
 /// An error as the API shows it: which side, and the message (secrets scrubbed).
@@ -318,6 +486,45 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plan_cut_into_pieces_joins_back_whole() {
+        use sluice_core::connector::Split;
+        use sluice_core::state::PlannedTable;
+        use sluice_core::{Column, DataType, TableSchema};
+        let schema = |name: &str| {
+            std::sync::Arc::new(TableSchema {
+                name: TableName::parse(name),
+                columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
+                primary_key: vec![0],
+                indexes: Vec::new(),
+            })
+        };
+        let table = |name: &str, splits: usize| PlannedTable {
+            target: TableName::parse(name),
+            splits: (0..splits)
+                .map(|index| Split {
+                    id: format!("{name}#{index}"),
+                    table: schema(name),
+                    descriptor: serde_json::json!({ "from": index * 100, "to": index * 100 + 100 }),
+                    estimated_rows: 100,
+                })
+                .collect(),
+        };
+        let plan = Plan {
+            tables: vec![table("db.big", 3000), table("db.empty", 0), table("db.small", 3), table("db.big2", 700)],
+            source_position: None,
+        };
+        let pieces = pieces_of(&plan, 20_000);
+        assert!(pieces.len() > 10, "{} pieces", pieces.len());
+        for piece in &pieces {
+            assert!(encode(piece).len() < 20_000 + 2_000, "a piece stays near the limit");
+        }
+        let pieces: Vec<PlanPiece> = pieces.iter().map(|piece| serde_json::from_str(&encode(piece)).unwrap()).collect();
+        let joined = join_pieces(Plan { tables: Vec::new(), source_position: None }, pieces);
+        assert_eq!(joined.tables.len(), 4);
+        assert_eq!(joined, plan);
+    }
 
     fn worker(id: &str, tasks: usize, capacity: usize, weight: f64) -> WorkerRecord {
         WorkerRecord {

@@ -190,7 +190,8 @@ impl Node {
         };
         // Each task keeps the leader's plan to itself: a stream of an older version must not
         // drop from it the splits of tables another task is copying.
-        let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(plan.plan.clone()) });
+        let whole = load_plan(&*self.store, &job.name, plan).await?;
+        let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(whole) });
         let scope = match task.kind {
             TaskKind::Snapshot => Scope::Tables(task.tables.iter().cloned().collect()),
             TaskKind::Cdc => Scope::Stream(
