@@ -30,6 +30,10 @@ pub enum Scope {
     Whole,
     /// The snapshot of these source tables (every split of each, then their indexes).
     Tables(std::collections::BTreeSet<TableName>),
+    /// These splits of the snapshot (by split id), without the indexes: a cluster spreads one
+    /// large table over its workers as groups of splits, then a `Tables` task of the table
+    /// (every split done) builds its indexes once.
+    Splits(std::collections::BTreeSet<String>),
     /// The change stream alone; in `snapshot+cdc` every table's copy must be complete. With a
     /// backfill, tables added to a running job and just copied join the stream.
     Stream(Option<Backfill>),
@@ -162,16 +166,29 @@ impl Runner {
         // A fenced sink takes its fence before reading any checkpoint.
         self.with_retry("take the task's fence in the target", || self.sink.claim(&self.job.name)).await?;
         let (mut plan, mut targets) = self.plan(snapshot).await?;
-        if let Scope::Tables(tables) = &self.scope {
-            plan.tables
-                .retain(|planned| planned.splits.first().is_some_and(|split| tables.contains(&split.table.name)));
+        match &self.scope {
+            Scope::Tables(tables) => plan
+                .tables
+                .retain(|planned| planned.splits.first().is_some_and(|split| tables.contains(&split.table.name))),
+            Scope::Splits(splits) => {
+                for planned in &mut plan.tables {
+                    planned.splits.retain(|split| splits.contains(&split.id));
+                }
+                plan.tables.retain(|planned| !planned.splits.is_empty());
+            }
+            Scope::Whole | Scope::Stream(_) => {}
+        }
+        if matches!(self.scope, Scope::Tables(_) | Scope::Splits(_)) {
             targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
         }
         self.sink.prepare(&targets).await?;
-        if (snapshot || matches!(self.scope, Scope::Tables(_))) && !matches!(self.scope, Scope::Stream(_)) {
-            self.copy_snapshot(&plan, &targets).await?;
+        let copy_only = matches!(self.scope, Scope::Tables(_) | Scope::Splits(_));
+        if (snapshot || copy_only) && !matches!(self.scope, Scope::Stream(_)) {
+            // A group of splits leaves the indexes to its table's task, which runs after it.
+            let build_indexes = !matches!(self.scope, Scope::Splits(_));
+            self.copy_snapshot(&plan, &targets, build_indexes).await?;
         }
-        if self.job.mode == Mode::Snapshot || matches!(self.scope, Scope::Tables(_)) {
+        if self.job.mode == Mode::Snapshot || copy_only {
             return Ok(());
         }
         // A cdc job starts where the job says, else where the source stood when the job was
@@ -191,7 +208,7 @@ impl Runner {
 
     /// Copies every split of the plan with up to `parallelism` tasks, then builds what the
     /// target builds last (secondary indexes).
-    async fn copy_snapshot(self: &Arc<Self>, plan: &Plan, targets: &[TableSchema]) -> Result<()> {
+    async fn copy_snapshot(self: &Arc<Self>, plan: &Plan, targets: &[TableSchema], build_indexes: bool) -> Result<()> {
         let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(VecDeque::new()));
         for table in &plan.tables {
             for split in &table.splits {
@@ -248,6 +265,10 @@ impl Runner {
         }
         if let Some(error) = first_error {
             return Err(error);
+        }
+        if !build_indexes {
+            log::info!("every split of this group is copied");
+            return Ok(());
         }
         log::info!("every split is copied; building secondary indexes where the target has them");
         self.sink.finish(targets).await

@@ -342,3 +342,82 @@ fn a_plan_of_thousands_of_splits_is_stored_in_pieces() {
     let record = etcd.etcdctl().args(["get", &format!("/sluice/plans/{name}"), "--print-value-only"]).output().unwrap();
     assert!(record.stdout.len() < 64 * 1024, "the plan record itself stays small: {} bytes", record.stdout.len());
 }
+
+/// One large table is shared by every node (groups of splits), and a node killed while it
+/// copies a group loses nothing: its group is copied again from the target's checkpoints.
+#[test]
+fn one_large_table_is_copied_by_every_node_and_survives_a_kill() {
+    let database = unique_name("shared");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.big (id INT PRIMARY KEY, v INT NOT NULL, KEY by_v (v)); \
+         USE {database}; INSERT INTO big SELECT seq, seq % 1000 FROM seq_1_to_2000000;"
+    ));
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let mut nodes: Vec<Option<Server>> = (0..3)
+        .map(|index| Some(start_server(&workspace, &format!("share{index}"), Some(&etcd.endpoints), &environment)))
+        .collect();
+    let name = database.replace('_', "-");
+    let job = format!(
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{TARGET}}\nparallelism: 2\nlimits: {{ split_rows: 100000 }}\n"
+    );
+    let any = |nodes: &[Option<Server>]| -> Value {
+        let node = nodes.iter().flatten().next().expect("a live node");
+        node.call("GET", &format!("/jobs/{name}"), None, None).1
+    };
+    let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &job)));
+    assert_eq!(status, 201, "{body}");
+    let groups = |view: &Value| -> Vec<Value> {
+        view["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|task| task["id"].as_str().unwrap_or("").contains(".."))
+            .cloned()
+            .collect()
+    };
+    // Every node takes a share of the table.
+    let mut workers = std::collections::BTreeSet::new();
+    let mut view = Value::Null;
+    wait_for("every node to copy a group of splits", Duration::from_secs(120), || {
+        view = any(&nodes);
+        for task in groups(&view) {
+            if let Some(worker) = task["worker"].as_str() {
+                workers.insert(worker.to_owned());
+            }
+        }
+        workers.len() == 3 || view["state"] == "succeeded"
+    });
+    assert!(groups(&view).len() >= 5, "the table is cut into groups: {view:#}");
+    assert_eq!(workers.len(), 3, "every node copied part of the table: {view:#}");
+    // Kill a node while it copies a group.
+    let mut victim = None;
+    wait_for("a node copying a group", Duration::from_secs(60), || {
+        view = any(&nodes);
+        victim = groups(&view)
+            .iter()
+            .find(|task| task["state"] == "running")
+            .and_then(|task| task["worker"].as_str().map(str::to_owned));
+        victim.is_some() || view["state"] == "succeeded"
+    });
+    let victim = victim.unwrap_or_else(|| panic!("the copy ended before a node could be killed in it: {view:#}"));
+    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == victim)).unwrap();
+    let mut node = nodes[index].take().unwrap();
+    node.child.kill().expect("SIGKILL the node");
+    node.child.wait().expect("reap it");
+    wait_for("the job to end", Duration::from_secs(240), || {
+        view = any(&nodes);
+        view["state"] == "succeeded" || view["state"] == "failed"
+    });
+    let logs: String = nodes.iter().flatten().map(|node| node.output()).collect();
+    assert_eq!(view["state"], "succeeded", "{view:#}\n{logs}");
+    assert_eq!(
+        psql(&format!("SELECT count(*), count(DISTINCT id), sum(v) FROM {database}.big")).trim(),
+        format!("2000000|2000000|{}", (0..2_000_000u64).map(|seq| (seq + 1) % 1000).sum::<u64>())
+    );
+    let indexes =
+        psql(&format!("SELECT count(*) FROM pg_indexes WHERE schemaname = '{database}' AND indexname LIKE '%by_v%'"));
+    assert_eq!(indexes.trim(), "1", "the table's index is built once its groups are done");
+}

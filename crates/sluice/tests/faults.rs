@@ -130,9 +130,11 @@ async fn a_source_silent_mid_snapshot_is_given_up_and_read_again() {
     until_committed(&job_name, 4_000, &mut child).await;
     let before = source_proxy.connections();
     source_proxy.set(Fault::Stall);
-    // The silent reads are given up and the splits retried on new connections.
+    // The silent reads are given up and the splits retried on new connections. A split that
+    // ended just before the stall may open one connection for the next split, each of the two
+    // in flight at most one: a third new connection is a retry of a read given up.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while source_proxy.connections() <= before {
+    while source_proxy.connections() <= before + 2 {
         assert!(tokio::time::Instant::now() < deadline, "no new connection after the source went silent");
         assert!(!child.is_finished(), "the run ended while the source was silent");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -1,6 +1,6 @@
-//! The leader's work: it plans each job generation into tasks (one snapshot task per table,
-//! then the change stream) and takes tables added to a running job into its stream once their
-//! copy is complete. Only the node holding the leader key does this, and every plan it writes
+//! The leader's work: it plans each job generation into tasks (one snapshot task per table, or
+//! per group of a large table's splits, then the change stream) and takes tables added to a
+//! running job into its stream once their copy is complete. Only the node holding the leader key does this, and every plan it writes
 //! is guarded by that key.
 
 use std::sync::Arc;
@@ -198,6 +198,7 @@ impl Node {
                 id: STREAM_TASK.to_owned(),
                 kind: TaskKind::Cdc,
                 tables: Vec::new(),
+                splits: Vec::new(),
                 after: Vec::new(),
             });
             record.stream_version = Some(request.stream_version);

@@ -150,6 +150,11 @@ pub struct TaskPlan {
     /// The source tables a snapshot task copies.
     #[serde(default)]
     pub tables: Vec<TableName>,
+    /// A group of one large table's splits (by id) that this snapshot task copies, without
+    /// the table's indexes (its table task builds them once every group is done). Empty: the
+    /// whole of `tables`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub splits: Vec<String>,
     /// Tasks that must have succeeded (in the same generation) before this one may start.
     #[serde(default)]
     pub after: Vec<String>,
@@ -446,22 +451,52 @@ pub async fn load_all<T: DeserializeOwned>(store: &dyn Store, prefix: &str) -> R
         .collect()
 }
 
-/// One snapshot task per planned table among `tables`.
+/// A table of more splits than this is copied by groups of splits, which the workers of a
+/// cluster share: groups of this many splits at least, and ...
+pub const SPLITS_PER_TASK: usize = 4;
+/// ... at most this many groups per table (a worker claims one task per tick: thousands of
+/// tiny groups would wait on the ticks).
+pub const GROUPS_PER_TABLE: usize = 16;
+
+/// The snapshot tasks of the planned tables among `tables`: one per table; a table of more
+/// than `SPLITS_PER_TASK` splits gets a task per group of splits first (at most
+/// `GROUPS_PER_TABLE`), and its table task (which then finds every split done) builds its
+/// indexes after them.
 pub fn snapshot_tasks(plan: &Plan, tables: &[TableName]) -> Vec<TaskPlan> {
-    plan.tables
-        .iter()
-        .filter_map(|table| Some(table.splits.first()?.table.name.clone()))
-        .filter(|source| tables.contains(source))
-        .map(|source| TaskPlan {
+    let mut tasks = Vec::new();
+    for table in &plan.tables {
+        let Some(source) = table.splits.first().map(|split| split.table.name.clone()) else { continue };
+        if !tables.contains(&source) {
+            continue;
+        }
+        let mut groups = Vec::new();
+        if table.splits.len() > SPLITS_PER_TASK {
+            let groups_wanted = table.splits.len().div_ceil(SPLITS_PER_TASK).min(GROUPS_PER_TABLE);
+            for group in table.splits.chunks(table.splits.len().div_ceil(groups_wanted)) {
+                let (first, last) = (&group[0].id, &group[group.len() - 1].id);
+                let id = format!("snapshot:{first}..{}", last.rsplit('#').next().unwrap_or(last));
+                groups.push(id.clone());
+                tasks.push(TaskPlan {
+                    id,
+                    kind: TaskKind::Snapshot,
+                    tables: vec![source.clone()],
+                    splits: group.iter().map(|split| split.id.clone()).collect(),
+                    after: Vec::new(),
+                });
+            }
+        }
+        tasks.push(TaskPlan {
             id: format!("snapshot:{source}"),
             kind: TaskKind::Snapshot,
             tables: vec![source],
-            after: Vec::new(),
-        })
-        .collect()
+            splits: Vec::new(),
+            after: groups,
+        });
+    }
+    tasks
 }
 
-/// Cuts a job's plan into cluster tasks: one snapshot task per table, then the change stream
+/// Cuts a job's plan into cluster tasks: the snapshot tasks (`snapshot_tasks`), then the change stream
 /// after all of them.
 pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
     use sluice_core::spec::Mode;
@@ -477,6 +512,7 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
             id: sluice_core::runner::STREAM_TASK.to_owned(),
             kind: TaskKind::Cdc,
             tables: Vec::new(),
+            splits: Vec::new(),
             after,
         });
     }
@@ -486,6 +522,38 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn large_tables_are_cut_into_bounded_groups_and_their_table_task_comes_after() {
+        use sluice_core::connector::Split;
+        use sluice_core::state::PlannedTable;
+        let table = |name: &str, splits: usize| PlannedTable {
+            target: TableName::parse(name),
+            splits: (0..splits)
+                .map(|index| Split {
+                    id: format!("{name}#{index}"),
+                    table: std::sync::Arc::new(sluice_core::TableSchema::named(TableName::parse(name))),
+                    descriptor: serde_json::Value::Null,
+                    estimated_rows: 0,
+                })
+                .collect(),
+        };
+        let plan = Plan {
+            tables: vec![table("d.small", 4), table("d.mid", 20), table("d.huge", 2500)],
+            source_position: None,
+        };
+        let every: Vec<TableName> = ["d.small", "d.mid", "d.huge"].map(TableName::parse).to_vec();
+        let tasks = snapshot_tasks(&plan, &every);
+        let groups = |table: &str| {
+            tasks.iter().filter(|task| task.tables[0].to_string() == table && !task.splits.is_empty()).count()
+        };
+        assert_eq!((groups("d.small"), groups("d.mid"), groups("d.huge")), (0, 5, GROUPS_PER_TABLE));
+        let huge = tasks.iter().find(|task| task.id == "snapshot:d.huge").unwrap();
+        assert_eq!(huge.after.len(), GROUPS_PER_TABLE, "the table task waits for every group");
+        let covered: usize =
+            tasks.iter().filter(|task| task.tables[0].to_string() == "d.huge").map(|task| task.splits.len()).sum();
+        assert_eq!(covered, 2500, "every split is in exactly one group");
+    }
 
     #[test]
     fn a_plan_cut_into_pieces_joins_back_whole() {

@@ -193,6 +193,7 @@ impl Node {
         let whole = load_plan(&*self.store, &job.name, plan).await?;
         let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(whole) });
         let scope = match task.kind {
+            TaskKind::Snapshot if !task.splits.is_empty() => Scope::Splits(task.splits.iter().cloned().collect()),
             TaskKind::Snapshot => Scope::Tables(task.tables.iter().cloned().collect()),
             TaskKind::Cdc => Scope::Stream(
                 plan.backfill.as_ref().filter(|backfill| backfill.copied).map(|backfill| backfill.backfill.clone()),
