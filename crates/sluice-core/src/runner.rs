@@ -175,6 +175,18 @@ impl Runner {
                     planned.splits.retain(|split| splits.contains(&split.id));
                 }
                 plan.tables.retain(|planned| !planned.splits.is_empty());
+                let found: usize = plan.tables.iter().map(|planned| planned.splits.len()).sum();
+                if found != splits.len() {
+                    return Err(Error::new(
+                        ErrorKind::State,
+                        format!(
+                            "{} of the {} splits this task copies are not in the plan",
+                            splits.len() - found,
+                            splits.len()
+                        ),
+                    )
+                    .on(Side::State));
+                }
             }
             Scope::Whole | Scope::Stream(_) => {}
         }

@@ -56,7 +56,6 @@ impl Node {
         // A backfill the stream may not have taken in yet stays with every later plan.
         let carried =
             previous.as_ref().and_then(|previous| previous.backfill.clone()).filter(|backfill| backfill.copied);
-        let previous_pieces = previous.as_ref().map(|previous| previous.pieces);
         let record = match self.plan(job, previous).await {
             Ok(record) => record,
             Err(error) if error.side() == Some(Side::State) && retry::is_transient(&error) => {
@@ -77,12 +76,11 @@ impl Node {
                 }
             }
         };
-        let previous_pieces = previous_pieces.flatten();
         let stored = async {
             // The splits first, in pieces, then the record that points at them.
             let mut record = record;
             if let Some(plan) = record.plan.take() {
-                match store_plan(&*self.store, &job.name, job.generation, &plan, guard).await? {
+                match store_plan(&*self.store, &job.name, new_pieces_id(), &plan, guard).await? {
                     Some((header, pieces)) => {
                         record.plan = Some(header);
                         record.pieces = Some(pieces);
@@ -92,8 +90,10 @@ impl Node {
             }
             let stored = self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await?;
             if stored {
-                let keep = record.pieces.map_or(0, |pieces| pieces.id);
-                remove_other_pieces(&*self.store, &job.name, keep, previous_pieces).await?;
+                let keep = record.pieces.map(|pieces| pieces.id);
+                if let Err(error) = remove_other_pieces(&*self.store, &job.name, keep).await {
+                    log::warn!("job {}: could not remove the pieces of older plans: {error}", job.name);
+                }
             }
             Ok::<_, Error>((stored, record))
         }
@@ -158,8 +158,14 @@ impl Node {
         let state = Arc::new(MemoryStateStore::default());
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
         if let Some(previous) = &previous {
-            if let Some(plan) = load_plan(&*self.store, &job.name, previous).await? {
-                state.save_plan(&job.name, &plan)?;
+            match load_plan(&*self.store, &job.name, previous).await {
+                Ok(Some(plan)) => state.save_plan(&job.name, &plan)?,
+                Ok(None) => {}
+                // Pieces removed under it (the job was deleted and made again): plan afresh.
+                Err(error) if error.side() == Some(Side::State) && error.message().contains("is missing") => {
+                    log::warn!("job {}: the previous plan is incomplete ({error}); planning afresh", job.name)
+                }
+                Err(error) => return Err(error),
             }
         }
         let source = sluice_connectors::source(&spec)?;
@@ -198,7 +204,7 @@ impl Node {
                 id: STREAM_TASK.to_owned(),
                 kind: TaskKind::Cdc,
                 tables: Vec::new(),
-                splits: Vec::new(),
+                splits: None,
                 after: Vec::new(),
             });
             record.stream_version = Some(request.stream_version);

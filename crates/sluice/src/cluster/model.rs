@@ -150,11 +150,11 @@ pub struct TaskPlan {
     /// The source tables a snapshot task copies.
     #[serde(default)]
     pub tables: Vec<TableName>,
-    /// A group of one large table's splits (by id) that this snapshot task copies, without
-    /// the table's indexes (its table task builds them once every group is done). Empty: the
-    /// whole of `tables`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub splits: Vec<String>,
+    /// A group of one large table's splits that this snapshot task copies, without the table's
+    /// indexes (its table task builds them once every group is done). None: the whole of
+    /// `tables`. Positions, not ids, so the record stays small however many splits there are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub splits: Option<SplitRange>,
     /// Tasks that must have succeeded (in the same generation) before this one may start.
     #[serde(default)]
     pub after: Vec<String>,
@@ -187,6 +187,36 @@ pub struct PlanRecord {
 pub struct PlanPieces {
     pub id: u64,
     pub count: u32,
+}
+
+/// A group of a table's splits: `count` splits from position `first` in the plan's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitRange {
+    pub first: usize,
+    pub count: usize,
+}
+
+impl SplitRange {
+    /// The ids of these splits of `table` in `plan`; an error when the plan has fewer (a task
+    /// must never succeed having copied nothing).
+    pub fn ids(&self, plan: &Plan, table: &TableName) -> Result<Vec<String>> {
+        let planned =
+            plan.tables.iter().find(|planned| planned.splits.first().is_some_and(|split| &split.table.name == table));
+        let splits = planned.map(|planned| &planned.splits[..]).unwrap_or_default();
+        let group = splits.get(self.first..self.first + self.count).ok_or_else(|| {
+            Error::new(
+                ErrorKind::State,
+                format!(
+                    "the plan has {} splits of {table}, not the {}..{} this task copies",
+                    splits.len(),
+                    self.first,
+                    self.first + self.count
+                ),
+            )
+            .on(Side::State)
+        })?;
+        Ok(group.iter().map(|split| split.id.clone()).collect())
+    }
 }
 
 /// The most JSON one piece holds: well under etcd's default request limit of 1.5 MiB.
@@ -313,14 +343,29 @@ pub async fn store_plan(
     Ok(Some((header, PlanPieces { id, count: pieces.len() as u32 })))
 }
 
-/// Removes the pieces of every plan of `job` but the one with `keep`.
-pub async fn remove_other_pieces(store: &dyn Store, job: &str, keep: u64, previous: Option<PlanPieces>) -> Result<()> {
-    match previous {
-        Some(previous) if previous.id != keep => {
-            store.delete_prefix(&format!("{}{:020}/", plan_pieces_prefix(job), previous.id)).await
+/// Removes the pieces of every plan of `job` but the one with `keep` (those of replaced plans,
+/// and of plans whose record was never stored).
+pub async fn remove_other_pieces(store: &dyn Store, job: &str, keep: Option<u64>) -> Result<()> {
+    let prefix = plan_pieces_prefix(job);
+    let mut ids: Vec<String> = store
+        .list(&prefix)
+        .await?
+        .into_iter()
+        .filter_map(|entry| Some(entry.key[prefix.len()..].split_once('/')?.0.to_owned()))
+        .collect();
+    ids.dedup();
+    for id in ids {
+        if keep.is_none_or(|keep| id != format!("{keep:020}")) {
+            store.delete_prefix(&format!("{prefix}{id}/")).await?;
         }
-        _ => Ok(()),
     }
+    Ok(())
+}
+
+/// A fresh id for a plan's pieces: pieces are never written over, so a worker reading a plan
+/// never meets half of another one.
+pub fn new_pieces_id() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
 }
 
 /// The whole plan of a record: its splits joined from their pieces when they are kept apart.
@@ -476,11 +521,12 @@ pub fn snapshot_tasks(plan: &Plan, tables: &[TableName]) -> Vec<TaskPlan> {
                 let (first, last) = (&group[0].id, &group[group.len() - 1].id);
                 let id = format!("snapshot:{first}..{}", last.rsplit('#').next().unwrap_or(last));
                 groups.push(id.clone());
+                let position = table.splits.iter().position(|split| split.id == *first).unwrap_or_default();
                 tasks.push(TaskPlan {
                     id,
                     kind: TaskKind::Snapshot,
                     tables: vec![source.clone()],
-                    splits: group.iter().map(|split| split.id.clone()).collect(),
+                    splits: Some(SplitRange { first: position, count: group.len() }),
                     after: Vec::new(),
                 });
             }
@@ -489,7 +535,7 @@ pub fn snapshot_tasks(plan: &Plan, tables: &[TableName]) -> Vec<TaskPlan> {
             id: format!("snapshot:{source}"),
             kind: TaskKind::Snapshot,
             tables: vec![source],
-            splits: Vec::new(),
+            splits: None,
             after: groups,
         });
     }
@@ -512,7 +558,7 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
             id: sluice_core::runner::STREAM_TASK.to_owned(),
             kind: TaskKind::Cdc,
             tables: Vec::new(),
-            splits: Vec::new(),
+            splits: None,
             after,
         });
     }
@@ -545,14 +591,21 @@ mod tests {
         let every: Vec<TableName> = ["d.small", "d.mid", "d.huge"].map(TableName::parse).to_vec();
         let tasks = snapshot_tasks(&plan, &every);
         let groups = |table: &str| {
-            tasks.iter().filter(|task| task.tables[0].to_string() == table && !task.splits.is_empty()).count()
+            tasks.iter().filter(|task| task.tables[0].to_string() == table && task.splits.is_some()).count()
         };
         assert_eq!((groups("d.small"), groups("d.mid"), groups("d.huge")), (0, 5, GROUPS_PER_TABLE));
         let huge = tasks.iter().find(|task| task.id == "snapshot:d.huge").unwrap();
         assert_eq!(huge.after.len(), GROUPS_PER_TABLE, "the table task waits for every group");
-        let covered: usize =
-            tasks.iter().filter(|task| task.tables[0].to_string() == "d.huge").map(|task| task.splits.len()).sum();
-        assert_eq!(covered, 2500, "every split is in exactly one group");
+        let mut covered = Vec::new();
+        for task in tasks.iter().filter(|task| task.tables[0].to_string() == "d.huge") {
+            if let Some(range) = task.splits {
+                covered.extend(range.ids(&plan, &TableName::parse("d.huge")).unwrap());
+            }
+        }
+        let expected: Vec<String> = (0..2500).map(|index| format!("d.huge#{index}")).collect();
+        assert_eq!(covered, expected, "every split is in exactly one group, in order");
+        let beyond = SplitRange { first: 2499, count: 2 };
+        assert!(beyond.ids(&plan, &TableName::parse("d.huge")).is_err(), "a range past the plan is an error");
     }
 
     #[test]

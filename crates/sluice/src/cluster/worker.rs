@@ -191,10 +191,22 @@ impl Node {
         // Each task keeps the leader's plan to itself: a stream of an older version must not
         // drop from it the splits of tables another task is copying.
         let whole = load_plan(&*self.store, &job.name, plan).await?;
+        let group = match (task.splits, &whole, task.tables.first()) {
+            (Some(range), Some(whole), Some(table)) => Some(range.ids(whole, table)?),
+            (Some(_), _, _) => {
+                return Err(Error::new(
+                    ErrorKind::State,
+                    format!("task {} names splits its plan does not have", task.id),
+                ))
+            }
+            (None, _, _) => None,
+        };
         let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(whole) });
         let scope = match task.kind {
-            TaskKind::Snapshot if !task.splits.is_empty() => Scope::Splits(task.splits.iter().cloned().collect()),
-            TaskKind::Snapshot => Scope::Tables(task.tables.iter().cloned().collect()),
+            TaskKind::Snapshot => match group {
+                Some(ids) => Scope::Splits(ids.into_iter().collect()),
+                None => Scope::Tables(task.tables.iter().cloned().collect()),
+            },
             TaskKind::Cdc => Scope::Stream(
                 plan.backfill.as_ref().filter(|backfill| backfill.copied).map(|backfill| backfill.backfill.clone()),
             ),
