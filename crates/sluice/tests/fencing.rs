@@ -36,9 +36,10 @@ fn batch(table: &Arc<TableSchema>, id: i64) -> Batch {
 }
 
 async fn older_epochs_cannot_commit(target: &str, url: String, namespace: &str, count: impl Fn() -> u64) {
-    std::env::set_var("FENCE_TARGET", &url);
-    let yaml = format!("name: fence-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: ${{FENCE_TARGET}}\n");
-    let job = parse_job(&yaml, false, |name| std::env::var(name).ok()).expect("a valid job");
+    let yaml = format!("name: fence-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: \"{url}\"\n");
+    // The URL is written into the job, not set in the process environment, which the tests
+    // running beside this one share.
+    let job = parse_job(&yaml, false, |_| None).expect("a valid job");
     let fenced =
         |epoch| sluice_connectors::fenced_sink(&job, Fence { task: "stream".into(), epoch }).expect("a fenced sink");
     let (old, new) = (fenced(10), fenced(11));
@@ -77,9 +78,10 @@ async fn older_epochs_cannot_commit(target: &str, url: String, namespace: &str, 
 /// A worker stalled inside a transaction (paused, cut off) holds row locks; its session ends
 /// after 10 s idle, so the task's new owner gets the rows instead of waiting for the old one.
 async fn a_stalled_writer_gives_up_its_locks(target: &str, url: String, namespace: &str, count: impl Fn() -> u64) {
-    std::env::set_var("FENCE_TARGET", &url);
-    let yaml = format!("name: stall-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: ${{FENCE_TARGET}}\n");
-    let job = parse_job(&yaml, false, |name| std::env::var(name).ok()).expect("a valid job");
+    let yaml = format!("name: stall-{namespace}\nmode: snapshot\nsource:\n  type: sqlite\n  path: none.db\ntarget:\n  type: {target}\n  url: \"{url}\"\n");
+    // The URL is written into the job, not set in the process environment, which the tests
+    // running beside this one share.
+    let job = parse_job(&yaml, false, |_| None).expect("a valid job");
     let fenced =
         |epoch| sluice_connectors::fenced_sink(&job, Fence { task: "stream".into(), epoch }).expect("a fenced sink");
     let (old, new) = (fenced(20), fenced(21));
