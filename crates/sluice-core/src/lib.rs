@@ -14,6 +14,7 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod throttle;
+pub mod transform;
 pub mod value;
 pub mod zero_dates;
 

@@ -16,6 +16,7 @@ use crate::spec::{JobSpec, Mode};
 use crate::state::{Plan, PlannedTable, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
 use crate::throttle::Throttle;
+use crate::transform::{self, TableMapping, Transforms};
 use crate::zero_dates;
 
 mod stream;
@@ -73,6 +74,12 @@ pub struct Runner {
     scope: Scope,
     /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
     split_also: Vec<TableName>,
+    /// The job's routes and transform rules.
+    transforms: Transforms,
+    /// Each planned source table's mapping to its target table.
+    mappings: Mutex<BTreeMap<TableName, Arc<TableMapping>>>,
+    /// Target tables that more than one source table is merged into.
+    shared_targets: Mutex<std::collections::BTreeSet<TableName>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -90,6 +97,7 @@ impl Runner {
         stop: watch::Receiver<bool>,
     ) -> Runner {
         let throttle = Throttle::new(job.limits.rows_per_sec, job.limits.bytes_per_sec);
+        let transforms = Transforms::of(&job);
         Runner {
             job,
             source,
@@ -103,6 +111,9 @@ impl Runner {
             source_position: Mutex::new(None),
             scope: Scope::Whole,
             split_also: Vec::new(),
+            transforms,
+            mappings: Mutex::new(BTreeMap::new()),
+            shared_targets: Mutex::new(Default::default()),
         }
     }
 
@@ -314,24 +325,24 @@ impl Runner {
             .into_iter()
             .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
             .collect();
-        let mut targets: BTreeMap<_, TableName> = BTreeMap::new();
-        let mut target_tables = Vec::with_capacity(tables.len());
-        for table in tables {
-            let target = self.sink.target_name(&table.name);
-            target_tables.push(TableSchema { name: target.clone(), ..table.clone() });
-            if let Some(other) = targets.insert(target.clone(), table.name.clone()) {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("source tables {other} and {} both map to target table {target}", table.name),
-                )
-                .on(Side::Target)
-                .hint("select only one of them in source.tables, or remove target.namespace"));
+        let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
+        let target_tables = transform::target_tables(&mappings);
+        {
+            let mut sources_per_target: BTreeMap<&TableName, usize> = BTreeMap::new();
+            for mapping in &mappings {
+                *sources_per_target.entry(&mapping.target.name).or_default() += 1;
             }
+            let mut shared = lock(&self.shared_targets);
+            shared.extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
+        }
+        for mapping in mappings {
+            let table = mapping.source.clone();
+            let target = mapping.target.name.clone();
+            lock(&self.mappings).insert(table.name.clone(), Arc::new(mapping));
             let planned = match stored.get(&table.name) {
                 Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
                 None if !split && !self.split_also.contains(&table.name) => PlannedTable { target, splits: Vec::new() },
                 None => {
-                    let table = Arc::new(table);
                     let splits = self
                         .with_retry("split the source table", || {
                             self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
@@ -396,8 +407,8 @@ impl Runner {
 
     /// Copies one split from its checkpoint to its end.
     async fn copy_split(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
-        let target_table = Arc::new(TableSchema { name: stats.target.clone(), ..(*split.table).clone() });
-        let mut writer = self.sink.open(&self.job.name, &split.id, target_table).await?;
+        let mapping = self.mapping(&split.table)?;
+        let mut writer = self.sink.open(&self.job.name, &split.id, mapping.target.clone()).await?;
         let recovered = writer.recover().await?;
         let mut rows_written = recovered.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
         let mut position = recovered.as_ref().and_then(|checkpoint| checkpoint.position.clone());
@@ -420,10 +431,11 @@ impl Runner {
                     return Err(interrupted());
                 };
                 let Some(batch) = item? else { break };
-                self.write_batch(split, stats, &mut *writer, &batch, &mut rows_written).await?;
-                position = Some(batch.position.clone());
+                let committed =
+                    self.write_batch(split, stats, &mapping, &mut *writer, batch, &mut rows_written).await?;
+                position = Some(committed.clone());
                 // A closed ack channel means the producer is gone; the next receive says why.
-                let _ = acks.send(batch.position);
+                let _ = acks.send(committed);
                 if self.should_stop() {
                     return Err(interrupted());
                 }
@@ -440,30 +452,36 @@ impl Runner {
         outcome
     }
 
-    /// Writes one batch, keeps its rejects, and commits it with its checkpoint.
+    /// Writes one batch, keeps its rejects, and commits it with its checkpoint; returns the
+    /// position committed.
     async fn write_batch(
         &self,
         split: &Split,
         stats: &TableStats,
+        mapping: &TableMapping,
         writer: &mut dyn crate::connector::Writer,
-        batch: &Batch,
+        mut batch: Batch,
         rows_written: &mut u64,
-    ) -> Result<()> {
+    ) -> Result<Position> {
         let rows = batch.changes.len() as u64;
         TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
         TableStats::add(&stats.bytes_read, batch.bytes);
         self.throttle.admit(rows, batch.bytes).await;
-        let mut rejects = batch.rejected.clone();
-        let mut to_write = batch;
-        let adjusted;
+        let mut rejects = std::mem::take(&mut batch.rejected);
         if !self.sink.holds_zero_dates() {
-            if let Some(outcome) = zero_dates::apply(batch, self.job.errors.zero_dates, &self.job.target.connector) {
+            if let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) {
                 TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
                 rejects.extend(outcome.rejected);
-                adjusted = outcome.batch;
-                to_write = &adjusted;
+                batch = Batch { rejected: Vec::new(), ..outcome.batch };
             }
         }
+        if !mapping.is_identity() {
+            let transformed = mapping.batch(batch);
+            TableStats::add(&stats.rows_filtered, transformed.filtered);
+            batch = transformed.batch;
+            rejects.append(&mut batch.rejected);
+        }
+        let to_write = &batch;
         let target_rejects = writer.write(to_write).await?;
         let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
         rejects.extend(target_rejects);
@@ -499,9 +517,33 @@ impl Runner {
         writer.commit(&checkpoint).await?;
         TableStats::add(&stats.rows_written, written);
         self.state.save_checkpoint(&self.job.name, &checkpoint)?;
-        Ok(())
+        Ok(batch.position)
+    }
+
+    /// The mapping of a source table as planned, or, for a schema the plan does not have (a
+    /// table created or altered in the change stream), compiled now.
+    fn mapping(&self, table: &Arc<TableSchema>) -> Result<Arc<TableMapping>> {
+        if let Some(mapping) = lock(&self.mappings).get(&table.name) {
+            if mapping.source.columns == table.columns && mapping.source.primary_key == table.primary_key {
+                return Ok(mapping.clone());
+            }
+        }
+        let mapping = Arc::new(self.transforms.map(table, &|name| self.sink.target_name(name))?);
+        lock(&self.mappings).insert(table.name.clone(), mapping.clone());
+        Ok(mapping)
+    }
+
+    /// The target name of a source table: routed, then named by the sink.
+    fn target_name(&self, source: &TableName) -> TableName {
+        self.transforms.target_name(source, &|name| self.sink.target_name(name))
     }
 }
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Runner {}
 
 fn interrupted() -> Error {
     Error::new(ErrorKind::Interrupted, "stopped before completion; run the job again to resume")

@@ -18,6 +18,8 @@ pub struct TableStats {
     pub rows_read: AtomicU64,
     pub rows_written: AtomicU64,
     pub rows_skipped: AtomicU64,
+    /// Rows a transform's `filter` left out (read, deliberately not written).
+    pub rows_filtered: AtomicU64,
     /// Zero dates stored as NULL under `errors.zero_dates: null`.
     pub zero_dates_nulled: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -35,6 +37,7 @@ impl TableStats {
             rows_read: AtomicU64::new(0),
             rows_written: AtomicU64::new(0),
             rows_skipped: AtomicU64::new(0),
+            rows_filtered: AtomicU64::new(0),
             zero_dates_nulled: AtomicU64::new(0),
             bytes_read: AtomicU64::new(0),
             rows_expected: AtomicU64::new(0),
@@ -55,6 +58,7 @@ impl TableStats {
             rows_read: load(&self.rows_read),
             rows_written: load(&self.rows_written),
             rows_skipped: load(&self.rows_skipped),
+            rows_filtered: load(&self.rows_filtered),
             zero_dates_nulled: load(&self.zero_dates_nulled),
             bytes_read: load(&self.bytes_read),
             rows_expected: load(&self.rows_expected),
@@ -103,6 +107,8 @@ pub struct StreamStats {
     pub transactions_applied: AtomicU64,
     /// DDL statements carried to the target.
     pub schema_changes: AtomicU64,
+    /// Row changes a transform's `filter` left out (both images outside it).
+    pub changes_filtered: AtomicU64,
     /// Seconds between now and the source commit of the last transaction applied; 0 when idle
     /// and caught up.
     pub lag_seconds: AtomicU64,
@@ -163,6 +169,7 @@ impl StreamStats {
             rows_applied: load(&self.rows_applied),
             transactions_applied: load(&self.transactions_applied),
             schema_changes: load(&self.schema_changes),
+            changes_filtered: load(&self.changes_filtered),
             lag_seconds: load(&self.lag_seconds),
             position: self
                 .position
@@ -190,6 +197,7 @@ pub struct StreamSummary {
     pub rows_applied: u64,
     pub transactions_applied: u64,
     pub schema_changes: u64,
+    pub changes_filtered: u64,
     pub lag_seconds: u64,
     /// The last source position committed in the target.
     pub position: Option<serde_json::Value>,
@@ -236,6 +244,8 @@ pub struct TableSummary {
     pub rows_read: u64,
     pub rows_written: u64,
     pub rows_skipped: u64,
+    /// Rows a transform's `filter` left out: rows_read = rows_written + rows_skipped + rows_filtered.
+    pub rows_filtered: u64,
     pub zero_dates_nulled: u64,
     pub bytes_read: u64,
     pub rows_expected: u64,
@@ -255,6 +265,7 @@ pub struct RunSummary {
     pub rows_read: u64,
     pub rows_written: u64,
     pub rows_skipped: u64,
+    pub rows_filtered: u64,
     pub zero_dates_nulled: u64,
     pub bytes_read: u64,
     pub rows_per_sec: f64,
@@ -285,6 +296,7 @@ impl RunSummary {
             rows_read: sum(|table| table.rows_read),
             rows_written,
             rows_skipped: sum(|table| table.rows_skipped),
+            rows_filtered: sum(|table| table.rows_filtered),
             zero_dates_nulled: sum(|table| table.zero_dates_nulled),
             bytes_read: sum(|table| table.bytes_read),
             rows_per_sec: if elapsed > 0.0 { (rows_written as f64 / elapsed).round() } else { 0.0 },

@@ -244,7 +244,32 @@ async fn check(path: PathBuf) -> u8 {
     };
     let source_ok = report(source.check().await);
     let sink_ok = report(sink.check().await);
-    u8::from(!(source_ok && sink_ok))
+    let transforms = sluice_core::transform::Transforms::of(&job);
+    let mut rules_ok = true;
+    if source_ok && !transforms.is_empty() {
+        // What the routes and transforms make of each table, or every problem they have.
+        let mapped = async { transforms.map_all(source.discover().await?, &|name| sink.target_name(name)) }.await;
+        match mapped {
+            Ok(mappings) => {
+                for mapping in mappings.iter().filter(|mapping| !mapping.rules.is_empty()) {
+                    let columns: Vec<&str> = mapping.target.columns.iter().map(|column| column.name.as_str()).collect();
+                    out!(
+                        "ok    {} → {} ({}): {}{}",
+                        mapping.source.name,
+                        mapping.target.name,
+                        mapping.rules.join(", "),
+                        columns.join(", "),
+                        if mapping.has_filter() { "; filtered" } else { "" }
+                    );
+                }
+            }
+            Err(error) => {
+                out!("FAIL  transform: {error}");
+                rules_ok = false;
+            }
+        }
+    }
+    u8::from(!(source_ok && sink_ok && rules_ok))
 }
 
 async fn schema(path: PathBuf, apply: bool) -> u8 {
@@ -254,12 +279,9 @@ async fn schema(path: PathBuf, apply: bool) -> u8 {
     let result = async {
         let source = sluice_connectors::source(&job)?;
         let sink = sluice_connectors::sink(&job)?;
-        let tables: Vec<TableSchema> = source
-            .discover()
-            .await?
-            .into_iter()
-            .map(|table| TableSchema { name: sink.target_name(&table.name), ..table })
-            .collect();
+        let transforms = sluice_core::transform::Transforms::of(&job);
+        let mappings = transforms.map_all(source.discover().await?, &|name| sink.target_name(name))?;
+        let tables: Vec<TableSchema> = sluice_core::transform::target_tables(&mappings);
         for statement in sink.create_statements(&tables) {
             out!("{statement};");
         }

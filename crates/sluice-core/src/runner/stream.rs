@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::{interrupted, Runner, Scope};
+use super::{interrupted, lock, Runner, Scope};
 use crate::change::{Batch, Change, Position};
 use crate::connector::{ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent};
 use crate::error::{Error, ErrorKind, Result, Side};
@@ -28,6 +28,7 @@ use crate::net_changes::{ApplyMode, NetChanges};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
 use crate::stats::{StreamPhase, TableStats};
+use crate::transform::TableMapping;
 use crate::zero_dates;
 
 /// The task id of the change stream: its checkpoint row in the target carries it.
@@ -281,11 +282,26 @@ impl Runner {
     /// created or altered table, whose new schema comes with its next rows (`pending`).
     fn schema_change(
         &self,
+        statement: &str,
         change: SourceSchemaChange,
         pending: &mut BTreeMap<String, PendingSchema>,
-    ) -> Option<SchemaChange> {
-        let target = |name: &TableName| self.sink.target_name(name);
-        match change {
+    ) -> Result<Option<SchemaChange>> {
+        let target = |name: &TableName| self.target_name(name);
+        // A table merged with others into one target cannot be dropped, renamed or emptied
+        // there without touching the others' rows.
+        let shared = |name: &TableName| -> Result<()> {
+            let target = target(name);
+            if !lock(&self.shared_targets).contains(&target) {
+                return Ok(());
+            }
+            Err(Error::new(
+                ErrorKind::Schema,
+                format!("unsupported DDL `{statement}` on table {name}, which a route merges with other tables into {target}"),
+            )
+            .on(Side::Source)
+            .hint("apply the statement's effect to the target by hand (e.g. delete the table's rows by its origin column), then restart the job from after it with a cdc start_position"))
+        };
+        Ok(match change {
             SourceSchemaChange::Create(table) => {
                 pending.insert(table.to_string(), PendingSchema { create: true, ..PendingSchema::default() });
                 None
@@ -297,17 +313,23 @@ impl Runner {
                 None
             }
             SourceSchemaChange::Drop(table) => {
+                shared(&table)?;
                 pending.remove(&table.to_string());
                 Some(SchemaChange::Drop(target(&table)))
             }
             SourceSchemaChange::Rename { from, to } => {
+                shared(&from)?;
+                shared(&to)?;
                 if let Some(moved) = pending.remove(&from.to_string()) {
                     pending.insert(to.to_string(), moved);
                 }
                 Some(SchemaChange::Rename { from: target(&from), to: target(&to) })
             }
-            SourceSchemaChange::Truncate(table) => Some(SchemaChange::Truncate(target(&table))),
-        }
+            SourceSchemaChange::Truncate(table) => {
+                shared(&table)?;
+                Some(SchemaChange::Truncate(target(&table)))
+            }
+        })
     }
 
     /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold.
@@ -337,7 +359,7 @@ impl Runner {
         }
         if outcome.nulled > 0 {
             if let Some(change) = outcome.batch.changes.first() {
-                let table = self.stats.table(&change.table.name, &self.sink.target_name(&change.table.name));
+                let table = self.stats.table(&change.table.name, &self.target_name(&change.table.name));
                 TableStats::add(&table.zero_dates_nulled, outcome.nulled);
             }
         }
@@ -355,8 +377,8 @@ struct Applier<'a> {
     rows_applied: u64,
     /// The source's position when the attempt began: reaching it ends catching up.
     head: Option<Position>,
-    /// Source table → its target table, for the source schema it was made for.
-    targets: HashMap<TableName, (Arc<TableSchema>, Arc<TableSchema>)>,
+    /// Source table → its mapping to the target, for the source schema it was made for.
+    targets: HashMap<TableName, (Arc<TableSchema>, Arc<TableMapping>)>,
     net: NetChanges,
     /// The source transactions in the group, for the latency histogram.
     arrivals: Vec<Arrival>,
@@ -374,18 +396,18 @@ struct Applier<'a> {
     progressed: &'a mut bool,
 }
 
-/// The target table of a source table (cached per source schema).
-fn target_of(
-    targets: &mut HashMap<TableName, (Arc<TableSchema>, Arc<TableSchema>)>,
-    sink: &dyn crate::connector::Sink,
+/// The mapping of a source table to its target (cached per source schema).
+fn mapping_of(
+    targets: &mut HashMap<TableName, (Arc<TableSchema>, Arc<TableMapping>)>,
+    runner: &Runner,
     table: &Arc<TableSchema>,
-) -> Arc<TableSchema> {
+) -> Result<Arc<TableMapping>> {
     match targets.get(&table.name) {
-        Some((source, target)) if Arc::ptr_eq(source, table) => target.clone(),
+        Some((source, mapping)) if Arc::ptr_eq(source, table) => Ok(mapping.clone()),
         _ => {
-            let target = Arc::new(TableSchema { name: sink.target_name(&table.name), ..(**table).clone() });
-            targets.insert(table.name.clone(), (table.clone(), target.clone()));
-            target
+            let mapping = runner.mapping(table)?;
+            targets.insert(table.name.clone(), (table.clone(), mapping.clone()));
+            Ok(mapping)
         }
     }
 }
@@ -393,9 +415,9 @@ fn target_of(
 impl Applier<'_> {
     /// Writes the folded changes into the open target transaction.
     async fn write_folded(&mut self) -> Result<()> {
-        let Applier { runner, writer, targets, net, staged_rows, .. } = self;
-        let sink = &*runner.sink;
-        *staged_rows += net.apply(&mut **writer, &mut |table| target_of(targets, sink, table)).await? as u64;
+        // The folded changes carry their target tables already.
+        let Applier { writer, net, staged_rows, .. } = self;
+        *staged_rows += net.apply(&mut **writer, &mut |table| table.clone()).await? as u64;
         Ok(())
     }
 
@@ -428,11 +450,16 @@ impl Applier<'_> {
             }
             for table in reshaped {
                 let pending = self.checkpoint.pending.remove(&table.name.to_string()).unwrap_or_default();
-                let target = target_of(&mut self.targets, &*self.runner.sink, &table);
+                let mapping = mapping_of(&mut self.targets, self.runner, &table)?;
+                let target = mapping.target.clone();
                 let change = if pending.create {
                     SchemaChange::Create((*target).clone())
                 } else {
-                    SchemaChange::Alter { table: (*target).clone(), renamed: pending.renamed, retyped: pending.retyped }
+                    // A projection may have renamed or left out the columns the DDL names.
+                    let kept = |name: &String| target.columns.iter().any(|column| &column.name == name);
+                    let renamed = pending.renamed.into_iter().filter(|(_, new)| kept(new)).collect();
+                    let retyped = pending.retyped.into_iter().filter(kept).collect();
+                    SchemaChange::Alter { table: (*target).clone(), renamed, retyped }
                 };
                 self.writer
                     .apply_schema_change(&change)
@@ -443,8 +470,16 @@ impl Applier<'_> {
         }
         self.open_transaction = true;
         let mode = self.runner.apply_mode(&self.checkpoint);
+        let mut filtered = 0;
         for change in changes {
-            self.net.add(change, mode)?;
+            let mapping = mapping_of(&mut self.targets, self.runner, &change.table)?;
+            match mapping.change(change)? {
+                Some(change) => self.net.add(change, mode)?,
+                None => filtered += 1,
+            }
+        }
+        if filtered > 0 {
+            self.runner.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.
@@ -520,7 +555,9 @@ impl Applier<'_> {
             self.commit().await?;
         }
         for change in changes {
-            let Some(change) = self.runner.schema_change(change, &mut self.checkpoint.pending) else { continue };
+            let Some(change) = self.runner.schema_change(statement, change, &mut self.checkpoint.pending)? else {
+                continue;
+            };
             self.writer.apply_schema_change(&change).await.map_err(|error| {
                 error.context(format_args!("applying `{statement}` ({position})", position = position.0))
             })?;

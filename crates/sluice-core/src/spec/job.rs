@@ -5,6 +5,7 @@ use std::fmt;
 
 use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
+use super::transform::{self, RouteSpec, TransformSpec};
 use crate::secret::{self, Secret};
 
 /// A validated job.
@@ -19,6 +20,10 @@ pub struct JobSpec {
     pub limits: Limits,
     pub errors: ErrorPolicy,
     pub retry: RetryPolicy,
+    /// `route:`: source tables renamed, moved or merged into other target tables.
+    pub routes: Vec<RouteSpec>,
+    /// `transform:`: projections, filters and masks per source table.
+    pub transforms: Vec<TransformSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -171,8 +176,11 @@ pub fn parse_job_partially(
 }
 
 fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
-    let fields =
-        decoder.mapping(root, "", &["name", "mode", "source", "target", "parallelism", "limits", "errors", "retry"])?;
+    let fields = decoder.mapping(
+        root,
+        "",
+        &["name", "mode", "source", "target", "parallelism", "limits", "errors", "retry", "route", "transform"],
+    )?;
     let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
         let name = decoder.string(node, "name")?;
         let valid = !name.is_empty()
@@ -222,6 +230,9 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
     let retry = decode_retry(decoder, &fields);
+    let routes = fields.get("route").map(|node| transform::decode_routes(decoder, node)).unwrap_or_default();
+    let transforms =
+        fields.get("transform").map(|node| transform::decode_transforms(decoder, node)).unwrap_or_default();
     Some(JobSpec {
         name: name?,
         mode: mode?,
@@ -231,6 +242,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         limits: limits?,
         errors: errors?,
         retry: retry?,
+        routes,
+        transforms,
     })
 }
 

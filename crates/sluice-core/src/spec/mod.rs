@@ -4,9 +4,11 @@
 mod decode;
 mod document;
 mod job;
+mod transform;
 
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode, ZeroDates,
 };
+pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};

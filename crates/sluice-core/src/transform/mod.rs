@@ -1,0 +1,782 @@
+//! The transform stage: between every source and every sink, in the snapshot and in the change
+//! stream alike, a source table's rows become its target table's rows.
+//!
+//! - `route:` names the target table (rename, move to another database or schema, merge
+//!   shards into one table, optionally with an origin column that joins the key);
+//! - `transform:` projects (keep, drop, rename, cast, compute columns), filters rows, and masks
+//!   personal data (hash with a secret salt, redact, truncate).
+//!
+//! Rules are compiled once per source schema into a [`TableMapping`]: the target schema and a
+//! program that turns a source row into a target row (or drops it). A table no rule touches has
+//! an identity mapping and its rows pass as they are, so a job without transforms pays nothing.
+//! In a change stream a row image is judged by the filter before and after a change: an update
+//! that leaves the filter is a delete, one that enters it an insert.
+
+pub mod expression;
+mod mask;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::change::{Batch, Change, ChangeKind, Rejected, Row};
+use crate::error::{Error, ErrorKind, Result, Side};
+use crate::schema::{Column, DataType, Index, TableName, TableSchema};
+use crate::spec::{JobSpec, Mode, RouteSpec, TransformSpec, WriteMode};
+use crate::value::Value;
+use expression::{Expression, Scope};
+use mask::Mask;
+
+/// The job's routes and transform rules, ready to map tables.
+#[derive(Debug, Clone, Default)]
+pub struct Transforms {
+    routes: Vec<RouteSpec>,
+    rules: Vec<TransformSpec>,
+    /// The target needs every table's primary key (a change stream, or upserts).
+    needs_key: bool,
+}
+
+/// How one source table (under one schema) lands in the target.
+#[derive(Debug, Clone)]
+pub struct TableMapping {
+    pub source: Arc<TableSchema>,
+    /// The target table, with the sink's own name for it.
+    pub target: Arc<TableSchema>,
+    /// The rules that apply, for messages and `sluice check` (`route[0], transform[1]`).
+    pub rules: Vec<String>,
+    program: Option<Arc<Program>>,
+}
+
+/// Turns a source row into a target row.
+#[derive(Debug)]
+struct Program {
+    /// `transform[1] (line 14)`, for messages.
+    rule: String,
+    filter: Option<Expression>,
+    outputs: Vec<Output>,
+    /// The source table's full name, appended when the route has an origin column.
+    origin: Option<Value>,
+}
+
+#[derive(Debug)]
+struct Output {
+    value: OutputValue,
+    mask: Option<Mask>,
+}
+
+#[derive(Debug)]
+enum OutputValue {
+    /// A source column; `last` when no later output takes the same column, so it is moved.
+    Column {
+        index: usize,
+        last: bool,
+    },
+    Computed(Expression),
+}
+
+/// What happened to a batch in the transform stage.
+#[derive(Debug)]
+pub struct Transformed {
+    pub batch: Batch,
+    /// Rows the filter left out.
+    pub filtered: u64,
+}
+
+fn located(path: &str, line: Option<usize>) -> String {
+    match line {
+        Some(line) => format!("{path} (line {line})"),
+        None => path.to_owned(),
+    }
+}
+
+impl Transforms {
+    pub fn of(job: &JobSpec) -> Transforms {
+        Transforms {
+            routes: job.routes.clone(),
+            rules: job.transforms.clone(),
+            needs_key: job.mode != Mode::Snapshot || job.target.write_mode == WriteMode::Upsert,
+        }
+    }
+
+    /// No route and no rule: every mapping is the identity.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty() && self.rules.is_empty()
+    }
+
+    fn route(&self, table: &TableName) -> Option<&RouteSpec> {
+        let full = table.to_string();
+        self.routes.iter().find(|route| route.pattern.is_match(&full))
+    }
+
+    fn rule(&self, table: &TableName) -> Option<&TransformSpec> {
+        let full = table.to_string();
+        self.rules.iter().find(|rule| rule.pattern.is_match(&full))
+    }
+
+    /// The name a source table gets before the sink's own naming (its `namespace`): the route's
+    /// `sink_table`, else the source name.
+    pub fn routed_name(&self, table: &TableName) -> TableName {
+        let Some(route) = self.route(table) else { return table.clone() };
+        let sink = match &route.replace_symbol {
+            Some(symbol) => route.sink_table.replace(symbol.as_str(), &table.name),
+            None => route.sink_table.clone(),
+        };
+        match sink.split_once('.') {
+            Some((namespace, name)) => TableName::new(Some(namespace), name),
+            None => TableName { namespace: table.namespace.clone(), name: sink },
+        }
+    }
+
+    /// The target name of a source table: routed, then named by the sink.
+    pub fn target_name(&self, table: &TableName, sink_name: &dyn Fn(&TableName) -> TableName) -> TableName {
+        sink_name(&self.routed_name(table))
+    }
+
+    /// Maps one source table. Errors name the rule, its line and what is wrong.
+    pub fn map(&self, source: &Arc<TableSchema>, sink_name: &dyn Fn(&TableName) -> TableName) -> Result<TableMapping> {
+        self.map_table(source, sink_name).map_err(|problems| {
+            Error::new(ErrorKind::Config, problems.join("; "))
+                .hint("fix the job's `route` or `transform` rules for this table, or exclude it from source.tables")
+        })
+    }
+
+    fn map_table(
+        &self,
+        source: &Arc<TableSchema>,
+        sink_name: &dyn Fn(&TableName) -> TableName,
+    ) -> std::result::Result<TableMapping, Vec<String>> {
+        let name = self.target_name(&source.name, sink_name);
+        let route = self.route(&source.name);
+        let rule = self.rule(&source.name);
+        let mut rules = Vec::new();
+        if let Some(route) = route {
+            rules.push(route.path.clone());
+        }
+        if let Some(rule) = rule {
+            rules.push(rule.path.clone());
+        }
+        let origin = route.and_then(|route| route.origin_column.as_ref().map(|column| (route, column)));
+        if rule.is_none() && origin.is_none() {
+            let target = TableSchema { name, ..(**source).clone() };
+            return Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: None });
+        }
+        let mut problems = Vec::new();
+        let scope = Scope { table: &source.name, columns: &source.columns };
+        let rule_name = rule.map(|rule| located(&rule.path, rule.line)).unwrap_or_default();
+        // Outputs: the projection's items, else every source column.
+        let mut outputs: Vec<(String, OutputValue, Column)> = Vec::new();
+        match rule.and_then(|rule| rule.projection.as_ref().map(|projection| (rule, projection))) {
+            None => {
+                for (index, column) in source.columns.iter().enumerate() {
+                    outputs.push((column.name.clone(), OutputValue::Column { index, last: true }, column.clone()));
+                }
+            }
+            Some((rule, (_, items))) => {
+                let at = located(&format!("{}.projection", rule.path), rule.projection_line);
+                for item in items {
+                    match project(item, scope) {
+                        Ok(items) => outputs.extend(items),
+                        Err(problem) => problems.push(format!("{at}: {problem}")),
+                    }
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (name, _, _) in &outputs {
+            if !seen.insert(name.to_ascii_lowercase()) {
+                problems
+                    .push(format!("{rule_name}: the projection makes two columns named `{name}`; rename one with AS"));
+            }
+        }
+        let filter = match rule.and_then(|rule| rule.filter.as_ref().map(|filter| (rule, filter))) {
+            None => None,
+            Some((rule, (_, predicate))) => match Expression::compile(predicate, scope) {
+                Ok(filter) => Some(filter),
+                Err(problem) => {
+                    problems
+                        .push(format!("{}: {problem}", located(&format!("{}.filter", rule.path), rule.filter_line)));
+                    None
+                }
+            },
+        };
+        // Masks, by output column.
+        let mut masks: BTreeMap<usize, Mask> = BTreeMap::new();
+        if let Some(rule) = rule {
+            for spec in &rule.mask {
+                let at = located(&format!("{}.mask.{}", rule.path, spec.column), spec.line);
+                let Some(position) = outputs.iter().position(|(name, _, _)| name.eq_ignore_ascii_case(&spec.column))
+                else {
+                    let names: Vec<&str> = outputs.iter().map(|(name, _, _)| name.as_str()).collect();
+                    problems.push(format!(
+                        "{at}: table {} has no output column `{}` to mask; its columns: {}",
+                        source.name,
+                        spec.column,
+                        names.join(", ")
+                    ));
+                    continue;
+                };
+                match Mask::new(&spec.rule, rule.salt.as_ref(), &outputs[position].2) {
+                    Ok(mask) => {
+                        masks.insert(position, mask);
+                    }
+                    Err(problem) => problems.push(format!("{at}: {problem}")),
+                }
+            }
+        }
+        // Columns moved out of the source row must be the last use of that column.
+        let mut taken = std::collections::HashSet::new();
+        for (_, value, _) in outputs.iter_mut().rev() {
+            if let OutputValue::Column { index, last } = value {
+                *last = taken.insert(*index);
+            }
+        }
+        let mut columns: Vec<Column> = Vec::with_capacity(outputs.len() + 1);
+        for (position, (name, _, column)) in outputs.iter().enumerate() {
+            let mut column = Column { name: name.clone(), ..column.clone() };
+            if let Some(mask) = masks.get(&position) {
+                mask.reshape(&mut column);
+            }
+            columns.push(column);
+        }
+        // The key: each source key column, where the projection keeps it unchanged (a hash mask
+        // keeps equal values equal, so a hashed key is still a key).
+        let plain = |index: usize| {
+            outputs.iter().enumerate().position(|(position, (_, value, _))| {
+                matches!(value, OutputValue::Column { index: column, .. } if *column == index)
+                    && masks.get(&position).is_none_or(Mask::keeps_identity)
+            })
+        };
+        let mut primary_key: Vec<usize> = Vec::with_capacity(source.primary_key.len() + 1);
+        let mut dropped = Vec::new();
+        for &index in &source.primary_key {
+            match plain(index) {
+                Some(position) => primary_key.push(position),
+                None => dropped.push(source.columns[index].name.clone()),
+            }
+        }
+        if !dropped.is_empty() {
+            if self.needs_key {
+                problems.push(format!(
+                    "{rule_name}: table {} keeps its primary key column(s) {} only unchanged (renamed or hashed is fine), and this job needs the key to apply updates, deletes or upserts",
+                    source.name,
+                    dropped.join(", ")
+                ));
+            }
+            primary_key.clear();
+        }
+        let mut indexes: Vec<Index> = source
+            .indexes
+            .iter()
+            .filter_map(|index| {
+                let columns: Option<Vec<usize>> = index.columns.iter().map(|&column| plain(column)).collect();
+                Some(Index { columns: columns?, ..index.clone() })
+            })
+            .collect();
+        let origin_value = match origin {
+            Some((route, column)) => {
+                if columns.iter().any(|known| known.name.eq_ignore_ascii_case(column)) {
+                    problems.push(format!(
+                        "{}: origin_column `{column}` is already a column of table {}; choose another name",
+                        located(&route.path, route.line),
+                        source.name
+                    ));
+                }
+                let position = columns.len();
+                columns.push(Column::new(column.clone(), DataType::Text { length: Some(192), fixed: false }, false));
+                if !primary_key.is_empty() {
+                    primary_key.push(position);
+                }
+                // A unique key of one shard is unique per shard only.
+                for index in indexes.iter_mut().filter(|index| index.unique) {
+                    index.columns.push(position);
+                }
+                Some(Value::Text(source.name.to_string()))
+            }
+            None => None,
+        };
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let target = TableSchema { name, columns, primary_key, indexes };
+        let outputs = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(position, (_, value, _))| Output { value, mask: masks.remove(&position) })
+            .collect();
+        let program = Program {
+            rule: if rule_name.is_empty() { rules.join(", ") } else { rule_name },
+            filter,
+            outputs,
+            origin: origin_value,
+        };
+        Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: Some(Arc::new(program)) })
+    }
+
+    /// Maps every table of a job and checks that tables merged into one target agree on its
+    /// shape. Every problem is reported at once.
+    pub fn map_all(
+        &self,
+        sources: Vec<TableSchema>,
+        sink_name: &dyn Fn(&TableName) -> TableName,
+    ) -> Result<Vec<TableMapping>> {
+        let mut problems = Vec::new();
+        let mut mappings: Vec<TableMapping> = Vec::with_capacity(sources.len());
+        for source in sources {
+            match self.map_table(&Arc::new(source), sink_name) {
+                Ok(mapping) => mappings.push(mapping),
+                Err(found) => problems.extend(found),
+            }
+        }
+        let mut by_target: BTreeMap<&TableName, Vec<&TableMapping>> = BTreeMap::new();
+        for mapping in &mappings {
+            by_target.entry(&mapping.target.name).or_default().push(mapping);
+        }
+        for (target, group) in &by_target {
+            let Some((first, others)) = group.split_first() else { continue };
+            if !others.is_empty() && group.iter().any(|mapping| self.route(&mapping.source.name).is_none()) {
+                let names: Vec<String> = group.iter().map(|mapping| mapping.source.name.to_string()).collect();
+                problems.push(format!(
+                    "source tables {} all map to target table {target}; merge them with a `route` rule, or select only one",
+                    names.join(", ")
+                ));
+                continue;
+            }
+            for other in others {
+                if let Some(difference) = shape_difference(&first.target, &other.target) {
+                    problems.push(format!(
+                        "{}: source tables {} and {} are merged into {target} but differ: {difference}",
+                        other.rules.first().map_or("route", String::as_str),
+                        first.source.name,
+                        other.source.name
+                    ));
+                }
+            }
+        }
+        if problems.is_empty() {
+            return Ok(mappings);
+        }
+        Err(Error::new(ErrorKind::Config, problems.join("; "))
+            .on(Side::Target)
+            .hint("fix the job's `route` or `transform` rules, or narrow source.tables"))
+    }
+}
+
+/// The target tables of a job's mappings, each once (tables merged into one target are
+/// nullable wherever one of them is).
+pub fn target_tables(mappings: &[TableMapping]) -> Vec<TableSchema> {
+    let mut targets: Vec<TableSchema> = Vec::with_capacity(mappings.len());
+    for mapping in mappings {
+        match targets.iter_mut().find(|known| known.name == mapping.target.name) {
+            Some(known) => {
+                for (column, other) in known.columns.iter_mut().zip(&mapping.target.columns) {
+                    column.nullable |= other.nullable;
+                }
+            }
+            None => targets.push((*mapping.target).clone()),
+        }
+    }
+    targets
+}
+
+/// How two tables merged into one target differ, if they do (nullability aside).
+fn shape_difference(first: &TableSchema, other: &TableSchema) -> Option<String> {
+    let names = |table: &TableSchema| table.columns.iter().map(|column| column.name.clone()).collect::<Vec<_>>();
+    if names(first) != names(other) {
+        return Some(format!("columns ({}) against ({})", names(first).join(", "), names(other).join(", ")));
+    }
+    for (a, b) in first.columns.iter().zip(&other.columns) {
+        if a.data_type != b.data_type {
+            return Some(format!("column `{}` is {} in one and {} in the other", a.name, describe(a), describe(b)));
+        }
+    }
+    if first.primary_key != other.primary_key {
+        return Some("their primary keys".into());
+    }
+    None
+}
+
+fn describe(column: &Column) -> String {
+    if column.native_type.is_empty() {
+        format!("{:?}", column.data_type)
+    } else {
+        column.native_type.clone()
+    }
+}
+
+/// One select item's output columns.
+fn project(
+    item: &sqlparser::ast::SelectItem,
+    scope: Scope<'_>,
+) -> std::result::Result<Vec<(String, OutputValue, Column)>, String> {
+    use sqlparser::ast::SelectItem;
+    let compiled = |expression: &sqlparser::ast::Expr, name: Option<String>| {
+        let compiled = Expression::compile(expression, scope)?;
+        let name = match (name, compiled.column()) {
+            (Some(name), _) => name,
+            (None, Some(index)) => scope.columns[index].name.clone(),
+            (None, None) => {
+                return Err(format!("give the computed column `{expression}` a name: `{expression} AS name`"))
+            }
+        };
+        let column = match compiled.column() {
+            Some(index) => scope.columns[index].clone(),
+            None => Column::new(name.clone(), compiled.data_type.clone(), compiled.nullable),
+        };
+        let value = match compiled.column() {
+            Some(index) => OutputValue::Column { index, last: true },
+            None => OutputValue::Computed(compiled),
+        };
+        Ok(vec![(name, value, column)])
+    };
+    match item {
+        SelectItem::UnnamedExpr(expression) => compiled(expression, None),
+        SelectItem::ExprWithAlias { expr, alias } => compiled(expr, Some(alias.value.clone())),
+        SelectItem::Wildcard(options) => {
+            if options.opt_ilike.is_some()
+                || options.opt_replace.is_some()
+                || options.opt_rename.is_some()
+                || options.opt_alias.is_some()
+            {
+                return Err(format!("`{item}` is not supported; write `*`, `* EXCEPT (a, b)` or list the columns"));
+            }
+            let mut excluded: Vec<(String, bool)> = Vec::new();
+            if let Some(except) = &options.opt_except {
+                for ident in std::iter::once(&except.first_element).chain(&except.additional_elements) {
+                    excluded.push((ident.value.clone(), ident.quote_style.is_some()));
+                }
+            }
+            if let Some(exclude) = &options.opt_exclude {
+                let names = match exclude {
+                    sqlparser::ast::ExcludeSelectItem::Single(name) => vec![name.clone()],
+                    sqlparser::ast::ExcludeSelectItem::Multiple(names) => names.clone(),
+                };
+                for name in names {
+                    let text = name.to_string();
+                    excluded.push((text.trim_matches(['"', '`']).to_owned(), text.starts_with(['"', '`'])));
+                }
+            }
+            let mut skip = std::collections::HashSet::new();
+            for (name, quoted) in &excluded {
+                match scope.resolve(name, *quoted) {
+                    Some(index) => {
+                        skip.insert(index);
+                    }
+                    None => return Err(format!("table {} has no column `{name}` to leave out", scope.table)),
+                }
+            }
+            Ok(scope
+                .columns
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !skip.contains(index))
+                .map(|(index, column)| (column.name.clone(), OutputValue::Column { index, last: true }, column.clone()))
+                .collect())
+        }
+        other => Err(format!("`{other}` is not supported in a projection")),
+    }
+}
+
+impl TableMapping {
+    /// Rows pass as they are (only the table's name may change).
+    pub fn is_identity(&self) -> bool {
+        self.program.is_none()
+    }
+
+    /// A source row as a target row, or `None` when the filter leaves it out.
+    pub fn row(&self, row: Row) -> std::result::Result<Option<Row>, String> {
+        match &self.program {
+            None => Ok(Some(row)),
+            Some(program) => program.row(row),
+        }
+    }
+
+    /// A batch of the source table as a batch of the target table. A row that cannot be
+    /// transformed (a lossy cast, a number too large) is a dirty record, never dropped silently.
+    pub fn batch(&self, batch: Batch) -> Transformed {
+        let Batch { changes, position, mut rejected, bytes } = batch;
+        let mut out = Vec::with_capacity(changes.len());
+        let mut filtered = 0;
+        for change in changes {
+            let row = match change.kind {
+                ChangeKind::Insert { after } => after,
+                // Snapshots carry inserts only; anything else goes through `change`.
+                other => {
+                    match self.change(Change { table: change.table, kind: other }) {
+                        Ok(Some(change)) => out.push(change),
+                        Ok(None) => filtered += 1,
+                        Err(error) => rejected.push(Rejected {
+                            table: self.source.name.to_string(),
+                            key: String::new(),
+                            reason: error.to_string(),
+                            record: None,
+                        }),
+                    }
+                    continue;
+                }
+            };
+            let key = (self.program.is_some()).then(|| crate::change::key_text(&self.source, &row));
+            match self.row(row) {
+                Ok(Some(after)) => out.push(Change::insert(self.target.clone(), after)),
+                Ok(None) => filtered += 1,
+                Err(reason) => rejected.push(Rejected {
+                    table: self.source.name.to_string(),
+                    key: key.unwrap_or_default(),
+                    reason: format!("source: {reason}"),
+                    record: None,
+                }),
+            }
+        }
+        Transformed { batch: Batch { changes: out, position, rejected, bytes }, filtered }
+    }
+
+    /// A source change as a target change; `None` when the filter leaves both images out. An
+    /// update whose row leaves the filter is a delete, one whose row enters it an insert.
+    pub fn change(&self, change: Change) -> Result<Option<Change>> {
+        let table = self.target.clone();
+        let Some(program) = &self.program else {
+            return Ok(Some(Change { table, kind: change.kind }));
+        };
+        let failed = |reason: String| {
+            Error::new(
+                ErrorKind::Data,
+                format!("change stream: table {}: {}: {reason}", self.source.name, program.rule),
+            )
+            .on(Side::Source)
+            .hint("fix the transform rule (a row of the stream cannot be skipped without breaking the rows after it)")
+        };
+        let kind = match change.kind {
+            ChangeKind::Insert { after } => {
+                program.row(after).map_err(failed)?.map(|after| ChangeKind::Insert { after })
+            }
+            ChangeKind::Delete { before } => {
+                program.row(before).map_err(failed)?.map(|before| ChangeKind::Delete { before })
+            }
+            ChangeKind::Update { before, after } => {
+                match (program.row(before).map_err(failed)?, program.row(after).map_err(failed)?) {
+                    (Some(before), Some(after)) => Some(ChangeKind::Update { before, after }),
+                    (Some(before), None) => Some(ChangeKind::Delete { before }),
+                    (None, Some(after)) => Some(ChangeKind::Insert { after }),
+                    (None, None) => None,
+                }
+            }
+        };
+        Ok(kind.map(|kind| Change { table, kind }))
+    }
+
+    /// The filter, as written, when the rule has one.
+    pub fn has_filter(&self) -> bool {
+        self.program.as_ref().is_some_and(|program| program.filter.is_some())
+    }
+}
+
+impl Program {
+    fn row(&self, mut row: Row) -> std::result::Result<Option<Row>, String> {
+        if let Some(filter) = &self.filter {
+            if !filter.holds(&row)? {
+                return Ok(None);
+            }
+        }
+        let mut out: Vec<Value> = Vec::with_capacity(self.outputs.len() + usize::from(self.origin.is_some()));
+        // Computed values first, while every source value is still in place.
+        for output in &self.outputs {
+            out.push(match &output.value {
+                OutputValue::Computed(expression) => expression.evaluate(&row)?.into_owned(),
+                OutputValue::Column { .. } => Value::Null,
+            });
+        }
+        for (slot, output) in out.iter_mut().zip(&self.outputs) {
+            if let OutputValue::Column { index, last } = output.value {
+                *slot = if last { std::mem::replace(&mut row[index], Value::Null) } else { row[index].clone() };
+            }
+            if let Some(mask) = &output.mask {
+                mask.apply(slot);
+            }
+        }
+        if let Some(origin) = &self.origin {
+            out.push(origin.clone());
+        }
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse_job;
+    use crate::value::Decimal;
+
+    fn environment(name: &str) -> Option<String> {
+        (name == "SALT").then(|| "a-salt-of-sixteen-chars".to_owned())
+    }
+
+    fn job(rules: &str) -> JobSpec {
+        let text = format!(
+            "name: t\nmode: snapshot+cdc\nsource: {{type: mysql, url: 'mysql://u@h:1'}}\ntarget: {{type: postgres, url: 'postgres://u@h/d'}}\n{rules}"
+        );
+        parse_job(&text, false, environment).unwrap_or_else(|errors| panic!("{errors:?}"))
+    }
+
+    fn customers(name: &str) -> TableSchema {
+        TableSchema {
+            name: TableName::parse(name),
+            columns: vec![
+                Column::new("id", DataType::Integer { bytes: 4, unsigned: false }, false),
+                Column::new("name", DataType::Text { length: Some(50), fixed: false }, false),
+                Column::new("email", DataType::Text { length: Some(80), fixed: false }, true),
+                Column::new("balance", DataType::Decimal { precision: Some(10), scale: Some(2) }, false),
+            ],
+            primary_key: vec![0],
+            indexes: vec![Index { name: "email_unique".into(), columns: vec![2], unique: true }],
+        }
+    }
+
+    fn row(id: i64, name: &str, email: Option<&str>, balance: &str) -> Row {
+        vec![
+            Value::Int(id),
+            Value::Text(name.into()),
+            email.map_or(Value::Null, |email| Value::Text(email.into())),
+            Value::Decimal(Decimal::parse(balance).unwrap()),
+        ]
+    }
+
+    fn public(name: &TableName) -> TableName {
+        TableName::new(Some(name.namespace.as_deref().unwrap_or("public")), &name.name)
+    }
+
+    #[test]
+    fn a_table_without_rules_is_only_renamed() {
+        let transforms = Transforms::of(&job(""));
+        let mapping = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap();
+        assert!(mapping.is_identity());
+        assert_eq!(mapping.target.name, TableName::parse("shop.customers"));
+    }
+
+    #[test]
+    fn projection_filter_and_masks_make_the_target_rows() {
+        let transforms = Transforms::of(&job(
+            "transform:\n  - source_table: shop\\.customers\n    projection: \"id, upper(name) AS name, email AS contact, balance * 2 AS doubled\"\n    filter: id > 10\n    mask: {contact: hash, name: truncate(3)}\n    salt: ${SALT}\n",
+        ));
+        let mapping = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap();
+        let names: Vec<&str> = mapping.target.columns.iter().map(|column| column.name.as_str()).collect();
+        assert_eq!(names, ["id", "name", "contact", "doubled"]);
+        assert_eq!(mapping.target.primary_key, vec![0]);
+        assert_eq!(mapping.target.columns[2].data_type, DataType::Text { length: Some(64), fixed: true });
+        assert_eq!(mapping.target.indexes.len(), 1, "a hashed unique column stays unique");
+        assert_eq!(mapping.row(row(5, "Ada", None, "1.00")).unwrap(), None);
+        let out = mapping.row(row(11, "Grace", Some("g@x.org"), "2.50")).unwrap().unwrap();
+        assert_eq!(out[0], Value::Int(11));
+        assert_eq!(out[1], Value::Text("GRA".into()));
+        let Value::Text(hash) = &out[2] else { panic!("{out:?}") };
+        assert_eq!(hash.len(), 64);
+        assert_eq!(out[3], Value::Decimal(Decimal::parse("5.00").unwrap()));
+        // Equal values hash equally; NULL stays NULL.
+        let again = mapping.row(row(12, "Grace", Some("g@x.org"), "0")).unwrap().unwrap();
+        assert_eq!(again[2], out[2]);
+        assert_eq!(mapping.row(row(13, "Linus", None, "0")).unwrap().unwrap()[2], Value::Null);
+    }
+
+    #[test]
+    fn updates_that_cross_the_filter_become_inserts_and_deletes() {
+        let transforms =
+            Transforms::of(&job("transform:\n  - source_table: shop.customers\n    filter: balance >= 100\n"));
+        let mapping = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap();
+        let update = |before: &str, after: &str| {
+            let change = Change {
+                table: mapping.source.clone(),
+                kind: ChangeKind::Update { before: row(1, "a", None, before), after: row(1, "a", None, after) },
+            };
+            mapping.change(change).unwrap().map(|change| match change.kind {
+                ChangeKind::Insert { .. } => "insert",
+                ChangeKind::Update { .. } => "update",
+                ChangeKind::Delete { .. } => "delete",
+            })
+        };
+        assert_eq!(update("150", "200"), Some("update"));
+        assert_eq!(update("150", "50"), Some("delete"));
+        assert_eq!(update("50", "150"), Some("insert"));
+        assert_eq!(update("50", "60"), None);
+    }
+
+    #[test]
+    fn shards_merge_with_an_origin_column_in_the_key() {
+        let transforms = Transforms::of(&job(
+            "route:\n  - source_table: \"shard_[0-9]+.orders_[0-9]+\"\n    sink_table: all.orders\n    origin_column: _origin\n",
+        ));
+        let mappings = transforms
+            .map_all(vec![customers("shard_1.orders_1"), customers("shard_2.orders_7"), customers("other.t")], &public)
+            .unwrap();
+        assert_eq!(mappings[0].target.name, TableName::parse("all.orders"));
+        assert_eq!(mappings[1].target.name, TableName::parse("all.orders"));
+        assert_eq!(mappings[2].target.name, TableName::parse("other.t"));
+        assert_eq!(mappings[0].target.primary_key, vec![0, 4]);
+        assert_eq!(mappings[0].target.indexes[0].columns, vec![2, 4]);
+        let out = mappings[1].row(row(1, "a", None, "1")).unwrap().unwrap();
+        assert_eq!(out[4], Value::Text("shard_2.orders_7".into()));
+    }
+
+    #[test]
+    fn merged_tables_of_different_shapes_are_refused_all_at_once() {
+        let transforms = Transforms::of(&job("route:\n  - source_table: \"s[0-9].t\"\n    sink_table: all.t\n"));
+        let mut other = customers("s2.t");
+        other.columns[3].data_type = DataType::Float64;
+        let mut third = customers("s3.t");
+        third.columns.pop();
+        let error = transforms.map_all(vec![customers("s1.t"), other, third], &public).unwrap_err().to_string();
+        assert!(error.contains("s1.t and s2.t are merged into all.t but differ: column `balance`"), "{error}");
+        assert!(error.contains("s1.t and s3.t"), "{error}");
+        let error = Transforms::of(&job(""))
+            .map_all(vec![customers("a.t"), customers("b.t")], &|_| TableName::parse("x.t"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("source tables a.t, b.t all map to target table x.t"), "{error}");
+    }
+
+    #[test]
+    fn rule_errors_name_the_rule_and_line() {
+        let transforms = Transforms::of(&job(
+            "transform:\n  - source_table: shop.customers\n    projection: \"name, nope, upper(name)\"\n    filter: \"bad_column = 1\"\n",
+        ));
+        let error = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap_err().to_string();
+        assert!(
+            error.contains("transform[0].projection (line 7): table shop.customers has no column `nope`"),
+            "{error}"
+        );
+        assert!(error.contains("give the computed column `upper(name)` a name"), "{error}");
+        assert!(
+            error.contains("transform[0].filter (line 8): table shop.customers has no column `bad_column`"),
+            "{error}"
+        );
+        assert!(error.contains("primary key column(s) id"), "{error}");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported_with_the_job_file() {
+        let text = "name: t\nsource: {type: mysql, url: 'mysql://u@h:1'}\ntarget: {type: postgres, url: 'postgres://u@h/d'}\nroute:\n  - source_table: \"shop.(\"\n    sink_table: x.y\ntransform:\n  - source_table: a.b\n    projection: \"id,\"\n    filter: \"id >\"\n    mask: {email: blur}\n";
+        let errors = parse_job(text, false, environment).unwrap_err();
+        let paths: Vec<(&str, Option<usize>)> = errors.iter().map(|error| (error.path.as_str(), error.line)).collect();
+        assert_eq!(
+            paths,
+            [
+                ("route[0].source_table", Some(5)),
+                ("transform[0].projection", Some(9)),
+                ("transform[0].filter", Some(10)),
+                ("transform[0].mask.email", Some(11)),
+            ]
+        );
+        let errors = parse_job(
+            "name: t\nsource: {type: mysql, url: 'mysql://u@h:1'}\ntarget: {type: postgres, url: 'postgres://u@h/d'}\ntransform:\n  - source_table: a.b\n    mask: {email: hash}\n",
+            false,
+            environment,
+        )
+        .unwrap_err();
+        assert!(errors[0].message.contains("needs a secret `salt`"), "{errors:?}");
+    }
+
+    #[test]
+    fn replace_symbol_keeps_each_table_name() {
+        let transforms = Transforms::of(&job(
+            "route:\n  - source_table: \"shop\\\\..*\"\n    sink_table: ods.shop_<>\n    replace_symbol: <>\n",
+        ));
+        assert_eq!(transforms.routed_name(&TableName::parse("shop.orders")), TableName::parse("ods.shop_orders"));
+        assert_eq!(transforms.routed_name(&TableName::parse("shopx.orders")), TableName::parse("shopx.orders"));
+    }
+}
