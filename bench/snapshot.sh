@@ -169,6 +169,18 @@ EOF
 }
 fresh_pg sluice_pg
 measure "sluice MySQL→PostgreSQL" pg "$sluice" run "$(job bench-pg postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg"
+# The same copy through three transforms (a computed column, a filter that keeps every row, a
+# mask): the transform stage's cost against the plain copy above.
+fresh_pg sluice_pg
+transformed=$(job bench-pg-transform postgres "$postgres_url" sluice_pg)
+cat >> "$transformed" <<'EOF'
+transform:
+  - source_table: "sbtest\\..*"
+    projection: "id, k, upper(c) AS c, pad"
+    filter: "id > 0"
+    mask: {pad: truncate(30)}
+EOF
+measure "sluice MySQL→PostgreSQL, 3 transforms" pg "$sluice" run "$transformed" --state-dir "$base/state-pg-transform"
 # Both servers keep their data on tmpfs: each copy is dropped once measured.
 fresh_pg sluice_pg
 fresh_pg sling_pg

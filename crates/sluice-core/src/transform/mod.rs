@@ -505,7 +505,7 @@ impl TableMapping {
                         Ok(None) => filtered += 1,
                         Err(error) => rejected.push(Rejected {
                             table: self.source.name.to_string(),
-                            key: String::new(),
+                            key: String::from("(a change of the batch)"),
                             reason: error.to_string(),
                             record: None,
                         }),
@@ -513,16 +513,16 @@ impl TableMapping {
                     continue;
                 }
             };
-            let key = (self.program.is_some()).then(|| crate::change::key_text(&self.source, &row));
-            match self.row(row) {
+            let outcome = match &self.program {
+                None => Ok(Some(row)),
+                Some(program) => program.row_or_back(row),
+            };
+            match outcome {
                 Ok(Some(after)) => out.push(Change::insert(self.target.clone(), after)),
                 Ok(None) => filtered += 1,
-                Err(reason) => rejected.push(Rejected {
-                    table: self.source.name.to_string(),
-                    key: key.unwrap_or_default(),
-                    reason: format!("source: {reason}"),
-                    record: None,
-                }),
+                Err((reason, row)) => {
+                    rejected.push(Rejected::row(&self.source, &row, format!("source: {}: {reason}", self.rule_name())))
+                }
             }
         }
         Transformed { batch: Batch { changes: out, position, rejected, bytes }, filtered }
@@ -562,24 +562,38 @@ impl TableMapping {
         Ok(kind.map(|kind| Change { table, kind }))
     }
 
-    /// The filter, as written, when the rule has one.
+    fn rule_name(&self) -> &str {
+        self.program.as_ref().map_or("", |program| program.rule.as_str())
+    }
+
+    /// Whether a rule filters this table's rows.
     pub fn has_filter(&self) -> bool {
         self.program.as_ref().is_some_and(|program| program.filter.is_some())
     }
 }
 
 impl Program {
-    fn row(&self, mut row: Row) -> std::result::Result<Option<Row>, String> {
+    fn row(&self, row: Row) -> std::result::Result<Option<Row>, String> {
+        self.row_or_back(row).map_err(|(reason, _)| reason)
+    }
+
+    /// Like `row`; a row that fails comes back with the reason, whole, for its dirty record.
+    fn row_or_back(&self, mut row: Row) -> std::result::Result<Option<Row>, (String, Row)> {
         if let Some(filter) = &self.filter {
-            if !filter.holds(&row)? {
-                return Ok(None);
+            match filter.holds(&row) {
+                Ok(true) => {}
+                Ok(false) => return Ok(None),
+                Err(reason) => return Err((reason, row)),
             }
         }
         let mut out: Vec<Value> = Vec::with_capacity(self.outputs.len() + usize::from(self.origin.is_some()));
         // Computed values first, while every source value is still in place.
         for output in &self.outputs {
             out.push(match &output.value {
-                OutputValue::Computed(expression) => expression.evaluate(&row)?.into_owned(),
+                OutputValue::Computed(expression) => match expression.evaluate(&row) {
+                    Ok(value) => value.into_owned(),
+                    Err(reason) => return Err((reason, row)),
+                },
                 OutputValue::Column { .. } => Value::Null,
             });
         }
@@ -769,6 +783,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(errors[0].message.contains("needs a secret `salt`"), "{errors:?}");
+    }
+
+    #[test]
+    fn a_row_that_cannot_be_transformed_is_a_dirty_record_with_its_key() {
+        let transforms = Transforms::of(&job(
+            "transform:\n  - source_table: shop.customers\n    projection: \"id, CAST(balance AS INT) AS whole\"\n    filter: \"id <> 3\"\n",
+        ));
+        let mapping = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap();
+        let changes = [row(1, "a", None, "10.00"), row(2, "b", None, "10.50"), row(3, "c", None, "1")]
+            .into_iter()
+            .map(|row| Change::insert(mapping.source.clone(), row))
+            .collect();
+        let out = mapping.batch(Batch::new(changes, crate::change::Position(serde_json::json!(3))));
+        assert_eq!(out.filtered, 1);
+        assert_eq!(out.batch.changes.len(), 1);
+        assert_eq!(out.batch.changes[0].row(), &vec![Value::Int(1), Value::Int(10)]);
+        let rejected = &out.batch.rejected;
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(rejected[0].key, "id=2");
+        assert!(
+            rejected[0].reason.contains("transform[0] (line 6)")
+                && rejected[0].reason.contains("would lose information"),
+            "{rejected:?}"
+        );
     }
 
     #[test]
