@@ -6,6 +6,7 @@ pub mod connector;
 pub mod error;
 pub mod filter;
 pub mod net_changes;
+pub mod planner;
 pub mod retry;
 pub mod runner;
 pub mod schema;

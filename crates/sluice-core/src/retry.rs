@@ -33,6 +33,37 @@ pub fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     Duration::from_millis(millis)
 }
 
+/// Calls `step` until it succeeds, fails for good, or has used `policy.max_attempts`; logs each
+/// retry with `what`. `stopped` ends the retries early; `pause` waits between attempts (and may
+/// return early on a stop).
+pub async fn retrying<T, Step, StepFuture, Pause, PauseFuture>(
+    policy: &RetryPolicy,
+    what: &str,
+    stopped: impl Fn() -> bool,
+    pause: Pause,
+    mut step: Step,
+) -> crate::error::Result<T>
+where
+    Step: FnMut() -> StepFuture,
+    StepFuture: std::future::Future<Output = crate::error::Result<T>>,
+    Pause: Fn(Duration) -> PauseFuture,
+    PauseFuture: std::future::Future<Output = ()>,
+{
+    let mut attempt = 1;
+    loop {
+        match step().await {
+            Ok(value) => return Ok(value),
+            Err(error) if is_transient(&error) && attempt < policy.max_attempts && !stopped() => {
+                attempt += 1;
+                let wait = backoff(policy, attempt);
+                log::warn!("{what}: {error}; attempt {attempt} of {} in {wait:?}", policy.max_attempts);
+                pause(wait).await;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,12 +8,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 
 use crate::change::{Batch, Position};
-use crate::connector::{Checkpoint, Sink, Source, Split, SplitHint};
+use crate::connector::{Checkpoint, Sink, Source, Split};
 use crate::error::{Error, ErrorKind, Result, Side};
+use crate::planner::Planner;
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
 use crate::spec::{JobSpec, Mode};
-use crate::state::{Plan, PlannedTable, StateStore};
+use crate::state::{Plan, StateStore};
 use crate::stats::{JobStats, RunSummary, TableStats};
 use crate::throttle::Throttle;
 use crate::transform::{self, TableMapping, Transforms};
@@ -72,8 +73,9 @@ pub struct Runner {
     /// The source's log position recorded in the plan.
     source_position: Mutex<Option<Position>>,
     scope: Scope,
-    /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
-    split_also: Vec<TableName>,
+    /// The plan to execute when it was made elsewhere (a cluster leader's); without one the
+    /// runner plans the job itself, from the plan kept in the state store.
+    given_plan: Option<Plan>,
     /// The job's routes and transform rules.
     transforms: Transforms,
     /// Each planned source table's mapping to its target table.
@@ -110,18 +112,11 @@ impl Runner {
             resumed_done: Default::default(),
             source_position: Mutex::new(None),
             scope: Scope::Whole,
-            split_also: Vec::new(),
+            given_plan: None,
             transforms,
             mappings: Mutex::new(BTreeMap::new()),
             shared_targets: Mutex::new(Default::default()),
         }
-    }
-
-    /// Splits these tables when planning even when the job copies nothing (a `cdc` job to
-    /// which they are added, backfilled by a copy).
-    pub fn splitting(mut self, tables: Vec<TableName>) -> Runner {
-        self.split_also = tables;
-        self
     }
 
     /// Limits the run to part of the job (a cluster task).
@@ -130,13 +125,11 @@ impl Runner {
         self
     }
 
-    /// Plans the job (discovers, splits, captures the source's log position), creates what the
-    /// target needs, and keeps the plan in the state store without copying anything. A cluster
-    /// leader calls this once per job version; its workers then run tasks of that plan.
-    pub async fn plan_and_prepare(&self) -> Result<Plan> {
-        let (plan, targets) = self.plan(self.job.mode != Mode::Cdc).await?;
-        self.sink.prepare(&targets).await?;
-        Ok(plan)
+    /// Executes this plan instead of planning: a cluster task runs its part of the plan its
+    /// leader made (and whose target tables the leader prepared), discovering nothing.
+    pub fn with_plan(mut self, plan: Plan) -> Runner {
+        self.given_plan = Some(plan);
+        self
     }
 
     /// The live counters, for a progress display.
@@ -176,7 +169,19 @@ impl Runner {
         let snapshot = self.job.mode != Mode::Cdc;
         // A fenced sink takes its fence before reading any checkpoint.
         self.with_retry("take the task's fence in the target", || self.sink.claim(&self.job.name)).await?;
-        let (mut plan, mut targets) = self.plan(snapshot).await?;
+        let (mut plan, mut targets, planned_here) = match &self.given_plan {
+            Some(plan) => (plan.clone(), self.targets_of(plan)?, false),
+            None => {
+                let previous = self.state.load_plan(&self.job.name)?;
+                let planned = Planner::new(self.job.clone(), self.source.clone(), self.sink.clone())
+                    .stopping_on(self.stop.clone())
+                    .plan(previous)
+                    .await?;
+                self.state.save_plan(&self.job.name, &planned.plan)?;
+                (planned.plan, planned.targets, true)
+            }
+        };
+        self.adopt(&plan);
         match &self.scope {
             Scope::Tables(tables) => plan
                 .tables
@@ -204,7 +209,9 @@ impl Runner {
         if matches!(self.scope, Scope::Tables(_) | Scope::Splits(_)) {
             targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
         }
-        self.sink.prepare(&targets).await?;
+        if planned_here {
+            self.sink.prepare(&targets).await?;
+        }
         let copy_only = matches!(self.scope, Scope::Tables(_) | Scope::Splits(_));
         if (snapshot || copy_only) && !matches!(self.scope, Scope::Stream(_)) {
             // A group of splits leaves the indexes to its table's task, which runs after it.
@@ -297,64 +304,27 @@ impl Runner {
         self.sink.finish(targets).await
     }
 
-    /// Loads the stored plan, keeps its splits for tables still selected, and splits the new
-    /// ones (when `split`: a snapshot is to be copied). Returns the plan and the selected tables
-    /// under their target names.
-    async fn plan(&self, split: bool) -> Result<(Plan, Vec<TableSchema>)> {
-        let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
-        if tables.is_empty() {
-            return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
-                .on(Side::Source)
-                .hint("check the include and exclude globs and that the tables exist"));
-        }
-        let stored_plan = self.state.load_plan(&self.job.name)?.unwrap_or_default();
-        // Captured once, on first planning: a resumed run keeps the position of the snapshot
-        // it continues.
-        let source_position = match stored_plan.source_position {
-            Some(position) => Some(position),
-            None => self.with_retry("read the source's log position", || self.source.log_position()).await?,
-        };
-        let mut plan = Plan { tables: Vec::new(), source_position };
-        if let Some(position) = &plan.source_position {
-            let when = if split { "snapshot start" } else { "the job's first run" };
-            log::info!("source log position at {when}: {}", position.0);
-        }
-        *self.source_position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = plan.source_position.clone();
-        let stored: BTreeMap<_, _> = stored_plan
-            .tables
-            .into_iter()
-            .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
-            .collect();
-        let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
-        let target_tables = transform::target_tables(&mappings);
-        {
-            let mut sources_per_target: BTreeMap<&TableName, usize> = BTreeMap::new();
-            for mapping in &mappings {
-                *sources_per_target.entry(&mapping.target.name).or_default() += 1;
+    /// The target tables of a plan made elsewhere, for the indexes built after the copy.
+    fn targets_of(&self, plan: &Plan) -> Result<Vec<TableSchema>> {
+        let mut mappings = Vec::with_capacity(plan.tables.len());
+        for planned in &plan.tables {
+            if let Some(split) = planned.splits.first() {
+                mappings.push((*self.mapping(&split.table)?).clone());
             }
-            let mut shared = lock(&self.shared_targets);
-            shared.extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
         }
-        for mapping in mappings {
-            let table = mapping.source.clone();
-            let target = mapping.target.name.clone();
-            lock(&self.mappings).insert(table.name.clone(), Arc::new(mapping));
-            let planned = match stored.get(&table.name) {
-                Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
-                None if !split && !self.split_also.contains(&table.name) => PlannedTable { target, splits: Vec::new() },
-                None => {
-                    let splits = self
-                        .with_retry("split the source table", || {
-                            self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
-                        })
-                        .await?;
-                    PlannedTable { target, splits }
-                }
-            };
-            plan.tables.push(planned);
+        Ok(transform::target_tables(&mappings))
+    }
+
+    /// Takes in what the plan says beyond its splits: the source position for the summary, and
+    /// which target tables several source tables are merged into.
+    fn adopt(&self, plan: &Plan) {
+        *lock(&self.source_position) = plan.source_position.clone();
+        let mut sources_per_target: BTreeMap<&TableName, usize> = BTreeMap::new();
+        for planned in &plan.tables {
+            *sources_per_target.entry(&planned.target).or_default() += 1;
         }
-        self.state.save_plan(&self.job.name, &plan)?;
-        Ok((plan, target_tables))
+        lock(&self.shared_targets)
+            .extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
     }
 
     fn should_stop(&self) -> bool {
@@ -362,26 +332,12 @@ impl Runner {
     }
 
     /// Calls `step` until it succeeds, fails for good, or runs out of attempts.
-    async fn with_retry<T, F, Fut>(&self, what: &str, mut step: F) -> Result<T>
+    async fn with_retry<T, F, Fut>(&self, what: &str, step: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        let mut attempt = 1;
-        loop {
-            match step().await {
-                Ok(value) => return Ok(value),
-                Err(error)
-                    if retry::is_transient(&error) && attempt < self.job.retry.max_attempts && !self.should_stop() =>
-                {
-                    attempt += 1;
-                    let wait = retry::backoff(&self.job.retry, attempt);
-                    log::warn!("{what}: {error}; attempt {attempt} of {} in {:?}", self.job.retry.max_attempts, wait);
-                    self.pause(wait).await;
-                }
-                Err(error) => return Err(error),
-            }
-        }
+        retry::retrying(&self.job.retry, what, || self.should_stop(), |wait| self.pause(wait), step).await
     }
 
     /// Waits `wait`, or less when the run is stopped or aborted meanwhile.
@@ -587,7 +543,7 @@ mod tests {
 
     use super::*;
     use crate::change::{Change, Rejected};
-    use crate::connector::{CheckItem, Reader, Writer};
+    use crate::connector::{CheckItem, Reader, SplitHint, Writer};
     use crate::schema::{Column, DataType, TableName};
     use crate::spec::parse_job;
     use crate::state::MemoryStateStore;

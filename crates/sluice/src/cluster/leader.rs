@@ -5,10 +5,9 @@
 
 use std::sync::Arc;
 
-use sluice_core::runner::{Backfill, Runner, STREAM_TASK};
-use sluice_core::state::{MemoryStateStore, StateStore};
+use sluice_core::planner::Planner;
+use sluice_core::runner::{Backfill, STREAM_TASK};
 use sluice_core::{retry, Error, ErrorKind, Result, Side, TableName};
-use tokio::sync::watch;
 
 use super::model::*;
 use super::node::{lock, Node, View};
@@ -155,19 +154,19 @@ impl Node {
     /// only them while the stream runs on with the version before.
     async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
         let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
-        let state = Arc::new(MemoryStateStore::default());
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
-        if let Some(previous) = &previous {
-            match load_plan(&*self.store, &job.name, previous).await {
-                Ok(Some(plan)) => state.save_plan(&job.name, &plan)?,
-                Ok(None) => {}
+        let previous_plan = match &previous {
+            None => None,
+            Some(previous) => match load_plan(&*self.store, &job.name, previous).await {
+                Ok(plan) => plan,
                 // Pieces removed under it (the job was deleted and made again): plan afresh.
                 Err(error) if error.side() == Some(Side::State) && error.message().contains("is missing") => {
-                    log::warn!("job {}: the previous plan is incomplete ({error}); planning afresh", job.name)
+                    log::warn!("job {}: the previous plan is incomplete ({error}); planning afresh", job.name);
+                    None
                 }
                 Err(error) => return Err(error),
-            }
-        }
+            },
+        };
         let source = sluice_connectors::source(&spec)?;
         let sink = sluice_connectors::sink(&spec)?;
         let added: Vec<TableName> =
@@ -183,9 +182,12 @@ impl Node {
             })?),
             _ => None,
         };
-        let (_stop, stop_requested) = watch::channel(false);
-        let runner = Runner::new(spec.clone(), source, sink, state, stop_requested).splitting(added.clone());
-        let plan = runner.plan_and_prepare().await?;
+        let planned =
+            Planner::new(spec.clone(), source, sink.clone()).splitting(added.clone()).plan(previous_plan).await?;
+        // Workers run their tasks on this plan without discovering again: the target tables are
+        // made once, here.
+        sink.prepare(&planned.targets).await?;
+        let plan = planned.plan;
         let mut record = PlanRecord {
             generation: job.generation,
             version: job.version,

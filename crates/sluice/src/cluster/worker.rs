@@ -1,7 +1,7 @@
 //! The worker's work: claiming a task (placement rule in `node.rs`), running it with a fenced
 //! sink on the leader's plan, reporting its status while it holds the task, and giving it up.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::connector::Fence;
@@ -15,7 +15,6 @@ use super::model::*;
 use super::node::{lock, Node, Running, View};
 use super::store::{Guard, Store};
 use crate::logger::timestamp;
-use crate::state_store::SqliteStateStore;
 
 impl Node {
     /// Claims one task when this worker has room and is among the least loaded.
@@ -188,20 +187,21 @@ impl Node {
         } else {
             sluice_connectors::sink(&spec)?
         };
-        // Each task keeps the leader's plan to itself: a stream of an older version must not
-        // drop from it the splits of tables another task is copying.
-        let whole = load_plan(&*self.store, &job.name, plan).await?;
-        let group = match (task.splits, &whole, task.tables.first()) {
-            (Some(range), Some(whole), Some(table)) => Some(range.ids(whole, table)?),
-            (Some(_), _, _) => {
+        // The task runs its part of the leader's plan as it is: no discovery, no splitting.
+        let Some(whole) = load_plan(&*self.store, &job.name, plan).await? else {
+            return Err(Error::new(ErrorKind::State, format!("job {} has no plan for task {}", job.name, task.id))
+                .on(sluice_core::Side::State));
+        };
+        let group = match (task.splits, task.tables.first()) {
+            (Some(range), Some(table)) => Some(range.ids(&whole, table)?),
+            (Some(_), None) => {
                 return Err(Error::new(
                     ErrorKind::State,
                     format!("task {} names splits its plan does not have", task.id),
                 ))
             }
-            (None, _, _) => None,
+            (None, _) => None,
         };
-        let state = Arc::new(TaskStateStore { node: self.state.clone(), plan: Mutex::new(whole) });
         let scope = match task.kind {
             TaskKind::Snapshot => match group {
                 Some(ids) => Scope::Splits(ids.into_iter().collect()),
@@ -211,45 +211,8 @@ impl Node {
                 plan.backfill.as_ref().filter(|backfill| backfill.copied).map(|backfill| backfill.backfill.clone()),
             ),
         };
-        Ok(Arc::new(Runner::new(spec, source, sink, state, stop).with_scope(scope)))
-    }
-}
-
-/// A task's state store: the node's store for checkpoints, dirty records, runs and stream
-/// status, with the leader's plan kept per task.
-struct TaskStateStore {
-    node: Arc<SqliteStateStore>,
-    plan: Mutex<Option<sluice_core::state::Plan>>,
-}
-
-impl StateStore for TaskStateStore {
-    fn load_plan(&self, _job: &str) -> Result<Option<sluice_core::state::Plan>> {
-        Ok(lock(&self.plan).clone())
-    }
-    fn save_plan(&self, _job: &str, plan: &sluice_core::state::Plan) -> Result<()> {
-        *lock(&self.plan) = Some(plan.clone());
-        Ok(())
-    }
-    fn save_checkpoint(&self, job: &str, checkpoint: &sluice_core::connector::Checkpoint) -> Result<()> {
-        self.node.save_checkpoint(job, checkpoint)
-    }
-    fn checkpoints(&self, job: &str) -> Result<Vec<sluice_core::connector::Checkpoint>> {
-        self.node.checkpoints(job)
-    }
-    fn record_dirty(&self, job: &str, task: &str, records: &[sluice_core::Rejected]) -> Result<u64> {
-        self.node.record_dirty(job, task, records)
-    }
-    fn dirty_records(&self, job: &str) -> Result<Vec<sluice_core::Rejected>> {
-        self.node.dirty_records(job)
-    }
-    fn record_run(&self, summary: &sluice_core::stats::RunSummary) -> Result<()> {
-        self.node.record_run(summary)
-    }
-    fn save_stream_status(&self, job: &str, status: &sluice_core::stats::StreamSummary) -> Result<()> {
-        self.node.save_stream_status(job, status)
-    }
-    fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>> {
-        self.node.stream_status(job)
+        let state: Arc<dyn StateStore> = self.state.clone();
+        Ok(Arc::new(Runner::new(spec, source, sink, state, stop).with_scope(scope).with_plan(whole)))
     }
 }
 

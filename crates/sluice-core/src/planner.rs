@@ -1,0 +1,137 @@
+//! The planner: discovers a job's tables, maps them through the transform stage, cuts them into
+//! splits and captures the source's log position. Its plan is plain data (serialisable, kept in
+//! the state directory or the coordination store); a [`crate::runner::Runner`] executes it, or
+//! a scope of it. A standalone run plans and runs in one process; on a cluster the leader plans
+//! and every worker runs its task of that same plan, without discovering or splitting again.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::connector::{Sink, Source, SplitHint};
+use crate::error::{Error, ErrorKind, Result, Side};
+use crate::retry;
+use crate::schema::{TableName, TableSchema};
+use crate::spec::{JobSpec, Mode};
+use crate::state::{Plan, PlannedTable};
+use crate::transform::{self, Transforms};
+
+/// A plan and the target tables it writes (target names, transformed shapes), which the target
+/// prepares before any task runs.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub plan: Plan,
+    pub targets: Vec<TableSchema>,
+}
+
+/// Plans one job.
+pub struct Planner {
+    job: Arc<JobSpec>,
+    source: Arc<dyn Source>,
+    sink: Arc<dyn Sink>,
+    transforms: Transforms,
+    /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
+    split_also: Vec<TableName>,
+    stop: Option<watch::Receiver<bool>>,
+}
+
+impl std::fmt::Debug for Planner {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Planner").field("job", &self.job.name).finish_non_exhaustive()
+    }
+}
+
+impl Planner {
+    pub fn new(job: Arc<JobSpec>, source: Arc<dyn Source>, sink: Arc<dyn Sink>) -> Planner {
+        let transforms = Transforms::of(&job);
+        Planner { job, source, sink, transforms, split_also: Vec::new(), stop: None }
+    }
+
+    /// Splits these tables even when the job copies nothing (a `cdc` job to which they are
+    /// added, backfilled by a copy).
+    pub fn splitting(mut self, tables: Vec<TableName>) -> Planner {
+        self.split_also = tables;
+        self
+    }
+
+    /// Gives up retrying once `stop` is set.
+    pub fn stopping_on(mut self, stop: watch::Receiver<bool>) -> Planner {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Plans the job. `previous` is the plan of an earlier run or generation: its splits are
+    /// kept for tables still selected, so split ids and the checkpoints keyed by them stay valid,
+    /// and its source position is kept, so a resumed snapshot continues the one it began. New
+    /// tables are split when the job copies (not `cdc`), or when named by `splitting`.
+    pub async fn plan(&self, previous: Option<Plan>) -> Result<Planned> {
+        let split = self.job.mode != Mode::Cdc;
+        let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
+        if tables.is_empty() {
+            return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
+                .on(Side::Source)
+                .hint("check the include and exclude globs and that the tables exist"));
+        }
+        let previous = previous.unwrap_or_default();
+        // Captured once, on first planning: a resumed run keeps the position of the snapshot
+        // it continues.
+        let source_position = match previous.source_position {
+            Some(position) => Some(position),
+            None => self.with_retry("read the source's log position", || self.source.log_position()).await?,
+        };
+        if let Some(position) = &source_position {
+            let when = if split { "snapshot start" } else { "the job's first run" };
+            log::info!("source log position at {when}: {}", position.0);
+        }
+        let stored: BTreeMap<_, _> = previous
+            .tables
+            .into_iter()
+            .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
+            .collect();
+        let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
+        let targets = transform::target_tables(&mappings);
+        let mut plan = Plan { tables: Vec::with_capacity(mappings.len()), source_position };
+        for mapping in mappings {
+            let table = mapping.source;
+            let target = mapping.target.name.clone();
+            let planned = match stored.get(&table.name) {
+                Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
+                None if !split && !self.split_also.contains(&table.name) => PlannedTable { target, splits: Vec::new() },
+                None => {
+                    let splits = self
+                        .with_retry("split the source table", || {
+                            self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
+                        })
+                        .await?;
+                    PlannedTable { target, splits }
+                }
+            };
+            plan.tables.push(planned);
+        }
+        Ok(Planned { plan, targets })
+    }
+
+    async fn with_retry<T, F, Fut>(&self, what: &str, step: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let stopped = || self.stop.as_ref().is_some_and(|stop| *stop.borrow());
+        let pause = |wait| {
+            let mut stop = self.stop.clone();
+            async move {
+                match &mut stop {
+                    Some(stop) => {
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => {}
+                            _ = stop.wait_for(|stopped| *stopped) => {}
+                        }
+                    }
+                    None => tokio::time::sleep(wait).await,
+                }
+            }
+        };
+        retry::retrying(&self.job.retry, what, stopped, pause, step).await
+    }
+}
