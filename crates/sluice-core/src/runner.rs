@@ -424,18 +424,19 @@ impl Runner {
         TableStats::add(&stats.bytes_read, batch.bytes);
         self.throttle.admit(rows, batch.bytes).await;
         let mut rejects = std::mem::take(&mut batch.rejected);
+        if !mapping.is_identity() {
+            let transformed = mapping.batch(batch);
+            TableStats::add(&stats.rows_filtered, transformed.filtered);
+            batch = transformed.batch;
+            rejects.append(&mut batch.rejected);
+        }
+        // The zero-date policy judges the rows as the target gets them.
         if !self.sink.holds_zero_dates() {
             if let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) {
                 TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
                 rejects.extend(outcome.rejected);
                 batch = Batch { rejected: Vec::new(), ..outcome.batch };
             }
-        }
-        if !mapping.is_identity() {
-            let transformed = mapping.batch(batch);
-            TableStats::add(&stats.rows_filtered, transformed.filtered);
-            batch = transformed.batch;
-            rejects.append(&mut batch.rejected);
         }
         let to_write = &batch;
         let target_rejects = writer.write(to_write).await?;
@@ -485,7 +486,17 @@ impl Runner {
             }
         }
         let mapping = Arc::new(self.transforms.map(table, &|name| self.sink.target_name(name))?);
-        lock(&self.mappings).insert(table.name.clone(), mapping.clone());
+        let mut mappings = lock(&self.mappings);
+        // A table merged with others (created later, or altered) must keep their shape.
+        let sibling = mappings
+            .values()
+            .find(|other| other.source.name != table.name && other.target.name == mapping.target.name)
+            .cloned();
+        if let Some(sibling) = sibling {
+            self.transforms.check_merge(&sibling, &mapping)?;
+            lock(&self.shared_targets).insert(mapping.target.name.clone());
+        }
+        mappings.insert(table.name.clone(), mapping.clone());
         Ok(mapping)
     }
 

@@ -320,6 +320,14 @@ impl Runner {
             SourceSchemaChange::Rename { from, to } => {
                 shared(&from)?;
                 shared(&to)?;
+                if !self.transforms.same_rules(&from, &to) {
+                    return Err(Error::new(
+                        ErrorKind::Schema,
+                        format!("unsupported DDL `{statement}`: tables {from} and {to} fall under different route or transform rules, so the renamed table's rows would change shape (or lose their masks) in the target"),
+                    )
+                    .on(Side::Source)
+                    .hint("make the rules match both names, or apply the rename to the target by hand and restart from after it"));
+                }
                 if let Some(moved) = pending.remove(&from.to_string()) {
                     pending.insert(to.to_string(), moved);
                 }
@@ -342,7 +350,7 @@ impl Runner {
 
     /// Applies the zero-date policy to streamed changes. A change cannot be skipped without
     /// breaking the ones after it on the same row, so `reject` stops the stream instead.
-    fn adjust_zero_dates(&self, changes: Vec<Change>) -> Result<Vec<Change>> {
+    fn adjust_zero_dates(&self, changes: Vec<Change>, source: &TableName) -> Result<Vec<Change>> {
         if self.sink.holds_zero_dates() {
             return Ok(changes);
         }
@@ -358,10 +366,8 @@ impl Runner {
             .hint("set errors.zero_dates: null to store such dates as NULL in nullable columns"));
         }
         if outcome.nulled > 0 {
-            if let Some(change) = outcome.batch.changes.first() {
-                let table = self.stats.table(&change.table.name, &self.target_name(&change.table.name));
-                TableStats::add(&table.zero_dates_nulled, outcome.nulled);
-            }
+            let table = self.stats.table(source, &self.target_name(source));
+            TableStats::add(&table.zero_dates_nulled, outcome.nulled);
         }
         Ok(outcome.batch.changes)
     }
@@ -430,7 +436,6 @@ impl Applier<'_> {
                 return Ok(());
             }
         }
-        let changes = self.runner.adjust_zero_dates(changes)?;
         let mut reshaped: Vec<Arc<TableSchema>> = Vec::new();
         for change in &changes {
             if self.checkpoint.pending.contains_key(&change.table.name.to_string())
@@ -458,7 +463,7 @@ impl Applier<'_> {
                     // A projection may have renamed or left out the columns the DDL names.
                     let kept = |name: &String| target.columns.iter().any(|column| &column.name == name);
                     let renamed = pending.renamed.into_iter().filter(|(_, new)| kept(new)).collect();
-                    let retyped = pending.retyped.into_iter().filter(kept).collect();
+                    let retyped = pending.retyped.iter().filter_map(|name| mapping.target_column(name)).collect();
                     SchemaChange::Alter { table: (*target).clone(), renamed, retyped }
                 };
                 self.writer
@@ -470,16 +475,25 @@ impl Applier<'_> {
         }
         self.open_transaction = true;
         let mode = self.runner.apply_mode(&self.checkpoint);
-        let mut filtered = 0;
+        let first_source = changes.first().map(|change| change.table.name.clone());
+        let mut mapped = Vec::with_capacity(changes.len());
+        let mut filtered = 0u64;
         for change in changes {
             let mapping = mapping_of(&mut self.targets, self.runner, &change.table)?;
             match mapping.change(change)? {
-                Some(change) => self.net.add(change, mode)?,
+                Some(change) => mapped.push(change),
                 None => filtered += 1,
             }
         }
         if filtered > 0 {
             self.runner.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
+        }
+        // The zero-date policy judges what reaches the target: a column the projection leaves
+        // out, or a row the filter does, cannot fail it.
+        if let Some(source) = first_source {
+            for change in self.runner.adjust_zero_dates(mapped, &source)? {
+                self.net.add(change, mode)?;
+            }
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.

@@ -220,13 +220,46 @@ enum Node {
     Compare(Comparison, Box<Node>, Box<Node>),
     Arithmetic(Arithmetic, Box<Node>, Box<Node>),
     Concat(Box<Node>, Box<Node>),
-    IsNull { node: Box<Node>, negated: bool },
-    In { node: Box<Node>, list: Vec<Node>, negated: bool },
-    Between { node: Box<Node>, low: Box<Node>, high: Box<Node>, negated: bool },
-    Like { node: Box<Node>, pattern: Box<Node>, negated: bool, case_insensitive: bool },
-    Case { operand: Option<Box<Node>>, branches: Vec<(Node, Node)>, otherwise: Option<Box<Node>> },
-    Cast { node: Box<Node>, to: DataType },
-    Call { function: Function, arguments: Vec<Node> },
+    IsNull {
+        node: Box<Node>,
+        negated: bool,
+    },
+    /// `x IS [NOT] TRUE` / `x IS [NOT] FALSE`, by SQL's truth of `x` (NULL is neither).
+    IsTruth {
+        node: Box<Node>,
+        truth: bool,
+        negated: bool,
+    },
+    In {
+        node: Box<Node>,
+        list: Vec<Node>,
+        negated: bool,
+    },
+    Between {
+        node: Box<Node>,
+        low: Box<Node>,
+        high: Box<Node>,
+        negated: bool,
+    },
+    Like {
+        node: Box<Node>,
+        pattern: Box<Node>,
+        negated: bool,
+        case_insensitive: bool,
+    },
+    Case {
+        operand: Option<Box<Node>>,
+        branches: Vec<(Node, Node)>,
+        otherwise: Option<Box<Node>>,
+    },
+    Cast {
+        node: Box<Node>,
+        to: DataType,
+    },
+    Call {
+        function: Function,
+        arguments: Vec<Node>,
+    },
 }
 
 impl Expression {
@@ -331,23 +364,10 @@ fn compile(expression: &sql::Expr, scope: Scope<'_>) -> Result<Compiled, String>
         }
         Expr::IsTrue(inner) | Expr::IsNotTrue(inner) | Expr::IsFalse(inner) | Expr::IsNotFalse(inner) => {
             let (node, _, _) = boxed(inner)?;
-            let wanted = matches!(expression, Expr::IsTrue(_) | Expr::IsNotFalse(_));
-            let is =
-                Node::Compare(Comparison::Equal, Box::new(node.clone()), Box::new(Node::Literal(Value::Bool(true))));
-            let is = if matches!(expression, Expr::IsFalse(_) | Expr::IsNotFalse(_)) {
-                Node::Compare(Comparison::Equal, Box::new(node.clone()), Box::new(Node::Literal(Value::Bool(false))))
-            } else {
-                is
-            };
+            let wanted = matches!(expression, Expr::IsTrue(_) | Expr::IsNotTrue(_));
+            let negated = matches!(expression, Expr::IsNotTrue(_) | Expr::IsNotFalse(_));
             // `x IS TRUE` is never NULL: a NULL x is simply not true.
-            let known = Node::And(Box::new(Node::IsNull { node: Box::new(node), negated: true }), Box::new(is));
-            let node = if matches!(expression, Expr::IsNotTrue(_) | Expr::IsNotFalse(_)) {
-                Node::Not(Box::new(known))
-            } else {
-                known
-            };
-            let _ = wanted;
-            (node, DataType::Boolean, false)
+            (Node::IsTruth { node: Box::new(node), truth: wanted, negated }, DataType::Boolean, false)
         }
         Expr::In { expr, target: sql::InTarget::List(list), negated, .. } => {
             let (node, _, nullable) = boxed(expr)?;
@@ -380,31 +400,26 @@ fn compile(expression: &sql::Expr, scope: Scope<'_>) -> Result<Compiled, String>
         Expr::Case { operand, conditions, else_result, .. } => {
             let operand = operand.as_deref().map(boxed).transpose()?.map(|(node, _, _)| Box::new(node));
             let mut branches = Vec::with_capacity(conditions.len());
-            let mut result_type: Option<DataType> = None;
+            let mut types = Vec::with_capacity(conditions.len() + 1);
             let mut nullable = else_result.is_none();
             for branch in conditions {
                 let (condition, _, _) = boxed(&branch.condition)?;
                 let (result, data_type, result_null) = boxed(&branch.result)?;
                 nullable |= result_null;
-                result_type = Some(match result_type {
-                    None => data_type,
-                    Some(known) => common_type(known, data_type),
-                });
+                types.push(data_type);
                 branches.push((condition, result));
             }
             let otherwise = match else_result {
                 Some(otherwise) => {
                     let (node, data_type, otherwise_null) = boxed(otherwise)?;
                     nullable |= otherwise_null;
-                    result_type = Some(match result_type {
-                        None => data_type,
-                        Some(known) => common_type(known, data_type),
-                    });
+                    types.push(data_type);
                     Some(Box::new(node))
                 }
                 None => None,
             };
-            let data_type = result_type.unwrap_or(DataType::Text { length: None, fixed: false });
+            let results = branches.iter().map(|(_, result)| result).chain(otherwise.as_deref());
+            let data_type = common_types(results.zip(types));
             (Node::Case { operand, branches, otherwise }, data_type, nullable)
         }
         Expr::Cast { kind: sql::CastKind::Cast | sql::CastKind::DoubleColon, expr, data_type: to, format: None } => {
@@ -525,23 +540,19 @@ fn call(function: Function, arguments: Vec<Compiled>) -> Result<Compiled, String
     let text = DataType::Text { length: None, fixed: false };
     let integer = DataType::Integer { bytes: 8, unsigned: false };
     let (data_type, nullable) = match function {
-        Function::Upper | Function::Lower | Function::Trim | Function::LeftTrim | Function::RightTrim => {
-            (text_like(&first_type), any_null)
-        }
+        // Case mapping may lengthen text (`upper('Maße')` is `MASSE`): no length is kept.
+        Function::Upper | Function::Lower => (text, any_null),
+        Function::Trim | Function::LeftTrim | Function::RightTrim => (text_like(&first_type), any_null),
         Function::Substring | Function::Left | Function::Right => (text_like(&first_type), any_null),
         Function::Replace | Function::Concat => (text, any_null),
         Function::ConcatWithSeparator => (text, arguments[0].2),
         Function::Length | Function::OctetLength => (integer, any_null),
         Function::Coalesce => {
-            let data_type = arguments
-                .iter()
-                .skip(1)
-                .fold(first_type, |known, (_, data_type, _)| common_type(known, data_type.clone()));
+            let data_type = common_types(arguments.iter().map(|(node, data_type, _)| (node, data_type.clone())));
             (data_type, arguments.iter().all(|(_, _, nullable)| *nullable))
         }
         Function::NullIf => (first_type, true),
-        Function::Abs | Function::Floor | Function::Ceil => (unsigned_free(first_type), any_null),
-        Function::Round => (unsigned_free(first_type), any_null),
+        Function::Abs | Function::Floor | Function::Ceil | Function::Round => (first_type, any_null),
         Function::Sha256 => (DataType::Text { length: Some(64), fixed: true }, any_null),
     };
     let arguments = arguments.into_iter().map(|(node, _, _)| node).collect();
@@ -563,11 +574,14 @@ fn signed(data_type: DataType) -> DataType {
     }
 }
 
-fn unsigned_free(data_type: DataType) -> DataType {
-    match data_type {
-        DataType::Integer { bytes, .. } => DataType::Integer { bytes, unsigned: false },
-        other => other,
-    }
+/// The common type of several results, NULL literals aside (their type is whatever the others
+/// are).
+fn common_types<'a>(results: impl Iterator<Item = (&'a Node, DataType)>) -> DataType {
+    results
+        .filter(|(node, _)| !matches!(node, Node::Literal(Value::Null)))
+        .map(|(_, data_type)| data_type)
+        .reduce(common_type)
+        .unwrap_or(DataType::Text { length: None, fixed: false })
 }
 
 fn is_integer(data_type: &DataType) -> bool {
@@ -582,6 +596,11 @@ fn arithmetic_type(operation: Arithmetic, left: &DataType, right: &DataType) -> 
     if operation != Arithmetic::Divide && is_integer(left) && is_integer(right) {
         return DataType::Integer { bytes: 8, unsigned: false };
     }
+    let unconstrained = |data_type: &DataType| matches!(data_type, DataType::Decimal { scale: None, .. });
+    if unconstrained(left) || unconstrained(right) {
+        // A source numeric without a declared scale (PostgreSQL numeric, SQLite NUMERIC).
+        return DataType::Decimal { precision: None, scale: None };
+    }
     let scale = |data_type: &DataType| match data_type {
         DataType::Decimal { scale, .. } => scale.unwrap_or(0),
         _ => 0,
@@ -591,7 +610,11 @@ fn arithmetic_type(operation: Arithmetic, left: &DataType, right: &DataType) -> 
         Arithmetic::Divide => scale(left) + DIVISION_SCALE,
         _ => scale(left).max(scale(right)),
     };
-    DataType::Decimal { precision: Some(65), scale: Some(scale.min(30)) }
+    if scale > 30 {
+        // More digits after the point than MySQL's DECIMAL holds: keep them all.
+        return DataType::Decimal { precision: None, scale: None };
+    }
+    DataType::Decimal { precision: Some(65), scale: Some(scale) }
 }
 
 /// Digits a division adds to its dividend's scale (MySQL's `div_precision_increment`).
@@ -606,7 +629,17 @@ fn common_type(left: DataType, right: DataType) -> DataType {
             DataType::Text { length: a.zip(*b).map(|(a, b)| a.max(b)), fixed: false }
         }
         (a, b) if is_integer(a) && is_integer(b) => DataType::Integer { bytes: 8, unsigned: false },
-        (DataType::Decimal { .. }, _) | (_, DataType::Decimal { .. }) if !matches!(left, DataType::Text { .. }) => {
+        (DataType::Decimal { .. }, other) | (other, DataType::Decimal { .. })
+            if !matches!(
+                other,
+                DataType::Text { .. }
+                    | DataType::Date
+                    | DataType::DateTime { .. }
+                    | DataType::Timestamp { .. }
+                    | DataType::Time { .. }
+                    | DataType::Json
+            ) =>
+        {
             arithmetic_type(Arithmetic::Add, &left, &right)
         }
         (DataType::Float32 | DataType::Float64, b) | (b, DataType::Float32 | DataType::Float64) if is_integer(b) => {
@@ -749,6 +782,9 @@ fn evaluate<'a>(node: &'a Node, row: &'a [Value]) -> Result<Cow<'a, Value>, Stri
             owned(Value::Text(format!("{}{}", text_of(&left), text_of(&right))))
         }
         Node::IsNull { node, negated } => owned(Value::Bool(evaluate(node, row)?.is_null() != *negated)),
+        Node::IsTruth { node, truth: wanted, negated } => {
+            owned(Value::Bool((truth(&*evaluate(node, row)?) == Some(*wanted)) != *negated))
+        }
         Node::In { node, list, negated } => {
             let value = evaluate(node, row)?;
             if value.is_null() {
@@ -857,12 +893,11 @@ fn apply(function: Function, values: &[Cow<'_, Value>]) -> Result<Value, String>
             let characters = source.chars().count() as i64;
             let start = count(1)?;
             // SQL positions are 1-based; a negative start counts from the end (MySQL).
-            let from = if start > 0 {
-                start - 1
-            } else if start < 0 {
-                (characters + start).max(0)
-            } else {
-                characters
+            let from = match start {
+                start if start > 0 => start - 1,
+                start if start < 0 && -start <= characters => characters + start,
+                // Before the start, or 0: nothing, as MySQL gives.
+                _ => characters,
             };
             let length = if values.len() > 2 { count(2)?.max(0) } else { characters };
             Value::Text(source.chars().skip(from as usize).take(length as usize).collect())
@@ -967,7 +1002,7 @@ fn number(value: &Value) -> Result<Number, String> {
         Value::Float32(value) => Number::Float(f64::from(*value)),
         Value::Float64(value) => Number::Float(*value),
         Value::Decimal(decimal) => decimal_number(decimal.as_str())?,
-        Value::Text(text) => match Decimal::parse(text) {
+        Value::Text(text) => match bounded_exponent(text).then(|| Decimal::parse(text)).flatten() {
             Some(decimal) => decimal_number(decimal.as_str())?,
             None => return Err(format!("'{}' is not a number", text.chars().take(64).collect::<String>())),
         },
@@ -975,9 +1010,21 @@ fn number(value: &Value) -> Result<Number, String> {
     })
 }
 
+/// Whether a number's text has no exponent or a small one: `1e2000000000` would expand to two
+/// gigabytes of digits.
+fn bounded_exponent(text: &str) -> bool {
+    match text.find(['e', 'E']) {
+        None => true,
+        Some(at) => text[at + 1..].trim().parse::<i32>().is_ok_and(|exponent| exponent.abs() <= 100),
+    }
+}
+
 fn decimal_number(text: &str) -> Result<Number, String> {
     let too_large = || format!("{text} has too many digits for arithmetic in a transform (at most 38)");
     let (integer, fraction) = text.split_once('.').unwrap_or((text, ""));
+    if fraction.len() > MAX_DIGITS {
+        return Err(too_large());
+    }
     let digits = format!("{integer}{fraction}");
     let mantissa: i128 = digits.parse().map_err(|_| too_large())?;
     Ok(if fraction.is_empty() {
@@ -986,6 +1033,10 @@ fn decimal_number(text: &str) -> Result<Number, String> {
         Number::Decimal { mantissa, scale: fraction.len() as u32 }
     })
 }
+
+/// Digits an i128 always holds: every scale a number here has is at most this, so every power
+/// of ten of a scale fits.
+const MAX_DIGITS: usize = 38;
 
 fn scaled(mantissa: i128, from: u32, to: u32) -> Option<i128> {
     mantissa.checked_mul(10i128.checked_pow(to - from)?)
@@ -1047,10 +1098,8 @@ fn arithmetic(operation: Arithmetic, left: &Value, right: &Value) -> Result<Valu
             Arithmetic::Divide => unreachable!(),
         }
         .ok_or_else(overflow)?;
-        return match i64::try_from(result) {
-            Ok(result) => Ok(Value::Int(result)),
-            Err(_) => u64::try_from(result).map(Value::UInt).map_err(|_| overflow()),
-        };
+        // Integer arithmetic is BIGINT, as its column is typed.
+        return i64::try_from(result).map(Value::Int).map_err(|_| overflow());
     }
     let ((a, a_scale), (b, b_scale)) = (as_decimal(a), as_decimal(b));
     let common = a_scale.max(b_scale);
@@ -1061,7 +1110,7 @@ fn arithmetic(operation: Arithmetic, left: &Value, right: &Value) -> Result<Valu
         Arithmetic::Subtract => (aligned_a.checked_sub(aligned_b).ok_or_else(overflow)?, common),
         Arithmetic::Multiply => (a.checked_mul(b).ok_or_else(overflow)?, a_scale + b_scale),
         Arithmetic::Remainder if aligned_b == 0 => return Ok(Value::Null),
-        Arithmetic::Remainder => (aligned_a % aligned_b, common),
+        Arithmetic::Remainder => (aligned_a.checked_rem(aligned_b).ok_or_else(overflow)?, common),
         Arithmetic::Divide if b == 0 => return Ok(Value::Null),
         Arithmetic::Divide => {
             // a / b with the dividend's scale plus four digits, rounded half away from zero.
@@ -1076,7 +1125,10 @@ fn arithmetic(operation: Arithmetic, left: &Value, right: &Value) -> Result<Valu
 }
 
 fn round(function: Function, value: &Value, digits: i64) -> Result<Value, String> {
-    let digits = digits.clamp(0, 30) as u32;
+    if digits < 0 {
+        return round_to_tens(function, value, (-digits).min(38) as u32);
+    }
+    let digits = digits.min(30) as u32;
     Ok(match number(value)? {
         Number::Integer(_) => value.clone(),
         Number::Float(float) => {
@@ -1097,7 +1149,7 @@ fn round(function: Function, value: &Value, digits: i64) -> Result<Value, String
             let adjusted = match function {
                 Function::Floor if remainder < 0 => quotient - 1,
                 Function::Ceil if remainder > 0 => quotient + 1,
-                Function::Round if remainder.abs() * 2 >= unit => quotient + remainder.signum(),
+                Function::Round if remainder.unsigned_abs() * 2 >= unit.unsigned_abs() => quotient + remainder.signum(),
                 _ => quotient,
             };
             let value = decimal_value(adjusted, digits);
@@ -1109,6 +1161,38 @@ fn round(function: Function, value: &Value, digits: i64) -> Result<Value, String
                 _ => value,
             }
         }
+    })
+}
+
+/// ROUND, FLOOR or CEIL to a multiple of 10^`power` (`ROUND(1234.5, -2)` = 1200).
+fn round_to_tens(function: Function, value: &Value, power: u32) -> Result<Value, String> {
+    let overflow = || format!("rounding {value} overflows");
+    let unit = 10i128.pow(power);
+    let (mantissa, scale) = match number(value)? {
+        Number::Float(float) => {
+            let unit = unit as f64;
+            let shifted = float / unit;
+            let whole = match function {
+                Function::Floor => shifted.floor(),
+                Function::Ceil => shifted.ceil(),
+                _ => shifted.round(),
+            };
+            return Ok(Value::Float64(whole * unit));
+        }
+        number => as_decimal(number),
+    };
+    let units = unit.checked_mul(10i128.pow(scale)).ok_or_else(overflow)?;
+    let (quotient, remainder) = (mantissa / units, mantissa % units);
+    let adjusted = match function {
+        Function::Floor if remainder < 0 => quotient - 1,
+        Function::Ceil if remainder > 0 => quotient + 1,
+        Function::Round if remainder.unsigned_abs() * 2 >= units.unsigned_abs() => quotient + remainder.signum(),
+        _ => quotient,
+    };
+    let result = adjusted.checked_mul(unit).ok_or_else(overflow)?;
+    Ok(match value {
+        Value::Decimal(_) | Value::Text(_) => decimal_value(result, 0),
+        _ => Value::Int(i64::try_from(result).map_err(|_| overflow())?),
     })
 }
 
@@ -1527,6 +1611,37 @@ mod tests {
     }
 
     #[test]
+    fn hostile_numbers_are_errors_not_panics() {
+        let decimal = |text: &str| Value::Decimal(Decimal::parse(text).unwrap());
+        for expression in [
+            "CAST('1e-200' AS INT)",
+            "round('1e-200')",
+            "CAST(CAST('1e-90' AS DOUBLE) AS DECIMAL(10,2))",
+            "'1e2000000000' + 1",
+            "'-17014118346046923173168730371588410572.8' % -0.1",
+            "9223372036854775807 + 1",
+            "99999999999999999999999999999999999999 * 99999999999999999999999999999999999999",
+        ] {
+            assert!(value_of(expression).is_err(), "{expression}: {:?}", value_of(expression));
+        }
+        assert_eq!(value_of("round('0.99999999999999999999999999999999999999')"), Ok(decimal("1")));
+        assert_eq!(value_of("round(1234.5, -2)"), Ok(decimal("1200")));
+        assert_eq!(value_of("round(1250, -2)"), Ok(Value::Int(1300)));
+        assert_eq!(value_of("round(-1250, -2)"), Ok(Value::Int(-1300)));
+    }
+
+    #[test]
+    fn truth_tests_and_edges_follow_sql() {
+        assert_eq!(value_of("2 IS TRUE"), Ok(Value::Bool(true)));
+        assert_eq!(value_of("NULL IS NOT TRUE"), Ok(Value::Bool(true)));
+        assert_eq!(value_of("0 IS FALSE"), Ok(Value::Bool(true)));
+        assert_eq!(value_of("NULL IS FALSE"), Ok(Value::Bool(false)));
+        assert_eq!(value_of("substring('abc', -5, 2)"), Ok(text("")));
+        assert_eq!(value_of("substring('abc', -2)"), Ok(text("bc")));
+        assert_eq!(value_of("substring('abc', 0)"), Ok(text("")));
+    }
+
+    #[test]
     fn errors_name_what_is_wrong() {
         let error = value_of("nme = 'x'").unwrap_err();
         assert!(error.contains("has no column `nme`") && error.contains("id, name, price, born"), "{error}");
@@ -1548,11 +1663,20 @@ mod tests {
             (expression.data_type, expression.nullable)
         };
         assert_eq!(type_of("id"), (DataType::Integer { bytes: 8, unsigned: false }, false));
-        assert_eq!(type_of("upper(name)"), (DataType::Text { length: Some(40), fixed: false }, true));
+        assert_eq!(type_of("trim(name)"), (DataType::Text { length: Some(40), fixed: false }, true));
         assert_eq!(type_of("price * 2"), (DataType::Decimal { precision: Some(65), scale: Some(2) }, false));
         assert_eq!(type_of("CAST(id AS CHAR(8))"), (DataType::Text { length: Some(8), fixed: true }, false));
         assert_eq!(type_of("id > 3"), (DataType::Boolean, false));
         assert_eq!(type_of("sha256(name)"), (DataType::Text { length: Some(64), fixed: true }, true));
+        assert_eq!(
+            type_of("CASE WHEN id > 1 THEN id ELSE NULL END"),
+            (DataType::Integer { bytes: 8, unsigned: false }, true)
+        );
+        assert_eq!(
+            type_of("CASE WHEN id > 1 THEN price ELSE 'n/a' END").0,
+            DataType::Text { length: None, fixed: false }
+        );
+        assert_eq!(type_of("upper(name)").0, DataType::Text { length: None, fixed: false });
     }
 
     #[test]

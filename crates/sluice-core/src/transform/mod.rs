@@ -112,6 +112,51 @@ impl Transforms {
         self.rules.iter().find(|rule| rule.pattern.is_match(&full))
     }
 
+    /// Whether two source names fall under the same route and transform rules (a renamed
+    /// table keeps its shape and masks only then).
+    pub fn same_rules(&self, one: &TableName, other: &TableName) -> bool {
+        let position = |name: &TableName| {
+            let full = name.to_string();
+            (
+                self.routes.iter().position(|route| route.pattern.is_match(&full)),
+                self.rules.iter().position(|rule| rule.pattern.is_match(&full)),
+            )
+        };
+        position(one) == position(other)
+    }
+
+    /// Checks that a table merged into the same target as `first` has its shape, and that the
+    /// merge can tell their rows apart where the job needs it.
+    pub fn check_merge(&self, first: &TableMapping, other: &TableMapping) -> Result<()> {
+        self.merge_problem(first, other).map_or(Ok(()), |problem| {
+            Err(Error::new(ErrorKind::Schema, problem)
+                .on(Side::Target)
+                .hint("tables merged into one target must keep one shape; change them together, or route them apart"))
+        })
+    }
+
+    fn merge_problem(&self, first: &TableMapping, other: &TableMapping) -> Option<String> {
+        let target = &first.target.name;
+        let route = self.route(&other.source.name)?;
+        if let Some(difference) = shape_difference(&first.target, &other.target) {
+            return Some(format!(
+                "{}: source tables {} and {} are merged into {target} but differ: {difference}",
+                located(&route.path, route.line),
+                first.source.name,
+                other.source.name
+            ));
+        }
+        if self.needs_key && route.origin_column.is_none() {
+            return Some(format!(
+                "{}: source tables {} and {} are merged into {target} without an `origin_column`: in a change stream (or with upserts) a key both hold would make one table's changes overwrite the other's row; add `origin_column: <name>`",
+                located(&route.path, route.line),
+                first.source.name,
+                other.source.name
+            ));
+        }
+        None
+    }
+
     /// The name a source table gets before the sink's own naming (its `namespace`): the route's
     /// `sink_table`, else the source name.
     pub fn routed_name(&self, table: &TableName) -> TableName {
@@ -341,14 +386,7 @@ impl Transforms {
                 continue;
             }
             for other in others {
-                if let Some(difference) = shape_difference(&first.target, &other.target) {
-                    problems.push(format!(
-                        "{}: source tables {} and {} are merged into {target} but differ: {difference}",
-                        other.rules.first().map_or("route", String::as_str),
-                        first.source.name,
-                        other.source.name
-                    ));
-                }
+                problems.extend(self.merge_problem(first, other));
             }
         }
         if problems.is_empty() {
@@ -562,6 +600,17 @@ impl TableMapping {
         Ok(kind.map(|kind| Change { table, kind }))
     }
 
+    /// The target column a source column lands in unchanged (renamed or not), if one does.
+    pub fn target_column(&self, source_column: &str) -> Option<String> {
+        let index = self.source.column_index(source_column)?;
+        let Some(program) = &self.program else { return Some(source_column.to_owned()) };
+        program
+            .outputs
+            .iter()
+            .position(|output| matches!(output.value, OutputValue::Column { index: column, .. } if column == index))
+            .map(|position| self.target.columns[position].name.clone())
+    }
+
     fn rule_name(&self) -> &str {
         self.program.as_ref().map_or("", |program| program.rule.as_str())
     }
@@ -742,6 +791,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("source tables a.t, b.t all map to target table x.t"), "{error}");
+    }
+
+    #[test]
+    fn a_merge_in_a_change_stream_needs_an_origin_column() {
+        let route = "route:\n  - source_table: \"s[0-9].t\"\n    sink_table: all.t\n";
+        let error = Transforms::of(&job(route))
+            .map_all(vec![customers("s1.t"), customers("s2.t")], &public)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(
+                "route[0] (line 6): source tables s1.t and s2.t are merged into all.t without an `origin_column`"
+            ),
+            "{error}"
+        );
+        let snapshot = job(route);
+        let snapshot = JobSpec { mode: Mode::Snapshot, ..snapshot };
+        assert!(Transforms::of(&snapshot).map_all(vec![customers("s1.t"), customers("s2.t")], &public).is_ok());
+        let transforms = Transforms::of(&job(route));
+        assert!(transforms.same_rules(&TableName::parse("s1.t"), &TableName::parse("s2.t")));
+        assert!(!transforms.same_rules(&TableName::parse("s1.t"), &TableName::parse("x.t")));
     }
 
     #[test]
