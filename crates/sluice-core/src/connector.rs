@@ -187,6 +187,45 @@ pub trait ChangeStream: Send {
     /// silent or broken connection is an `ErrorKind::Unavailable` error, after which the stream
     /// task reopens the stream from its last durable position.
     async fn next(&mut self) -> Result<StreamEvent>;
+
+    /// Everything up to `position` (a `Commit` or `Advance` position of this stream) is durable
+    /// in the target: a source that keeps its log for its readers may release it (a PostgreSQL
+    /// slot advances its confirmed position, a broker commits its offset). Called between
+    /// `next` calls after each target commit, never before; a source whose log does not wait for
+    /// readers ignores it.
+    async fn ack(&mut self, _position: &Position) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// How a change sink takes a stream's transactions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeShape {
+    /// Folded per key within a group of transactions: one delete of the keys that existed and
+    /// one insert of the final rows per table (`ChangeWriter::delete` and `insert`). SQL tables
+    /// show only the end state of a group, and this is their fast path.
+    Folded,
+    /// Every row event as the source wrote it, in order, with each transaction's end
+    /// (`ChangeWriter::events` and `transaction_end`): event streams and lakes, whose readers
+    /// see updates, order and transaction bounds.
+    Raw,
+}
+
+/// The end of one source transaction, as a raw change sink sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TransactionEnd {
+    /// Names the transaction: unique, and increasing in log order (the source's commit
+    /// position, as text).
+    pub id: String,
+    /// The source's commit time, Unix seconds.
+    pub committed_at: u64,
+    /// Where the stream resumes after this transaction.
+    pub position: Position,
+    /// Row events of the transaction that reached this sink (after the transform stage).
+    pub events: u64,
+    /// The transaction is inside a `snapshot+cdc` job's replay window: its changes may already
+    /// be in the copy, so a sink that keys its records should let it replace them.
+    pub replay: bool,
 }
 
 /// Reads one split in order.
@@ -276,6 +315,25 @@ pub trait ChangeWriter: Send {
     /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
     /// none of it is.
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// How this writer takes the stream: folded per key (the default) or as raw row events.
+    fn shape(&self) -> ChangeShape {
+        ChangeShape::Folded
+    }
+
+    /// Raw writers: the next row events of the open source transaction, in source order (an
+    /// update carries its before and after images; tables carry target names). A large
+    /// transaction comes in several calls; all of them become durable with the `commit` after
+    /// its `transaction_end`.
+    async fn events(&mut self, _changes: &[Change]) -> Result<()> {
+        Err(Error::new(ErrorKind::Config, "this target takes changes folded per key, not raw events").on(Side::Target))
+    }
+
+    /// Raw writers: the open source transaction ended. One or more transactions are followed by
+    /// `commit`, which makes them durable with the checkpoint after the last one.
+    async fn transaction_end(&mut self, _end: &TransactionEnd) -> Result<()> {
+        Ok(())
+    }
 
     /// Carries a DDL statement's effect to the target. Idempotent, because a target whose DDL
     /// commits on its own (MySQL) may see it again after a crash before the checkpoint: creating

@@ -22,7 +22,9 @@ use tokio::sync::mpsc;
 
 use super::{interrupted, lock, Runner, Scope};
 use crate::change::{Batch, Change, Position};
-use crate::connector::{ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent};
+use crate::connector::{
+    ChangeShape, ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent, TransactionEnd,
+};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::net_changes::{ApplyMode, NetChanges};
 use crate::retry;
@@ -186,9 +188,22 @@ impl Runner {
         let budget = Arc::new(tokio::sync::Semaphore::new(budget_rows as usize));
         let (events, mut received) =
             mpsc::unbounded_channel::<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>();
+        // Positions durable in the target go back to the source between reads.
+        let (acks, mut acknowledged) = mpsc::unbounded_channel::<Position>();
         let producer = tokio::spawn(async move {
             loop {
-                let event = stream.next().await;
+                let mut durable = None;
+                while let Ok(position) = acknowledged.try_recv() {
+                    durable = Some(position);
+                }
+                let acked = match &durable {
+                    Some(position) => stream.ack(position).await,
+                    None => Ok(()),
+                };
+                let event = match acked {
+                    Ok(()) => stream.next().await,
+                    Err(error) => Err(error),
+                };
                 let cost = match &event {
                     Ok(StreamEvent::Changes(changes)) => (changes.len() as u32).clamp(1, budget_rows),
                     _ => 1,
@@ -201,8 +216,13 @@ impl Runner {
             }
         });
 
+        let raw = writer.shape() == ChangeShape::Raw;
         let mut applier = Applier {
             runner: self,
+            raw,
+            events: Vec::new(),
+            transaction_events: 0,
+            acks,
             writer,
             checkpoint,
             rows_applied,
@@ -256,7 +276,7 @@ impl Runner {
                     }
                     Some(StreamEvent::Changes(changes)) => applier.changes(changes).await?,
                     Some(StreamEvent::Commit { position, committed_at }) => {
-                        applier.transaction_end(position, committed_at)
+                        applier.transaction_end(position, committed_at).await?
                     }
                     Some(StreamEvent::SchemaChange { statement, changes, position, committed_at }) => {
                         applier.schema_change(&statement, changes, position, committed_at).await?
@@ -266,7 +286,7 @@ impl Runner {
                 // Whole transactions commit as soon as nothing more is waiting (the events in
                 // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
                 // when the group is full; the deadline above caps how long they linger.
-                let full = applier.staged_rows + applier.net.len() as u64 >= self.job.limits.batch_rows as u64;
+                let full = applier.staged_rows + applier.pending() as u64 >= self.job.limits.batch_rows as u64;
                 if !applier.open_transaction && !applier.arrivals.is_empty() && (full || received.is_empty()) {
                     applier.commit().await?;
                 }
@@ -377,6 +397,14 @@ impl Runner {
 /// source transactions folded (`net`) or written (`staged_rows`) since the last target commit.
 struct Applier<'a> {
     runner: &'a Runner,
+    /// The writer takes raw row events (`ChangeShape::Raw`), not folds.
+    raw: bool,
+    /// Raw row events of the open transaction not yet handed to the writer.
+    events: Vec<Change>,
+    /// Raw row events of the open transaction so far.
+    transaction_events: u64,
+    /// Positions made durable, for the source (`ChangeStream::ack`).
+    acks: mpsc::UnboundedSender<Position>,
     writer: Box<dyn ChangeWriter>,
     checkpoint: StreamCheckpoint,
     /// Rows applied by the stream over all runs, as the checkpoint counts them.
@@ -419,8 +447,25 @@ fn mapping_of(
 }
 
 impl Applier<'_> {
-    /// Writes the folded changes into the open target transaction.
+    /// Changes taken in and not yet written into the open target transaction.
+    fn pending(&self) -> usize {
+        if self.raw {
+            self.events.len()
+        } else {
+            self.net.len()
+        }
+    }
+
+    /// Writes the folded changes (or the raw events) into the open target transaction.
     async fn write_folded(&mut self) -> Result<()> {
+        if self.raw {
+            if !self.events.is_empty() {
+                self.writer.events(&self.events).await?;
+                self.staged_rows += self.events.len() as u64;
+                self.events.clear();
+            }
+            return Ok(());
+        }
         // The folded changes carry their target tables already.
         let Applier { writer, net, staged_rows, .. } = self;
         *staged_rows += net.apply(&mut **writer, &mut |table| table.clone()).await? as u64;
@@ -491,20 +536,37 @@ impl Applier<'_> {
         // The zero-date policy judges what reaches the target: a column the projection leaves
         // out, or a row the filter does, cannot fail it.
         if let Some(source) = first_source {
-            for change in self.runner.adjust_zero_dates(mapped, &source)? {
-                self.net.add(change, mode)?;
+            let adjusted = self.runner.adjust_zero_dates(mapped, &source)?;
+            if self.raw {
+                self.transaction_events += adjusted.len() as u64;
+                self.events.extend(adjusted);
+            } else {
+                for change in adjusted {
+                    self.net.add(change, mode)?;
+                }
             }
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.
-        if self.net.len() >= self.runner.job.limits.batch_rows {
+        if self.pending() >= self.runner.job.limits.batch_rows {
             self.write_folded().await?;
         }
         Ok(())
     }
 
     /// The open source transaction committed at `position`.
-    fn transaction_end(&mut self, position: Position, committed_at: u64) {
+    async fn transaction_end(&mut self, position: Position, committed_at: u64) -> Result<()> {
+        if self.raw {
+            self.write_folded().await?;
+            let end = TransactionEnd {
+                id: position.0.to_string(),
+                committed_at,
+                position: position.clone(),
+                events: std::mem::take(&mut self.transaction_events),
+                replay: self.runner.apply_mode(&self.checkpoint) == ApplyMode::Replay,
+            };
+            self.writer.transaction_end(&end).await?;
+        }
         if self.arrivals.is_empty() {
             self.started = Instant::now();
         }
@@ -512,6 +574,7 @@ impl Applier<'_> {
         self.checkpoint.at = position;
         self.open_transaction = false;
         self.end_catch_up();
+        Ok(())
     }
 
     /// Ends a backfill's catch-up once the stream is back where it was when the tables joined.
@@ -578,7 +641,7 @@ impl Applier<'_> {
         }
         log::info!("applied DDL to the target: {statement}");
         self.runner.stats.stream.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.transaction_end(position, committed_at);
+        self.transaction_end(position, committed_at).await?;
         self.commit().await
     }
 
@@ -603,6 +666,9 @@ impl Applier<'_> {
         };
         self.writer.commit(&record).await?;
         runner.state.save_checkpoint(&runner.job.name, &record)?;
+        // The producer is gone only when the attempt ends; the position is acknowledged then by
+        // the next attempt's first commit.
+        let _ = self.acks.send(checkpoint.at.clone());
 
         let stats = &runner.stats.stream;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
@@ -636,5 +702,252 @@ impl Applier<'_> {
             self.last_status = Some(Instant::now());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use serde_json::json;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::change::{ChangeKind, Row};
+    use crate::connector::{ChangeStream, CheckItem, Reader, Sink, Source, Split, SplitHint, Writer};
+    use crate::schema::{Column, DataType};
+    use crate::spec::parse_job;
+    use crate::state::MemoryStateStore;
+    use crate::value::Value;
+
+    fn table() -> Arc<TableSchema> {
+        Arc::new(TableSchema {
+            name: TableName::parse("d.t"),
+            columns: vec![
+                Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false),
+                Column::new("v", DataType::Integer { bytes: 8, unsigned: false }, false),
+            ],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+        })
+    }
+
+    fn row(id: i64, v: i64) -> Row {
+        vec![Value::Int(id), Value::Int(v)]
+    }
+
+    fn position(at: u64) -> Position {
+        Position(json!(at))
+    }
+
+    /// A source whose change log is a script of events, then heartbeats; it records acks.
+    struct ScriptedSource {
+        script: Vec<StreamEvent>,
+        acks: Arc<Mutex<Vec<Position>>>,
+    }
+
+    struct ScriptedStream {
+        script: std::collections::VecDeque<StreamEvent>,
+        last: Position,
+        acks: Arc<Mutex<Vec<Position>>>,
+    }
+
+    #[async_trait]
+    impl ChangeStream for ScriptedStream {
+        async fn next(&mut self) -> Result<StreamEvent> {
+            if let Some(event) = self.script.pop_front() {
+                if let StreamEvent::Commit { position, .. } = &event {
+                    self.last = position.clone();
+                }
+                return Ok(event);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(StreamEvent::Advance { position: self.last.clone(), committed_at: 0 })
+        }
+
+        async fn ack(&mut self, position: &Position) -> Result<()> {
+            self.acks.lock().unwrap().push(position.clone());
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl Source for ScriptedSource {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        async fn log_position(&self) -> Result<Option<Position>> {
+            Ok(Some(position(0)))
+        }
+        async fn discover(&self) -> Result<Vec<TableSchema>> {
+            Ok(vec![(*table()).clone()])
+        }
+        async fn split(&self, _table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
+            Ok(Vec::new())
+        }
+        async fn open(&self, _split: &Split, _after: Option<&Position>, _rows: usize) -> Result<Box<dyn Reader>> {
+            unreachable!("a cdc job copies nothing")
+        }
+        async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
+            let start = after.0.as_u64().unwrap();
+            let script = self
+                .script
+                .iter()
+                .filter(|event| match event {
+                    StreamEvent::Commit { position, .. } => position.0.as_u64().unwrap() > start,
+                    _ => true,
+                })
+                .cloned()
+                .collect();
+            Ok(Box::new(ScriptedStream { script, last: after.clone(), acks: self.acks.clone() }))
+        }
+        fn reached(&self, position: &Position, mark: &Position) -> bool {
+            position.0.as_u64() >= mark.0.as_u64()
+        }
+    }
+
+    /// What a raw sink saw: row events and transaction ends in order, and its commits.
+    #[derive(Debug, Clone, PartialEq)]
+    enum Seen {
+        Insert(Row),
+        Update(Row, Row),
+        Delete(Row),
+        End { events: u64, position: Position },
+        Commit(u64),
+    }
+
+    #[derive(Default)]
+    struct RawTarget {
+        durable: Mutex<(Vec<Seen>, Option<Checkpoint>)>,
+    }
+
+    struct RawSink(Arc<RawTarget>);
+
+    #[async_trait]
+    impl Sink for RawSink {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        fn target_name(&self, source: &TableName) -> TableName {
+            source.clone()
+        }
+        fn create_statements(&self, _tables: &[TableSchema]) -> Vec<String> {
+            Vec::new()
+        }
+        async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
+            Ok(())
+        }
+        async fn open(&self, _job: &str, _task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+            unreachable!("a cdc job copies nothing")
+        }
+        async fn open_changes(&self, _job: &str, _task: &str) -> Result<Box<dyn ChangeWriter>> {
+            Ok(Box::new(RawWriter { target: self.0.clone(), staged: Vec::new() }))
+        }
+    }
+
+    struct RawWriter {
+        target: Arc<RawTarget>,
+        staged: Vec<Seen>,
+    }
+
+    #[async_trait]
+    impl ChangeWriter for RawWriter {
+        fn shape(&self) -> ChangeShape {
+            ChangeShape::Raw
+        }
+        async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+            Ok(self.target.durable.lock().unwrap().1.clone())
+        }
+        async fn delete(&mut self, _table: &TableSchema, _keys: &[Row], _expect_all: bool) -> Result<()> {
+            unreachable!("a raw writer gets events, not folds")
+        }
+        async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<()> {
+            unreachable!("a raw writer gets events, not folds")
+        }
+        async fn events(&mut self, changes: &[Change]) -> Result<()> {
+            for change in changes {
+                self.staged.push(match &change.kind {
+                    ChangeKind::Insert { after } => Seen::Insert(after.clone()),
+                    ChangeKind::Update { before, after } => Seen::Update(before.clone(), after.clone()),
+                    ChangeKind::Delete { before } => Seen::Delete(before.clone()),
+                });
+            }
+            Ok(())
+        }
+        async fn transaction_end(&mut self, end: &TransactionEnd) -> Result<()> {
+            self.staged.push(Seen::End { events: end.events, position: end.position.clone() });
+            Ok(())
+        }
+        async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+            let mut durable = self.target.durable.lock().unwrap();
+            durable.0.append(&mut self.staged);
+            durable.0.push(Seen::Commit(checkpoint.rows_written));
+            durable.1 = Some(checkpoint.clone());
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_raw_sink_gets_every_event_in_order_with_transaction_ends_and_the_source_its_acks() {
+        let change = |kind| Change { table: table(), kind };
+        let script = vec![
+            StreamEvent::Changes(vec![
+                change(ChangeKind::Insert { after: row(1, 10) }),
+                change(ChangeKind::Insert { after: row(2, 20) }),
+            ]),
+            StreamEvent::Commit { position: position(1), committed_at: 0 },
+            // One transaction in two pieces: the update and the delete of the same keys are
+            // not folded away.
+            StreamEvent::Changes(vec![change(ChangeKind::Update { before: row(1, 10), after: row(1, 11) })]),
+            StreamEvent::Changes(vec![change(ChangeKind::Delete { before: row(2, 20) })]),
+            StreamEvent::Commit { position: position(2), committed_at: 0 },
+        ];
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let source = Arc::new(ScriptedSource { script, acks: acks.clone() });
+        let target = Arc::new(RawTarget::default());
+        let job = Arc::new(
+            parse_job("name: raw\nmode: cdc\nsource: {type: memory}\ntarget: {type: memory}\n", false, |_| None)
+                .unwrap(),
+        );
+        let (stop, stopped) = watch::channel(false);
+        let runner = Arc::new(Runner::new(
+            job,
+            source,
+            Arc::new(RawSink(target.clone())),
+            Arc::new(MemoryStateStore::default()),
+            stopped,
+        ));
+        let run = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run().await }
+        });
+        // Until the source hears that its second transaction is durable.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !acks.lock().unwrap().contains(&position(2)) {
+            assert!(Instant::now() < deadline, "no ack of the last transaction: {:?}", acks.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.send_replace(true);
+        let (summary, error) = run.await.unwrap();
+        assert_eq!(error.map(|error| error.kind()), Some(ErrorKind::Interrupted), "{summary:?}");
+        let seen: Vec<Seen> =
+            target.durable.lock().unwrap().0.iter().filter(|seen| !matches!(seen, Seen::Commit(_))).cloned().collect();
+        assert_eq!(
+            seen,
+            vec![
+                Seen::Insert(row(1, 10)),
+                Seen::Insert(row(2, 20)),
+                Seen::End { events: 2, position: position(1) },
+                Seen::Update(row(1, 10), row(1, 11)),
+                Seen::Delete(row(2, 20)),
+                Seen::End { events: 2, position: position(2) },
+            ]
+        );
+        let checkpoint = target.durable.lock().unwrap().1.clone().expect("a checkpoint");
+        assert_eq!(checkpoint.rows_written, 4);
+        // Acks only ever name positions already durable, in order.
+        let acked = acks.lock().unwrap().clone();
+        assert!(acked.windows(2).all(|pair| pair[0].0.as_u64() <= pair[1].0.as_u64()), "{acked:?}");
     }
 }
