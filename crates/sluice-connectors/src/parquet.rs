@@ -355,6 +355,28 @@ impl Writer for ParquetWriter {
     }
 }
 
+/// The `parquet` connector: a snapshot target, one dataset directory per table.
+pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
+    name: "parquet",
+    feature: "parquet",
+    capabilities: sluice_core::connector::Capabilities {
+        snapshot_source: false,
+        change_source: false,
+        table_sink: true,
+        change_sink: false,
+        event_sink: false,
+        upsert: false,
+        fencing: false,
+        transactions: false,
+    },
+    source: None,
+    target: Some(crate::TargetSide {
+        fields: &["type", "path", "write_mode", "create_tables"],
+        validate: |_, _| Vec::new(),
+        build: |job, _fence| Ok(Arc::new(ParquetSink::new(crate::path(&job.target)?))),
+    }),
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

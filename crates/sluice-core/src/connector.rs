@@ -65,6 +65,29 @@ impl Fence {
     }
 }
 
+/// What a connector can be and do, declared once, by the connector. The registry checks jobs
+/// against it (a mode needs a change source and a change or event sink, an upsert needs
+/// `upsert`, a cluster job needs `fencing`), so no other code asks which connector it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities {
+    /// Reads tables in splits (`snapshot`, and the copy of `snapshot+cdc`).
+    pub snapshot_source: bool,
+    /// Follows a change log (`cdc`, `snapshot+cdc`).
+    pub change_source: bool,
+    /// Writes the rows of a snapshot.
+    pub table_sink: bool,
+    /// Applies a change stream folded per key (`ChangeShape::Folded`: updates and deletes).
+    pub change_sink: bool,
+    /// Takes a change stream as raw row events (`ChangeShape::Raw`).
+    pub event_sink: bool,
+    /// Replaces rows by primary key (`write_mode: upsert`).
+    pub upsert: bool,
+    /// Its commits check a fence, so a cluster can move its tasks (`Sink::claim`).
+    pub fencing: bool,
+    /// Commits rows and the checkpoint in one transaction (else: whole files by rename).
+    pub transactions: bool,
+}
+
 /// One line of a `sluice check` report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckItem {

@@ -5,6 +5,7 @@
 //! and renamed when the split is complete, so a part file that exists is whole: that is the
 //! checkpoint. A source directory may hold such table directories or plain `<table>.<ext>` files.
 
+pub(crate) mod connector;
 mod format;
 mod part;
 

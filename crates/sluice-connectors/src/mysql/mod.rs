@@ -2,6 +2,7 @@
 
 mod binlog;
 mod changes;
+pub(crate) mod connector;
 mod ddl;
 mod gtid;
 mod sink;

@@ -2,6 +2,7 @@
 //! encoding.
 
 mod changes;
+pub(crate) mod connector;
 mod sink;
 
 use sluice_core::secret::Secret;

@@ -1,5 +1,6 @@
 //! SQLite as a source and a target: type mapping, value conversion and connections.
 
+pub(crate) mod connector;
 mod sink;
 mod source;
 
