@@ -21,7 +21,7 @@ use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
 
 use crate::file::{check_directory, Part};
-use sluice_core::{DataType, Date, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
+use sluice_core::{DataType, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
 /// Rows per row group: large enough for good compression and scans, small enough to bound the
 /// writer's memory.
@@ -78,20 +78,8 @@ fn arrow_schema(table: &TableSchema) -> Arc<Schema> {
     ))
 }
 
-/// Days from 1970-01-01 to a (valid) civil date: Howard Hinnant's days_from_civil.
-fn days_from_civil(date: Date) -> i64 {
-    let (year, month, day) = (i64::from(date.year), i64::from(date.month), i64::from(date.day));
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let month_index = (month + 9) % 12;
-    let day_of_year = (153 * month_index + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
-}
-
 fn microseconds(value: &DateTime) -> i64 {
-    let seconds = days_from_civil(value.date) * 86_400
+    let seconds = value.date.days_since_epoch() * 86_400
         + i64::from(value.hour) * 3_600
         + i64::from(value.minute) * 60
         + i64::from(value.second);
@@ -207,7 +195,7 @@ impl ColumnBuilder {
             (Arrow::Binary, Value::Bytes(bytes)) => builder!(BinaryBuilder).append_value(bytes),
             (Arrow::Date32, Value::Null) => builder!(Date32Builder).append_null(),
             (Arrow::Date32, Value::Date(date)) if !date.is_zero_or_partial() => {
-                builder!(Date32Builder).append_value(days_from_civil(*date) as i32)
+                builder!(Date32Builder).append_value(date.days_since_epoch() as i32)
             }
             (Arrow::Timestamp(..), Value::Null) => builder!(TimestampMicrosecondBuilder).append_null(),
             (Arrow::Timestamp(..), Value::DateTime(value) | Value::Timestamp(value))
@@ -380,15 +368,6 @@ pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn civil_dates_count_days_from_the_epoch() {
-        let date = |year, month, day| Date { year, month, day };
-        assert_eq!(days_from_civil(date(1970, 1, 1)), 0);
-        assert_eq!(days_from_civil(date(2000, 3, 1)), 11_017);
-        assert_eq!(days_from_civil(date(1000, 1, 1)), -354_285);
-        assert_eq!(days_from_civil(date(9999, 12, 31)), 2_932_896);
-    }
 
     #[test]
     fn decimals_are_scaled_to_their_column() {

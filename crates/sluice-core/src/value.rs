@@ -268,6 +268,34 @@ impl Date {
     pub fn is_zero_or_partial(&self) -> bool {
         self.year == 0 || self.month == 0 || self.day == 0
     }
+
+    /// Days from 1970-01-01 to this (valid) date, negative before it (Howard Hinnant's
+    /// `days_from_civil`, proleptic Gregorian).
+    pub fn days_since_epoch(&self) -> i64 {
+        let (year, month, day) = (i64::from(self.year), i64::from(self.month), i64::from(self.day));
+        let year = if month <= 2 { year - 1 } else { year };
+        let era = year.div_euclid(400);
+        let year_of_era = year - era * 400;
+        let month_index = (month + 9) % 12;
+        let day_of_year = (153 * month_index + 2) / 5 + day - 1;
+        let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+        era * 146_097 + day_of_era - 719_468
+    }
+
+    /// The date `days` after 1970-01-01 (`civil_from_days`); the inverse of `days_since_epoch`
+    /// for years 0 to 9999.
+    pub fn from_days_since_epoch(days: i64) -> Date {
+        let shifted = days + 719_468;
+        let era = shifted.div_euclid(146_097);
+        let day_of_era = shifted.rem_euclid(146_097);
+        let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let month_index = (5 * day_of_year + 2) / 153;
+        let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u8;
+        let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u8;
+        let year = (year_of_era + era * 400 + i64::from(month <= 2)) as u16;
+        Date { year, month, day }
+    }
 }
 
 impl fmt::Display for Date {
@@ -377,6 +405,22 @@ fn parse_seconds(text: &str) -> Option<(u8, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_count_days_from_the_epoch_both_ways() {
+        let date = |year, month, day| Date { year, month, day };
+        for (civil, days) in [
+            (date(1970, 1, 1), 0),
+            (date(2000, 3, 1), 11_017),
+            (date(1000, 1, 1), -354_285),
+            (date(9999, 12, 31), 2_932_896),
+            (date(1969, 12, 31), -1),
+            (date(2024, 2, 29), 19_782),
+        ] {
+            assert_eq!(civil.days_since_epoch(), days, "{civil}");
+            assert_eq!(Date::from_days_since_epoch(days), civil, "{days}");
+        }
+    }
 
     #[test]
     fn decimals_keep_every_digit_and_their_scale() {

@@ -716,18 +716,8 @@ fn timestamp(seconds: i64, microsecond: u32) -> Value {
     }
     let days = seconds.div_euclid(86_400);
     let second_of_day = seconds.rem_euclid(86_400) as u32;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u8;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u8;
-    let year = (year_of_era + era * 400 + i64::from(month <= 2)) as u16;
     Value::Timestamp(DateTime {
-        date: Date { year, month, day },
+        date: Date::from_days_since_epoch(days),
         hour: (second_of_day / 3600) as u8,
         minute: (second_of_day / 60 % 60) as u8,
         second: (second_of_day % 60) as u8,

@@ -9,9 +9,9 @@ use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
-use super::sink::{
-    column_definition, commit_with_checkpoint, create_table_sql, delete_keys, insert_rows, qualified, read_checkpoint,
-};
+use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
+use super::rows::{delete_keys, insert_rows};
+use super::tables::{column_definition, create_table_sql, qualified};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::net_changes::missing_rows;
 
@@ -70,7 +70,7 @@ impl MysqlChangeWriter {
                 names.join(", "),
                 vec![placeholder.as_str(); chunk.len()].join(", ")
             );
-            let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(super::sink::encode).collect();
+            let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(super::rows::encode).collect();
             let rows: Vec<mysql_async::Row> = self.connection.exec(sql, parameters).await.map_err(|error| {
                 mysql_error(error, Side::Target, &self.server, &format!("look up keys of {}", table.name))
             })?;

@@ -2,11 +2,14 @@
 
 mod binlog;
 mod changes;
+mod checkpoints;
 pub(crate) mod connector;
 mod ddl;
 mod gtid;
+mod rows;
 mod sink;
 mod source;
+mod tables;
 mod wire;
 
 use std::sync::Arc;

@@ -6,16 +6,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
-use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
+use sluice_core::change::{Batch, ChangeKind, Rejected};
 use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 
+use super::checkpoints::{commit_with_checkpoint, read_checkpoint, FENCE_TABLE};
+use super::rows::{delete_keys, insert_rows};
+use super::tables::{add_index_sql, create_table_sql, qualified};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
-
-/// The most placeholders one MySQL statement may hold.
-const MAX_PLACEHOLDERS: usize = 65_535;
 
 /// A MySQL or MariaDB server written as a target.
 #[derive(Debug)]
@@ -80,98 +80,6 @@ impl MysqlSink {
         }
         Ok(connection)
     }
-}
-
-pub(super) fn qualified(name: &TableName) -> String {
-    match &name.namespace {
-        Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
-        None => quote(&name.name),
-    }
-}
-
-/// The MySQL type a logical type is created as.
-pub(super) fn column_type(data_type: &DataType) -> String {
-    let unsigned = |unsigned: &bool| if *unsigned { " UNSIGNED" } else { "" };
-    let list = |values: &[String]| {
-        values
-            .iter()
-            .map(|value| format!("'{}'", value.replace('\\', "\\\\").replace('\'', "''")))
-            .collect::<Vec<_>>()
-            .join(",")
-    };
-    match data_type {
-        DataType::Boolean => "TINYINT(1)".into(),
-        DataType::Integer { bytes: 1, unsigned: sign } => format!("TINYINT{}", unsigned(sign)),
-        DataType::Integer { bytes: 2, unsigned: sign } => format!("SMALLINT{}", unsigned(sign)),
-        DataType::Integer { bytes: 3, unsigned: sign } => format!("MEDIUMINT{}", unsigned(sign)),
-        DataType::Integer { bytes: 4, unsigned: sign } => format!("INT{}", unsigned(sign)),
-        DataType::Integer { unsigned: sign, .. } => format!("BIGINT{}", unsigned(sign)),
-        DataType::Float32 => "FLOAT".into(),
-        DataType::Float64 => "DOUBLE".into(),
-        DataType::Decimal { precision: Some(precision), scale } if *precision <= 65 => {
-            format!("DECIMAL({precision},{})", scale.unwrap_or(0).min(30))
-        }
-        DataType::Decimal { .. } => "DECIMAL(65,30)".into(),
-        DataType::Text { length: Some(length), fixed: true } if *length <= 255 => format!("CHAR({length})"),
-        DataType::Text { length: Some(length), .. } if *length <= 16_383 => format!("VARCHAR({length})"),
-        DataType::Text { .. } => "LONGTEXT".into(),
-        DataType::Bytes { length: Some(length), fixed: true } if *length <= 255 => format!("BINARY({length})"),
-        DataType::Bytes { length: Some(length), .. } if *length <= 65_535 => format!("VARBINARY({length})"),
-        DataType::Bytes { .. } => "LONGBLOB".into(),
-        DataType::Bits { width } => format!("BIT({width})"),
-        DataType::Date => "DATE".into(),
-        DataType::Time { precision } => format!("TIME({precision})"),
-        DataType::DateTime { precision } => format!("DATETIME({precision})"),
-        DataType::Timestamp { precision } => format!("TIMESTAMP({precision})"),
-        DataType::Year => "YEAR".into(),
-        DataType::Json => "JSON".into(),
-        DataType::Enum { values } => format!("ENUM({})", list(values)),
-        DataType::Set { values } => format!("SET({})", list(values)),
-        DataType::Geometry => "GEOMETRY".into(),
-    }
-}
-
-/// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
-/// for text (so keys compare as they did), and an explicit NULL or NOT NULL (TIMESTAMP columns
-/// get no implicit default).
-pub(super) fn column_definition(column: &sluice_core::Column) -> String {
-    let collation = match (&column.data_type, &column.collation) {
-        (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(collation))
-            if !collation.is_empty()
-                && collation.chars().all(|character| character.is_ascii_alphanumeric() || character == '_') =>
-        {
-            format!(" COLLATE {collation}")
-        }
-        _ => String::new(),
-    };
-    let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
-    format!("{} {}{collation}{nullability}", quote(&column.name), column_type(&column.data_type))
-}
-
-pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let mut definitions: Vec<String> = table.columns.iter().map(column_definition).collect();
-    if !table.primary_key.is_empty() {
-        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
-        definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
-    }
-    let database = table.name.namespace.as_deref().unwrap_or("sluice_default");
-    format!(
-        "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4; CREATE TABLE IF NOT EXISTS {} ({}) DEFAULT CHARSET = utf8mb4",
-        quote(database),
-        qualified(&table.name),
-        definitions.join(", ")
-    )
-}
-
-fn add_index_sql(table: &TableSchema, index: &sluice_core::Index) -> String {
-    let columns: Vec<String> = index.columns.iter().map(|&column| quote(&table.columns[column].name)).collect();
-    format!(
-        "ALTER TABLE {} ADD {}INDEX {} ({})",
-        qualified(&table.name),
-        if index.unique { "UNIQUE " } else { "" },
-        quote(&index.name),
-        columns.join(", ")
-    )
 }
 
 #[async_trait]
@@ -524,86 +432,6 @@ impl MysqlWriter {
     }
 }
 
-/// Deletes the rows with these primary keys (in key-column order); returns how many went.
-pub(super) async fn delete_keys(
-    connection: &mut Conn,
-    table: &TableSchema,
-    keys: &[Vec<Value>],
-) -> std::result::Result<u64, mysql_async::Error> {
-    let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
-    // A one-column key as a plain IN list, which every server turns into index lookups.
-    let key_placeholder =
-        if key.len() == 1 { "?".to_owned() } else { format!("({})", vec!["?"; key.len()].join(", ")) };
-    let mut deleted = 0;
-    for chunk in keys.chunks((MAX_PLACEHOLDERS / key.len().max(1)).clamp(1, 1_000)) {
-        let sql = format!(
-            "DELETE FROM {} WHERE ({}) IN ({})",
-            qualified(&table.name),
-            key.join(", "),
-            vec![key_placeholder.as_str(); chunk.len()].join(", ")
-        );
-        let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(encode).collect();
-        connection.exec_drop(sql, parameters).await?;
-        deleted += connection.affected_rows();
-    }
-    Ok(deleted)
-}
-
-/// Inserts rows with multi-row prepared statements.
-pub(super) async fn insert_rows(
-    connection: &mut Conn,
-    table: &TableSchema,
-    rows: &[&Row],
-) -> std::result::Result<(), mysql_async::Error> {
-    let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
-    let row_placeholder = format!("({})", vec!["?"; columns.len()].join(", "));
-    for chunk in rows.chunks((MAX_PLACEHOLDERS / columns.len().max(1)).clamp(1, 1_000)) {
-        let sql = format!(
-            "INSERT INTO {} ({}) VALUES {}",
-            qualified(&table.name),
-            columns.join(", "),
-            vec![row_placeholder.as_str(); chunk.len()].join(", ")
-        );
-        let parameters: Vec<mysql_async::Value> = chunk.iter().flat_map(|row| row.iter().map(encode)).collect();
-        connection.exec_drop(sql, parameters).await?;
-    }
-    Ok(())
-}
-
-/// The parameter a value is bound as.
-pub(super) fn encode(value: &Value) -> mysql_async::Value {
-    use mysql_async::Value as My;
-    match value {
-        Value::Null => My::NULL,
-        Value::Bool(value) => My::Int(i64::from(*value)),
-        Value::Int(value) => My::Int(*value),
-        Value::UInt(value) => My::UInt(*value),
-        Value::Float32(value) => My::Float(*value),
-        Value::Float64(value) => My::Double(*value),
-        Value::Bits { value, .. } => My::UInt(*value),
-        Value::Bytes(bytes) => My::Bytes(bytes.clone()),
-        Value::Date(date) => My::Date(date.year, date.month, date.day, 0, 0, 0, 0),
-        Value::DateTime(value) | Value::Timestamp(value) => My::Date(
-            value.date.year,
-            value.date.month,
-            value.date.day,
-            value.hour,
-            value.minute,
-            value.second,
-            value.microsecond,
-        ),
-        Value::Time(time) => My::Time(
-            time.negative,
-            time.hours / 24,
-            (time.hours % 24) as u8,
-            time.minutes,
-            time.seconds,
-            time.microseconds,
-        ),
-        Value::Decimal(_) | Value::Text(_) | Value::Json(_) => My::Bytes(value.to_string().into_bytes()),
-    }
-}
-
 #[async_trait]
 impl Writer for MysqlWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
@@ -638,71 +466,6 @@ impl Writer for MysqlWriter {
         self.in_transaction = false;
         commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
-}
-
-/// A task's checkpoint row in `sluice.checkpoints`, if it has one.
-pub(super) async fn read_checkpoint(
-    connection: &mut Conn,
-    server: &str,
-    job: &str,
-    task: &str,
-) -> Result<Option<Checkpoint>> {
-    let row: Option<(Option<String>, bool, u64)> = connection
-        .exec_first(
-            "SELECT position, done, rows_written FROM sluice.checkpoints WHERE job = ? AND task = ?",
-            (job, task),
-        )
-        .await
-        .map_err(|error| mysql_error(error, Side::Target, server, "read the checkpoint"))?;
-    let Some((position, done, rows_written)) = row else { return Ok(None) };
-    let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
-        Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
-    })?;
-    Ok(Some(Checkpoint { task: task.to_owned(), position, done, rows_written }))
-}
-
-/// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
-const FENCE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
-    CREATE TABLE IF NOT EXISTS sluice.fences (job VARCHAR(128) NOT NULL, task VARCHAR(512) NOT NULL,
-        epoch BIGINT UNSIGNED NOT NULL, PRIMARY KEY (job, task))";
-
-/// Writes the checkpoint row and commits the open transaction with it. With a fence, the
-/// commit happens only while the target holds the fence's epoch (the row is share-locked until
-/// the commit, so a newer claim waits for it and then reads what it committed).
-pub(super) async fn commit_with_checkpoint(
-    connection: &mut Conn,
-    server: &str,
-    job: &str,
-    fence: Option<&Fence>,
-    checkpoint: &Checkpoint,
-) -> Result<()> {
-    if let Some(fence) = fence {
-        let held: Option<u64> = connection
-            .exec_first(
-                "SELECT epoch FROM sluice.fences WHERE job = ? AND task = ? LOCK IN SHARE MODE",
-                (job, &fence.task),
-            )
-            .await
-            .map_err(|error| mysql_error(error, Side::Target, server, "check the fence"))?;
-        if held != Some(fence.epoch) {
-            let _ = connection.query_drop("ROLLBACK").await;
-            return Err(fence.moved(job, held.unwrap_or_default()));
-        }
-    }
-    let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
-    let saved = connection
-        .exec_drop(
-            "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written) VALUES (?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE position = VALUES(position), done = VALUES(done),
-                 rows_written = VALUES(rows_written), updated_at = CURRENT_TIMESTAMP(6)",
-            (job, &checkpoint.task, position, checkpoint.done, checkpoint.rows_written),
-        )
-        .await;
-    let committed = match saved {
-        Ok(()) => connection.query_drop("COMMIT").await,
-        Err(error) => Err(error),
-    };
-    committed.map_err(|error| mysql_error(error, Side::Target, server, "commit"))
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
-use super::sink::{commit_with_checkpoint, create_index_sql, create_table_sql, qualified, read_checkpoint};
+use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
+use super::tables::{create_index_sql, create_table_sql, qualified};
 use super::{column_type, copy_rows, encode_copy, postgres_error, quote, refuse_long_names};
 
 /// At most this many keys per DELETE; a larger set takes several statements.

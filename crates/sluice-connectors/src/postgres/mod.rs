@@ -2,8 +2,10 @@
 //! encoding.
 
 mod changes;
+mod checkpoints;
 pub(crate) mod connector;
 mod sink;
+mod tables;
 
 use sluice_core::secret::Secret;
 use sluice_core::{DataType, Error, ErrorKind, Side, Value};

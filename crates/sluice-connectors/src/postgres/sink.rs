@@ -4,14 +4,16 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_core::change::{Batch, ChangeKind, Position, Rejected};
+use sluice_core::change::{Batch, ChangeKind, Rejected};
 use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
-use super::{bounded_name, column_type, connect, copy_rows, is_row_error, postgres_error, quote, refuse_long_names};
+use super::checkpoints::{commit_with_checkpoint, fence_tag, read_checkpoint, FENCE_TABLE};
+use super::tables::{create_index_sql, create_table_sql, qualified};
+use super::{connect, copy_rows, is_row_error, postgres_error, quote, refuse_long_names};
 
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
@@ -64,13 +66,6 @@ impl PostgresSink {
     fn error(&self, doing: &str) -> impl Fn(tokio_postgres::Error) -> Error + '_ {
         let doing = doing.to_owned();
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
-    }
-}
-
-pub(super) fn qualified(name: &TableName) -> String {
-    match &name.namespace {
-        Some(namespace) => format!("{}.{}", quote(namespace), quote(&name.name)),
-        None => quote(&name.name),
     }
 }
 
@@ -261,52 +256,6 @@ impl Sink for PostgresSink {
     }
 }
 
-pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let mut definitions: Vec<String> = table
-        .columns
-        .iter()
-        .map(|column| {
-            format!(
-                "{} {}{}",
-                quote(&column.name),
-                column_type(&column.data_type),
-                if column.nullable { "" } else { " NOT NULL" }
-            )
-        })
-        .collect();
-    if !table.primary_key.is_empty() {
-        let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
-        definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
-    }
-    let schema = table.name.namespace.as_deref().unwrap_or("public");
-    format!(
-        "CREATE SCHEMA IF NOT EXISTS {}; CREATE TABLE IF NOT EXISTS {} ({})",
-        quote(schema),
-        qualified(&table.name),
-        definitions.join(", ")
-    )
-}
-
-/// `CREATE INDEX` for each secondary index. PostgreSQL index names are per schema, so each is
-/// prefixed with its table's name (and bounded to the 63-byte limit by `bounded_name`).
-pub(super) fn create_index_sql(table: &TableSchema) -> Vec<String> {
-    table
-        .indexes
-        .iter()
-        .map(|index| {
-            let name = bounded_name(&format!("{}_{}", table.name.name, index.name));
-            let columns: Vec<String> = index.columns.iter().map(|&column| quote(&table.columns[column].name)).collect();
-            format!(
-                "CREATE {}INDEX IF NOT EXISTS {} ON {} ({})",
-                if index.unique { "UNIQUE " } else { "" },
-                quote(&name),
-                qualified(&table.name),
-                columns.join(", ")
-            )
-        })
-        .collect()
-}
-
 /// Moves staged rows into the table, replacing rows with the same primary key only: a conflict
 /// on any other unique key still fails.
 fn upsert_sql(table: &TableSchema, stage: &str) -> String {
@@ -426,82 +375,4 @@ impl Writer for PostgresWriter {
         self.in_transaction = false;
         commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
-}
-
-/// A task's checkpoint row in `sluice.checkpoints`, if it has one.
-pub(super) async fn read_checkpoint(
-    client: &Client,
-    server: &str,
-    job: &str,
-    task: &str,
-) -> Result<Option<Checkpoint>> {
-    let row = client
-        .query_opt(
-            "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
-            &[&job, &task],
-        )
-        .await
-        .map_err(|error| postgres_error(error, Side::Target, server, "read the checkpoint"))?;
-    let Some(row) = row else { return Ok(None) };
-    let position: Option<String> = row.get(0);
-    let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
-        Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
-    })?;
-    Ok(Some(Checkpoint {
-        task: task.to_owned(),
-        position,
-        done: row.get(1),
-        rows_written: row.get::<_, i64>(2) as u64,
-    }))
-}
-
-/// The application name prefix of a fenced task's sessions (its epoch follows): a hash, since
-/// application names are short.
-fn fence_tag(job: &str, fence: &Fence) -> String {
-    let hash = format!("{job}\0{}", fence.task)
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3));
-    format!("sluice-fence:{hash:016x}:")
-}
-
-/// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
-const FENCE_TABLE: &str = "CREATE SCHEMA IF NOT EXISTS sluice;
-    CREATE TABLE IF NOT EXISTS sluice.fences (job text NOT NULL, task text NOT NULL, epoch bigint NOT NULL,
-        PRIMARY KEY (job, task))";
-
-/// Writes the checkpoint row and commits the open transaction with it. With a fence, the
-/// commit happens only while the target holds the fence's epoch (the row is share-locked until
-/// the commit, so a newer claim waits for it and then reads what it committed).
-pub(super) async fn commit_with_checkpoint(
-    client: &Client,
-    server: &str,
-    job: &str,
-    fence: Option<&Fence>,
-    checkpoint: &Checkpoint,
-) -> Result<()> {
-    if let Some(fence) = fence {
-        let held: Option<i64> = client
-            .query_opt("SELECT epoch FROM sluice.fences WHERE job = $1 AND task = $2 FOR SHARE", &[&job, &fence.task])
-            .await
-            .map_err(|error| postgres_error(error, Side::Target, server, "check the fence"))?
-            .map(|row| row.get(0));
-        if held != Some(fence.epoch as i64) {
-            let _ = client.batch_execute("ROLLBACK").await;
-            return Err(fence.moved(job, held.unwrap_or_default() as u64));
-        }
-    }
-    let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
-    let saved = client
-        .execute(
-            "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written, updated_at) VALUES ($1, $2, $3::text::jsonb, $4, $5, now())
-             ON CONFLICT (job, task) DO UPDATE SET position = EXCLUDED.position, done = EXCLUDED.done,
-                 rows_written = EXCLUDED.rows_written, updated_at = EXCLUDED.updated_at",
-            &[&job, &checkpoint.task, &position, &checkpoint.done, &(checkpoint.rows_written as i64)],
-        )
-        .await;
-    let committed = match saved {
-        Ok(_) => client.batch_execute("COMMIT").await,
-        Err(error) => Err(error),
-    };
-    committed.map_err(|error| postgres_error(error, Side::Target, server, "commit"))
 }

@@ -1,0 +1,92 @@
+//! Rows written by key into MySQL: deletes by primary key and multi-row prepared inserts, with
+//! values bound as parameters; shared by upserts and the change writer.
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use sluice_core::{Row, TableSchema, Value};
+
+use super::quote;
+use super::tables::qualified;
+
+/// The most placeholders one MySQL statement may hold.
+const MAX_PLACEHOLDERS: usize = 65_535;
+
+/// Deletes the rows with these primary keys (in key-column order); returns how many went.
+pub(super) async fn delete_keys(
+    connection: &mut Conn,
+    table: &TableSchema,
+    keys: &[Vec<Value>],
+) -> std::result::Result<u64, mysql_async::Error> {
+    let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+    // A one-column key as a plain IN list, which every server turns into index lookups.
+    let key_placeholder =
+        if key.len() == 1 { "?".to_owned() } else { format!("({})", vec!["?"; key.len()].join(", ")) };
+    let mut deleted = 0;
+    for chunk in keys.chunks((MAX_PLACEHOLDERS / key.len().max(1)).clamp(1, 1_000)) {
+        let sql = format!(
+            "DELETE FROM {} WHERE ({}) IN ({})",
+            qualified(&table.name),
+            key.join(", "),
+            vec![key_placeholder.as_str(); chunk.len()].join(", ")
+        );
+        let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(encode).collect();
+        connection.exec_drop(sql, parameters).await?;
+        deleted += connection.affected_rows();
+    }
+    Ok(deleted)
+}
+
+/// Inserts rows with multi-row prepared statements.
+pub(super) async fn insert_rows(
+    connection: &mut Conn,
+    table: &TableSchema,
+    rows: &[&Row],
+) -> std::result::Result<(), mysql_async::Error> {
+    let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
+    let row_placeholder = format!("({})", vec!["?"; columns.len()].join(", "));
+    for chunk in rows.chunks((MAX_PLACEHOLDERS / columns.len().max(1)).clamp(1, 1_000)) {
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES {}",
+            qualified(&table.name),
+            columns.join(", "),
+            vec![row_placeholder.as_str(); chunk.len()].join(", ")
+        );
+        let parameters: Vec<mysql_async::Value> = chunk.iter().flat_map(|row| row.iter().map(encode)).collect();
+        connection.exec_drop(sql, parameters).await?;
+    }
+    Ok(())
+}
+
+/// The parameter a value is bound as.
+pub(super) fn encode(value: &Value) -> mysql_async::Value {
+    use mysql_async::Value as My;
+    match value {
+        Value::Null => My::NULL,
+        Value::Bool(value) => My::Int(i64::from(*value)),
+        Value::Int(value) => My::Int(*value),
+        Value::UInt(value) => My::UInt(*value),
+        Value::Float32(value) => My::Float(*value),
+        Value::Float64(value) => My::Double(*value),
+        Value::Bits { value, .. } => My::UInt(*value),
+        Value::Bytes(bytes) => My::Bytes(bytes.clone()),
+        Value::Date(date) => My::Date(date.year, date.month, date.day, 0, 0, 0, 0),
+        Value::DateTime(value) | Value::Timestamp(value) => My::Date(
+            value.date.year,
+            value.date.month,
+            value.date.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+        ),
+        Value::Time(time) => My::Time(
+            time.negative,
+            time.hours / 24,
+            (time.hours % 24) as u8,
+            time.minutes,
+            time.seconds,
+            time.microseconds,
+        ),
+        Value::Decimal(_) | Value::Text(_) | Value::Json(_) => My::Bytes(value.to_string().into_bytes()),
+    }
+}

@@ -1,0 +1,88 @@
+//! `sluice.checkpoints` and `sluice.fences` in PostgreSQL: reading a task's checkpoint and
+//! committing a transaction together with it, fenced for cluster tasks. Shared by the snapshot
+//! writer and the change writer.
+
+use sluice_core::change::Position;
+use sluice_core::connector::{Checkpoint, Fence};
+use sluice_core::{Error, ErrorKind, Result, Side};
+use tokio_postgres::Client;
+
+use super::postgres_error;
+
+/// A task's checkpoint row in `sluice.checkpoints`, if it has one.
+pub(super) async fn read_checkpoint(
+    client: &Client,
+    server: &str,
+    job: &str,
+    task: &str,
+) -> Result<Option<Checkpoint>> {
+    let row = client
+        .query_opt(
+            "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
+            &[&job, &task],
+        )
+        .await
+        .map_err(|error| postgres_error(error, Side::Target, server, "read the checkpoint"))?;
+    let Some(row) = row else { return Ok(None) };
+    let position: Option<String> = row.get(0);
+    let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
+        Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
+    })?;
+    Ok(Some(Checkpoint {
+        task: task.to_owned(),
+        position,
+        done: row.get(1),
+        rows_written: row.get::<_, i64>(2) as u64,
+    }))
+}
+
+/// The application name prefix of a fenced task's sessions (its epoch follows): a hash, since
+/// application names are short.
+pub(super) fn fence_tag(job: &str, fence: &Fence) -> String {
+    let hash = format!("{job}\0{}", fence.task)
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("sluice-fence:{hash:016x}:")
+}
+
+/// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
+pub(super) const FENCE_TABLE: &str = "CREATE SCHEMA IF NOT EXISTS sluice;
+    CREATE TABLE IF NOT EXISTS sluice.fences (job text NOT NULL, task text NOT NULL, epoch bigint NOT NULL,
+        PRIMARY KEY (job, task))";
+
+/// Writes the checkpoint row and commits the open transaction with it. With a fence, the
+/// commit happens only while the target holds the fence's epoch (the row is share-locked until
+/// the commit, so a newer claim waits for it and then reads what it committed).
+pub(super) async fn commit_with_checkpoint(
+    client: &Client,
+    server: &str,
+    job: &str,
+    fence: Option<&Fence>,
+    checkpoint: &Checkpoint,
+) -> Result<()> {
+    if let Some(fence) = fence {
+        let held: Option<i64> = client
+            .query_opt("SELECT epoch FROM sluice.fences WHERE job = $1 AND task = $2 FOR SHARE", &[&job, &fence.task])
+            .await
+            .map_err(|error| postgres_error(error, Side::Target, server, "check the fence"))?
+            .map(|row| row.get(0));
+        if held != Some(fence.epoch as i64) {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(fence.moved(job, held.unwrap_or_default() as u64));
+        }
+    }
+    let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
+    let saved = client
+        .execute(
+            "INSERT INTO sluice.checkpoints (job, task, position, done, rows_written, updated_at) VALUES ($1, $2, $3::text::jsonb, $4, $5, now())
+             ON CONFLICT (job, task) DO UPDATE SET position = EXCLUDED.position, done = EXCLUDED.done,
+                 rows_written = EXCLUDED.rows_written, updated_at = EXCLUDED.updated_at",
+            &[&job, &checkpoint.task, &position, &checkpoint.done, &(checkpoint.rows_written as i64)],
+        )
+        .await;
+    let committed = match saved {
+        Ok(_) => client.batch_execute("COMMIT").await,
+        Err(error) => Err(error),
+    };
+    committed.map_err(|error| postgres_error(error, Side::Target, server, "commit"))
+}
