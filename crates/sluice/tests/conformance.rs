@@ -1,0 +1,387 @@
+//! The connector conformance suite: every connector of the build (`sluice_connectors::CONNECTORS`)
+//! is held to one contract, so a new connector is proven by adding its fixture here:
+//!
+//! - **options**: an unknown field and a missing required one are reported by path and line,
+//!   all at once, on each side the connector can be;
+//! - **capabilities are honest**: a job that needs a capability (a change stream, upserts, a
+//!   cluster's fencing) is accepted exactly when the connector declares it;
+//! - **exactly once through a kill**: a snapshot SIGKILLed while some splits are done and
+//!   others not, then run again, leaves every row in the target once (no loss, no duplicate);
+//! - **round trip**: a connector that is also a source gives back what it was given.
+//!
+//! Change sinks are held to the stream's contract (kills mid-stream, idempotent replay) by
+//! `cdc.rs`, and every sink to the shared type matrix by `type_matrix.rs`.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use sluice_core::connector::Fence;
+use sluice_core::spec::{parse_job, parse_job_partially};
+use support::{assert_same_rows, kill, make_source, mariadb, mysql_url, postgres_url, psql, unique_name, Workspace};
+
+const ROWS: i64 = 12_000;
+const SPLITS: i64 = 8;
+
+/// How the suite writes into one connector and reads it back.
+struct Fixture {
+    name: &'static str,
+    /// The `target:` block of a job (two-space indented fields); `unique` names a schema or
+    /// database of the run's own.
+    target: fn(unique: &str) -> String,
+    /// What `${TARGET}` is, for server targets.
+    target_url: fn() -> Option<String>,
+    /// The ids of `items` in the target, sorted, duplicates kept.
+    item_ids: fn(&Workspace, unique: &str) -> Vec<i64>,
+    /// The `source:` block that reads back what the target wrote, for connectors that are also
+    /// sources.
+    source: Option<fn(unique: &str) -> String>,
+}
+
+fn no_url() -> Option<String> {
+    None
+}
+
+fn sqlite_ids(path: &Path) -> Vec<i64> {
+    let connection = rusqlite::Connection::open(path).expect("open the database");
+    let mut statement = connection.prepare("SELECT id FROM items ORDER BY id").expect("select");
+    statement.query_map([], |row| row.get(0)).expect("query").map(Result::unwrap).collect()
+}
+
+fn sorted(mut ids: Vec<i64>) -> Vec<i64> {
+    ids.sort_unstable();
+    ids
+}
+
+fn lines_to_ids(text: &str) -> Vec<i64> {
+    sorted(text.lines().map(|line| line.trim().parse().expect("an id")).collect())
+}
+
+/// Every whole file of a table's directory with this extension (a `.tmp` part is not whole).
+fn parts(directory: &Path, extension: &str) -> Vec<std::path::PathBuf> {
+    let mut parts: Vec<_> = std::fs::read_dir(directory)
+        .expect("the table's directory")
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|found| found == extension))
+        .collect();
+    parts.sort();
+    parts
+}
+
+fn fixtures() -> Vec<Fixture> {
+    vec![
+        Fixture {
+            name: "sqlite",
+            target: |_| "  type: sqlite\n  path: out.db\n".into(),
+            target_url: no_url,
+            item_ids: |workspace, _| sqlite_ids(&workspace.path("out.db")),
+            source: Some(|_| "  type: sqlite\n  path: out.db\n  tables: [items]\n".into()),
+        },
+        Fixture {
+            name: "csv",
+            target: |_| "  type: csv\n  path: out-csv\n".into(),
+            target_url: no_url,
+            // Read back through sluice's CSV reader (quoted line breaks make lines no rows).
+            item_ids: |workspace, _| {
+                let job = workspace.write(
+                    "read-csv.yaml",
+                    "name: read-csv\nsource:\n  type: csv\n  path: out-csv\n  tables: [items]\ntarget:\n  type: sqlite\n  path: read-csv.db\n",
+                );
+                workspace.sluice(&["run", job.to_str().unwrap(), "--state-dir", "read-state"]).assert_code(0);
+                sqlite_ids(&workspace.path("read-csv.db"))
+            },
+            source: Some(|_| "  type: csv\n  path: out-csv\n  tables: [items]\n".into()),
+        },
+        Fixture {
+            name: "jsonl",
+            target: |_| "  type: jsonl\n  path: out-jsonl\n".into(),
+            target_url: no_url,
+            item_ids: |workspace, _| {
+                let mut ids = Vec::new();
+                for part in parts(&workspace.path("out-jsonl/items"), "jsonl") {
+                    for line in std::fs::read_to_string(part).unwrap().lines() {
+                        let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+                        ids.push(row["id"].as_i64().expect("an integer id"));
+                    }
+                }
+                sorted(ids)
+            },
+            source: Some(|_| "  type: jsonl\n  path: out-jsonl\n  tables: [items]\n".into()),
+        },
+        Fixture {
+            name: "parquet",
+            target: |_| "  type: parquet\n  path: out-parquet\n".into(),
+            target_url: no_url,
+            item_ids: |workspace, _| {
+                let mut ids = Vec::new();
+                for part in parts(&workspace.path("out-parquet/items"), "parquet") {
+                    let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part).unwrap())
+                        .unwrap()
+                        .build()
+                        .unwrap();
+                    for batch in reader {
+                        let batch = batch.unwrap();
+                        let column = batch.column_by_name("id").expect("an id column");
+                        ids.extend(column.as_primitive::<Int64Type>().values().iter().copied());
+                    }
+                }
+                sorted(ids)
+            },
+            source: None,
+        },
+        Fixture {
+            name: "postgres",
+            target: |unique| format!("  type: postgres\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
+            target_url: || Some(postgres_url()),
+            item_ids: |_, unique| lines_to_ids(&psql(&format!("SELECT id FROM {unique}.items"))),
+            source: None,
+        },
+        Fixture {
+            name: "mysql",
+            target: |unique| format!("  type: mysql\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
+            target_url: || Some(mysql_url()),
+            item_ids: |_, unique| lines_to_ids(&mariadb(&format!("SELECT id FROM {unique}.items"))),
+            source: None,
+        },
+    ]
+}
+
+fn fixture(name: &str) -> Fixture {
+    fixtures().into_iter().find(|fixture| fixture.name == name).expect("a fixture")
+}
+
+#[test]
+fn every_connector_of_the_build_has_a_fixture() {
+    let names: Vec<&str> = fixtures().iter().map(|fixture| fixture.name).collect();
+    for connector in sluice_connectors::CONNECTORS {
+        assert!(
+            names.contains(&connector.name),
+            "connector `{}` has no conformance fixture: add one to tests/conformance.rs",
+            connector.name
+        );
+    }
+}
+
+/// A job with `side` as the connector under test (and the other side a SQLite file).
+fn job_with(connector: &sluice_connectors::Connector, source_side: bool, extra: &str, mode: &str) -> String {
+    let fields = |side: &'static [&'static str]| -> String {
+        let mut text = format!("  type: {}\n", connector.name);
+        if side.contains(&"url") {
+            // Parameters that keep a sink from reaching for the server when it is built.
+            let tls = if connector.name == "postgres" { "sslmode=disable" } else { "ssl-mode=DISABLED" };
+            text.push_str(&format!("  url: \"{}://u@127.0.0.1:9/d?{tls}\"\n", connector.name));
+        }
+        if side.contains(&"path") {
+            text.push_str("  path: somewhere\n");
+        }
+        text
+    };
+    let other = "  type: sqlite\n  path: other.db\n";
+    let (source, target) = if source_side {
+        (fields(connector.source.as_ref().unwrap().fields) + extra, other.to_owned())
+    } else {
+        (other.to_owned(), fields(connector.target.as_ref().unwrap().fields) + extra)
+    };
+    let mode = if mode.is_empty() { String::new() } else { format!("mode: {mode}\n") };
+    format!("name: conformance\n{mode}source:\n{source}target:\n{target}")
+}
+
+fn problems(text: &str) -> Vec<String> {
+    let (job, mut errors) = parse_job_partially(text, false, |_| None);
+    if let Some(job) = job {
+        errors.extend(sluice_connectors::validate(&job));
+    }
+    errors.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn every_connector_reports_bad_options_by_path_and_line_all_at_once() {
+    for connector in sluice_connectors::CONNECTORS {
+        for (source_side, role, side) in [
+            (true, "source", connector.source.as_ref().map(|side| side.fields)),
+            (false, "target", connector.target.as_ref().map(|side| side.fields)),
+        ] {
+            let Some(fields) = side else { continue };
+            let text = job_with(connector, source_side, "  bogus: 1\n  also_bogus: 2\n", "");
+            let line = text.lines().position(|line| line.trim_start().starts_with("bogus:")).unwrap() + 1;
+            let found = problems(&text);
+            assert!(
+                found
+                    .iter()
+                    .any(|problem| problem.starts_with(&format!("{role}.bogus (line {line}): unknown field `bogus`"))),
+                "{}: {found:?}",
+                connector.name
+            );
+            assert!(found.iter().any(|problem| problem.starts_with(&format!("{role}.also_bogus"))), "{found:?}");
+            // A required field left out is named, beside the unknown ones.
+            for required in ["url", "path"].into_iter().filter(|required| fields.contains(required)) {
+                let without: String = text
+                    .lines()
+                    .filter(|line| {
+                        !line.trim_start().starts_with(&format!("{required}:"))
+                            || !line.contains(if required == "url" { "://" } else { "somewhere" })
+                    })
+                    .map(|line| format!("{line}\n"))
+                    .collect();
+                let found = problems(&without);
+                assert!(
+                    found.iter().any(|problem| problem.starts_with(&format!("{role}.{required}"))
+                        && problem.contains("missing required field")),
+                    "{} without {required}: {found:?}",
+                    connector.name
+                );
+                assert!(found.iter().any(|problem| problem.contains("bogus")), "every problem at once: {found:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn capabilities_are_the_ones_the_registry_enforces() {
+    for connector in sluice_connectors::CONNECTORS {
+        let capabilities = connector.capabilities;
+        assert_eq!(
+            connector.source.is_some(),
+            capabilities.snapshot_source,
+            "{}: a source copies tables",
+            connector.name
+        );
+        assert_eq!(connector.target.is_some(), capabilities.table_sink, "{}: a target takes tables", connector.name);
+        if connector.source.is_some() {
+            let refused = format!("a `{}` source", connector.name);
+            let accepted =
+                problems(&job_with(connector, true, "", "cdc")).iter().all(|problem| !problem.contains(&refused));
+            assert_eq!(accepted, capabilities.change_source, "{}: cdc as a source", connector.name);
+        }
+        if connector.target.is_some() {
+            let refused = format!("a `{}` target", connector.name);
+            let accepted = problems(&job_with(connector, false, "", "snapshot+cdc"))
+                .iter()
+                .all(|problem| !problem.contains(&refused));
+            assert_eq!(
+                accepted,
+                capabilities.change_sink || capabilities.event_sink,
+                "{}: a change stream as a target",
+                connector.name
+            );
+            let upsert = job_with(connector, false, "  write_mode: upsert\n", "");
+            let accepted = problems(&upsert).iter().all(|problem| !problem.contains("write_mode"));
+            assert_eq!(accepted, capabilities.upsert, "{}: upserts", connector.name);
+            let job = parse_job(&job_with(connector, false, "", ""), false, |_| None).unwrap();
+            let fenced = sluice_connectors::fenced_sink(&job, Fence { task: "t".into(), epoch: 1 });
+            assert_eq!(
+                fenced.is_ok(),
+                capabilities.fencing,
+                "{}: a fenced sink for a cluster ({:?})",
+                connector.name,
+                fenced.err()
+            );
+            assert_eq!(sluice_connectors::fences(connector.name), capabilities.fencing);
+        }
+    }
+}
+
+/// Done splits of the job in the run's state directory.
+fn splits_done(workspace: &Workspace, job: &str) -> i64 {
+    let Ok(connection) = rusqlite::Connection::open_with_flags(
+        workspace.path(".sluice/state.db"),
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+    ) else {
+        return 0;
+    };
+    connection
+        .query_row("SELECT count(*) FROM checkpoints WHERE job = ?1 AND done = 1", [job], |row| row.get(0))
+        .unwrap_or(0)
+}
+
+/// Copies a SQLite fixture into the connector, SIGKILLs the run while some splits are done and
+/// others not, runs it again, and checks every row is there once; then reads the copy back
+/// through the connector when it is also a source.
+fn exactly_once_through_a_kill(name: &str) {
+    let fixture = fixture(name);
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), ROWS as u64);
+    let unique = unique_name(&format!("conform_{name}"));
+    let job_name = unique.replace('_', "-");
+    let job = |limits: &str| {
+        format!(
+            "name: {job_name}\nsource:\n  type: sqlite\n  path: source.db\n  tables: [items]\ntarget:\n{}parallelism: 2\nlimits: {{split_rows: {}, batch_rows: 250{limits}}}\n",
+            (fixture.target)(&unique),
+            ROWS / SPLITS
+        )
+    };
+    let slow = workspace.write("slow.yaml", &job(", rows_per_sec: 6000"));
+    let fast = workspace.write("fast.yaml", &job(""));
+    let mut command = workspace.command(&["run", slow.to_str().unwrap()]);
+    if let Some(url) = (fixture.target_url)() {
+        command.env("TARGET", url);
+    }
+    let mut child = command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while splits_done(&workspace, &job_name) == 0 {
+        assert!(std::time::Instant::now() < deadline, "{name}: no split finished");
+        assert!(child.try_wait().unwrap().is_none(), "{name}: the slow run ended before the kill");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(&mut child);
+    let done = splits_done(&workspace, &job_name);
+    assert!(done < SPLITS, "{name}: the kill came after the copy ({done} splits done)");
+
+    let mut command = workspace.command(&["run", fast.to_str().unwrap()]);
+    if let Some(url) = (fixture.target_url)() {
+        command.env("TARGET", url);
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{name}: {}", String::from_utf8_lossy(&output.stderr));
+    let ids = (fixture.item_ids)(&workspace, &unique);
+    if ids != (1..=ROWS).collect::<Vec<_>>() {
+        let duplicates = ids.windows(2).filter(|pair| pair[0] == pair[1]).count();
+        panic!(
+            "{name}: {} rows after the kill and the resume, {duplicates} duplicated, expected {ROWS} once each",
+            ids.len()
+        );
+    }
+
+    if let Some(source) = fixture.source {
+        let back = workspace.write(
+            "back.yaml",
+            &format!("name: back\nsource:\n{}target:\n  type: sqlite\n  path: back.db\n", source(&unique)),
+        );
+        workspace.sluice(&["run", back.to_str().unwrap(), "--state-dir", "back-state"]).assert_code(0);
+        assert_same_rows(&workspace.path("back.db"), &workspace.path("source.db"), "items");
+    }
+}
+
+#[test]
+fn a_snapshot_into_sqlite_is_exact_through_a_kill_and_reads_back() {
+    exactly_once_through_a_kill("sqlite");
+}
+
+#[test]
+fn a_snapshot_into_csv_is_exact_through_a_kill_and_reads_back() {
+    exactly_once_through_a_kill("csv");
+}
+
+#[test]
+fn a_snapshot_into_jsonl_is_exact_through_a_kill_and_reads_back() {
+    exactly_once_through_a_kill("jsonl");
+}
+
+#[test]
+fn a_snapshot_into_parquet_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("parquet");
+}
+
+#[test]
+fn a_snapshot_into_postgres_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("postgres");
+}
+
+#[test]
+fn a_snapshot_into_mysql_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("mysql");
+}
