@@ -135,7 +135,8 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
     assert_eq!(workers[0]["id"], "solo");
     assert_eq!(server.call("GET", "/leader", Some(READ), None).1["leader"], "solo");
     let (_, openapi) = server.call("GET", "/openapi.json", None, None);
-    assert_eq!(openapi["openapi"], "3.0.3");
+    assert_eq!(openapi["openapi"], "3.1.0");
+    assert!(openapi["paths"]["/jobs/{name}"]["get"].is_object(), "{openapi}");
     // Metrics need the read token once tokens are set.
     assert_eq!(support::cluster::request(&server.url, "GET", "/metrics", None, None).unwrap().0, 401);
     let metrics = support::cluster::request(&server.url, "GET", "/metrics", Some(READ), None).unwrap().1;

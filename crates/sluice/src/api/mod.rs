@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde_json::{json, Value};
+use serde_json::Value;
 use sluice_core::secret::redact_url_passwords;
 use sluice_core::spec::{parse_job_partially, JobSpec, SpecError};
 
@@ -24,6 +24,10 @@ pub use auth::Tokens;
 use crate::cluster::model::*;
 use crate::cluster::node::Node;
 use crate::logger::timestamp;
+use views::{
+    DesiredView, ErrorBody, FieldError, JobSummary, JobView, LeaderView, TablesAdded, VersionCreated, VersionDiff,
+    VersionDocument, VersionSummary, WorkerView,
+};
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -39,8 +43,8 @@ const MAX_BODY_BYTES: usize = 1024 * 1024;
 
 type Shared = State<Arc<Api>>;
 
-/// An API error: a status and a JSON body `{error}` (or `{errors}` for validation).
-pub struct Failure(StatusCode, Value);
+/// An API error: a status and a JSON body `{error}` (with `errors` for validation).
+pub struct Failure(StatusCode, ErrorBody);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -62,12 +66,12 @@ impl From<sluice_core::Error> for Failure {
             ErrorKind::Conflict | ErrorKind::Fenced => StatusCode::CONFLICT,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        Failure(status, json!({ "error": error.to_string() }))
+        Failure(status, ErrorBody { error: error.to_string(), errors: Vec::new() })
     }
 }
 
 fn failure(status: StatusCode, message: impl Into<String>) -> Failure {
-    Failure(status, json!({ "error": sluice_core::secret::scrub(&message.into()) }))
+    Failure(status, ErrorBody { error: sluice_core::secret::scrub(&message.into()), errors: Vec::new() })
 }
 
 type Reply = Result<Response, Failure>;
@@ -97,7 +101,7 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .nest("/api/v1", jobs)
         .merge(metrics)
-        .route("/api/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi::DOCUMENT) }))
+        .route("/api/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi::document()) }))
         .route("/healthz", get(|| async { "ok\n" }))
         .layer(axum::middleware::from_fn_with_state(api.clone(), auth::same_site))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -150,11 +154,15 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
     match job {
         Some(job) if errors.is_empty() => Ok((job, text.to_owned(), if json { "json" } else { "yaml" })),
         _ => {
-            let listed: Vec<Value> = errors
+            let errors = errors
                 .iter()
-                .map(|error| json!({ "path": error.path, "line": error.line, "message": sluice_core::secret::scrub(&error.message) }))
+                .map(|error| FieldError {
+                    path: error.path.clone(),
+                    line: error.line,
+                    message: sluice_core::secret::scrub(&error.message),
+                })
                 .collect();
-            Err(Failure(StatusCode::BAD_REQUEST, json!({ "error": "the job is invalid", "errors": listed })))
+            Err(Failure(StatusCode::BAD_REQUEST, ErrorBody { error: "the job is invalid".into(), errors }))
         }
     }
 }
@@ -176,6 +184,15 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Creates a job from its document (JSON, or YAML with `Content-Type: application/yaml`); every
+/// validation error is returned at once.
+#[utoipa::path(post, path = "/jobs", tag = "jobs",
+    request_body(content = Object, description = "the job file of product.md", content_type = "application/json"),
+    responses(
+        (status = 201, description = "created", body = VersionCreated),
+        (status = 400, description = "invalid: every problem, by path and line", body = ErrorBody),
+        (status = 409, description = "a job of that name exists", body = ErrorBody),
+    ))]
 async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
     let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
     let record = JobRecord {
@@ -209,19 +226,24 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         return Err(exists());
     }
     log::info!("job {}: submitted ({})", spec.name, spec.mode);
-    Ok((StatusCode::CREATED, Json(json!({ "name": spec.name, "version": 1 }))).into_response())
+    Ok((StatusCode::CREATED, Json(VersionCreated { name: spec.name, version: 1 })).into_response())
 }
 
+/// The jobs, with their states.
+#[utoipa::path(get, path = "/jobs", tag = "jobs", responses((status = 200, description = "jobs", body = [JobSummary])))]
 async fn list_jobs(State(api): Shared) -> Reply {
     let jobs = load_all::<JobRecord>(&*api.node.store, &format!("{ROOT}jobs/")).await?;
     let mut listed = Vec::new();
     for (name, job, _) in jobs {
         let view = views::job_view(&*api.node.store, &job).await?;
-        listed.push(json!({ "name": name, "state": view["state"], "version": job.version, "mode": job.mode }));
+        listed.push(JobSummary { name, state: view.state, version: job.version, mode: job.mode });
     }
-    Ok(Json(Value::Array(listed)).into_response())
+    Ok(Json(listed).into_response())
 }
 
+/// A job: state, phase, counters, tasks with their worker, epoch, position, lag and last error.
+#[utoipa::path(get, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "the job", body = JobView), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn show_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
     Ok(Json(views::job_view(&*api.node.store, &job).await?).into_response())
@@ -245,7 +267,7 @@ async fn next_version(
     document: String,
     format: &str,
     origin: String,
-) -> Result<Value, Failure> {
+) -> Result<VersionCreated, Failure> {
     let versions = api.node.store.list(&versions_prefix(&job.name)).await?;
     let number = versions.len() as u32 + 1;
     let record = VersionRecord { version: number, format: format.into(), document, created_at: timestamp(), origin };
@@ -261,9 +283,14 @@ async fn next_version(
     job.updated_at = timestamp();
     save_job(api, job).await?;
     log::info!("job {}: version {number} ({})", job.name, record.origin);
-    Ok(json!({ "name": job.name, "version": number }))
+    Ok(VersionCreated { name: job.name.clone(), version: number })
 }
 
+/// A new version of the job (N+1): it is replanned and resumes from its checkpoints.
+#[utoipa::path(put, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
+    request_body(content = Object, description = "the job file", content_type = "application/json"),
+    responses((status = 200, description = "the new version", body = VersionCreated), (status = 400, description = "invalid", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody), (status = 409, description = "changed meanwhile, or tables are being added", body = ErrorBody)))]
 async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     no_backfill(&job)?;
@@ -278,6 +305,11 @@ async fn update_job(State(api): Shared, Path(name): Path<String>, headers: Heade
     Ok(Json(next_version(&api, &mut job, document, format, "updated".into()).await?).into_response())
 }
 
+/// Makes version N the current one again, as a new version.
+#[utoipa::path(post, path = "/jobs/{name}/rollback", tag = "versions", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"version\": N}", content_type = "application/json"),
+    responses((status = 200, description = "the new version", body = VersionCreated), (status = 400, description = "not a version number", body = ErrorBody),
+        (status = 404, description = "no such job or version", body = ErrorBody)))]
 async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     no_backfill(&job)?;
@@ -322,23 +354,36 @@ async fn set_desired(api: &Api, name: &str, desired: Desired, new_generation: bo
     job.updated_at = timestamp();
     save_job(api, &job).await?;
     log::info!("job {name}: {desired:?} (generation {})", job.generation);
-    Ok(Json(json!({ "name": name, "desired": desired, "generation": job.generation })).into_response())
+    let desired = views::serde_name(&desired);
+    Ok(Json(DesiredView { name: name.to_owned(), desired, generation: job.generation }).into_response())
 }
 
+/// Stops the job's tasks (they keep their checkpoints).
+#[utoipa::path(post, path = "/jobs/{name}/stop", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "stopping", body = DesiredView), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn stop_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     set_desired(&api, &name, Desired::Stopped, false).await
 }
 
+/// Starts a stopped job; it resumes from its checkpoints.
+#[utoipa::path(post, path = "/jobs/{name}/start", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "starting", body = DesiredView), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn start_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     let running = job(&api, &name).await?.desired == Desired::Running;
     // Starting a running job changes nothing; starting a stopped one begins a new generation.
     set_desired(&api, &name, Desired::Running, !running).await
 }
 
+/// Stops and starts the job's tasks (a new generation), resuming from their checkpoints.
+#[utoipa::path(post, path = "/jobs/{name}/restart", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "restarting", body = DesiredView), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     set_desired(&api, &name, Desired::Running, true).await
 }
 
+/// Deletes the job, its versions, plan, statuses and runs.
+#[utoipa::path(delete, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 204, description = "deleted"), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     job(&api, &name).await?;
     let store = &api.node.store;
@@ -354,14 +399,22 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// The job's versions.
+#[utoipa::path(get, path = "/jobs/{name}/versions", tag = "versions", params(("name" = String, Path)),
+    responses((status = 200, description = "versions", body = [VersionSummary]), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_versions(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
     let versions = load_all::<VersionRecord>(&*api.node.store, &versions_prefix(&name)).await?;
-    let listed: Vec<Value> = versions
+    let listed: Vec<VersionSummary> = versions
         .into_iter()
-        .map(|(_, version, _)| json!({ "version": version.version, "created_at": version.created_at, "origin": version.origin, "current": version.version == job.version }))
+        .map(|(_, version, _)| VersionSummary {
+            current: version.version == job.version,
+            version: version.version,
+            created_at: version.created_at,
+            origin: version.origin,
+        })
         .collect();
-    Ok(Json(Value::Array(listed)).into_response())
+    Ok(Json(listed).into_response())
 }
 
 async fn version_document(api: &Api, name: &str, version: u32) -> Result<VersionRecord, Failure> {
@@ -371,18 +424,36 @@ async fn version_document(api: &Api, name: &str, version: u32) -> Result<Version
     Ok(VersionRecord { document: redact_url_passwords(&record.document), ..record })
 }
 
+/// One version's document, passwords redacted.
+#[utoipa::path(get, path = "/jobs/{name}/versions/{version}", tag = "versions", params(("name" = String, Path), ("version" = u32, Path)),
+    responses((status = 200, description = "the version", body = VersionDocument), (status = 404, description = "no such job or version", body = ErrorBody)))]
 async fn show_version(State(api): Shared, Path((name, version)): Path<(String, u32)>) -> Reply {
     job(&api, &name).await?;
-    Ok(Json(version_document(&api, &name, version).await?).into_response())
+    let record = version_document(&api, &name, version).await?;
+    Ok(Json(VersionDocument {
+        version: record.version,
+        format: record.format,
+        document: record.document,
+        created_at: record.created_at,
+        origin: record.origin,
+    })
+    .into_response())
 }
 
+/// A line diff of two versions' documents.
+#[utoipa::path(get, path = "/jobs/{name}/versions/{a}/diff/{b}", tag = "versions",
+    params(("name" = String, Path), ("a" = u32, Path), ("b" = u32, Path)),
+    responses((status = 200, description = "the diff", body = VersionDiff), (status = 404, description = "no such job or version", body = ErrorBody)))]
 async fn diff_versions(State(api): Shared, Path((name, a, b)): Path<(String, u32, u32)>) -> Reply {
     job(&api, &name).await?;
     let (old, new) = (version_document(&api, &name, a).await?, version_document(&api, &name, b).await?);
-    Ok(Json(json!({ "job": name, "from": a, "to": b, "diff": diff::lines(&old.document, &new.document) }))
-        .into_response())
+    let diff = diff::lines(&old.document, &new.document);
+    Ok(Json(VersionDiff { job: name, from: a, to: b, diff }).into_response())
 }
 
+/// Run summaries of the job's finished task runs (the run summary of the README).
+#[utoipa::path(get, path = "/jobs/{name}/runs", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "run summaries", body = [Object]), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_runs(State(api): Shared, Path(name): Path<String>) -> Reply {
     job(&api, &name).await?;
     let runs = api.node.store.list(&runs_prefix(&name)).await?;
@@ -393,6 +464,11 @@ async fn list_runs(State(api): Shared, Path(name): Path<String>) -> Reply {
 /// Adds tables to a running job with a change stream: a new version that lists them, copied
 /// while the stream runs on with the version before, then taken into the stream, which replays
 /// their changes from before their copy began.
+#[utoipa::path(post, path = "/jobs/{name}/tables", tag = "jobs", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"tables\": [\"db.table\", …]}", content_type = "application/json"),
+    responses((status = 202, description = "accepted: copied while the stream runs on, then taken into it", body = TablesAdded),
+        (status = 400, description = "invalid, a snapshot job, or a table already in the job", body = ErrorBody),
+        (status = 409, description = "tables added before are still being copied", body = ErrorBody)))]
 async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     let request: Value = serde_json::from_slice(&body).map_err(|error| {
@@ -448,22 +524,33 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         stream_version: job.version,
     });
     let created = next_version(&api, &mut job, document, "json", format!("add tables {}", tables.join(", "))).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({ "name": name, "version": created["version"], "backfill": tables })))
-        .into_response())
+    Ok((StatusCode::ACCEPTED, Json(TablesAdded { name, version: created.version, backfill: tables })).into_response())
 }
 
+/// Live workers: capacity, weight, the tasks they run.
+#[utoipa::path(get, path = "/workers", tag = "cluster", responses((status = 200, description = "workers", body = [WorkerView])))]
 async fn list_workers(State(api): Shared) -> Reply {
     let workers = load_all::<WorkerRecord>(&*api.node.store, &format!("{ROOT}workers/")).await?;
-    let listed: Vec<Value> = workers
+    let listed: Vec<WorkerView> = workers
         .into_iter()
-        .map(|(_, worker, _)| json!({ "id": worker.id, "address": worker.address, "capacity": worker.capacity, "weight": worker.weight, "tasks": worker.tasks, "alive": true, "started_at": worker.started_at }))
+        .map(|(_, worker, _)| WorkerView {
+            id: worker.id,
+            address: worker.address,
+            capacity: worker.capacity,
+            weight: worker.weight,
+            tasks: worker.tasks,
+            alive: true,
+            started_at: worker.started_at,
+        })
         .collect();
-    Ok(Json(Value::Array(listed)).into_response())
+    Ok(Json(listed).into_response())
 }
 
+/// The leader's worker id.
+#[utoipa::path(get, path = "/leader", tag = "cluster", responses((status = 200, description = "the leader", body = LeaderView)))]
 async fn show_leader(State(api): Shared) -> Reply {
     let leader = api.node.store.get(LEADER).await?.map(|entry| entry.value);
-    Ok(Json(json!({ "leader": leader })).into_response())
+    Ok(Json(LeaderView { leader }).into_response())
 }
 
 async fn metrics(State(api): Shared) -> Reply {

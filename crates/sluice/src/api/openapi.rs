@@ -1,58 +1,90 @@
-//! The OpenAPI document served at `/api/v1/openapi.json`.
+//! The OpenAPI document served at `/api/v1/openapi.json`, derived from the handlers'
+//! annotations and the view types (utoipa), so it describes exactly what the API answers.
 
-pub const DOCUMENT: &str = r##"{
-  "openapi": "3.0.3",
-  "info": { "title": "Sluice server API", "version": "1" },
-  "servers": [{ "url": "/api/v1" }],
-  "components": {
-    "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
-    "schemas": {
-      "Error": { "type": "object", "properties": { "error": { "type": "string" }, "errors": { "type": "array", "items": { "type": "object", "properties": { "path": { "type": "string" }, "line": { "type": "integer", "nullable": true }, "message": { "type": "string" } } } } } },
-      "JobDocument": { "type": "object", "description": "The job file of product.md, as JSON; send YAML with Content-Type: application/yaml" },
-      "Created": { "type": "object", "properties": { "name": { "type": "string" }, "version": { "type": "integer" } } },
-      "Job": { "type": "object", "properties": {
-        "name": { "type": "string" }, "state": { "type": "string", "enum": ["pending", "running", "succeeded", "failed", "stopped"] },
-        "phase": { "type": "string", "nullable": true, "enum": ["snapshotting", "catching_up", "streaming"] },
-        "version": { "type": "integer" }, "mode": { "type": "string" }, "generation": { "type": "integer" },
-        "stats": { "type": "object", "properties": { "rows_read": { "type": "integer" }, "rows_written": { "type": "integer" }, "rows_skipped": { "type": "integer" }, "rows_per_sec": { "type": "number" }, "lag_secs": { "type": "integer", "nullable": true } } },
-        "tasks": { "type": "array", "items": { "type": "object", "properties": {
-          "id": { "type": "string" }, "kind": { "type": "string", "enum": ["snapshot", "cdc"] }, "state": { "type": "string" },
-          "worker": { "type": "string", "nullable": true }, "epoch": { "type": "integer", "nullable": true }, "position": { "nullable": true },
-          "lag_secs": { "type": "integer", "nullable": true }, "rows_written": { "type": "integer" },
-          "error": { "type": "object", "nullable": true, "properties": { "side": { "type": "string", "enum": ["source", "target", "state"] }, "message": { "type": "string" } } } } } } } }
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::OpenApi;
+
+use super::views::*;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Sluice server API", version = "1", description = "Jobs, their versions and lifecycle, the cluster's workers and leader. Every route needs a bearer token when the server has tokens (a read token may only GET)."),
+    servers((url = "/api/v1")),
+    paths(
+        super::list_jobs,
+        super::create_job,
+        super::show_job,
+        super::update_job,
+        super::delete_job,
+        super::stop_job,
+        super::start_job,
+        super::restart_job,
+        super::list_versions,
+        super::show_version,
+        super::diff_versions,
+        super::rollback_job,
+        super::list_runs,
+        super::add_tables,
+        super::list_workers,
+        super::show_leader,
+    ),
+    components(schemas(
+        JobView, JobState, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
+        VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError
+    )),
+    modifiers(&Bearer),
+    security(("bearer" = [])),
+)]
+struct Document;
+
+/// The bearer-token scheme every route uses.
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
-  },
-  "security": [{ "bearer": [] }],
-  "paths": {
-    "/jobs": {
-      "get": { "summary": "List jobs (name, state, version, mode)", "responses": { "200": { "description": "jobs" } } },
-      "post": { "summary": "Create a job from its document; every validation error is returned", "requestBody": { "content": { "application/json": { "schema": { "$ref": "#/components/schemas/JobDocument" } }, "application/yaml": {} } },
-        "responses": { "201": { "description": "created", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Created" } } } }, "400": { "description": "invalid", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }, "409": { "description": "exists" } } }
-    },
-    "/jobs/{name}": {
-      "get": { "summary": "A job: state, phase, stats, tasks with worker, position, lag, counters, last error", "responses": { "200": { "description": "job", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Job" } } } }, "404": { "description": "no such job" } } },
-      "put": { "summary": "A new version of the job (N+1); it is replanned and resumes from its checkpoints", "responses": { "200": { "description": "new version" }, "400": { "description": "invalid" } } },
-      "delete": { "summary": "Delete the job, its versions, plan, statuses and runs", "responses": { "204": { "description": "deleted" } } }
-    },
-    "/jobs/{name}/stop": { "post": { "summary": "Stop the job's tasks (they keep their checkpoints)", "responses": { "200": { "description": "stopping" } } } },
-    "/jobs/{name}/start": { "post": { "summary": "Start a stopped job; it resumes from its checkpoints", "responses": { "200": { "description": "starting" } } } },
-    "/jobs/{name}/restart": { "post": { "summary": "Stop and start the job's tasks (a new generation)", "responses": { "200": { "description": "restarting" } } } },
-    "/jobs/{name}/versions": { "get": { "summary": "The job's versions", "responses": { "200": { "description": "versions" } } } },
-    "/jobs/{name}/versions/{version}": { "get": { "summary": "One version's document, secrets redacted", "responses": { "200": { "description": "version" } } } },
-    "/jobs/{name}/versions/{a}/diff/{b}": { "get": { "summary": "A line diff of two versions' documents", "responses": { "200": { "description": "diff" } } } },
-    "/jobs/{name}/rollback": { "post": { "summary": "Make version N the current one again, as a new version", "requestBody": { "content": { "application/json": { "schema": { "type": "object", "properties": { "version": { "type": "integer" } } } } } }, "responses": { "200": { "description": "new version" }, "404": { "description": "no such version" } } } },
-    "/jobs/{name}/runs": { "get": { "summary": "Run summaries of the job's finished task runs", "responses": { "200": { "description": "runs" } } } },
-    "/jobs/{name}/tables": { "post": { "summary": "Add tables to a running job with a change stream: a new version; they are copied while the stream runs on, then join it (job field backfill until then)", "requestBody": { "content": { "application/json": { "schema": { "type": "object", "properties": { "tables": { "type": "array", "items": { "type": "string" } } } } } } }, "responses": { "202": { "description": "accepted" }, "400": { "description": "invalid, a snapshot job, or a table already in the job" }, "409": { "description": "tables added before are still being copied" } } } },
-    "/workers": { "get": { "summary": "Live workers: id, address, capacity, tasks, alive", "responses": { "200": { "description": "workers" } } } },
-    "/leader": { "get": { "summary": "The leader's worker id", "responses": { "200": { "description": "leader" } } } }
-  }
-}"##;
+}
+
+/// The document as JSON.
+pub fn document() -> String {
+    Document::openapi().to_json().expect("the OpenAPI document serializes")
+}
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_document_is_json() {
-        let document: serde_json::Value = serde_json::from_str(super::DOCUMENT).expect("valid JSON");
-        assert!(document["paths"]["/jobs/{name}/rollback"].is_object());
+    fn the_document_describes_every_route_with_its_types() {
+        let document: serde_json::Value = serde_json::from_str(&super::document()).expect("valid JSON");
+        let paths = document["paths"].as_object().expect("paths");
+        for path in [
+            "/jobs",
+            "/jobs/{name}",
+            "/jobs/{name}/stop",
+            "/jobs/{name}/start",
+            "/jobs/{name}/restart",
+            "/jobs/{name}/versions",
+            "/jobs/{name}/versions/{version}",
+            "/jobs/{name}/versions/{a}/diff/{b}",
+            "/jobs/{name}/rollback",
+            "/jobs/{name}/runs",
+            "/jobs/{name}/tables",
+            "/workers",
+            "/leader",
+        ] {
+            assert!(paths.contains_key(path), "{path} is not in the document");
+        }
+        assert_eq!(paths.len(), 13, "{:?}", paths.keys().collect::<Vec<_>>());
+        let job = &document["components"]["schemas"]["JobView"]["properties"];
+        assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
+        let states = &document["components"]["schemas"]["JobState"]["enum"];
+        assert_eq!(states, &serde_json::json!(["pending", "running", "succeeded", "failed", "stopped"]));
+        assert_eq!(document["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+        let created = &document["paths"]["/jobs"]["post"]["responses"]["201"]["content"]["application/json"]["schema"];
+        assert_eq!(created["$ref"], "#/components/schemas/VersionCreated");
     }
 }

@@ -1,16 +1,200 @@
-//! What the API shows of a job: its state rolled up from the plan and its tasks' statuses, and
-//! the Prometheus metrics.
+//! What the API shows: typed views of jobs, tasks, versions and workers (the OpenAPI document
+//! is derived from these types, so it cannot drift from the answers), the job state rolled up
+//! from the plan and its tasks' statuses, and the Prometheus metrics.
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 use sluice_core::Result;
+use utoipa::ToSchema;
 
 use crate::cluster::model::*;
 use crate::cluster::store::Store;
 
+/// A job's state, rolled up from its plan and tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Its plan of this generation does not exist yet.
+    Pending,
+    Running,
+    /// Every task succeeded.
+    Succeeded,
+    /// Planning or a task failed (`error` says which and on what side).
+    Failed,
+    /// The operator stopped it.
+    Stopped,
+}
+
+/// The error that failed a task or a plan.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorView {
+    /// `source`, `target` or `state` (the coordination store), when known.
+    pub side: Option<String>,
+    pub message: String,
+}
+
+impl From<&ErrorRecord> for ErrorView {
+    fn from(error: &ErrorRecord) -> ErrorView {
+        ErrorView { side: error.side.clone(), message: error.message.clone() }
+    }
+}
+
+/// A job's counters, summed over its tasks.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobStatsView {
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub rows_skipped: u64,
+    pub rows_per_sec: f64,
+    /// The largest lag of its change stream, in seconds.
+    pub lag_secs: Option<u64>,
+}
+
+/// One task of a job's plan: which worker runs it, with what epoch, and how far it is.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskView {
+    pub id: String,
+    /// `snapshot` or `cdc`.
+    pub kind: String,
+    /// `pending`, `running`, `succeeded`, `failed` or `stopped`.
+    pub state: String,
+    pub worker: Option<String>,
+    /// The fencing epoch of the claim that runs it.
+    pub epoch: Option<u64>,
+    /// The change stream's position committed in the target (connector-defined JSON).
+    #[schema(value_type = Option<Object>)]
+    pub position: Option<Value>,
+    pub lag_secs: Option<u64>,
+    pub rows_read: u64,
+    pub rows_written: u64,
+    pub updated_at: Option<String>,
+    pub error: Option<ErrorView>,
+}
+
+/// A job as `GET /jobs/{name}` shows it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobView {
+    pub name: String,
+    pub state: JobState,
+    /// While running: `snapshotting`, `catching_up` or `streaming`.
+    pub phase: Option<String>,
+    pub version: u32,
+    pub mode: String,
+    pub generation: u64,
+    pub stats: JobStatsView,
+    pub tasks: Vec<TaskView>,
+    /// The planning error, else the first failed task's.
+    pub error: Option<ErrorView>,
+    /// Tables added to the running job and still being copied.
+    pub backfill: Option<Vec<String>>,
+    pub updated_at: String,
+}
+
+/// A line of `GET /jobs`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobSummary {
+    pub name: String,
+    pub state: JobState,
+    pub version: u32,
+    pub mode: String,
+}
+
+/// A job made or given a new version.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VersionCreated {
+    pub name: String,
+    pub version: u32,
+}
+
+/// What the operator asked of a job: run or stop, in which generation.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DesiredView {
+    pub name: String,
+    /// `running` or `stopped`.
+    pub desired: String,
+    pub generation: u64,
+}
+
+/// A line of `GET /jobs/{name}/versions`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VersionSummary {
+    pub version: u32,
+    pub created_at: String,
+    /// `submitted`, `updated`, `rollback to N` or `add tables …`.
+    pub origin: String,
+    pub current: bool,
+}
+
+/// One version's document, passwords redacted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VersionDocument {
+    pub version: u32,
+    /// `yaml` or `json`.
+    pub format: String,
+    pub document: String,
+    pub created_at: String,
+    pub origin: String,
+}
+
+/// A line diff of two versions' documents.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VersionDiff {
+    pub job: String,
+    pub from: u32,
+    pub to: u32,
+    /// Unified lines: `- old`, `+ new`, `  same`.
+    pub diff: String,
+}
+
+/// Tables accepted into a running job: copied, then taken into its stream.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TablesAdded {
+    pub name: String,
+    pub version: u32,
+    pub backfill: Vec<String>,
+}
+
+/// A live worker.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct WorkerView {
+    pub id: String,
+    pub address: String,
+    /// Tasks it runs at once.
+    pub capacity: usize,
+    /// Its share of the work relative to workers of the same capacity.
+    pub weight: f64,
+    /// `job/task` of the tasks it runs.
+    pub tasks: Vec<String>,
+    pub alive: bool,
+    pub started_at: String,
+}
+
+/// The leader's worker id, when there is one.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaderView {
+    pub leader: Option<String>,
+}
+
+/// A refused request: what is wrong, and for an invalid job document every problem.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+/// One problem of a job document, by field path and line.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FieldError {
+    pub path: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
 /// A job as `GET /jobs/{name}` shows it. State: `stopped` when stopped; `pending` until its
 /// plan of this generation exists; `failed` when planning or a task failed; `succeeded` when
 /// every task did; `running` otherwise, with the phase of its most advanced task.
-pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<Value> {
+pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
     let plan = load::<PlanRecord>(store, &plan_key(&job.name))
         .await?
         .map(|(plan, _)| plan)
@@ -24,8 +208,8 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<Value> {
             .map(|(_, status, _)| status)
     };
     let mut tasks = Vec::new();
-    let (mut rows_read, mut rows_written, mut rows_skipped, mut rows_per_sec, mut lag) = (0, 0, 0, 0.0, None::<u64>);
-    let (mut all_succeeded, mut failed, mut phase) = (true, None, None::<String>);
+    let mut stats = JobStatsView { rows_read: 0, rows_written: 0, rows_skipped: 0, rows_per_sec: 0.0, lag_secs: None };
+    let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
     for task in plan.iter().flat_map(|plan| &plan.tasks) {
         let status = status_of(&task.id);
         let owner = owners
@@ -33,65 +217,68 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<Value> {
             .find(|(id, owner, _)| *id == task.id && owner.generation == job.generation)
             .map(|(_, owner, _)| owner);
         let state = match (status, owner) {
-            (Some(status), _) if status.state != TaskState::Running => {
-                serde_json::to_value(status.state).unwrap_or_default()
-            }
-            (_, Some(_)) => json!("running"),
-            _ => json!("pending"),
+            (Some(status), _) if status.state != TaskState::Running => serde_name(&status.state),
+            (_, Some(_)) => "running".to_owned(),
+            _ => "pending".to_owned(),
         };
         all_succeeded &= status.is_some_and(|status| status.state == TaskState::Succeeded);
         if let Some(status) = status {
-            rows_read += status.rows_read;
-            rows_written += status.rows_written;
-            rows_skipped += status.rows_skipped;
+            stats.rows_read += status.rows_read;
+            stats.rows_written += status.rows_written;
+            stats.rows_skipped += status.rows_skipped;
             if status.state == TaskState::Running && owner.is_some() {
-                rows_per_sec += status.rows_per_sec;
+                stats.rows_per_sec += status.rows_per_sec;
                 if status.phase.is_some() && (phase.is_none() || task.kind == TaskKind::Cdc) {
                     phase = status.phase.clone();
                 }
             }
             if let Some(task_lag) = status.lag_secs {
-                lag = Some(lag.unwrap_or(0).max(task_lag));
+                stats.lag_secs = Some(stats.lag_secs.unwrap_or(0).max(task_lag));
             }
             if status.state == TaskState::Failed && failed.is_none() {
-                failed = status.error.clone();
+                failed = status.error.as_ref().map(ErrorView::from);
             }
         }
-        tasks.push(json!({
-            "id": task.id,
-            "kind": task.kind,
-            "state": state,
-            "worker": owner.map(|owner| owner.worker.clone()).or(status.map(|status| status.worker.clone())),
-            "epoch": status.map(|status| status.epoch),
-            "position": status.and_then(|status| status.position.clone()),
-            "lag_secs": status.and_then(|status| status.lag_secs),
-            "rows_read": status.map_or(0, |status| status.rows_read),
-            "rows_written": status.map_or(0, |status| status.rows_written),
-            "updated_at": status.map(|status| status.updated_at.clone()),
-            "error": status.and_then(|status| status.error.clone()),
-        }));
+        tasks.push(TaskView {
+            id: task.id.clone(),
+            kind: serde_name(&task.kind),
+            state,
+            worker: owner.map(|owner| owner.worker.clone()).or(status.map(|status| status.worker.clone())),
+            epoch: status.map(|status| status.epoch),
+            position: status.and_then(|status| status.position.clone()),
+            lag_secs: status.and_then(|status| status.lag_secs),
+            rows_read: status.map_or(0, |status| status.rows_read),
+            rows_written: status.map_or(0, |status| status.rows_written),
+            updated_at: status.map(|status| status.updated_at.clone()),
+            error: status.and_then(|status| status.error.as_ref().map(ErrorView::from)),
+        });
     }
-    let plan_error = plan.as_ref().and_then(|plan| plan.error.clone());
+    let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));
     let state = match (&job.desired, &plan) {
-        (Desired::Stopped, _) => "stopped",
-        (_, None) => "pending",
-        _ if plan_error.is_some() || failed.is_some() => "failed",
-        _ if all_succeeded => "succeeded",
-        _ => "running",
+        (Desired::Stopped, _) => JobState::Stopped,
+        (_, None) => JobState::Pending,
+        _ if plan_error.is_some() || failed.is_some() => JobState::Failed,
+        _ if all_succeeded => JobState::Succeeded,
+        _ => JobState::Running,
     };
-    Ok(json!({
-        "name": job.name,
-        "state": state,
-        "phase": if state == "running" { phase.or(Some("snapshotting".into())) } else { None },
-        "version": job.version,
-        "mode": job.mode,
-        "generation": job.generation,
-        "stats": { "rows_read": rows_read, "rows_written": rows_written, "rows_skipped": rows_skipped, "rows_per_sec": rows_per_sec, "lag_secs": lag },
-        "tasks": tasks,
-        "error": plan_error.or(failed),
-        "backfill": job.backfill.as_ref().map(|backfill| &backfill.tables),
-        "updated_at": job.updated_at,
-    }))
+    Ok(JobView {
+        name: job.name.clone(),
+        state,
+        phase: if state == JobState::Running { phase.or(Some("snapshotting".into())) } else { None },
+        version: job.version,
+        mode: job.mode.clone(),
+        generation: job.generation,
+        stats,
+        tasks,
+        error: plan_error.or(failed),
+        backfill: job.backfill.as_ref().map(|backfill| backfill.tables.clone()),
+        updated_at: job.updated_at.clone(),
+    })
+}
+
+/// The serde name of a unit enum value (`TaskState::Succeeded` → `succeeded`).
+pub(super) fn serde_name(value: &impl Serialize) -> String {
+    serde_json::to_value(value).ok().and_then(|value| value.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// Prometheus text: per task rows and lag, per job state, and the live workers.
@@ -114,10 +301,11 @@ pub async fn metrics(store: &dyn Store) -> Result<String> {
         "# HELP sluice_job_running Whether the job is running (1) or not (0).\n# TYPE sluice_job_running gauge\n",
     );
     for (name, job, _) in load_all::<JobRecord>(store, &format!("{ROOT}jobs/")).await? {
-        let state = job_view(store, &job).await?["state"].as_str().unwrap_or_default().to_owned();
+        let state = job_view(store, &job).await?.state;
+        let label = serde_name(&state);
         text.push_str(&format!(
-            "sluice_job_running{{job=\"{name}\",state=\"{state}\"}} {}\n",
-            u8::from(state == "running")
+            "sluice_job_running{{job=\"{name}\",state=\"{label}\"}} {}\n",
+            u8::from(state == JobState::Running)
         ));
     }
     let workers = store.list(&format!("{ROOT}workers/")).await?.len();
