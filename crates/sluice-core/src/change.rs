@@ -72,6 +72,24 @@ pub fn key_text(table: &TableSchema, row: &Row) -> String {
 #[serde(transparent)]
 pub struct Position(pub serde_json::Value);
 
+impl Position {
+    /// A position from the connector's typed form.
+    pub fn of(position: &impl Serialize) -> Position {
+        Position(serde_json::to_value(position).expect("positions serialize"))
+    }
+
+    /// The position as the connector's type; one that does not read is an error naming `what`
+    /// (e.g. the task whose checkpoint holds it).
+    pub fn read<T: serde::de::DeserializeOwned>(&self, what: &str) -> crate::error::Result<T> {
+        serde_json::from_value(self.0.clone()).map_err(|error| {
+            crate::error::Error::new(
+                crate::error::ErrorKind::State,
+                format!("the position of {what} is not one this connector wrote: {error}"),
+            )
+        })
+    }
+}
+
 /// A record that could not be read or written, kept for inspection instead of being dropped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rejected {

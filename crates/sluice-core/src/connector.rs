@@ -23,6 +23,27 @@ pub struct Split {
     pub estimated_rows: u64,
 }
 
+impl Split {
+    /// A split of `table` with the connector's typed descriptor.
+    pub fn new(id: String, table: Arc<TableSchema>, descriptor: &impl Serialize, estimated_rows: u64) -> Split {
+        let descriptor = serde_json::to_value(descriptor).expect("split descriptors serialize");
+        Split { id, table, descriptor, estimated_rows }
+    }
+
+    /// The descriptor as the connector's type. One that does not read (a plan made by another
+    /// version) is a state error naming the split.
+    pub fn read_descriptor<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(self.descriptor.clone()).map_err(|error| {
+            Error::new(
+                ErrorKind::State,
+                format!("split {} has a descriptor this version cannot read: {error}", self.id),
+            )
+            .on(Side::State)
+            .hint("plan the job again: delete its state directory (the target keeps the rows copied)")
+        })
+    }
+}
+
 /// Advice to `Source::split` on how finely to cut.
 #[derive(Debug, Clone, Copy)]
 pub struct SplitHint {

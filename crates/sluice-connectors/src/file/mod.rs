@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde_json::json;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, Writer};
 use sluice_core::filter::TableFilter;
@@ -40,6 +39,19 @@ fn io_error(side: Side, doing: impl std::fmt::Display, error: std::io::Error) ->
     } else {
         error
     }
+}
+
+/// A file split: one input file, and its size when planned (for progress).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct FileSplit {
+    file: PathBuf,
+    bytes: u64,
+}
+
+/// Where a file read resumes: after this many records of its file.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RecordsPosition {
+    records: u64,
 }
 
 /// The directory name of a table: its qualified name with `/`, `%` and a leading `.` escaped.
@@ -368,18 +380,13 @@ impl Source for FileSource {
             .enumerate()
             .map(|(index, file)| {
                 let size = fs::metadata(&file).map(|metadata| metadata.len()).unwrap_or(0);
-                Split {
-                    id: format!("{}#{index}", table.name),
-                    table: table.clone(),
-                    descriptor: json!({"file": file, "bytes": size}),
-                    estimated_rows: 0,
-                }
+                Split::new(format!("{}#{index}", table.name), table.clone(), &FileSplit { file, bytes: size }, 0)
             })
             .collect())
     }
 
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
-        let path = PathBuf::from(split.descriptor.get("file").and_then(serde_json::Value::as_str).unwrap_or_default());
+        let path = split.read_descriptor::<FileSplit>()?.file;
         let file =
             File::open(&path).map_err(|error| io_error(Side::Source, format!("open {}", path.display()), error))?;
         let mut reader = FileReader {
@@ -396,9 +403,10 @@ impl Source for FileSource {
                 io_error(Side::Source, format!("read the header of {}", reader.path.display()), error)
             })?;
         }
-        let skip = resume_after
-            .and_then(|position| position.0.get("records").and_then(serde_json::Value::as_u64))
-            .unwrap_or(0);
+        let skip = match resume_after {
+            Some(position) => position.read::<RecordsPosition>(&split.id)?.records,
+            None => 0,
+        };
         while reader.records < skip {
             if reader.next_record()?.is_none() {
                 break;
@@ -466,7 +474,7 @@ impl Reader for FileReader {
         if changes.is_empty() && rejected.is_empty() {
             return Ok(None);
         }
-        let mut batch = Batch::new(changes, Position(json!({"records": self.records})));
+        let mut batch = Batch::new(changes, Position::of(&RecordsPosition { records: self.records }));
         batch.rejected = rejected;
         Ok(Some(batch))
     }

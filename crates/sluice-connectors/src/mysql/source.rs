@@ -22,6 +22,21 @@ use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, 
 
 const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_schema", "sys"];
 
+/// A MySQL split: the key tuples (JSON, as `keys_to_json` writes them) it starts strictly after
+/// and ends at, inclusive; none for the first split's start and the last split's end, so rows
+/// outside the bounds seen at planning are still copied.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KeyRange {
+    pub after: Option<serde_json::Value>,
+    pub through: Option<serde_json::Value>,
+}
+
+/// Where a snapshot read of a split resumes: strictly after this key tuple.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct KeyPosition {
+    pub key: Vec<serde_json::Value>,
+}
+
 /// How the change stream of a job reads the binlog.
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
@@ -316,7 +331,7 @@ impl Source for MysqlSource {
             .map(|(index, (after, through))| Split {
                 id: format!("{}#{index}", table.name),
                 table: table.clone(),
-                descriptor: json!({"after": after, "through": through}),
+                descriptor: serde_json::to_value(KeyRange { after, through }).expect("key ranges serialize"),
                 estimated_rows: estimated / count,
             })
             .collect())
@@ -325,11 +340,14 @@ impl Source for MysqlSource {
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
         let connection = self.read_connection().await?;
         let after = match resume_after {
-            Some(position) => Some(keys_from_json(position.0.get("key").unwrap_or(&serde_json::Value::Null))?),
+            Some(position) => {
+                Some(keys_from_json(&serde_json::Value::Array(position.read::<KeyPosition>(&split.id)?.key))?)
+            }
             None => None,
         };
-        let bound = |name: &str| -> Result<Option<Vec<mysql_async::Value>>> {
-            match split.descriptor.get(name) {
+        let range: KeyRange = split.read_descriptor()?;
+        let bound = |keys: &Option<serde_json::Value>| -> Result<Option<Vec<mysql_async::Value>>> {
+            match keys {
                 Some(keys @ serde_json::Value::Array(_)) => Ok(Some(keys_from_json(keys)?)),
                 _ => Ok(None),
             }
@@ -338,8 +356,8 @@ impl Source for MysqlSource {
             connection,
             server: self.server.clone(),
             table: split.table.clone(),
-            after: after.or(bound("after")?),
-            through: bound("through")?,
+            after: after.or(bound(&range.after)?),
+            through: bound(&range.through)?,
             batch_rows,
             finished: false,
         }))
@@ -844,7 +862,7 @@ impl Reader for MysqlReader {
             })
             .collect();
         self.after = Some(last_key);
-        let mut batch = Batch::counted(changes, Position(json!({"key": key_json})), bytes);
+        let mut batch = Batch::counted(changes, Position::of(&KeyPosition { key: key_json }), bytes);
         batch.rejected = rejected;
         Ok(Some(batch))
     }

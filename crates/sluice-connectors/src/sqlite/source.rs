@@ -75,11 +75,8 @@ impl Source for SqliteSource {
                 connection.query_row(&format!("SELECT min(rowid), max(rowid), count(*) FROM {quoted}"), [], |row| {
                     Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?, row.get::<_, u64>(2)?))
                 });
-            let split = |index: usize, descriptor: serde_json::Value, estimated_rows: u64| Split {
-                id: format!("{}#{index}", table.name),
-                table: table.clone(),
-                descriptor,
-                estimated_rows,
+            let split = |index: usize, descriptor: SqliteSplit, estimated_rows: u64| {
+                Split::new(format!("{}#{index}", table.name), table.clone(), &descriptor, estimated_rows)
             };
             match bounds {
                 Ok((Some(min), Some(max), count)) => {
@@ -92,17 +89,19 @@ impl Source for SqliteSource {
                         .map(|index| {
                             let from = (index > 0).then(|| (min as i128 + width * index as i128) as i64);
                             let to = (index + 1 < splits).then(|| (min as i128 + width * (index as i128 + 1)) as i64);
-                            split(index as usize, json!({"rowid_from": from, "rowid_to": to}), per_split)
+                            split(index as usize, SqliteSplit::Rowids { rowid_from: from, rowid_to: to }, per_split)
                         })
                         .collect())
                 }
-                Ok((_, _, count)) => Ok(vec![split(0, json!({"rowid_from": null, "rowid_to": null}), count)]),
+                Ok((_, _, count)) => {
+                    Ok(vec![split(0, SqliteSplit::Rowids { rowid_from: None, rowid_to: None }, count)])
+                }
                 // WITHOUT ROWID tables have no rowid: one split, paginated on the primary key.
                 Err(_) => {
                     let count: u64 = connection
                         .query_row(&format!("SELECT count(*) FROM {quoted}"), [], |row| row.get(0))
                         .map_err(|error| sqlite_error(error, Side::Source, &format!("count table {}", table.name)))?;
-                    Ok(vec![split(0, json!({"primary_key": true}), count)])
+                    Ok(vec![split(0, SqliteSplit::PrimaryKey { primary_key: true }, count)])
                 }
             }
         })
@@ -205,6 +204,27 @@ struct ChunkReader {
     finished: bool,
 }
 
+/// A SQLite split: a rowid range (bounds inclusive; none at the ends), or, for a `WITHOUT ROWID`
+/// table, the whole table in primary-key order.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+enum SqliteSplit {
+    PrimaryKey { primary_key: bool },
+    Rowids { rowid_from: Option<i64>, rowid_to: Option<i64> },
+}
+
+/// Where a rowid read resumes: after this rowid.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RowidPosition {
+    rowid: Option<i64>,
+}
+
+/// Where a primary-key read resumes: after this key (its values as JSON).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct KeyPosition {
+    key: Option<Vec<serde_json::Value>>,
+}
+
 impl ChunkReader {
     fn new(
         connection: Connection,
@@ -212,16 +232,22 @@ impl ChunkReader {
         resume_after: Option<Position>,
         batch_rows: usize,
     ) -> Result<ChunkReader> {
-        let descriptor = &split.descriptor;
-        let cursor = if descriptor.get("primary_key").is_some() {
-            let after = resume_after
-                .map(|position| position.0.get("key").and_then(|key| key.as_array().cloned()).unwrap_or_default());
-            Cursor::Key { after }
-        } else {
-            let resume = resume_after.and_then(|position| position.0.get("rowid").and_then(serde_json::Value::as_i64));
-            // The lower bound is inclusive; "after" is exclusive.
-            let from = descriptor.get("rowid_from").and_then(serde_json::Value::as_i64).map(|from| from - 1);
-            Cursor::Rowid { after: resume.or(from), to: descriptor.get("rowid_to").and_then(serde_json::Value::as_i64) }
+        let cursor = match split.read_descriptor::<SqliteSplit>()? {
+            SqliteSplit::PrimaryKey { .. } => {
+                let after = match resume_after {
+                    Some(position) => position.read::<KeyPosition>(&split.id)?.key,
+                    None => None,
+                };
+                Cursor::Key { after }
+            }
+            SqliteSplit::Rowids { rowid_from, rowid_to } => {
+                let resume = match resume_after {
+                    Some(position) => position.read::<RowidPosition>(&split.id)?.rowid,
+                    None => None,
+                };
+                // The lower bound is inclusive; "after" is exclusive.
+                Cursor::Rowid { after: resume.or(rowid_from.map(|from| from - 1)), to: rowid_to }
+            }
         };
         Ok(ChunkReader { connection, table: split.table.clone(), cursor, batch_rows, finished: false })
     }
@@ -328,11 +354,11 @@ impl ChunkReader {
         let position = match &mut self.cursor {
             Cursor::Rowid { after, .. } => {
                 *after = last_rowid;
-                Position(json!({"rowid": last_rowid}))
+                Position::of(&RowidPosition { rowid: last_rowid })
             }
             Cursor::Key { after } => {
                 *after = last_key.clone();
-                Position(json!({"key": last_key}))
+                Position::of(&KeyPosition { key: last_key })
             }
         };
         let mut batch = Batch::new(changes, position);
