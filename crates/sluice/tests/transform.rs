@@ -34,6 +34,21 @@ fn start(workspace: &Workspace, job: &Path) -> (Guard, PathBuf) {
     (Guard::new(child), log)
 }
 
+/// Runs `sluice ARGS` against the test servers (with the mask salt): its exit code, its
+/// standard output, and both outputs together.
+fn sluice(workspace: &Workspace, arguments: &[&str]) -> (Option<i32>, String, String) {
+    let output = workspace
+        .command(arguments)
+        .env("SOURCE", mysql_url())
+        .env("TARGET", postgres_url())
+        .env("MASK_SALT", SALT)
+        .output()
+        .expect("sluice runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let all = stdout.clone() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code(), stdout, all)
+}
+
 /// Waits until the stream's checkpoint is at the source's position now, then stops the run
 /// (SIGTERM, a stream's normal end) and returns what it logged.
 fn converge_and_stop(mut child: Guard, log: &Path, job: &str) -> String {
@@ -202,16 +217,8 @@ fn a_filtered_masked_copy_equals_the_rules_computed_independently() {
     );
 
     // `check` and `schema` show the transformed target.
-    let checked = workspace
-        .command(&["check", job.to_str().unwrap()])
-        .env("SOURCE", mysql_url())
-        .env("TARGET", postgres_url())
-        .env("MASK_SALT", SALT)
-        .output()
-        .expect("check runs");
-    let checked_text =
-        String::from_utf8_lossy(&checked.stdout).into_owned() + &String::from_utf8_lossy(&checked.stderr);
-    assert!(checked.status.success(), "{checked_text}");
+    let (code, _, checked_text) = sluice(&workspace, &["check", job.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{checked_text}");
     assert!(
         checked_text.contains(&format!(
             "{database}.people → {namespace}.people (transform[0]): id, name, contact, cents, country; filtered"
@@ -219,15 +226,8 @@ fn a_filtered_masked_copy_equals_the_rules_computed_independently() {
         "{checked_text}"
     );
     assert!(!checked_text.contains(SALT), "the salt never prints:\n{checked_text}");
-    let schema = workspace
-        .command(&["schema", job.to_str().unwrap()])
-        .env("SOURCE", mysql_url())
-        .env("TARGET", postgres_url())
-        .env("MASK_SALT", SALT)
-        .output()
-        .expect("schema runs");
-    let schema_text = String::from_utf8_lossy(&schema.stdout).into_owned();
-    assert!(schema.status.success(), "{schema_text}{}", String::from_utf8_lossy(&schema.stderr));
+    let (code, schema_text, all) = sluice(&workspace, &["schema", job.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{all}");
     assert!(
         schema_text.contains("\"contact\"") && schema_text.contains("\"cents\"") && !schema_text.contains("\"email\""),
         "{schema_text}"
@@ -293,26 +293,14 @@ fn a_broken_rule_is_named_with_its_line_by_check() {
              target:\n  type: postgres\n  url: ${{TARGET}}\ntransform:\n  - source_table: \"{database}\\\\.t\"\n    projection: \"v, missing\"\n    filter: \"v >\"\n"
         ),
     );
-    let checked = workspace
-        .command(&["check", job.to_str().unwrap()])
-        .env("SOURCE", mysql_url())
-        .env("TARGET", postgres_url())
-        .output()
-        .expect("check runs");
-    let text = String::from_utf8_lossy(&checked.stdout).into_owned() + &String::from_utf8_lossy(&checked.stderr);
-    assert_eq!(checked.status.code(), Some(2), "a syntax error is a bad job file:\n{text}");
+    let (code, _, text) = sluice(&workspace, &["check", job.to_str().unwrap()]);
+    assert_eq!(code, Some(2), "a syntax error is a bad job file:\n{text}");
     assert!(text.contains("transform[0].filter (line 13): not a valid predicate"), "{text}");
 
     // Fixed syntax, wrong columns: `check` reaches the source and names each problem.
     std::fs::write(&job, std::fs::read_to_string(&job).unwrap().replace("v >", "v > 1")).unwrap();
-    let checked = workspace
-        .command(&["check", job.to_str().unwrap()])
-        .env("SOURCE", mysql_url())
-        .env("TARGET", postgres_url())
-        .output()
-        .expect("check runs");
-    let text = String::from_utf8_lossy(&checked.stdout).into_owned() + &String::from_utf8_lossy(&checked.stderr);
-    assert_eq!(checked.status.code(), Some(1), "{text}");
+    let (code, _, text) = sluice(&workspace, &["check", job.to_str().unwrap()]);
+    assert_eq!(code, Some(1), "{text}");
     assert!(
         text.contains("transform[0].projection (line 12): table") && text.contains("has no column `missing`"),
         "{text}"

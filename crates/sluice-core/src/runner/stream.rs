@@ -520,7 +520,7 @@ impl Applier<'_> {
         }
         self.open_transaction = true;
         let mode = self.runner.apply_mode(&self.checkpoint);
-        let first_source = changes.first().map(|change| change.table.name.clone());
+        let first_source = changes.first().map(|change| change.table.clone());
         let mut mapped = Vec::with_capacity(changes.len());
         let mut filtered = 0u64;
         for change in changes {
@@ -536,7 +536,7 @@ impl Applier<'_> {
         // The zero-date policy judges what reaches the target: a column the projection leaves
         // out, or a row the filter does, cannot fail it.
         if let Some(source) = first_source {
-            let adjusted = self.runner.adjust_zero_dates(mapped, &source)?;
+            let adjusted = self.runner.adjust_zero_dates(mapped, &source.name)?;
             if self.raw {
                 self.transaction_events += adjusted.len() as u64;
                 self.events.extend(adjusted);
