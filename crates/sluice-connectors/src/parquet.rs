@@ -18,7 +18,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{CheckItem, Checkpoint, Sink, TableTasks, Writer};
 
 use crate::file::{check_directory, Part};
 use sluice_core::{DataType, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
@@ -254,6 +254,16 @@ impl Sink for ParquetSink {
         Ok(())
     }
 
+    /// Removes the tables' parts: a part is its split's checkpoint.
+    async fn reset(&self, _job: &str, tables: &[TableTasks]) -> Result<()> {
+        for table in tables {
+            for task in &table.tasks {
+                Part::new(&self.directory, &table.table, task, "parquet").remove()?;
+            }
+        }
+        Ok(())
+    }
+
     async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         let part = Part::new(&self.directory, &table.name, task, "parquet");
         Ok(Box::new(ParquetWriter { table, part, writer: None }))
@@ -339,6 +349,11 @@ impl Writer for ParquetWriter {
         let path = self.part.temporary_path().display().to_string();
         let file = writer.into_inner().map_err(|error| io_error(format!("finish {path}"), error))?;
         self.part.publish(&file)?;
+        Ok(())
+    }
+
+    /// `recover` already started the part over.
+    async fn replace_all(&mut self) -> Result<()> {
         Ok(())
     }
 }

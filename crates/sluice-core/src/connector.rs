@@ -21,13 +21,23 @@ pub struct Split {
     pub descriptor: serde_json::Value,
     /// Rows the source expects in the split, for progress and ETA; 0 when unknown.
     pub estimated_rows: u64,
+    /// The split is read in one pass and cannot resume part-way (a table with no key to resume
+    /// by): it is the table's only split, and a task that finds an earlier attempt's rows in the
+    /// target replaces them (`Writer::replace_all`) as it copies the split again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole: bool,
 }
 
 impl Split {
     /// A split of `table` with the connector's typed descriptor.
     pub fn new(id: String, table: Arc<TableSchema>, descriptor: &impl Serialize, estimated_rows: u64) -> Split {
         let descriptor = serde_json::to_value(descriptor).expect("split descriptors serialize");
-        Split { id, table, descriptor, estimated_rows }
+        Split { id, table, descriptor, estimated_rows, whole: false }
+    }
+
+    /// The same split, read in one pass and copied again whole after a failure.
+    pub fn read_whole(self) -> Split {
+        Split { whole: true, ..self }
     }
 
     /// The descriptor as the connector's type. One that does not read (a plan made by another
@@ -287,6 +297,75 @@ pub trait Reader: Send {
     }
 }
 
+/// A target table and the tasks (split ids) whose checkpoints vouch for its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableTasks {
+    pub table: TableName,
+    pub tasks: Vec<String>,
+}
+
+impl TableTasks {
+    /// Each target table of a plan with the splits written into it.
+    pub fn of(plan: &crate::state::Plan) -> Vec<TableTasks> {
+        let mut tables: Vec<TableTasks> = Vec::new();
+        for planned in &plan.tables {
+            let tasks = planned.splits.iter().map(|split| split.id.clone());
+            match tables.iter_mut().find(|known| known.table == planned.target) {
+                Some(known) => known.tasks.extend(tasks),
+                None => tables.push(TableTasks { table: planned.target.clone(), tasks: tasks.collect() }),
+            }
+        }
+        tables
+    }
+}
+
+/// Whether a table's checkpoints still describe the table a target holds
+/// (`Sink::verify_checkpoints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// They do (or there are none).
+    Holds,
+    /// They must be forgotten, so the table's splits are copied again: the table is empty
+    /// although they say rows were written (emptied, or dropped and created again).
+    Forget,
+    /// It is another table than they were written against (created again), and it holds rows.
+    Replaced,
+}
+
+impl Binding {
+    /// Judges a table from the rows its checkpoints say were written, the identity recorded
+    /// when they were last checked (`bound`), its identity now (a target's own notion: an OID,
+    /// a table id; `None` when the target cannot tell), and whether it holds rows.
+    pub fn judge(rows_claimed: u64, bound: Option<&str>, identity: Option<&str>, has_rows: bool) -> Binding {
+        let other_table = matches!((bound, identity), (Some(bound), Some(identity)) if bound != identity);
+        if rows_claimed == 0 || (!other_table && has_rows) {
+            Binding::Holds
+        } else if has_rows {
+            Binding::Replaced
+        } else {
+            Binding::Forget
+        }
+    }
+}
+
+/// The error for target tables replaced, outside the job, by tables holding other rows than the
+/// job's checkpoints describe.
+pub fn replaced_tables(job: &str, tables: &[String]) -> Error {
+    Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "{} {} not the table{} job {job} copied into: {} created again since and {} rows the job's checkpoints do not describe",
+            tables.join(", "),
+            if tables.len() == 1 { "is" } else { "are" },
+            if tables.len() == 1 { "" } else { "s" },
+            if tables.len() == 1 { "it was" } else { "they were" },
+            if tables.len() == 1 { "holds" } else { "hold" },
+        ),
+    )
+    .on(Side::Target)
+    .hint("to copy everything again into emptied tables run `sluice run --restart` (or `sluice reset` first); to copy only these, drop or empty them and run again")
+}
+
 /// A place data is written to.
 #[async_trait]
 pub trait Sink: Send + Sync {
@@ -315,6 +394,26 @@ pub trait Sink: Send + Sync {
     async fn finish(&self, _tables: &[TableSchema]) -> Result<()> {
         Ok(())
     }
+
+    /// Judges whether the checkpoints of each table's tasks still describe the table the target
+    /// holds (`Binding::judge`: a table emptied, or dropped and created again, outside the job
+    /// since they were written), and records the identity of each table whose checkpoints hold,
+    /// for the next run. Changes no checkpoint. Called once per run after `prepare`, before any
+    /// writer opens; a target whose checkpoints are its data (whole files) has nothing to judge
+    /// and answers nothing.
+    async fn verify_checkpoints(&self, _job: &str, _tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
+        Ok(Vec::new())
+    }
+
+    /// Forgets the checkpoints of these tables' tasks, so their splits are copied again, and
+    /// records the tables' identity now.
+    async fn forget_checkpoints(&self, _job: &str, _tables: &[TableTasks]) -> Result<()> {
+        Ok(())
+    }
+
+    /// Forgets every checkpoint of `job` (the stream's too) and empties `tables`, so that the
+    /// job's next run copies everything again (`sluice run --restart`, `sluice reset`).
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()>;
 
     /// Takes the job's fence in the target for this sink's epoch (a sink built with a `Fence`):
     /// from then on a commit of an older epoch fails with `ErrorKind::Fenced`. Called once when a
@@ -349,7 +448,9 @@ pub trait ChangeWriter: Send {
 
     /// Deletes the rows with these primary keys. With `expect_all`, a key with no row is an
     /// `ErrorKind::Conflict` error naming the table and the key; without it, missing rows are
-    /// fine (the replay of changes a snapshot may already hold).
+    /// fine (the replay of changes a snapshot may already hold). For a table without a primary
+    /// key each "key" is a whole row and deletes one row equal to it in every column, so a row
+    /// listed twice deletes two of its duplicates.
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()>;
 
     /// Inserts rows. A row whose primary key exists is an `ErrorKind::Conflict` error naming the
@@ -408,4 +509,11 @@ pub trait Writer: Send {
     /// Makes everything staged durable together with `checkpoint`. When it returns `Ok`, the
     /// data and the checkpoint are both durable; on `Err`, neither is.
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// Stages the removal of every row of this task's table, which the next `commit` makes
+    /// durable with the first rows copied again: a split read whole (`Split::whole`) whose
+    /// earlier attempt committed part of it starts over this way, so no row is copied twice.
+    /// Transactional targets delete in the open transaction; a file target, which starts a
+    /// split's part over at `recover`, has nothing to remove.
+    async fn replace_all(&mut self) -> Result<()>;
 }

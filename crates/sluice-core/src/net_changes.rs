@@ -7,6 +7,11 @@
 //! table: few statements whatever the transactions' shape, and per-key order kept by
 //! construction. An update that changes the primary key becomes a delete of the old key and an
 //! insert of the new one.
+//!
+//! A table without a primary key is a multiset of rows: a row is known by all of its values, and
+//! the group's changes fold into how many copies of each row came or went. Applying them deletes
+//! that many matching rows (one per copy) and inserts the new copies; a duplicate row stays a
+//! duplicate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,9 +34,23 @@ struct TableChanges {
     table: Arc<TableSchema>,
     positions: HashMap<String, usize>,
     entries: Vec<Entry>,
+    /// A table without a primary key: each distinct row and how many copies came (positive) or
+    /// went (negative), in order of first appearance.
+    copies: Vec<(Row, i64)>,
 }
 
 impl TableChanges {
+    /// Counts `change` copies of `row` in (a keyless table).
+    fn count(&mut self, row: Row, change: i64) {
+        let text = format!("{row:?}");
+        let next = self.copies.len();
+        let index = *self.positions.entry(text).or_insert(next);
+        if index == next {
+            self.copies.push((row, 0));
+        }
+        self.copies[index].1 += change;
+    }
+
     fn entry(&mut self, key: Row, existed: bool) -> &mut Entry {
         let text = format!("{key:?}");
         let index = *self.positions.entry(text).or_insert_with(|| {
@@ -81,14 +100,6 @@ impl NetChanges {
     /// stream assumes.
     pub fn add(&mut self, change: Change, mode: ApplyMode) -> Result<()> {
         let table = &change.table;
-        if table.primary_key.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Schema,
-                format!("table {} has no primary key, which change data capture needs to apply changes", table.name),
-            )
-            .on(Side::Source)
-            .hint("add a primary key (or a unique NOT NULL key) to the table, or exclude it from source.tables"));
-        }
         // The same table under the same schema; a schema change comes with a flush before it.
         let same = |known: &TableChanges| {
             Arc::ptr_eq(&known.table, table) || (known.table.name == table.name && known.table.columns == table.columns)
@@ -96,11 +107,30 @@ impl NetChanges {
         let position = match self.tables.iter().position(same) {
             Some(position) => position,
             None => {
-                self.tables.push(TableChanges { table: table.clone(), positions: HashMap::new(), entries: Vec::new() });
+                self.tables.push(TableChanges {
+                    table: table.clone(),
+                    positions: HashMap::new(),
+                    entries: Vec::new(),
+                    copies: Vec::new(),
+                });
                 self.tables.len() - 1
             }
         };
         self.changes += 1;
+        if table.primary_key.is_empty() {
+            // Rows known by their values: the copies that came and went, whatever the mode (the
+            // stream applies a keyless table's changes only past its copy).
+            let copies = &mut self.tables[position];
+            match change.kind {
+                ChangeKind::Insert { after } => copies.count(after, 1),
+                ChangeKind::Delete { before } => copies.count(before, -1),
+                ChangeKind::Update { before, after } => {
+                    copies.count(before, -1);
+                    copies.count(after, 1);
+                }
+            }
+            return Ok(());
+        }
         self.replay |= mode == ApplyMode::Replay;
         let key_of = |row: &Row| -> Row { table.primary_key.iter().map(|&index| row[index].clone()).collect() };
         let table_changes = &mut self.tables[position];
@@ -166,6 +196,14 @@ impl NetChanges {
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
         for (changes, target) in tables.iter().zip(&targets) {
+            if !changes.copies.is_empty() {
+                // A keyless table: one matching row per copy that went, each must exist.
+                let gone: Vec<Row> = copies(&changes.copies, |count| -count);
+                if !gone.is_empty() {
+                    writer.delete(target, &gone, true).await?;
+                }
+                continue;
+            }
             let keys: Vec<Row> = changes
                 .entries
                 .iter()
@@ -177,7 +215,8 @@ impl NetChanges {
             }
         }
         for (changes, target) in tables.into_iter().zip(&targets) {
-            let rows: Vec<Row> = changes.entries.into_iter().filter_map(|entry| entry.row).collect();
+            let mut rows: Vec<Row> = copies(&changes.copies, |count| count);
+            rows.extend(changes.entries.into_iter().filter_map(|entry| entry.row));
             if !rows.is_empty() {
                 writer.insert(target, &rows).await?;
             }
@@ -186,12 +225,22 @@ impl NetChanges {
     }
 }
 
+/// Each row repeated as many times as `wanted` of its count says (none when not positive).
+fn copies(counted: &[(Row, i64)], wanted: impl Fn(i64) -> i64) -> Vec<Row> {
+    counted.iter().flat_map(|(row, count)| std::iter::repeat_n(row, wanted(*count).max(0) as usize)).cloned().collect()
+}
+
 /// The error for keys the source changed but the target does not hold.
 pub fn missing_rows(table: &TableSchema, missing: &[&Row]) -> Error {
-    let key_table = TableSchema {
-        primary_key: (0..table.primary_key.len()).collect(),
-        columns: table.primary_key.iter().map(|&index| table.columns[index].clone()).collect(),
-        ..table.clone()
+    // A keyless table's "keys" are whole rows.
+    let key_table = if table.primary_key.is_empty() {
+        table.clone()
+    } else {
+        TableSchema {
+            primary_key: (0..table.primary_key.len()).collect(),
+            columns: table.primary_key.iter().map(|&index| table.columns[index].clone()).collect(),
+            ..table.clone()
+        }
     };
     let keys: Vec<String> = missing.iter().take(5).map(|key| key_text(&key_table, key)).collect();
     Error::new(
@@ -224,6 +273,7 @@ mod tests {
             columns: vec![column("id"), column("v")],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         })
     }
 
@@ -421,10 +471,58 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_table_without_a_primary_key_is_refused() {
+    /// A keyless table in memory: a multiset, one matching row deleted per key.
+    #[derive(Default)]
+    struct KeylessTarget {
+        rows: Vec<Row>,
+    }
+
+    #[async_trait]
+    impl ChangeWriter for KeylessTarget {
+        async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+            Ok(None)
+        }
+        async fn delete(&mut self, _table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+            for key in keys {
+                match self.rows.iter().position(|row| row == key) {
+                    Some(index) => drop(self.rows.remove(index)),
+                    None if expect_all => return Err(Error::new(ErrorKind::Conflict, format!("{key:?} is missing"))),
+                    None => {}
+                }
+            }
+            Ok(())
+        }
+        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<()> {
+            self.rows.extend(rows.iter().cloned());
+            Ok(())
+        }
+        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_keyless_table_folds_as_a_multiset_and_duplicates_stay_duplicates() {
         let keyless = Arc::new(TableSchema { primary_key: Vec::new(), ..(*table()).clone() });
-        let error = NetChanges::default().add(Change::insert(keyless, row(1, 1)), ApplyMode::Strict).unwrap_err();
-        assert!(error.to_string().contains("no primary key"), "{error}");
+        let insert = |v| Change::insert(keyless.clone(), row(1, v));
+        let delete = |v| Change { table: keyless.clone(), kind: ChangeKind::Delete { before: row(1, v) } };
+        let update = |from, to| Change {
+            table: keyless.clone(),
+            kind: ChangeKind::Update { before: row(1, from), after: row(1, to) },
+        };
+        let mut target = KeylessTarget { rows: vec![row(1, 1), row(1, 1), row(1, 2)] };
+        let mut net = NetChanges::default();
+        // Of two equal rows one goes; one is updated and back again; a duplicate comes.
+        for change in [delete(1), update(2, 3), update(3, 2), insert(4), insert(4), delete(4)] {
+            net.add(change, ApplyMode::Replay).unwrap();
+        }
+        net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
+        target.rows.sort_by_key(|row| format!("{row:?}"));
+        assert_eq!(target.rows, vec![row(1, 1), row(1, 2), row(1, 4)]);
+        // A row that is not there to delete stops the stream, replay or not.
+        let mut net = NetChanges::default();
+        net.add(delete(9), ApplyMode::Replay).unwrap();
+        let error = net.apply(&mut target, &mut |table| table.clone()).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Conflict);
     }
 }

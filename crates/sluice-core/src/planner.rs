@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::connector::{Sink, Source, SplitHint};
+use crate::connector::{replaced_tables, Binding, Sink, Source, SplitHint, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
@@ -69,9 +69,15 @@ impl Planner {
         let split = self.job.mode != Mode::Cdc;
         let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
         if tables.is_empty() {
-            return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
-                .on(Side::Source)
-                .hint("check the include and exclude globs and that the tables exist"));
+            if self.job.mode == Mode::Snapshot {
+                return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
+                    .on(Side::Source)
+                    .hint("check the include and exclude globs and that the tables exist"));
+            }
+            // A stream takes in the tables its log creates: nothing to copy yet is no error.
+            log::warn!(
+                "no table matches `source.tables` yet; the stream takes in matching tables as the source creates them"
+            );
         }
         let previous = previous.unwrap_or_default();
         // Captured once, on first planning: a resumed run keeps the position of the snapshot
@@ -109,6 +115,7 @@ impl Planner {
             };
             plan.tables.push(planned);
         }
+        refuse_whole_merges(&plan)?;
         Ok(Planned { plan, targets })
     }
 
@@ -134,4 +141,67 @@ impl Planner {
         };
         retry::retrying(&self.job.retry, what, stopped, pause, step).await
     }
+}
+
+/// A table read whole (no key) is copied again by emptying its target table, which must then
+/// hold that table's rows alone: such tables cannot be merged with others. Every one is named.
+fn refuse_whole_merges(plan: &Plan) -> Result<()> {
+    let mut sources: BTreeMap<&TableName, Vec<&TableName>> = BTreeMap::new();
+    for planned in &plan.tables {
+        if let Some(split) = planned.splits.first() {
+            sources.entry(&planned.target).or_default().push(&split.table.name);
+        }
+    }
+    let problems: Vec<String> = plan
+        .tables
+        .iter()
+        .filter(|planned| planned.splits.iter().any(|split| split.whole))
+        .filter(|planned| sources.get(&planned.target).is_some_and(|merged| merged.len() > 1))
+        .map(|planned| format!("{} (into {})", planned.splits[0].table.name, planned.target))
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!("tables without a key cannot be merged with other tables by a route: {}", problems.join(", ")),
+    )
+    .hint("give them a primary key, or route each to a target table of its own"))
+}
+
+/// Forgets the checkpoints of target tables emptied or created again outside the job, so their
+/// splits are copied again; a table created again that holds other rows stops the job, every
+/// such table named. Once a job's change stream has committed, the stream owns the tables' rows
+/// (a source may empty a table, DDL may re-create one) and the copy's checkpoints no longer
+/// describe them: nothing is judged, and a target changed outside the job shows as rows the
+/// stream finds missing or present.
+pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {
+    if job.mode != Mode::Snapshot {
+        let mut writer = sink.open_changes(&job.name, crate::runner::STREAM_TASK).await?;
+        if writer.recover().await?.is_some() {
+            return Ok(());
+        }
+    }
+    let judged = sink.verify_checkpoints(&job.name, tables).await?;
+    let named = |wanted: Binding| -> Vec<String> {
+        judged.iter().filter(|(_, binding)| *binding == wanted).map(|(table, _)| table.to_string()).collect()
+    };
+    let replaced = named(Binding::Replaced);
+    if !replaced.is_empty() {
+        return Err(replaced_tables(&job.name, &replaced));
+    }
+    let names = named(Binding::Forget);
+    if names.is_empty() {
+        return Ok(());
+    }
+    let forgotten: Vec<TableTasks> =
+        tables.iter().filter(|table| names.contains(&table.table.to_string())).cloned().collect();
+    sink.forget_checkpoints(&job.name, &forgotten).await?;
+    log::warn!(
+        "{} {} emptied or created again in the target since the job copied it: {} copied again",
+        names.join(", "),
+        if names.len() == 1 { "was" } else { "were" },
+        if names.len() == 1 { "it is" } else { "they are" }
+    );
+    Ok(())
 }

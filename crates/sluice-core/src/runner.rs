@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 
 use crate::change::{Batch, Position};
-use crate::connector::{Checkpoint, Sink, Source, Split};
+use crate::connector::{Checkpoint, Sink, Source, Split, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::planner::Planner;
 use crate::retry;
@@ -82,6 +82,11 @@ pub struct Runner {
     mappings: Mutex<BTreeMap<TableName, Arc<TableMapping>>>,
     /// Target tables that more than one source table is merged into.
     shared_targets: Mutex<std::collections::BTreeSet<TableName>>,
+    /// The plan's splits read whole (tables without a key): the stream applies their tables'
+    /// changes only past the source position their copy was read at.
+    whole_splits: Mutex<Vec<Split>>,
+    /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
+    restart: bool,
 }
 
 impl std::fmt::Debug for Runner {
@@ -116,6 +121,8 @@ impl Runner {
             transforms,
             mappings: Mutex::new(BTreeMap::new()),
             shared_targets: Mutex::new(Default::default()),
+            whole_splits: Mutex::new(Vec::new()),
+            restart: false,
         }
     }
 
@@ -129,6 +136,13 @@ impl Runner {
     /// leader made (and whose target tables the leader prepared), discovering nothing.
     pub fn with_plan(mut self, plan: Plan) -> Runner {
         self.given_plan = Some(plan);
+        self
+    }
+
+    /// Runs the job from scratch (`sluice run --restart`): a new plan and snapshot position, the
+    /// target's tables of the job emptied and its checkpoints forgotten, here and in the target.
+    pub fn restarting(mut self) -> Runner {
+        self.restart = true;
         self
     }
 
@@ -172,6 +186,9 @@ impl Runner {
         let (mut plan, mut targets, planned_here) = match &self.given_plan {
             Some(plan) => (plan.clone(), self.targets_of(plan)?, false),
             None => {
+                if self.restart {
+                    self.state.forget(&self.job.name)?;
+                }
                 let previous = self.state.load_plan(&self.job.name)?;
                 let planned = Planner::new(self.job.clone(), self.source.clone(), self.sink.clone())
                     .stopping_on(self.stop.clone())
@@ -211,6 +228,17 @@ impl Runner {
         }
         if planned_here {
             self.sink.prepare(&targets).await?;
+            let mut tables = TableTasks::of(&plan);
+            if self.restart {
+                // A `cdc` job copies nothing: its tables are not its own to empty.
+                if self.job.mode == Mode::Cdc {
+                    tables.clear();
+                }
+                log::warn!("restart: emptying the job's {} target tables and forgetting its checkpoints", tables.len());
+                self.sink.reset(&self.job.name, &tables).await?;
+            } else {
+                crate::planner::verify_checkpoints(&self.job, &*self.sink, &tables).await?;
+            }
         }
         let copy_only = matches!(self.scope, Scope::Tables(_) | Scope::Splits(_));
         if (snapshot || copy_only) && !matches!(self.scope, Scope::Stream(_)) {
@@ -325,6 +353,8 @@ impl Runner {
         }
         lock(&self.shared_targets)
             .extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
+        *lock(&self.whole_splits) =
+            plan.tables.iter().flat_map(|planned| &planned.splits).filter(|split| split.whole).cloned().collect();
     }
 
     fn should_stop(&self) -> bool {
@@ -372,6 +402,17 @@ impl Runner {
             TableStats::add(&stats.splits_done, 1);
             self.resumed_done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(());
+        }
+        if split.whole && recovered.is_some() {
+            // A split read whole cannot resume: what an earlier attempt committed goes with the
+            // first commit of this one.
+            log::info!(
+                "task {}: an earlier attempt copied part of this keyless table; copying it again whole",
+                split.id
+            );
+            writer.replace_all().await?;
+            rows_written = 0;
+            position = None;
         }
         TableStats::add(&stats.rows_expected, split.estimated_rows.saturating_sub(rows_written));
         let reader = self.source.open(split, position.as_ref(), self.job.limits.batch_rows).await?;
@@ -566,6 +607,7 @@ mod tests {
             columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         })
     }
 
@@ -593,6 +635,7 @@ mod tests {
                     table: table.clone(),
                     descriptor: json!([from, to]),
                     estimated_rows: (to - from + 1) as u64,
+                    whole: false,
                 })
                 .collect())
         }
@@ -673,6 +716,9 @@ mod tests {
         async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
             Ok(())
         }
+        async fn reset(&self, _job: &str, _tables: &[crate::connector::TableTasks]) -> Result<()> {
+            Ok(())
+        }
         async fn open(&self, _job: &str, task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
             Ok(Box::new(MemoryWriter { target: self.0.clone(), task: task.to_owned(), staged: Vec::new() }))
         }
@@ -704,6 +750,9 @@ mod tests {
             let mut committed = self.target.committed.lock().unwrap();
             committed.0.append(&mut self.staged);
             committed.1.insert(self.task.clone(), checkpoint.clone());
+            Ok(())
+        }
+        async fn replace_all(&mut self) -> Result<()> {
             Ok(())
         }
     }

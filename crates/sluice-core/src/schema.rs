@@ -99,13 +99,74 @@ pub struct Column {
     /// keeps so keys compare (and stay unique) as they did at the source.
     #[serde(default)]
     pub collation: Option<String>,
+    /// What the source says of the column beyond its type, for a target that carries the
+    /// schema of a migration.
+    #[serde(default, skip_serializing_if = "ColumnDetails::is_empty")]
+    pub details: ColumnDetails,
 }
 
 impl Column {
     /// A column known only by its name and type: no source type name, no collation (columns
     /// read from files, and tables built by tests).
     pub fn new(name: impl Into<String>, data_type: DataType, nullable: bool) -> Column {
-        Column { name: name.into(), data_type, nullable, native_type: String::new(), collation: None }
+        Column {
+            name: name.into(),
+            data_type,
+            nullable,
+            native_type: String::new(),
+            collation: None,
+            details: ColumnDetails::default(),
+        }
+    }
+}
+
+/// A column's definition beyond its type, as the source states it, in the source's SQL dialect
+/// (`TableDetails::dialect`): a target of that dialect writes it as it is, another translates
+/// what has a meaning to it (docs/types.md, "Schema").
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ColumnDetails {
+    /// The default as the source's DDL writes it: a literal (`'abc'`, `42`, `NULL`) or an
+    /// expression (`current_timestamp()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+    /// An insert that gives no value takes the next one of the table's counter (MySQL
+    /// AUTO_INCREMENT).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_increment: bool,
+    /// What an update sets the column to (MySQL `ON UPDATE current_timestamp()`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_update: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+impl ColumnDetails {
+    pub fn is_empty(&self) -> bool {
+        *self == ColumnDetails::default()
+    }
+}
+
+/// A table's definition beyond its columns and keys, as the source states it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TableDetails {
+    /// The SQL dialect of the columns' `native_type` and details (`mysql`): a target of the same
+    /// dialect creates the columns with the source's own types.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// The table's default collation (MySQL), for the text columns that name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collation: Option<String>,
+    /// The next value of the table's counter when it was described (MySQL AUTO_INCREMENT): a
+    /// target's counter is set at least this far once the rows are in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_auto_increment: Option<u64>,
+}
+
+impl TableDetails {
+    pub fn is_empty(&self) -> bool {
+        *self == TableDetails::default()
     }
 }
 
@@ -119,6 +180,9 @@ pub struct TableSchema {
     /// Secondary indexes, built by targets after the table's rows are loaded.
     #[serde(default)]
     pub indexes: Vec<Index>,
+    /// What the source says of the table beyond its columns and keys.
+    #[serde(default, skip_serializing_if = "TableDetails::is_empty")]
+    pub details: TableDetails,
 }
 
 /// A secondary index: its name in the source, its columns (indexes into `columns`, in order) and
@@ -133,7 +197,13 @@ pub struct Index {
 impl TableSchema {
     /// A table known by its name only (no columns yet).
     pub fn named(name: TableName) -> TableSchema {
-        TableSchema { name, columns: Vec::new(), primary_key: Vec::new(), indexes: Vec::new() }
+        TableSchema {
+            name,
+            columns: Vec::new(),
+            primary_key: Vec::new(),
+            indexes: Vec::new(),
+            details: TableDetails::default(),
+        }
     }
 
     pub fn column_index(&self, name: &str) -> Option<usize> {
@@ -254,6 +324,7 @@ mod tests {
             columns: vec![column("id"), column("a2"), column("b"), column("new")],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         };
         let renamed = vec![("a".to_owned(), "a2".to_owned())];
         let retyped = vec!["b".to_owned()];

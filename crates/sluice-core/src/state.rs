@@ -61,6 +61,10 @@ pub trait StateStore: Send + Sync {
 
     /// The last status saved for a job's change stream.
     fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>>;
+
+    /// Forgets a job's plan, checkpoint copies, dirty records and stream status (a restart from
+    /// scratch); its run history stays.
+    fn forget(&self, job: &str) -> Result<()>;
 }
 
 /// A state store in memory, for tests.
@@ -155,5 +159,14 @@ impl StateStore for MemoryStateStore {
 
     fn stream_status(&self, job: &str) -> Result<Option<serde_json::Value>> {
         Ok(self.lock().streams.get(job).cloned())
+    }
+
+    fn forget(&self, job: &str) -> Result<()> {
+        let mut state = self.lock();
+        state.plans.remove(job);
+        state.checkpoints.retain(|(owner, _), _| owner != job);
+        state.dirty.remove(job);
+        state.streams.remove(job);
+        Ok(())
     }
 }

@@ -112,6 +112,7 @@ mod tests {
             columns: vec![column("a", true), column("b", false)],
             primary_key: vec![],
             indexes: vec![],
+            details: Default::default(),
         });
         let zero = Value::Date(Date { year: 0, month: 0, day: 0 });
         let fine = Value::Date(Date { year: 2024, month: 1, day: 1 });

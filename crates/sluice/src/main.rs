@@ -65,6 +65,19 @@ enum Command {
         /// Also write the run summary as JSON to this file.
         #[arg(long)]
         summary_json: Option<PathBuf>,
+        /// Run the job from scratch: empty the target tables it copies into, forget its
+        /// checkpoints (in the target and the state directory) and plan it again.
+        #[arg(long)]
+        restart: bool,
+    },
+    /// Forget a job's progress so its next run starts from scratch: empty the target tables it
+    /// copies into, forget its checkpoints in the target and its plan in the state directory.
+    Reset {
+        /// The job file.
+        job: PathBuf,
+        /// The state directory of the job's runs.
+        #[arg(long, default_value = ".sluice")]
+        state_dir: PathBuf,
     },
     /// Preflight: validate the job file, reach the source and the target, check their settings.
     Check {
@@ -173,7 +186,8 @@ fn main() -> ExitCode {
     };
     let code = runtime.block_on(async {
         match cli.command {
-            Command::Run { job, state_dir, summary_json } => run(job, state_dir, summary_json).await,
+            Command::Run { job, state_dir, summary_json, restart } => run(job, state_dir, summary_json, restart).await,
+            Command::Reset { job, state_dir } => reset(job, state_dir).await,
             Command::Check { job } => check(job).await,
             Command::Schema { job, apply } => schema(job, apply).await,
             Command::Server(arguments) => server::serve(server_options(arguments)).await,
@@ -314,7 +328,40 @@ fn report(result: Result<Vec<CheckItem>, Error>) -> bool {
     }
 }
 
-async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -> u8 {
+/// `sluice reset`: the job's target tables emptied (a `cdc` job copies none: its tables are left
+/// alone), its checkpoints and plan forgotten.
+async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
+    let Some(job) = load(&path) else { return 2 };
+    let job = Arc::new(job);
+    let result = async {
+        let source = sluice_connectors::source(&job)?;
+        let sink = sluice_connectors::sink(&job)?;
+        let state = SqliteStateStore::open(&state_dir)?;
+        let previous = sluice_core::state::StateStore::load_plan(&state, &job.name)?;
+        let planned = sluice_core::planner::Planner::new(job.clone(), source, sink.clone()).plan(previous).await?;
+        sink.prepare(&planned.targets).await?;
+        let mut tables = sluice_core::connector::TableTasks::of(&planned.plan);
+        if job.mode == sluice_core::spec::Mode::Cdc {
+            tables.clear();
+        }
+        sink.reset(&job.name, &tables).await?;
+        sluice_core::state::StateStore::forget(&state, &job.name)?;
+        Ok::<_, Error>(tables.len())
+    }
+    .await;
+    match result {
+        Ok(emptied) => {
+            eprintln!(
+                "job {}: {emptied} target tables emptied, checkpoints and plan forgotten; its next run starts from scratch",
+                job.name
+            );
+            0
+        }
+        Err(error) => fail(&error),
+    }
+}
+
+async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let Some(job) = load(&path) else { return 2 };
     let job = Arc::new(job);
     let prepared = async {
@@ -352,7 +399,8 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>) -
         job.target.connector,
         state_dir.display()
     );
-    let runner = Arc::new(Runner::new(job.clone(), source, sink, state.clone(), stop_requested));
+    let runner = Runner::new(job.clone(), source, sink, state.clone(), stop_requested);
+    let runner = Arc::new(if restart { runner.restarting() } else { runner });
     let (display_done, display_wait) = watch::channel(false);
     let display = tokio::spawn(progress::display(runner.stats(), display_wait));
     let (summary, error) = runner.run().await;

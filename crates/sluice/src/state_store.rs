@@ -230,6 +230,18 @@ impl StateStore for SqliteStateStore {
             .map_err(|error| state_error("cannot read the stream status", error))?;
         Ok(text.and_then(|text| serde_json::from_str(&text).ok()))
     }
+
+    fn forget(&self, job: &str) -> Result<()> {
+        let connection = self.connection();
+        let forget = || -> rusqlite::Result<()> {
+            let transaction = connection.unchecked_transaction()?;
+            for table in ["plans", "checkpoints", "dirty_records", "stream_status"] {
+                transaction.execute(&format!("DELETE FROM {table} WHERE job = ?1"), [job])?;
+            }
+            transaction.commit()
+        };
+        forget().map_err(|error| state_error(&format!("cannot forget the state of job {job}"), error))
+    }
 }
 
 #[cfg(test)]

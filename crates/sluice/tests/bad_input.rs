@@ -321,34 +321,6 @@ fn missing_replication_privileges_are_named_by_check() {
 }
 
 #[test]
-fn change_capture_refuses_tables_without_a_primary_key_before_copying() {
-    let database = unique_name("keyless");
-    mariadb(&format!(
-        "CREATE DATABASE {database}; CREATE TABLE {database}.keyed (id INT PRIMARY KEY);
-         CREATE TABLE {database}.unique_only (id INT NOT NULL, UNIQUE KEY (id)); INSERT INTO {database}.unique_only VALUES (1);"
-    ));
-    let workspace = Workspace::new();
-    let job = workspace.write(
-        "job.yaml",
-        &format!(
-            "name: x\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: {}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: {}\n  namespace: {database}\n",
-            mysql_url(),
-            support::postgres_url()
-        ),
-    );
-    let run = workspace.sluice(&["run", job.to_str().unwrap()]);
-    run.assert_code(1);
-    assert!(
-        run.stderr.contains(&format!("{database}.unique_only has no primary key, which change data capture needs")),
-        "{}",
-        run.stderr
-    );
-    let copied =
-        support::psql(&format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}'"));
-    assert_eq!(copied.trim(), "0", "nothing was copied before the refusal");
-}
-
-#[test]
 fn names_longer_than_postgresql_allows_are_refused_all_at_once() {
     let database = unique_name("long");
     let table = "t".repeat(64);

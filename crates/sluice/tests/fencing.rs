@@ -19,6 +19,7 @@ fn table(namespace: &str) -> Arc<TableSchema> {
         columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
         primary_key: vec![0],
         indexes: Vec::new(),
+        details: Default::default(),
     })
 }
 

@@ -23,7 +23,7 @@ fn run(workspace: &Workspace, name: &str, database: &str, tables: &str, target: 
 }
 
 #[test]
-fn a_table_without_a_key_is_refused_by_name_and_a_unique_not_null_key_stands_in() {
+fn a_unique_not_null_key_stands_in_for_a_missing_primary_key_and_keyless_tables_copy_whole() {
     let database = unique_name("keys");
     mariadb(&format!(
         "CREATE DATABASE {database}; USE {database};
@@ -31,18 +31,9 @@ fn a_table_without_a_key_is_refused_by_name_and_a_unique_not_null_key_stands_in(
          CREATE TABLE unique_key (code VARCHAR(10) NOT NULL, v INT, UNIQUE KEY (code)); INSERT INTO unique_key VALUES ('b', 2), ('a', 1);"
     ));
     let workspace = Workspace::new();
-    let refused = run(&workspace, "refused", &database, &format!("[\"{database}.*\"]"), "postgres");
-    refused.assert_code(1);
-    assert!(
-        refused.stderr.contains(&format!("table {database}.keyless has no primary key and no unique NOT NULL key")),
-        "{}",
-        refused.stderr
-    );
-    assert!(refused.stderr.contains("exclude the table"), "{}", refused.stderr);
-
-    run(&workspace, "unique", &database, &format!("[\"{database}.*\", \"!{database}.keyless\"]"), "postgres")
-        .assert_code(0);
+    run(&workspace, "unique", &database, &format!("[\"{database}.*\"]"), "postgres").assert_code(0);
     assert_eq!(psql(&format!("SELECT code || v FROM {database}_unique.unique_key ORDER BY code")), "a1\nb2\n");
+    assert_eq!(psql(&format!("SELECT a || b FROM {database}_unique.keyless")), "1x\n1x\n");
 }
 
 #[test]

@@ -278,6 +278,7 @@ mod tests {
             ],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         }
     }
 

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, Writer};
+use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, TableTasks, Writer};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -129,6 +129,16 @@ impl Sink for FileSink {
         .await
     }
 
+    /// Removes the tables' parts: a part is its split's checkpoint.
+    async fn reset(&self, _job: &str, tables: &[TableTasks]) -> Result<()> {
+        for table in tables {
+            for task in &table.tasks {
+                Part::new(&self.directory, &table.table, task, self.format.extension()).remove()?;
+            }
+        }
+        Ok(())
+    }
+
     async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         Ok(Box::new(FileWriter {
             format: self.format,
@@ -208,6 +218,11 @@ impl Writer for FileWriter {
         let file = self.output.take().expect("opened above").into_inner().map_err(|error| error.into_error());
         let file = file.map_err(|error| io_error(Side::Target, format!("flush {path}"), error))?;
         self.part.publish(&file)?;
+        Ok(())
+    }
+
+    /// `recover` already started the part over.
+    async fn replace_all(&mut self) -> Result<()> {
         Ok(())
     }
 }
@@ -328,7 +343,13 @@ impl FileSource {
                 }
             }
         }
-        Ok(TableSchema { name: name.clone(), columns, primary_key: Vec::new(), indexes: Vec::new() })
+        Ok(TableSchema {
+            name: name.clone(),
+            columns,
+            primary_key: Vec::new(),
+            indexes: Vec::new(),
+            details: Default::default(),
+        })
     }
 }
 

@@ -43,6 +43,19 @@ impl Part {
         }
     }
 
+    /// Removes the part, whole or partial (a job reset).
+    pub(crate) fn remove(&self) -> Result<()> {
+        for path in [&self.final_path, &self.temporary_path] {
+            match fs::remove_file(path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io_error(Side::Target, format!("remove {}", path.display()), error))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Makes the written file durable and visible at once: sync it, rename it, sync the directory.
     pub(crate) fn publish(&self, file: &File) -> Result<()> {
         let path = self.temporary_path.display().to_string();

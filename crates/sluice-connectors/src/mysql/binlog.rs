@@ -562,10 +562,20 @@ impl BinlogChangeStream {
                 }
                 _ => None,
             };
-            columns.push(Column { name, data_type, nullable, native_type: String::new(), collation });
+            columns.push(Column {
+                name,
+                data_type,
+                nullable,
+                native_type: String::new(),
+                collation,
+                details: Default::default(),
+            });
             charsets.push(charset);
         }
-        Ok((TableSchema { name: name.clone(), columns, primary_key, indexes: Vec::new() }, charsets))
+        Ok((
+            TableSchema { name: name.clone(), columns, primary_key, indexes: Vec::new(), details: Default::default() },
+            charsets,
+        ))
     }
 
     fn rows(&mut self, rows: &RowsEventData<'_>, offset: u64) -> Result<()> {

@@ -10,7 +10,7 @@ use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
-use super::rows::{delete_keys, insert_rows};
+use super::rows::{delete_keys, delete_rows, insert_rows};
 use super::tables::{column_definition, create_table_sql, qualified};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::net_changes::missing_rows;
@@ -96,6 +96,15 @@ impl ChangeWriter for MysqlChangeWriter {
 
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
         self.begin().await?;
+        if table.primary_key.is_empty() {
+            let missing = delete_rows(&mut self.connection, table, keys).await.map_err(|error| {
+                mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name))
+            })?;
+            if expect_all && !missing.is_empty() {
+                return Err(missing_rows(table, &missing.iter().map(|&index| &keys[index]).collect::<Vec<_>>()));
+            }
+            return Ok(());
+        }
         let deleted = delete_keys(&mut self.connection, table, keys)
             .await
             .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name)))?;
@@ -176,10 +185,13 @@ impl ChangeWriter for MysqlChangeWriter {
                             format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
                         }
                         ColumnChange::Add(column) => {
-                            format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}", column_definition(column))
+                            format!(
+                                "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}",
+                                column_definition(column, false, false)
+                            )
                         }
                         ColumnChange::Retype(column) => {
-                            format!("ALTER TABLE {name} MODIFY COLUMN {}", column_definition(column))
+                            format!("ALTER TABLE {name} MODIFY COLUMN {}", column_definition(column, false, false))
                         }
                         ColumnChange::Drop(column) => {
                             format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))

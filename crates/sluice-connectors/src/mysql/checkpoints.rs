@@ -5,8 +5,8 @@
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
 use sluice_core::change::Position;
-use sluice_core::connector::{Checkpoint, Fence};
-use sluice_core::{Error, ErrorKind, Result, Side};
+use sluice_core::connector::{Binding, Checkpoint, Fence};
+use sluice_core::{Error, ErrorKind, Result, Side, TableName};
 
 use super::mysql_error;
 
@@ -73,4 +73,121 @@ pub(super) async fn commit_with_checkpoint(
         Err(error) => Err(error),
     };
     committed.map_err(|error| mysql_error(error, Side::Target, server, "commit"))
+}
+
+/// The table that binds a job's checkpoints to the target tables they were written against:
+/// per job and target table, the table's identity (its creation time) when they were last
+/// checked.
+pub(super) const BINDING_TABLE: &str = "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
+    CREATE TABLE IF NOT EXISTS sluice.bindings (job VARCHAR(128) NOT NULL, target VARCHAR(512) NOT NULL,
+        identity VARCHAR(64) NOT NULL, PRIMARY KEY (job, target)) DEFAULT CHARSET = utf8mb4";
+
+/// Checks one table's checkpoints against the table (see `Sink::verify_checkpoints`) and
+/// records its identity.
+pub(super) async fn verify_binding(
+    connection: &mut Conn,
+    server: &str,
+    job: &str,
+    table: &TableName,
+    tasks: &[String],
+) -> Result<Binding> {
+    let error = |doing: &str| {
+        let doing = format!("{doing} ({table})");
+        move |error| mysql_error(error, Side::Target, server, &doing)
+    };
+    let Some(identity) = table_identity(connection, server, table).await? else { return Ok(Binding::Holds) };
+    let identity = identity.filter(|identity| !identity.is_empty());
+    let bound: Option<String> = connection
+        .exec_first("SELECT identity FROM sluice.bindings WHERE job = ? AND target = ?", (job, table.to_string()))
+        .await
+        .map_err(error("read the checkpoints' table identity"))?;
+    let mut claimed = 0u64;
+    for chunk in tasks.chunks(1_000) {
+        let sql = format!(
+            "SELECT CAST(COALESCE(SUM(rows_written), 0) AS UNSIGNED) FROM sluice.checkpoints WHERE job = ? AND task IN ({})",
+            vec!["?"; chunk.len()].join(", ")
+        );
+        let mut parameters: Vec<mysql_async::Value> = vec![job.into()];
+        parameters.extend(chunk.iter().map(|task| task.as_str().into()));
+        let sum: Option<u64> =
+            connection.exec_first(sql, parameters).await.map_err(error("read the table's checkpoints"))?;
+        claimed += sum.unwrap_or(0);
+    }
+    let has_rows: Option<u8> = connection
+        .query_first(format!("SELECT 1 FROM {} LIMIT 1", super::tables::qualified(table)))
+        .await
+        .map_err(error("look for rows"))?;
+    let binding = Binding::judge(
+        claimed,
+        bound.as_deref().filter(|bound| !bound.is_empty()),
+        identity.as_deref(),
+        has_rows.is_some(),
+    );
+    if binding == Binding::Holds {
+        record_identity(connection, server, job, table).await?;
+    }
+    Ok(binding)
+}
+
+/// Forgets the checkpoints of a table's tasks and records its identity now.
+pub(super) async fn forget_binding(
+    connection: &mut Conn,
+    server: &str,
+    job: &str,
+    table: &TableName,
+    tasks: &[String],
+) -> Result<()> {
+    for chunk in tasks.chunks(1_000) {
+        let sql =
+            format!("DELETE FROM sluice.checkpoints WHERE job = ? AND task IN ({})", vec!["?"; chunk.len()].join(", "));
+        let mut parameters: Vec<mysql_async::Value> = vec![job.into()];
+        parameters.extend(chunk.iter().map(|task| task.as_str().into()));
+        connection
+            .exec_drop(sql, parameters)
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, server, &format!("forget the checkpoints of {table}")))?;
+    }
+    record_identity(connection, server, job, table).await
+}
+
+/// Records the table's identity now as the one its checkpoints describe.
+async fn record_identity(connection: &mut Conn, server: &str, job: &str, table: &TableName) -> Result<()> {
+    let Some(identity) = table_identity(connection, server, table).await? else { return Ok(()) };
+    let identity = identity.unwrap_or_default();
+    connection
+        .exec_drop(
+            "INSERT INTO sluice.bindings (job, target, identity) VALUES (?, ?, ?) ON DUPLICATE KEY UPDATE identity = VALUES(identity)",
+            (job, table.to_string(), identity),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, &format!("record the identity of {table}")))
+}
+
+/// A table's identity: `None` when it does not exist, else InnoDB's table id, which every
+/// CREATE (and TRUNCATE) makes anew and an in-place ALTER keeps, when the user may read it
+/// (PROCESS; `Some(None)` when not). The creation time would not do: MariaDB changes it with
+/// every ALTER, an index build included, and it has whole seconds only.
+async fn table_identity(connection: &mut Conn, server: &str, table: &TableName) -> Result<Option<Option<String>>> {
+    let schema = table.namespace.as_deref().unwrap_or("");
+    let exists: Option<u8> = connection
+        .exec_first(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (schema, &table.name),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, &format!("look up {table}")))?;
+    if exists.is_none() {
+        return Ok(None);
+    }
+    // MariaDB and MySQL 5.7 name the view INNODB_SYS_TABLES, MySQL 8 INNODB_TABLES.
+    let name = format!("{schema}/{}", table.name);
+    let mut id = None;
+    for view in ["INNODB_SYS_TABLES", "INNODB_TABLES"] {
+        let sql = format!("SELECT CAST(TABLE_ID AS CHAR) FROM information_schema.{view} WHERE NAME = ?");
+        if let Ok(Some(found)) = connection.exec_first::<String, _, _>(sql, (&name,)).await {
+            id = Some(found);
+            break;
+        }
+    }
+    Ok(Some(id))
 }

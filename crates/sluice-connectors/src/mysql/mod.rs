@@ -6,6 +6,7 @@ mod checkpoints;
 pub(crate) mod connector;
 mod ddl;
 mod gtid;
+mod keyless;
 mod rows;
 mod sink;
 mod source;

@@ -3,7 +3,7 @@
 
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use sluice_core::{Row, TableSchema, Value};
+use sluice_core::{DataType, Row, TableSchema, Value};
 
 use super::quote;
 use super::tables::qualified;
@@ -34,6 +34,46 @@ pub(super) async fn delete_keys(
         deleted += connection.affected_rows();
     }
     Ok(deleted)
+}
+
+/// A table without a primary key: deletes one row equal to each of `rows` in every column (so
+/// of duplicates one goes); returns the indexes of those that found none. Variable-length text
+/// compares in its character set's binary collation (by its bytes when the charset is unknown),
+/// so a case- or accent-insensitive collation cannot pick another row.
+pub(super) async fn delete_rows(
+    connection: &mut Conn,
+    table: &TableSchema,
+    rows: &[Row],
+) -> std::result::Result<Vec<usize>, mysql_async::Error> {
+    let conditions: Vec<String> = table
+        .columns
+        .iter()
+        .map(|column| {
+            let charset = column
+                .collation
+                .as_deref()
+                .and_then(|collation| collation.split('_').next())
+                .filter(|charset| !charset.is_empty() && charset.chars().all(|c| c.is_ascii_alphanumeric()));
+            match (&column.data_type, charset) {
+                (DataType::Text { fixed: false, .. }, Some(charset)) if charset != "binary" => {
+                    format!("{} COLLATE {charset}_bin <=> CONVERT(? USING {charset})", quote(&column.name))
+                }
+                (DataType::Text { fixed: false, .. }, _) => format!("BINARY {} <=> BINARY ?", quote(&column.name)),
+                _ => format!("{} <=> ?", quote(&column.name)),
+            }
+        })
+        .collect();
+    let sql = format!("DELETE FROM {} WHERE {} LIMIT 1", qualified(&table.name), conditions.join(" AND "));
+    let statement = connection.prep(sql).await?;
+    let mut missing = Vec::new();
+    for (index, row) in rows.iter().enumerate() {
+        let parameters: Vec<mysql_async::Value> = row.iter().map(encode).collect();
+        connection.exec_drop(&statement, parameters).await?;
+        if connection.affected_rows() == 0 {
+            missing.push(index);
+        }
+    }
+    Ok(missing)
 }
 
 /// Inserts rows with multi-row prepared statements.

@@ -7,14 +7,16 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
 use sluice_core::change::{Batch, ChangeKind, Rejected};
-use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
+use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 
-use super::checkpoints::{commit_with_checkpoint, read_checkpoint, FENCE_TABLE};
+use super::checkpoints::{
+    commit_with_checkpoint, forget_binding, read_checkpoint, verify_binding, BINDING_TABLE, FENCE_TABLE,
+};
 use super::rows::{delete_keys, insert_rows};
-use super::tables::{add_index_sql, create_table_sql, qualified};
+use super::tables::{add_index_sql, counter_sql, create_table_sql, qualified};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
 
 /// A MySQL or MariaDB server written as a target.
@@ -122,7 +124,7 @@ impl Sink for MysqlSink {
     /// Adds the secondary indexes the table lacks (checked by name, since MySQL 8 has no
     /// `ADD INDEX IF NOT EXISTS`).
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
-        if tables.iter().all(|table| table.indexes.is_empty()) {
+        if tables.iter().all(|table| table.indexes.is_empty() && counter_sql(table).is_none()) {
             return Ok(());
         }
         let mut connection = self.connection().await?;
@@ -144,8 +146,67 @@ impl Sink for MysqlSink {
                     )
                 })?;
             }
+            if let Some(counter) = counter_sql(table) {
+                connection.query_drop(counter).await.map_err(|error| {
+                    mysql_error(error, Side::Target, &self.server, &format!("set the counter of {}", table.name))
+                })?;
+            }
         }
         Ok(())
+    }
+
+    async fn verify_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
+        let mut connection = self.connection().await?;
+        connection
+            .query_drop(BINDING_TABLE)
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, "create the table sluice.bindings"))?;
+        let mut judged = Vec::with_capacity(tables.len());
+        for table in tables {
+            let binding = verify_binding(&mut connection, &self.server, job, &table.table, &table.tasks).await?;
+            judged.push((table.table.clone(), binding));
+        }
+        Ok(judged)
+    }
+
+    async fn forget_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let mut connection = self.connection().await?;
+        for table in tables {
+            forget_binding(&mut connection, &self.server, job, &table.table, &table.tasks).await?;
+        }
+        Ok(())
+    }
+
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let mut connection = self.connection().await?;
+        let error = |doing: &str| {
+            let doing = doing.to_owned();
+            move |error| mysql_error(error, Side::Target, &self.server, &doing)
+        };
+        connection.query_drop(BINDING_TABLE).await.map_err(error("create the table sluice.bindings"))?;
+        for table in tables {
+            let exists: Option<u8> = connection
+                .exec_first(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (table.table.namespace.as_deref().unwrap_or(""), &table.table.name),
+                )
+                .await
+                .map_err(error("look for the job's tables"))?;
+            if exists.is_some() {
+                connection
+                    .query_drop(format!("TRUNCATE TABLE {}", qualified(&table.table)))
+                    .await
+                    .map_err(error(&format!("empty table {}", table.table)))?;
+            }
+        }
+        connection
+            .exec_drop("DELETE FROM sluice.checkpoints WHERE job = ?", (job,))
+            .await
+            .map_err(error("forget the job's checkpoints"))?;
+        connection
+            .exec_drop("DELETE FROM sluice.bindings WHERE job = ?", (job,))
+            .await
+            .map_err(error("forget the job's table identities"))
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
@@ -466,6 +527,13 @@ impl Writer for MysqlWriter {
         self.in_transaction = false;
         commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
     }
+
+    /// `DELETE` in the open transaction (`TRUNCATE` would commit on its own).
+    async fn replace_all(&mut self) -> Result<()> {
+        self.begin().await?;
+        let statement = format!("DELETE FROM {}", qualified(&self.table.name));
+        self.connection.query_drop(statement).await.map_err(self.error(&format!("empty table {}", self.table.name)))
+    }
 }
 
 #[cfg(test)]
@@ -488,6 +556,7 @@ mod tests {
             ],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         };
         let rows = [
             vec![

@@ -12,11 +12,13 @@ use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
 use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint};
 use sluice_core::filter::TableFilter;
+use sluice_core::schema::{ColumnDetails, TableDetails};
 use sluice_core::secret::Secret;
 use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::binlog::{BinlogChangeStream, LogPosition};
+use super::keyless::{no_snapshot_position, KeylessReader};
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
 
@@ -261,48 +263,30 @@ impl Source for MysqlSource {
                 .on(Side::Source)
                 .hint(format!("GRANT SELECT ON <database>.* TO {user}")));
         }
+        // The binlog names a row by its PRIMARY KEY only, so a job that streams lets no unique
+        // key stand in for one: such a table is keyless to the stream, and copied as keyless.
+        let stand_in = self.mode == Mode::Snapshot;
+        let version: Option<String> =
+            connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
+        let mariadb = version.unwrap_or_default().contains("MariaDB");
         let mut tables = Vec::new();
         for name in self.filter.select(available)? {
-            tables.push(describe_table(&mut connection, &name, &self.server).await?);
+            tables.push(describe_table(&mut connection, &name, &self.server, stand_in, mariadb).await?);
         }
-        if self.mode != Mode::Snapshot {
-            // The binlog names a row by its PRIMARY KEY only: a unique key that stands in for a
-            // snapshot does not identify rows in the change stream. Refused before any copy.
-            let keyed: Vec<(String, String)> = connection
-                .query("SELECT DISTINCT TABLE_SCHEMA, TABLE_NAME FROM information_schema.STATISTICS WHERE INDEX_NAME = 'PRIMARY'")
-                .await
-                .map_err(self.error("list primary keys"))?;
+        if self.mode == Mode::SnapshotAndCdc {
             let keyless: Vec<String> = tables
                 .iter()
-                .filter(|table| {
-                    !keyed
-                        .iter()
-                        .any(|(schema, name)| schema.as_str() == schema_of(&table.name) && *name == table.name.name)
-                })
+                .filter(|table| table.primary_key.is_empty())
                 .map(|table| table.name.to_string())
                 .collect();
-            if !keyless.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!(
-                        "{} {} no primary key, which change data capture needs to identify rows",
-                        keyless.join(", "),
-                        if keyless.len() == 1 { "has" } else { "have" }
-                    ),
-                )
-                .on(Side::Source)
-                .hint("add a primary key, or exclude the table with \"!name\" in source.tables"));
+            if !keyless.is_empty() && !mariadb {
+                return Err(no_snapshot_position(&keyless));
             }
         }
         Ok(tables)
     }
 
     async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
-        if table.primary_key.is_empty() {
-            return Err(Error::new(ErrorKind::Schema, format!("table {} has no primary key and no unique NOT NULL key", table.name))
-                .on(Side::Source)
-                .hint("add a primary key, or exclude the table with \"!name\" in source.tables; a keyless table cannot be resumed without duplicates"));
-        }
         let mut connection = self.connection().await?;
         let estimated: Option<u64> = connection
             .exec_first(
@@ -312,6 +296,11 @@ impl Source for MysqlSource {
             .await
             .map_err(self.error("estimate the table size"))?;
         let estimated = estimated.unwrap_or(0);
+        if table.primary_key.is_empty() {
+            // Nothing to resume by: one split, read whole (`keyless`).
+            let range = KeyRange { after: None, through: None };
+            return Ok(vec![Split::new(format!("{}#0", table.name), table.clone(), &range, estimated).read_whole()]);
+        }
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         let integer_key =
             key.len() == 1 && matches!(table.columns[table.primary_key[0]].data_type, DataType::Integer { .. });
@@ -328,16 +317,27 @@ impl Source for MysqlSource {
         Ok(bounds
             .into_iter()
             .enumerate()
-            .map(|(index, (after, through))| Split {
-                id: format!("{}#{index}", table.name),
-                table: table.clone(),
-                descriptor: serde_json::to_value(KeyRange { after, through }).expect("key ranges serialize"),
-                estimated_rows: estimated / count,
+            .map(|(index, (after, through))| {
+                let range = KeyRange { after, through };
+                Split::new(format!("{}#{index}", table.name), table.clone(), &range, estimated / count)
             })
             .collect())
     }
 
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
+        if split.whole {
+            let connection = self.connection().await?;
+            // A job that streams applies the table's changes from the copy's position on.
+            let position_needed = self.mode != Mode::Snapshot;
+            let table = split.table.clone();
+            return Ok(Box::new(KeylessReader::start(
+                connection,
+                self.server.clone(),
+                table,
+                batch_rows,
+                position_needed,
+            )));
+        }
         let connection = self.read_connection().await?;
         let after = match resume_after {
             Some(position) => {
@@ -442,22 +442,63 @@ fn schema_of(name: &TableName) -> &str {
     name.namespace.as_deref().unwrap_or("")
 }
 
-fn qualified(name: &TableName) -> String {
+pub(super) fn qualified(name: &TableName) -> String {
     format!("{}.{}", quote(schema_of(name)), quote(&name.name))
 }
 
-/// A row of information_schema.STATISTICS: index, position, column, unique, prefix length.
+/// A row of SHOW INDEX: index, position, column, unique, prefix length.
 type IndexRow = (String, u64, Option<String>, bool, Option<u64>);
 
-type ColumnRow =
-    (String, String, String, String, Option<u64>, Option<u64>, Option<u64>, Option<u64>, String, Option<String>);
+type ColumnRow = (
+    String,
+    String,
+    String,
+    String,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+);
 
-async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -> Result<TableSchema> {
+/// A column's default as DDL writes it. MariaDB's information_schema gives that already
+/// (`'text'`, `5`, `NULL`, `current_timestamp()`); MySQL gives a literal bare and flags an
+/// expression with DEFAULT_GENERATED.
+fn default_clause(default: Option<String>, extra: &str, nullable: bool, mariadb: bool) -> Option<String> {
+    if mariadb {
+        return default;
+    }
+    let Some(default) = default else { return nullable.then(|| "NULL".to_owned()) };
+    if extra.to_ascii_uppercase().contains("DEFAULT_GENERATED") {
+        let timestamp = default.to_ascii_uppercase().starts_with("CURRENT_TIMESTAMP");
+        return Some(if timestamp { default } else { format!("({default})") });
+    }
+    Some(format!("'{}'", default.replace('\\', "\\\\").replace('\'', "''")))
+}
+
+/// The expression of an `on update ...` in a column's EXTRA.
+fn on_update_clause(extra: &str) -> Option<String> {
+    let at = extra.to_ascii_lowercase().find("on update ")?;
+    Some(extra[at + "on update ".len()..].trim().to_owned())
+}
+
+/// A table's columns and keys. With `stand_in`, a unique key whose columns are all NOT NULL is
+/// the key when there is no primary key (for a snapshot, which resumes by it).
+async fn describe_table(
+    connection: &mut Conn,
+    name: &TableName,
+    server: &str,
+    stand_in: bool,
+    mariadb: bool,
+) -> Result<TableSchema> {
     let schema = schema_of(name);
     let rows: Vec<ColumnRow> = connection
         .exec(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE,
-                    CHARACTER_MAXIMUM_LENGTH, DATETIME_PRECISION, EXTRA, COLLATION_NAME
+                    CHARACTER_MAXIMUM_LENGTH, DATETIME_PRECISION, EXTRA, COLLATION_NAME, COLUMN_DEFAULT, COLUMN_COMMENT
              FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? ORDER BY ORDINAL_POSITION",
             (schema, &name.name),
         )
@@ -478,15 +519,23 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
                 datetime_precision,
                 extra,
                 collation,
+                default,
+                comment,
             )| {
-                // Generated columns are computed by the target's own definition, never written.
-                if extra.to_ascii_uppercase().contains("GENERATED")
-                    || extra.to_ascii_uppercase().contains("VIRTUAL")
-                    || extra.to_ascii_uppercase().contains("STORED")
-                {
+                // Generated columns are computed by the target's own definition, never written
+                // (MySQL's DEFAULT_GENERATED marks an expression default, not one of them).
+                let flags = extra.to_ascii_uppercase();
+                if flags.contains("VIRTUAL") || flags.contains("STORED") || flags.contains("PERSISTENT") {
                     generated.push(column);
                     return None;
                 }
+                let nullable = nullable == "YES";
+                let details = ColumnDetails {
+                    default: default_clause(default, &extra, nullable, mariadb),
+                    auto_increment: flags.contains("AUTO_INCREMENT"),
+                    on_update: on_update_clause(&extra),
+                    comment: Some(comment).filter(|comment| !comment.is_empty()),
+                };
                 let logical = ColumnType {
                     data_type: &data_type.to_ascii_lowercase(),
                     column_type: &column_type.to_ascii_lowercase(),
@@ -499,9 +548,10 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
                 Some(Column {
                     name: column,
                     data_type: logical,
-                    nullable: nullable == "YES",
+                    nullable,
                     native_type: column_type,
                     collation,
+                    details,
                 })
             },
         )
@@ -524,17 +574,28 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
             column.data_type = DataType::Json;
         }
     }
-    // Every B-tree index, the primary key first. Prefix indexes (SUB_PART), full-text and spatial
-    // indexes, and indexes on generated columns are left out: they do not carry over as columns.
-    let rows: Vec<IndexRow> = connection
-        .exec(
-            "SELECT INDEX_NAME, SEQ_IN_INDEX, COLUMN_NAME, NON_UNIQUE = 0, SUB_PART FROM information_schema.STATISTICS
-             WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? AND INDEX_TYPE IN ('BTREE', 'HASH')
-             ORDER BY INDEX_NAME = 'PRIMARY' DESC, NON_UNIQUE, INDEX_NAME, SEQ_IN_INDEX",
-            (schema, &name.name),
-        )
+    // Every B-tree index in the table's own order (the primary key, unique keys, the others), so
+    // a target that builds them in this order lists them as the source does. Prefix indexes
+    // (Sub_part), full-text and spatial indexes, and indexes on generated columns or expressions
+    // are left out: they do not carry over as columns.
+    let shown: Vec<Row> = connection
+        .query(format!("SHOW INDEX FROM {}", qualified(name)))
         .await
         .map_err(|error| mysql_error(error, Side::Source, server, &format!("read the keys of {name}")))?;
+    let rows: Vec<IndexRow> = shown
+        .into_iter()
+        .filter(|row| matches!(row.get::<String, _>("Index_type").as_deref(), Some("BTREE" | "HASH")))
+        .filter_map(|row| {
+            let unique = row.get::<u8, _>("Non_unique")? == 0;
+            Some((
+                row.get("Key_name")?,
+                row.get("Seq_in_index")?,
+                row.get("Column_name")?,
+                unique,
+                row.get("Sub_part")?,
+            ))
+        })
+        .collect();
     let mut indexes: Vec<(String, bool, Option<Vec<usize>>)> = Vec::new();
     for (index, _, column, unique, prefix) in rows {
         let position = column
@@ -554,9 +615,10 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
     }
     let usable: Vec<(String, bool, Vec<usize>)> =
         indexes.into_iter().filter_map(|(index, unique, members)| Some((index, unique, members?))).collect();
-    // The primary key, else the first unique key whose columns are all NOT NULL.
-    let key_position =
-        usable.iter().position(|(_, unique, members)| *unique && members.iter().all(|&index| !columns[index].nullable));
+    // The primary key, else (`stand_in`) the first unique key whose columns are all NOT NULL.
+    let key_position = usable.iter().position(|(index, unique, members)| {
+        *unique && members.iter().all(|&column| !columns[column].nullable) && (stand_in || index == "PRIMARY")
+    });
     let primary_key = key_position.map(|position| usable[position].2.clone()).unwrap_or_default();
     let indexes = usable
         .into_iter()
@@ -564,7 +626,21 @@ async fn describe_table(connection: &mut Conn, name: &TableName, server: &str) -
         .filter(|(position, (index, _, _))| Some(*position) != key_position && index != "PRIMARY")
         .map(|(_, (name, unique, columns))| Index { name, columns, unique })
         .collect();
-    Ok(TableSchema { name: name.clone(), columns, primary_key, indexes })
+    let options: Option<(Option<String>, Option<String>, Option<u64>)> = connection
+        .exec_first(
+            "SELECT TABLE_COLLATION, TABLE_COMMENT, AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (schema, &name.name),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Source, server, &format!("read the options of {name}")))?;
+    let (collation, comment, next_auto_increment) = options.unwrap_or_default();
+    let details = TableDetails {
+        dialect: Some("mysql".to_owned()),
+        comment: comment.filter(|comment| !comment.is_empty()),
+        collation,
+        next_auto_increment: next_auto_increment.filter(|_| columns.iter().any(|column| column.details.auto_increment)),
+    };
+    Ok(TableSchema { name: name.clone(), columns, primary_key, indexes, details })
 }
 
 /// Positions keep the last key read as JSON values.
@@ -720,19 +796,19 @@ impl MysqlSource {
 }
 
 /// A batch's rows, decoded one by one as they are read.
-struct DecodedRows<'a> {
+pub(super) struct DecodedRows<'a> {
     table: &'a Arc<TableSchema>,
-    changes: Vec<Change>,
-    rejected: Vec<Rejected>,
+    pub(super) changes: Vec<Change>,
+    pub(super) rejected: Vec<Rejected>,
     /// The key of the last row read, as the server sent it: the next batch starts after it.
     last_key: Vec<mysql_async::Value>,
-    count: usize,
+    pub(super) count: usize,
     /// The approximate size of the changes' values ([`Change::approximate_size`]).
-    bytes: u64,
+    pub(super) bytes: u64,
 }
 
 impl<'a> DecodedRows<'a> {
-    fn new(table: &'a Arc<TableSchema>, capacity: usize) -> DecodedRows<'a> {
+    pub(super) fn new(table: &'a Arc<TableSchema>, capacity: usize) -> DecodedRows<'a> {
         DecodedRows {
             table,
             changes: Vec::with_capacity(capacity),
@@ -745,7 +821,7 @@ impl<'a> DecodedRows<'a> {
 
     /// Decodes a row read from the server, emptying `raw` (so its buffer can be reused). A value
     /// that does not decode rejects its row, with the reason.
-    fn push(&mut self, raw: &mut Vec<mysql_async::Value>) {
+    pub(super) fn push(&mut self, raw: &mut Vec<mysql_async::Value>) {
         self.count += 1;
         self.last_key.clear();
         self.last_key.extend(self.table.primary_key.iter().map(|&index| raw[index].clone()));

@@ -56,8 +56,13 @@ pub(super) fn column_type(data_type: &DataType) -> String {
 
 /// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
 /// for text (so keys compare as they did), and an explicit NULL or NOT NULL (TIMESTAMP columns
-/// get no implicit default).
-pub(super) fn column_definition(column: &sluice_core::Column) -> String {
+/// get no implicit default). From a MySQL source (`same_dialect`), the type is the source's own
+/// (display width, `(M,D)`, UNSIGNED, ZEROFILL kept), with its default, ON UPDATE, AUTO_INCREMENT
+/// (on the primary key's first column, which makes it a key at creation) and comment.
+pub(super) fn column_definition(column: &sluice_core::Column, same_dialect: bool, counter: bool) -> String {
+    // MariaDB's JSON is LONGTEXT with a check: spelt JSON, it gets that check again.
+    let own_type = same_dialect && !column.native_type.is_empty() && column.data_type != DataType::Json;
+    let type_text = if own_type { column.native_type.clone() } else { column_type(&column.data_type) };
     let collation = match (&column.data_type, &column.collation) {
         (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(collation))
             if !collation.is_empty()
@@ -68,22 +73,72 @@ pub(super) fn column_definition(column: &sluice_core::Column) -> String {
         _ => String::new(),
     };
     let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
-    format!("{} {}{collation}{nullability}", quote(&column.name), column_type(&column.data_type))
+    let mut definition = format!("{} {type_text}{collation}{nullability}", quote(&column.name));
+    if same_dialect {
+        let details = &column.details;
+        if let Some(default) = &details.default {
+            definition.push_str(&format!(" DEFAULT {default}"));
+        }
+        if let Some(on_update) = &details.on_update {
+            definition.push_str(&format!(" ON UPDATE {on_update}"));
+        }
+        if details.auto_increment && counter {
+            definition.push_str(" AUTO_INCREMENT");
+        }
+        if let Some(comment) = &details.comment {
+            definition.push_str(&format!(" COMMENT {}", string_literal(comment)));
+        }
+    }
+    definition
+}
+
+/// A string as a MySQL literal.
+fn string_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let mut definitions: Vec<String> = table.columns.iter().map(column_definition).collect();
+    let same_dialect = table.details.dialect.as_deref() == Some("mysql");
+    let first_key = table.primary_key.first().copied();
+    let mut definitions: Vec<String> = table
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(index, column)| column_definition(column, same_dialect, Some(index) == first_key))
+        .collect();
     if !table.primary_key.is_empty() {
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         definitions.push(format!("PRIMARY KEY ({})", key.join(", ")));
     }
     let database = table.name.namespace.as_deref().unwrap_or("sluice_default");
+    let mut options = "DEFAULT CHARSET = utf8mb4".to_owned();
+    if same_dialect {
+        let collation = table.details.collation.as_deref().filter(|collation| {
+            collation.chars().all(|character| character.is_ascii_alphanumeric() || character == '_')
+        });
+        if let Some(collation) = collation {
+            let charset = collation.split('_').next().unwrap_or(collation);
+            options = format!("DEFAULT CHARSET = {charset} COLLATE = {collation}");
+        }
+        if let Some(comment) = &table.details.comment {
+            options.push_str(&format!(" COMMENT = {}", string_literal(comment)));
+        }
+    }
     format!(
-        "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4; CREATE TABLE IF NOT EXISTS {} ({}) DEFAULT CHARSET = utf8mb4",
+        "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4; CREATE TABLE IF NOT EXISTS {} ({}) {options}",
         quote(database),
         qualified(&table.name),
         definitions.join(", ")
     )
+}
+
+/// Moves the table's counter at least to where the source's stood (MySQL keeps it past the
+/// highest value in the table whatever is asked), so an insert without a value gets a new one.
+pub(super) fn counter_sql(table: &TableSchema) -> Option<String> {
+    let next = table.details.next_auto_increment?;
+    let counted = table.columns.iter().any(|column| column.details.auto_increment);
+    (counted && table.details.dialect.as_deref() == Some("mysql"))
+        .then(|| format!("ALTER TABLE {} AUTO_INCREMENT = {next}", qualified(&table.name)))
 }
 
 pub(super) fn add_index_sql(table: &TableSchema, index: &sluice_core::Index) -> String {

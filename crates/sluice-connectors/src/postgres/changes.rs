@@ -118,6 +118,49 @@ impl PostgresChangeWriter {
         }
         Ok(found.iter().enumerate().filter(|(_, found)| !**found).map(|(index, _)| index).collect())
     }
+
+    /// A table without a primary key: deletes one row equal to each of `rows` in every column
+    /// (found by its `ctid`, so of duplicates one goes); returns the indexes of those with none.
+    async fn delete_rows(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        let conditions: Vec<String> = table
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(index, column)| match column.data_type {
+                // `json` has no equality: its text, which it keeps as written, has.
+                sluice_core::DataType::Json => {
+                    format!("{}::text IS NOT DISTINCT FROM ${}::text", quote(&column.name), index + 1)
+                }
+                _ => format!(
+                    "{} IS NOT DISTINCT FROM ${}::text::{}",
+                    quote(&column.name),
+                    index + 1,
+                    column_type(&column.data_type)
+                ),
+            })
+            .collect();
+        let sql = format!(
+            "DELETE FROM {table} WHERE ctid = (SELECT ctid FROM {table} WHERE {} LIMIT 1)",
+            conditions.join(" AND "),
+            table = qualified(&table.name)
+        );
+        let statement = self.client.prepare(&sql).await.map_err(|error| {
+            postgres_error(error, Side::Target, &self.server, &format!("delete from {}", table.name))
+        })?;
+        let mut missing = Vec::new();
+        for (index, row) in rows.iter().enumerate() {
+            let values: Vec<Option<String>> = row.iter().map(text_form).collect();
+            let parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                values.iter().map(|value| value as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+            let deleted = self.client.execute(&statement, &parameters).await.map_err(|error| {
+                postgres_error(error, Side::Target, &self.server, &format!("delete from {}", table.name))
+            })?;
+            if deleted == 0 {
+                missing.push(index);
+            }
+        }
+        Ok(missing)
+    }
 }
 
 #[async_trait]
@@ -129,9 +172,13 @@ impl ChangeWriter for PostgresChangeWriter {
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
         self.begin().await?;
         let mut missing = Vec::new();
-        for (chunk_number, chunk) in keys.chunks(KEYS_PER_STATEMENT).enumerate() {
-            let offset = chunk_number * KEYS_PER_STATEMENT;
-            missing.extend(self.delete_chunk(table, chunk).await?.into_iter().map(|index| &keys[offset + index]));
+        if table.primary_key.is_empty() {
+            missing.extend(self.delete_rows(table, keys).await?.into_iter().map(|index| &keys[index]));
+        } else {
+            for (chunk_number, chunk) in keys.chunks(KEYS_PER_STATEMENT).enumerate() {
+                let offset = chunk_number * KEYS_PER_STATEMENT;
+                missing.extend(self.delete_chunk(table, chunk).await?.into_iter().map(|index| &keys[offset + index]));
+            }
         }
         if expect_all && !missing.is_empty() {
             return Err(missing_rows(table, &missing));

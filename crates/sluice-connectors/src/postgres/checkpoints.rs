@@ -3,8 +3,8 @@
 //! writer and the change writer.
 
 use sluice_core::change::Position;
-use sluice_core::connector::{Checkpoint, Fence};
-use sluice_core::{Error, ErrorKind, Result, Side};
+use sluice_core::connector::{Binding, Checkpoint, Fence};
+use sluice_core::{Error, ErrorKind, Result, Side, TableName};
 use tokio_postgres::Client;
 
 use super::postgres_error;
@@ -85,4 +85,70 @@ pub(super) async fn commit_with_checkpoint(
         Err(error) => Err(error),
     };
     committed.map_err(|error| postgres_error(error, Side::Target, server, "commit"))
+}
+
+/// The table that binds a job's checkpoints to the target tables they were written against:
+/// per job and target table, the table's identity (its OID) when they were last checked.
+pub(super) const BINDING_TABLE: &str = "CREATE SCHEMA IF NOT EXISTS sluice;
+    CREATE TABLE IF NOT EXISTS sluice.bindings (job text NOT NULL, target text NOT NULL, identity text NOT NULL,
+        PRIMARY KEY (job, target))";
+
+/// Checks one table's checkpoints against the table (see `Sink::verify_checkpoints`) and
+/// records its identity.
+pub(super) async fn verify_binding(
+    client: &Client,
+    server: &str,
+    job: &str,
+    table: &TableName,
+    tasks: &[String],
+) -> Result<Binding> {
+    let error = |doing: &str| {
+        let doing = format!("{doing} ({table})");
+        move |error| postgres_error(error, Side::Target, server, &doing)
+    };
+    let name = super::tables::qualified(table);
+    let identity: Option<String> = client
+        .query_one("SELECT to_regclass($1)::oid::text", &[&name])
+        .await
+        .map_err(error("read the table's identity"))?
+        .get(0);
+    let Some(identity) = identity else { return Ok(Binding::Holds) };
+    let bound: Option<String> = client
+        .query_opt("SELECT identity FROM sluice.bindings WHERE job = $1 AND target = $2", &[&job, &name])
+        .await
+        .map_err(error("read the checkpoints' table identity"))?
+        .map(|row| row.get(0));
+    let claimed: i64 = client
+        .query_one(
+            "SELECT COALESCE(sum(rows_written), 0)::bigint FROM sluice.checkpoints WHERE job = $1 AND task = ANY($2)",
+            &[&job, &tasks],
+        )
+        .await
+        .map_err(error("read the table's checkpoints"))?
+        .get(0);
+    let has_rows: bool = client
+        .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {name})"), &[])
+        .await
+        .map_err(error("look for rows"))?
+        .get(0);
+    let binding = Binding::judge(claimed as u64, bound.as_deref(), Some(&identity), has_rows);
+    if binding == Binding::Holds {
+        record_identity(client, server, job, table).await?;
+    }
+    Ok(binding)
+}
+
+/// Records the table's identity now as the one its checkpoints describe.
+pub(super) async fn record_identity(client: &Client, server: &str, job: &str, table: &TableName) -> Result<()> {
+    let name = super::tables::qualified(table);
+    client
+        .execute(
+            "INSERT INTO sluice.bindings (job, target, identity)
+             SELECT $1, $2, to_regclass($2)::oid::text WHERE to_regclass($2) IS NOT NULL
+             ON CONFLICT (job, target) DO UPDATE SET identity = EXCLUDED.identity",
+            &[&job, &name],
+        )
+        .await
+        .map_err(|error| postgres_error(error, Side::Target, server, &format!("record the identity of {table}")))?;
+    Ok(())
 }

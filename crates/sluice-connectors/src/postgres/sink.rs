@@ -5,14 +5,16 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_core::change::{Batch, ChangeKind, Rejected};
-use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, Writer};
+use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
-use super::checkpoints::{commit_with_checkpoint, fence_tag, read_checkpoint, FENCE_TABLE};
-use super::tables::{create_index_sql, create_table_sql, qualified};
+use super::checkpoints::{
+    commit_with_checkpoint, fence_tag, read_checkpoint, record_identity, verify_binding, BINDING_TABLE, FENCE_TABLE,
+};
+use super::tables::{create_index_sql, create_table_sql, identity_sql, qualified};
 use super::{connect, copy_rows, is_row_error, postgres_error, quote, refuse_long_names};
 
 /// A PostgreSQL database written as a target.
@@ -104,14 +106,21 @@ impl Sink for PostgresSink {
     /// one core per index build.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
         let mut builds = tokio::task::JoinSet::new();
-        for table in tables.iter().filter(|table| !table.indexes.is_empty()) {
+        for table in tables.iter().filter(|table| !table.indexes.is_empty() || !identity_sql(table).is_empty()) {
             let (url, server) = (self.url.clone(), self.server.clone());
-            let (statements, name) = (create_index_sql(table), table.name.clone());
+            let mut statements = create_index_sql(table);
+            statements.extend(identity_sql(table));
+            let name = table.name.clone();
             builds.spawn(async move {
                 let client = connect(&url, Side::Target, &server).await?;
                 for statement in statements {
                     client.batch_execute(&statement).await.map_err(|error| {
-                        postgres_error(error, Side::Target, &server, &format!("build an index of {name}"))
+                        postgres_error(
+                            error,
+                            Side::Target,
+                            &server,
+                            &format!("build the indexes and sequences of {name}"),
+                        )
                     })?;
                 }
                 Ok::<_, Error>(())
@@ -183,6 +192,59 @@ impl Sink for PostgresSink {
                 .hint("add the columns or drop the table so it is created"));
             }
         }
+        Ok(())
+    }
+
+    async fn verify_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        client.batch_execute(BINDING_TABLE).await.map_err(self.error("create the table sluice.bindings"))?;
+        let mut judged = Vec::with_capacity(tables.len());
+        for table in tables {
+            judged.push((
+                table.table.clone(),
+                verify_binding(&client, &self.server, job, &table.table, &table.tasks).await?,
+            ));
+        }
+        Ok(judged)
+    }
+
+    async fn forget_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        for table in tables {
+            client
+                .execute("DELETE FROM sluice.checkpoints WHERE job = $1 AND task = ANY($2)", &[&job, &table.tasks])
+                .await
+                .map_err(self.error(&format!("forget the checkpoints of {}", table.table)))?;
+            record_identity(&client, &self.server, job, &table.table).await?;
+        }
+        Ok(())
+    }
+
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        client.batch_execute(BINDING_TABLE).await.map_err(self.error("create the table sluice.bindings"))?;
+        for table in tables {
+            let name = qualified(&table.table);
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+                .await
+                .map_err(self.error("look for the job's tables"))?
+                .get(0);
+            if exists {
+                client
+                    .batch_execute(&format!("TRUNCATE {name}"))
+                    .await
+                    .map_err(self.error(&format!("empty table {}", table.table)))?;
+            }
+        }
+        client
+            .execute("DELETE FROM sluice.checkpoints WHERE job = $1", &[&job])
+            .await
+            .map_err(self.error("forget the job's checkpoints"))?;
+        client
+            .execute("DELETE FROM sluice.bindings WHERE job = $1", &[&job])
+            .await
+            .map_err(self.error("forget the job's table identities"))?;
         Ok(())
     }
 
@@ -374,5 +436,12 @@ impl Writer for PostgresWriter {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+    }
+
+    /// `TRUNCATE` in the open transaction: undone with it, should the copy fail.
+    async fn replace_all(&mut self) -> Result<()> {
+        self.begin().await?;
+        let statement = format!("TRUNCATE {}", qualified(&self.table.name));
+        self.client.batch_execute(&statement).await.map_err(self.error(&format!("empty table {}", self.table.name)))
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rusqlite::{Connection, ErrorCode, OptionalExtension};
 use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Sink, Writer};
+use sluice_core::connector::{Binding, CheckItem, Checkpoint, Sink, TableTasks, Writer};
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -102,6 +102,93 @@ impl Sink for SqliteSink {
                         .hint("create it, or set target.create_tables: true"));
                 }
             }
+            Ok(())
+        })
+        .await
+    }
+
+    /// SQLite keeps no identity a VACUUM leaves alone: a table is judged by its rows alone (an
+    /// emptied or re-created table has its checkpoints forgotten).
+    async fn verify_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
+        let (job, tables) = (job.to_owned(), tables.to_vec());
+        self.blocking(move |connection| {
+            let mut judged = Vec::with_capacity(tables.len());
+            for table in tables {
+                let error = |doing: &str| {
+                    let doing = format!("{doing} ({})", table.table);
+                    move |error| sqlite_error(error, Side::Target, &doing)
+                };
+                let exists: bool = connection
+                    .query_row(
+                        "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                        [&table.table.name],
+                        |row| row.get(0),
+                    )
+                    .map_err(error("look up the table"))?;
+                if !exists {
+                    continue;
+                }
+                let has_rows: bool = connection
+                    .query_row(&format!("SELECT EXISTS (SELECT 1 FROM {})", quote(&table.table.name)), [], |row| {
+                        row.get(0)
+                    })
+                    .map_err(error("look for rows"))?;
+                let mut claimed = 0u64;
+                for task in &table.tasks {
+                    let rows: Option<u64> = connection
+                        .query_row(
+                            &format!("SELECT rows_written FROM {CHECKPOINTS} WHERE job = ?1 AND task = ?2"),
+                            [&job, task],
+                            |row| row.get(0),
+                        )
+                        .optional()
+                        .map_err(error("read the table's checkpoints"))?;
+                    claimed += rows.unwrap_or(0);
+                }
+                judged.push((table.table, Binding::judge(claimed, None, None, has_rows)));
+            }
+            Ok(judged)
+        })
+        .await
+    }
+
+    async fn forget_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let (job, tables) = (job.to_owned(), tables.to_vec());
+        self.blocking(move |connection| {
+            for table in &tables {
+                for task in &table.tasks {
+                    connection
+                        .execute(&format!("DELETE FROM {CHECKPOINTS} WHERE job = ?1 AND task = ?2"), [&job, task])
+                        .map_err(|error| {
+                            sqlite_error(error, Side::Target, &format!("forget the checkpoints of {}", table.table))
+                        })?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        let (job, tables) = (job.to_owned(), tables.to_vec());
+        self.blocking(move |connection| {
+            for table in &tables {
+                let exists: bool = connection
+                    .query_row(
+                        "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+                        [&table.table.name],
+                        |row| row.get(0),
+                    )
+                    .map_err(|error| sqlite_error(error, Side::Target, &format!("look up table {}", table.table)))?;
+                if exists {
+                    connection
+                        .execute_batch(&format!("DELETE FROM {}", quote(&table.table.name)))
+                        .map_err(|error| sqlite_error(error, Side::Target, &format!("empty table {}", table.table)))?;
+                }
+            }
+            connection
+                .execute(&format!("DELETE FROM {CHECKPOINTS} WHERE job = ?1"), [&job])
+                .map_err(|error| sqlite_error(error, Side::Target, "forget the job's checkpoints"))?;
             Ok(())
         })
         .await
@@ -307,6 +394,24 @@ impl Writer for SqliteWriter {
                 }
                 Ok(())
             })
+        .await
+    }
+
+    async fn replace_all(&mut self) -> Result<()> {
+        self.blocking(|state| {
+            if !state.in_transaction {
+                state
+                    .connection
+                    .execute_batch("BEGIN IMMEDIATE")
+                    .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
+                state.in_transaction = true;
+            }
+            let statement = format!("DELETE FROM {}", quote(&state.table.name.name));
+            state
+                .connection
+                .execute_batch(&statement)
+                .map_err(|error| sqlite_error(error, Side::Target, &format!("empty table {}", state.table.name)))
+        })
         .await
     }
 }

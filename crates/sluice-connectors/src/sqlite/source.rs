@@ -156,6 +156,7 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
                 nullable: !not_null && key_position == 0,
                 native_type: declared,
                 collation: None,
+                details: Default::default(),
             }
         })
         .collect();
@@ -165,6 +166,7 @@ fn describe_table(connection: &Connection, name: TableName) -> Result<TableSchem
         columns,
         primary_key: key.into_iter().map(|(_, index)| index).collect(),
         indexes: Vec::new(),
+        details: Default::default(),
     })
 }
 

@@ -216,6 +216,7 @@ impl Runner {
             }
         });
 
+        let copied_at = self.copy_positions().await?;
         let raw = writer.shape() == ChangeShape::Raw;
         let mut applier = Applier {
             runner: self,
@@ -237,6 +238,7 @@ impl Runner {
             last_commit: Instant::now(),
             last_status: None,
             progressed,
+            copied_at,
         };
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
@@ -360,6 +362,33 @@ impl Runner {
         })
     }
 
+    /// Where the copy of each table read whole (no key) stood in the source's log, from its
+    /// checkpoint in the target: the copy holds exactly the transactions before it, so the
+    /// stream skips that table's changes until it gets there (a replay could not recognise
+    /// rows without a key).
+    async fn copy_positions(&self) -> Result<HashMap<TableName, Position>> {
+        let splits = lock(&self.whole_splits).clone();
+        let mut positions = HashMap::new();
+        for split in splits {
+            let mapping = self.mapping(&split.table)?;
+            let mut writer = self.sink.open(&self.job.name, &split.id, mapping.target.clone()).await?;
+            match writer.recover().await? {
+                Some(Checkpoint { done: true, position: Some(position), .. }) => {
+                    positions.insert(split.table.name.clone(), position);
+                }
+                _ => {
+                    return Err(Error::new(
+                        ErrorKind::State,
+                        format!("the copy of table {} (read whole: it has no key) is not complete", split.table.name),
+                    )
+                    .on(Side::Target)
+                    .hint("run the job again: the stream starts once every table is copied"))
+                }
+            }
+        }
+        Ok(positions)
+    }
+
     /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold.
     fn apply_mode(&self, checkpoint: &StreamCheckpoint) -> ApplyMode {
         match &checkpoint.replay_until {
@@ -428,6 +457,9 @@ struct Applier<'a> {
     /// When the stream's status was last saved in the state store.
     last_status: Option<Instant>,
     progressed: &'a mut bool,
+    /// Tables read whole by the copy (no key) whose copy position the stream has not reached:
+    /// their changes are in the copy.
+    copied_at: HashMap<TableName, Position>,
 }
 
 /// The mapping of a source table to its target (cached per source schema).
@@ -474,6 +506,15 @@ impl Applier<'_> {
 
     /// Row changes of the open source transaction. A table with a pending schema gets it first.
     async fn changes(&mut self, mut changes: Vec<Change>) -> Result<()> {
+        if !self.copied_at.is_empty() {
+            // This transaction starts at `at`: before a copy's position, that copy holds it.
+            let (source, at) = (&self.runner.source, &self.checkpoint.at);
+            self.copied_at.retain(|_, copy| !source.reached(at, copy));
+            changes.retain(|change| !self.copied_at.contains_key(&change.table.name));
+            if changes.is_empty() {
+                return Ok(());
+            }
+        }
         if let Some(catch_up) = &self.checkpoint.catch_up {
             // The other tables have these changes already.
             changes.retain(|change| catch_up.tables.contains(&change.table.name));
@@ -730,6 +771,7 @@ mod tests {
             ],
             primary_key: vec![0],
             indexes: Vec::new(),
+            details: Default::default(),
         })
     }
 
@@ -836,6 +878,9 @@ mod tests {
             Vec::new()
         }
         async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
+            Ok(())
+        }
+        async fn reset(&self, _job: &str, _tables: &[crate::connector::TableTasks]) -> Result<()> {
             Ok(())
         }
         async fn open(&self, _job: &str, _task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {

@@ -341,7 +341,7 @@ impl Transforms {
         if !problems.is_empty() {
             return Err(problems);
         }
-        let target = TableSchema { name, columns, primary_key, indexes };
+        let target = TableSchema { name, columns, primary_key, indexes, details: source.details.clone() };
         let outputs = outputs
             .into_iter()
             .enumerate()
@@ -689,6 +689,7 @@ mod tests {
             ],
             primary_key: vec![0],
             indexes: vec![Index { name: "email_unique".into(), columns: vec![2], unique: true }],
+            details: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use sluice_core::connector::TableTasks;
 use sluice_core::planner::Planner;
 use sluice_core::runner::{Backfill, STREAM_TASK};
 use sluice_core::{retry, Error, ErrorKind, Result, Side, TableName};
@@ -188,6 +189,7 @@ impl Node {
         // made once, here.
         sink.prepare(&planned.targets).await?;
         let plan = planned.plan;
+        sluice_core::planner::verify_checkpoints(&spec, &*sink, &TableTasks::of(&plan)).await?;
         let mut record = PlanRecord {
             generation: job.generation,
             version: job.version,

@@ -244,6 +244,8 @@ struct PieceSplit {
     id: String,
     descriptor: serde_json::Value,
     estimated_rows: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    whole: bool,
     /// Only for a split whose schema is not its table's in this piece.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     schema: Option<std::sync::Arc<sluice_core::TableSchema>>,
@@ -292,6 +294,7 @@ fn pieces_of(plan: &Plan, limit: usize) -> Vec<PlanPiece> {
                 id: split.id.clone(),
                 descriptor: split.descriptor.clone(),
                 estimated_rows: split.estimated_rows,
+                whole: split.whole,
                 schema,
             });
         }
@@ -311,6 +314,7 @@ fn join_pieces(mut plan: Plan, pieces: Vec<PlanPiece>) -> Plan {
                     table: split.schema.or_else(|| schema.clone())?,
                     descriptor: split.descriptor,
                     estimated_rows: split.estimated_rows,
+                    whole: split.whole,
                 })
             });
             match plan.tables.last_mut() {
@@ -581,6 +585,7 @@ mod tests {
                     table: std::sync::Arc::new(sluice_core::TableSchema::named(TableName::parse(name))),
                     descriptor: serde_json::Value::Null,
                     estimated_rows: 0,
+                    whole: false,
                 })
                 .collect(),
         };
@@ -619,6 +624,7 @@ mod tests {
                 columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
                 primary_key: vec![0],
                 indexes: Vec::new(),
+                details: Default::default(),
             })
         };
         let table = |name: &str, splits: usize| PlannedTable {
@@ -629,6 +635,7 @@ mod tests {
                     table: schema(name),
                     descriptor: serde_json::json!({ "from": index * 100, "to": index * 100 + 100 }),
                     estimated_rows: 100,
+                    whole: false,
                 })
                 .collect(),
         };

@@ -1,0 +1,375 @@
+//! What an application finds on the target after a copy, against real servers: tables without a
+//! key copied exactly once (with their duplicates) and streamed by their values, checkpoints that
+//! hold only for the table they were written against, a job run again from scratch, and tables
+//! a `cdc` job's source creates after it started.
+
+mod support;
+
+use std::time::Duration;
+
+use support::workload::{source_position, stream_position, Client};
+use support::{kill, mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Guard, Run, Workspace};
+
+/// Fails the test with the run's output when it ended.
+fn still_running(child: &mut Guard) {
+    if child.try_wait().unwrap().is_some() {
+        let mut output = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut output).unwrap();
+        panic!("the run ended early:\n{output}");
+    }
+}
+
+fn target_url(target: &str) -> String {
+    if target == "postgres" {
+        postgres_url()
+    } else {
+        mysql_url()
+    }
+}
+
+/// Runs SQL on a target; the rows as the client prints them.
+fn on_target(target: &str, sql: &str) -> String {
+    if target == "postgres" {
+        psql(sql)
+    } else {
+        mariadb(sql)
+    }
+}
+
+fn job_file(
+    workspace: &Workspace,
+    name: &str,
+    mode: &str,
+    tables: &str,
+    target: &str,
+    extra: &str,
+) -> std::path::PathBuf {
+    workspace.write(
+        &format!("{name}.yaml"),
+        &format!(
+            "name: {name}\nmode: {mode}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{tables}\"]\n\
+             target:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n{extra}",
+            namespace = name.replace('-', "_"),
+        ),
+    )
+}
+
+fn run(workspace: &Workspace, job: &std::path::Path, target: &str, extra: &[&str]) -> Run {
+    let mut arguments = vec!["run", job.to_str().unwrap()];
+    arguments.extend_from_slice(extra);
+    Run::from(
+        workspace.command(&arguments).env("SOURCE", mysql_url()).env("TARGET", target_url(target)).output().unwrap(),
+    )
+}
+
+/// The rows of the keyless test table as sorted text lines, the same on MariaDB and PostgreSQL.
+fn keyless_rows(side: &str, table: &str) -> Vec<String> {
+    let sql = if side == "postgres" {
+        format!(
+            "SELECT concat_ws('|', coalesce(a::text, 'NULL'), coalesce(b, 'NULL'), coalesce(d::text, 'NULL'), \
+             coalesce(bits::text, 'NULL'), coalesce(e, 'NULL'), coalesce(s, 'NULL')) FROM {table}"
+        )
+    } else {
+        format!(
+            "SELECT concat_ws('|', coalesce(a, 'NULL'), coalesce(b, 'NULL'), coalesce(d, 'NULL'), \
+             coalesce(lpad(bin(bits), 5, '0'), 'NULL'), coalesce(e, 'NULL'), coalesce(s, 'NULL')) FROM {table}"
+        )
+    };
+    let mut rows: Vec<String> = on_target(side, &sql).lines().map(str::to_owned).collect();
+    rows.sort();
+    rows
+}
+
+const KEYLESS: &str =
+    "CREATE TABLE keyless (a INT, b VARCHAR(20) CHARACTER SET latin1 COLLATE latin1_general_ci, d DATETIME(3), \
+                       bits BIT(5), e ENUM('x','y'), s SET('p','q'))";
+
+/// Inserts rows into the keyless table, many of them equal, or equal but for case; some text
+/// outside ASCII in a latin1 column.
+fn keyless_inserts(first: u32, count: u32) -> String {
+    format!(
+        "INSERT INTO keyless SELECT seq % 7, IF(seq % 5 = 0, 'é', IF(seq % 2 = 0, 'x', 'X')),          TIMESTAMP('2024-01-02 03:04:05') + INTERVAL (seq % 100 * 10 + 1) * 1000 MICROSECOND, seq % 32,          IF(seq % 3 = 0, 'x', 'y'), IF(seq % 4 = 0, 'p,q', 'q') FROM seq_{first}_to_{last};",
+        last = first + count - 1
+    )
+}
+
+#[test]
+fn keyless_tables_copy_with_their_duplicates_and_stream_by_their_values() {
+    for target in ["postgres", "mysql"] {
+        let database = unique_name("keyless");
+        mariadb(&format!(
+            "CREATE DATABASE {database}; USE {database}; {KEYLESS};
+             INSERT INTO keyless VALUES (1, 'x', '2024-01-02 03:04:05.501', b'101', 'x', 'p'), (1, 'x', '2024-01-02 03:04:05.501', b'101', 'x', 'p'),
+                 (1, 'X', NULL, NULL, NULL, ''), (NULL, NULL, NULL, NULL, NULL, NULL);
+             {inserts}
+             CREATE TABLE unique_key (code VARCHAR(10) NOT NULL, v INT, UNIQUE KEY (code));
+             INSERT INTO unique_key VALUES ('b', 2), ('a', 1);
+             CREATE TABLE a_first (id INT PRIMARY KEY); INSERT INTO a_first SELECT seq FROM seq_1_to_8000;",
+            inserts = keyless_inserts(0, 3000)
+        ));
+        let workspace = Workspace::new();
+        let name = format!("{database}-{target}").replace('_', "-");
+        let namespace = name.replace('-', "_");
+        let job = job_file(
+            &workspace,
+            &name,
+            "snapshot+cdc",
+            &format!("{database}.*"),
+            target,
+            "parallelism: 1\nlimits: {batch_rows: 500, rows_per_sec: 4000}\n",
+        );
+        // Changes run while `a_first` is copied, after the job's snapshot began and before the
+        // keyless table's copy: they are in that copy, and the stream must not apply them again.
+        let mut child: Guard = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        wait_for("the copy to begin", Duration::from_secs(60), || support::workload::committed(target, &name) > 0);
+        let mut client = Client::start(&database);
+        for round in 0..20u32 {
+            client.send(&keyless_inserts(10_000 + round * 10, 10));
+            client.send("DELETE FROM keyless WHERE a = 3 LIMIT 1; UPDATE keyless SET e = 'y' WHERE e = 'x' LIMIT 2;");
+            client.send(&format!("UPDATE unique_key SET v = v + 1 WHERE code = 'a'; INSERT INTO unique_key VALUES ('n{round}', {round});"));
+        }
+        client.finish();
+        // These come once the copy is done, through the stream alone. Of two rows equal but for
+        // case, the one the source deletes goes; so does a latin1 row with a non-ASCII value.
+        wait_for("the stream to start", Duration::from_secs(120), || {
+            still_running(&mut child);
+            stream_position(target, &name).is_some()
+        });
+        mariadb(&format!(
+            "USE {database}; DELETE FROM keyless WHERE BINARY b = 'X' AND a = 1 AND d IS NULL LIMIT 1;
+             INSERT INTO keyless VALUES (1, 'x', '2024-01-02 03:04:05.501', b'101', 'x', 'p');
+             UPDATE keyless SET a = 99 WHERE a IS NULL LIMIT 1;
+             DELETE FROM keyless WHERE b = 'é' LIMIT 2; UPDATE keyless SET a = 98 WHERE b = 'é' LIMIT 1;"
+        ));
+        let source = source_position();
+        wait_for("the stream to reach the source", Duration::from_secs(120), || {
+            still_running(&mut child);
+            stream_position(target, &name).is_some_and(|at| at >= source)
+        });
+        let child = child.into_inner();
+        signal(&child, "TERM");
+        let output = child.wait_with_output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert_eq!(output.status.code(), Some(0), "{text}");
+        let expected = keyless_rows("mysql", &format!("{database}.keyless"));
+        let copied = keyless_rows(target, &format!("{namespace}.keyless"));
+        assert_eq!(copied.len(), expected.len(), "{target}: row count\n{text}");
+        assert_eq!(copied, expected, "{target}: the keyless table");
+        let unique = |side: &str, table: &str| on_target(side, &format!("SELECT code, v FROM {table} ORDER BY code"));
+        assert_eq!(
+            unique(target, &format!("{namespace}.unique_key")),
+            unique("mysql", &format!("{database}.unique_key"))
+                .replace('\t', if target == "postgres" { "|" } else { "\t" })
+        );
+    }
+}
+
+#[test]
+fn a_keyless_copy_cut_short_is_copied_again_whole() {
+    let database = unique_name("cut");
+    let rows = 20_000;
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database}; CREATE TABLE bag (a INT, b VARCHAR(10));
+         INSERT INTO bag SELECT seq % 10, 'same' FROM seq_1_to_{rows};"
+    ));
+    for target in ["postgres", "mysql"] {
+        let workspace = Workspace::new();
+        let name = format!("{database}-{target}").replace('_', "-");
+        let namespace = name.replace('-', "_");
+        let job = job_file(
+            &workspace,
+            &name,
+            "snapshot",
+            &format!("{database}.bag"),
+            target,
+            "limits: {batch_rows: 500, rows_per_sec: 4000}\n",
+        );
+        let mut child = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        wait_for("part of the table to be committed", Duration::from_secs(60), || {
+            support::workload::committed(target, &name) > 0
+        });
+        kill(&mut child);
+        let committed = support::workload::committed(target, &name);
+        assert!(committed > 0 && committed < rows, "killed part-way: {committed} rows committed");
+        run(&workspace, &job, target, &[]).assert_code(0);
+        let count = on_target(target, &format!("SELECT count(*), sum(a) FROM {namespace}.bag"));
+        let expected = mariadb(&format!("SELECT count(*), sum(a) FROM {database}.bag"));
+        assert_eq!(count.replace('|', "\t"), expected, "{target}: every row once");
+    }
+}
+
+#[test]
+fn a_target_table_dropped_emptied_or_replaced_is_not_trusted_to_its_old_checkpoints() {
+    let database = unique_name("bound");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database}; CREATE TABLE t (id INT PRIMARY KEY, v INT);
+         INSERT INTO t SELECT seq, seq * 2 FROM seq_1_to_5000;"
+    ));
+    for target in ["postgres", "mysql"] {
+        let workspace = Workspace::new();
+        let name = format!("{database}-{target}").replace('_', "-");
+        let table = format!("{}.t", name.replace('-', "_"));
+        let job =
+            job_file(&workspace, &name, "snapshot", &format!("{database}.t"), target, "limits: {split_rows: 1000}\n");
+        let count = || on_target(target, &format!("SELECT count(*) FROM {table}"));
+        run(&workspace, &job, target, &[]).assert_code(0);
+        assert_eq!(count(), "5000\n");
+
+        on_target(target, &format!("DROP TABLE {table}"));
+        let again = run(&workspace, &job, target, &[]);
+        again.assert_code(0);
+        assert_eq!(count(), "5000\n", "{target}: a dropped table is copied again\n{}", again.stderr);
+        assert!(again.stderr.contains("copied again"), "{}", again.stderr);
+
+        let empty = if target == "postgres" { format!("TRUNCATE {table}") } else { format!("TRUNCATE TABLE {table}") };
+        on_target(target, &empty);
+        run(&workspace, &job, target, &[]).assert_code(0);
+        assert_eq!(count(), "5000\n", "{target}: an emptied table is copied again");
+
+        // Another table with rows of its own: the job stops and says what to do.
+        let replace = format!(
+            "DROP TABLE {table}; CREATE TABLE {table} (id INT PRIMARY KEY, v INT); INSERT INTO {table} VALUES (1, 1)"
+        );
+        on_target(target, &replace);
+        let refused = run(&workspace, &job, target, &[]);
+        assert_ne!(refused.code, 0, "{}", refused.all());
+        assert!(refused.stderr.contains(&table) && refused.stderr.contains("--restart"), "{}", refused.stderr);
+        assert_eq!(count(), "1\n", "{target}: nothing was written into the replaced table");
+
+        let restarted = run(&workspace, &job, target, &["--restart"]);
+        restarted.assert_code(0);
+        assert_eq!(count(), "5000\n", "{target}: --restart copies everything again\n{}", restarted.stderr);
+        assert_eq!(on_target(target, &format!("SELECT sum(v) FROM {table}")), "25005000\n");
+
+        // `sluice reset` empties the tables and forgets the checkpoints: the next run copies all.
+        let reset = Run::from(
+            workspace
+                .command(&["reset", job.to_str().unwrap()])
+                .env("SOURCE", mysql_url())
+                .env("TARGET", target_url(target))
+                .output()
+                .unwrap(),
+        );
+        reset.assert_code(0);
+        assert_eq!(count(), "0\n", "{target}: reset empties the job's tables");
+        run(&workspace, &job, target, &[]).assert_code(0);
+        assert_eq!(count(), "5000\n", "{target}: the run after a reset copies everything");
+    }
+}
+
+#[test]
+fn a_cdc_job_over_no_table_yet_takes_in_the_tables_the_source_creates() {
+    for target in ["postgres", "mysql"] {
+        let database = unique_name("later");
+        mariadb(&format!("CREATE DATABASE {database}"));
+        let workspace = Workspace::new();
+        let name = format!("{database}-{target}").replace('_', "-");
+        let namespace = name.replace('-', "_");
+        let job = job_file(&workspace, &name, "cdc", &format!("{database}.*"), target, "");
+        let mut child = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        wait_for("the stream to start", Duration::from_secs(60), || {
+            still_running(&mut child);
+            stream_position(target, &name).is_some()
+        });
+        mariadb(&format!(
+            "USE {database}; CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(20));
+             INSERT INTO orders VALUES (1, 'one'), (2, 'two'); UPDATE orders SET note = 'uno' WHERE id = 1;
+             {KEYLESS}; {inserts} DELETE FROM keyless WHERE a = 2 LIMIT 1;",
+            inserts = keyless_inserts(0, 20)
+        ));
+        let source = source_position();
+        wait_for("the stream to reach the source", Duration::from_secs(60), || {
+            still_running(&mut child);
+            stream_position(target, &name).is_some_and(|at| at >= source)
+        });
+        let child = child.into_inner();
+        signal(&child, "TERM");
+        let output = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert_eq!(output.status.code(), Some(0), "{text}");
+        assert!(text.contains("no table matches `source.tables` yet"), "{text}");
+        let orders = on_target(target, &format!("SELECT id, note FROM {namespace}.orders ORDER BY id"));
+        assert_eq!(orders.replace('|', "\t"), "1\tuno\n2\ttwo\n", "{target}\n{text}");
+        assert_eq!(
+            keyless_rows(target, &format!("{namespace}.keyless")),
+            keyless_rows("mysql", &format!("{database}.keyless")),
+            "{target}"
+        );
+    }
+}
+
+/// `SHOW CREATE TABLE` without the table's name and its counter, for comparison.
+fn show_create(table: &str) -> String {
+    let text = mariadb(&format!("SHOW CREATE TABLE {table}"));
+    let definition = text.split_once('\t').map_or(text.as_str(), |(_, definition)| definition);
+    let definition = definition.replace("\\n", "\n");
+    definition.lines().skip(1).map(str::to_owned).collect::<Vec<_>>().join("\n")
+}
+
+const RICH: &str = "CREATE TABLE rich (
+    id INT(10) UNSIGNED NOT NULL AUTO_INCREMENT COMMENT 'the key',
+    code CHAR(4) CHARACTER SET latin1 COLLATE latin1_bin NOT NULL DEFAULT 'ab''c',
+    price DECIMAL(12,3) UNSIGNED ZEROFILL DEFAULT 1.500,
+    ratio FLOAT(10,5) UNSIGNED DEFAULT NULL,
+    score DOUBLE(8,2) NOT NULL DEFAULT -1.25,
+    note VARCHAR(40) COLLATE utf8mb4_unicode_ci DEFAULT NULL COMMENT 'free text',
+    flags SET('a','b') NOT NULL DEFAULT 'a,b',
+    kind ENUM('x','y') DEFAULT 'y',
+    created DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+    touched TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP,
+    small TINYINT(3) UNSIGNED ZEROFILL NOT NULL DEFAULT 7,
+    PRIMARY KEY (id),
+    UNIQUE KEY code_unique (code),
+    KEY note_kind (note, kind),
+    KEY by_price (price)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_general_ci COMMENT='rich table'";
+
+#[test]
+fn a_mysql_copy_carries_the_schema_and_applications_insert_without_an_id() {
+    let database = unique_name("schema");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database}; {RICH};
+         INSERT INTO rich (code, price, ratio, note) VALUES ('a', 2.5, 30.123456, 'one'), ('b', NULL, NULL, 'two'), ('c', 1, 1, NULL);
+         DELETE FROM rich WHERE code = 'c';"
+    ));
+    let workspace = Workspace::new();
+    // MySQL → MySQL: the target's table is the source's, counter included.
+    let name = format!("{database}-mysql").replace('_', "-");
+    let namespace = name.replace('-', "_");
+    let job = job_file(&workspace, &name, "snapshot", &format!("{database}.rich"), "mysql", "");
+    run(&workspace, &job, "mysql", &[]).assert_code(0);
+    let source = show_create(&format!("{database}.rich"));
+    let target = show_create(&format!("{namespace}.rich"));
+    assert_eq!(target, source, "SHOW CREATE TABLE of the target equals the source's");
+    assert!(source.contains("AUTO_INCREMENT=4"), "{source}");
+    assert_eq!(
+        mariadb(&format!("SELECT id, code, price, ratio FROM {namespace}.rich ORDER BY id")),
+        mariadb(&format!("SELECT id, code, price, ratio FROM {database}.rich ORDER BY id"))
+    );
+    mariadb(&format!("INSERT INTO {namespace}.rich (code) VALUES ('new')"));
+    assert_eq!(mariadb(&format!("SELECT id FROM {namespace}.rich WHERE code = 'new'")), "4\n");
+
+    // MySQL → PostgreSQL: an identity column past the copied counter, defaults, comments.
+    let name = format!("{database}-postgres").replace('_', "-");
+    let namespace = name.replace('-', "_");
+    let job = job_file(&workspace, &name, "snapshot", &format!("{database}.rich"), "postgres", "");
+    run(&workspace, &job, "postgres", &[]).assert_code(0);
+    psql(&format!("INSERT INTO {namespace}.rich (code) VALUES ('new')"));
+    assert_eq!(
+        psql(&format!("SELECT id, code, flags, kind, score, small FROM {namespace}.rich WHERE code = 'new'")),
+        "4|new|a,b|y|-1.25|7\n"
+    );
+    assert_eq!(psql(&format!("SELECT col_description('{namespace}.rich'::regclass, 1)")), "the key\n");
+    assert_eq!(psql(&format!("SELECT obj_description('{namespace}.rich'::regclass, 'pg_class')")), "rich table\n");
+    let negative = std::process::Command::new("psql")
+        .args([
+            postgres_url().as_str(),
+            "-X",
+            "-At",
+            "-c",
+            &format!("INSERT INTO {namespace}.rich (id, code) VALUES (-5, 'neg')"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!negative.status.success(), "UNSIGNED holds on the target: a negative id is refused");
+}
