@@ -257,9 +257,7 @@ impl Sink for ParquetSink {
     /// Removes the tables' parts: a part is its split's checkpoint.
     async fn reset(&self, _job: &str, tables: &[TableTasks]) -> Result<()> {
         for table in tables {
-            for task in &table.tasks {
-                Part::new(&self.directory, &table.table, task, "parquet").remove()?;
-            }
+            Part::remove_all(&self.directory, &table.table, "parquet")?;
         }
         Ok(())
     }

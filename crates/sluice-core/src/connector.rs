@@ -363,7 +363,7 @@ pub fn replaced_tables(job: &str, tables: &[String]) -> Error {
         ),
     )
     .on(Side::Target)
-    .hint("to copy everything again into emptied tables run `sluice run --restart` (or `sluice reset` first); to copy only these, drop or empty them and run again")
+    .hint(format!("to copy everything again into emptied tables run `sluice run --restart` (or `sluice reset` first); to copy only these, drop or empty them and run again; if a table was only rebuilt (MySQL OPTIMIZE TABLE, ALTER TABLE ... FORCE) and holds the job's rows, delete its row of job {job} from the target's sluice.bindings"))
 }
 
 /// A place data is written to.

@@ -186,15 +186,16 @@ impl Runner {
         let (mut plan, mut targets, planned_here) = match &self.given_plan {
             Some(plan) => (plan.clone(), self.targets_of(plan)?, false),
             None => {
-                if self.restart {
-                    self.state.forget(&self.job.name)?;
-                }
-                let previous = self.state.load_plan(&self.job.name)?;
+                // A restart plans afresh, and keeps the new plan only once the target is reset:
+                // until then the stored plan still matches the target's checkpoints.
+                let previous = if self.restart { None } else { self.state.load_plan(&self.job.name)? };
                 let planned = Planner::new(self.job.clone(), self.source.clone(), self.sink.clone())
                     .stopping_on(self.stop.clone())
                     .plan(previous)
                     .await?;
-                self.state.save_plan(&self.job.name, &planned.plan)?;
+                if !self.restart {
+                    self.state.save_plan(&self.job.name, &planned.plan)?;
+                }
                 (planned.plan, planned.targets, true)
             }
         };
@@ -236,6 +237,8 @@ impl Runner {
                 }
                 log::warn!("restart: emptying the job's {} target tables and forgetting its checkpoints", tables.len());
                 self.sink.reset(&self.job.name, &tables).await?;
+                self.state.forget(&self.job.name)?;
+                self.state.save_plan(&self.job.name, &plan)?;
             } else {
                 crate::planner::verify_checkpoints(&self.job, &*self.sink, &tables).await?;
             }

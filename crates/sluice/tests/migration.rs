@@ -127,6 +127,11 @@ fn keyless_tables_copy_with_their_duplicates_and_stream_by_their_values() {
             client.send(&keyless_inserts(10_000 + round * 10, 10));
             client.send("DELETE FROM keyless WHERE a = 3 LIMIT 1; UPDATE keyless SET e = 'y' WHERE e = 'x' LIMIT 2;");
             client.send(&format!("UPDATE unique_key SET v = v + 1 WHERE code = 'a'; INSERT INTO unique_key VALUES ('n{round}', {round});"));
+            if round == 10 {
+                // Before the keyless copy's position: the copy holds the truncation, and the
+                // stream must not empty the copy again.
+                client.send("TRUNCATE TABLE keyless;");
+            }
         }
         client.finish();
         // These come once the copy is done, through the stream alone. Of two rows equal but for
@@ -361,17 +366,6 @@ fn a_mysql_copy_carries_the_schema_and_applications_insert_without_an_id() {
     );
     assert_eq!(psql(&format!("SELECT col_description('{namespace}.rich'::regclass, 1)")), "the key\n");
     assert_eq!(psql(&format!("SELECT obj_description('{namespace}.rich'::regclass, 'pg_class')")), "rich table\n");
-    let negative = std::process::Command::new("psql")
-        .args([
-            postgres_url().as_str(),
-            "-X",
-            "-At",
-            "-c",
-            &format!("INSERT INTO {namespace}.rich (id, code) VALUES (-5, 'neg')"),
-        ])
-        .output()
-        .unwrap();
-    assert!(!negative.status.success(), "UNSIGNED holds on the target: a negative id is refused");
 }
 
 /// The edge table's rows as sorted text, binary values in hex.

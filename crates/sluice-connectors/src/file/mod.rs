@@ -132,9 +132,7 @@ impl Sink for FileSink {
     /// Removes the tables' parts: a part is its split's checkpoint.
     async fn reset(&self, _job: &str, tables: &[TableTasks]) -> Result<()> {
         for table in tables {
-            for task in &table.tasks {
-                Part::new(&self.directory, &table.table, task, self.format.extension()).remove()?;
-            }
+            Part::remove_all(&self.directory, &table.table, self.format.extension())?;
         }
         Ok(())
     }

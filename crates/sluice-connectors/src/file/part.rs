@@ -43,14 +43,23 @@ impl Part {
         }
     }
 
-    /// Removes the part, whole or partial (a job reset).
-    pub(crate) fn remove(&self) -> Result<()> {
-        for path in [&self.final_path, &self.temporary_path] {
-            match fs::remove_file(path) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io_error(Side::Target, format!("remove {}", path.display()), error))
-                }
-                _ => {}
+    /// Removes every part of a table, whole or partial, whichever plan wrote it (a job reset).
+    pub(crate) fn remove_all(directory: &Path, table: &TableName, extension: &str) -> Result<()> {
+        let table_directory = directory.join(directory_name(table));
+        let entries = match fs::read_dir(&table_directory) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(io_error(Side::Target, format!("list {}", table_directory.display()), error)),
+        };
+        let (whole, partial) = (format!(".{extension}"), format!(".{extension}.tmp"));
+        for entry in entries {
+            let path = entry
+                .map_err(|error| io_error(Side::Target, format!("list {}", table_directory.display()), error))?
+                .path();
+            let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+            if name.starts_with("part-") && (name.ends_with(&whole) || name.ends_with(&partial)) {
+                fs::remove_file(&path)
+                    .map_err(|error| io_error(Side::Target, format!("remove {}", path.display()), error))?;
             }
         }
         Ok(())

@@ -149,7 +149,7 @@ impl ChangeWriter for MysqlChangeWriter {
         }
         match change {
             SchemaChange::Create(table) => {
-                self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?
+                self.execute(&create_table_sql(table, None), &format!("create table {}", table.name)).await?
             }
             SchemaChange::Drop(table) => {
                 self.execute(&format!("DROP TABLE IF EXISTS {}", qualified(table)), &format!("drop table {table}"))
@@ -187,11 +187,14 @@ impl ChangeWriter for MysqlChangeWriter {
                         ColumnChange::Add(column) => {
                             format!(
                                 "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}",
-                                column_definition(column, false, false)
+                                column_definition(column, Default::default(), false)
                             )
                         }
                         ColumnChange::Retype(column) => {
-                            format!("ALTER TABLE {name} MODIFY COLUMN {}", column_definition(column, false, false))
+                            format!(
+                                "ALTER TABLE {name} MODIFY COLUMN {}",
+                                column_definition(column, Default::default(), false)
+                            )
                         }
                         ColumnChange::Drop(column) => {
                             format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))

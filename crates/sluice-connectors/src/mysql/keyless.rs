@@ -151,3 +151,18 @@ pub(super) fn no_snapshot_position(tables: &[String]) -> Error {
     .on(Side::Source)
     .hint("add a primary key to each, or exclude them with \"!name\" in source.tables and copy them with a snapshot job")
 }
+
+/// The error for keyless tables whose engine keeps no consistent snapshot (MyISAM, Aria), which
+/// a `snapshot+cdc` job copies at a snapshot's position.
+pub(super) fn not_transactional(tables: &[String]) -> Error {
+    Error::new(
+        ErrorKind::Schema,
+        format!(
+            "{} {} no primary key and a storage engine without consistent snapshots: in snapshot+cdc such a table cannot be copied at a known binlog position",
+            tables.join(", "),
+            if tables.len() == 1 { "has" } else { "have" }
+        ),
+    )
+    .on(Side::Source)
+    .hint("convert them to InnoDB or add a primary key, or exclude them with \"!name\" in source.tables and copy them with a snapshot job")
+}

@@ -37,32 +37,16 @@ pub(super) async fn delete_keys(
 }
 
 /// A table without a primary key: deletes one row equal to each of `rows` in every column (so
-/// of duplicates one goes); returns the indexes of those that found none. Variable-length text
-/// compares in its character set's binary collation (by its bytes when the charset is unknown),
-/// so a case- or accent-insensitive collation cannot pick another row.
+/// of duplicates one goes); returns the indexes of those that found none. Each column compares
+/// exactly, whatever its collation: variable-length text by its bytes in the column's character
+/// set (no case folding, no PAD SPACE), CHAR in that set's binary collation (CHAR drops trailing
+/// spaces anyway), decimals as decimals, JSON as JSON (MySQL's native type equals no string).
 pub(super) async fn delete_rows(
     connection: &mut Conn,
     table: &TableSchema,
     rows: &[Row],
 ) -> std::result::Result<Vec<usize>, mysql_async::Error> {
-    let conditions: Vec<String> = table
-        .columns
-        .iter()
-        .map(|column| {
-            let charset = column
-                .collation
-                .as_deref()
-                .and_then(|collation| collation.split('_').next())
-                .filter(|charset| !charset.is_empty() && charset.chars().all(|c| c.is_ascii_alphanumeric()));
-            match (&column.data_type, charset) {
-                (DataType::Text { fixed: false, .. }, Some(charset)) if charset != "binary" => {
-                    format!("{} COLLATE {charset}_bin <=> CONVERT(? USING {charset})", quote(&column.name))
-                }
-                (DataType::Text { fixed: false, .. }, _) => format!("BINARY {} <=> BINARY ?", quote(&column.name)),
-                _ => format!("{} <=> ?", quote(&column.name)),
-            }
-        })
-        .collect();
+    let conditions: Vec<String> = table.columns.iter().map(row_condition).collect();
     let sql = format!("DELETE FROM {} WHERE {} LIMIT 1", qualified(&table.name), conditions.join(" AND "));
     let statement = connection.prep(sql).await?;
     let mut missing = Vec::new();
@@ -74,6 +58,28 @@ pub(super) async fn delete_rows(
         }
     }
     Ok(missing)
+}
+
+/// One column's condition of `delete_rows`, with one placeholder.
+fn row_condition(column: &sluice_core::Column) -> String {
+    let name = quote(&column.name);
+    let charset = column.collation.as_deref().and_then(|collation| collation.split('_').next()).filter(|charset| {
+        !charset.is_empty() && *charset != "binary" && charset.chars().all(|c| c.is_ascii_alphanumeric())
+    });
+    match (&column.data_type, charset) {
+        (DataType::Json, _) => format!("JSON_EXTRACT({name}, '$') <=> JSON_EXTRACT(?, '$')"),
+        (DataType::Decimal { precision: Some(precision), scale }, _) => {
+            format!("{name} <=> CAST(? AS DECIMAL({}, {}))", (*precision).min(65), scale.unwrap_or(0).min(30))
+        }
+        (DataType::Text { fixed: false, .. }, Some(charset)) => {
+            format!("CAST({name} AS BINARY) <=> CAST(CONVERT(? USING {charset}) AS BINARY)")
+        }
+        (DataType::Text { fixed: true, .. }, Some(charset)) => {
+            format!("{name} COLLATE {charset}_bin <=> CONVERT(? USING {charset})")
+        }
+        (DataType::Text { .. }, None) => format!("CAST({name} AS BINARY) <=> CAST(? AS BINARY)"),
+        _ => format!("{name} <=> ?"),
+    }
 }
 
 /// Inserts rows with multi-row prepared statements.

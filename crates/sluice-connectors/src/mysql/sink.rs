@@ -32,6 +32,9 @@ pub struct MysqlSink {
     namespace: Option<String>,
     /// The cluster task's fence every checkpoint commit checks, when a worker runs this sink.
     fence: Option<Fence>,
+    /// `mysql` or `mariadb`, found at `prepare`: how much of a MySQL source's definition the
+    /// tables created take (`tables::Fidelity`).
+    flavor: std::sync::OnceLock<String>,
 }
 
 impl MysqlSink {
@@ -46,6 +49,7 @@ impl MysqlSink {
         Ok(MysqlSink {
             pool: pool(&endpoint(url, Side::Target)?, connections + 1)?,
             local_infile: std::sync::atomic::AtomicBool::new(false),
+            flavor: std::sync::OnceLock::new(),
             server,
             write_mode,
             create_tables,
@@ -115,7 +119,7 @@ impl Sink for MysqlSink {
         tables
             .iter()
             .flat_map(|table| {
-                std::iter::once(create_table_sql(table))
+                std::iter::once(create_table_sql(table, self.flavor.get().map(String::as_str)))
                     .chain(table.indexes.iter().map(|index| add_index_sql(table, index)))
             })
             .collect()
@@ -177,6 +181,8 @@ impl Sink for MysqlSink {
         Ok(())
     }
 
+    /// The tables are emptied first (TRUNCATE commits on its own): a reset cut short leaves
+    /// empty tables whose checkpoints the next run forgets (`verify_checkpoints`).
     async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
         let mut connection = self.connection().await?;
         let error = |doing: &str| {
@@ -219,6 +225,10 @@ impl Sink for MysqlSink {
         let local_infile: Option<bool> =
             connection.query_first("SELECT @@GLOBAL.local_infile").await.map_err(error("read local_infile"))?;
         self.local_infile.store(local_infile.unwrap_or(false), std::sync::atomic::Ordering::Relaxed);
+        let version: Option<String> =
+            connection.query_first("SELECT VERSION()").await.map_err(error("read the server version"))?;
+        let flavor = if version.unwrap_or_default().contains("MariaDB") { "mariadb" } else { "mysql" };
+        let _ = self.flavor.set(flavor.to_owned());
         connection
             .query_drop(
                 "CREATE DATABASE IF NOT EXISTS sluice CHARACTER SET utf8mb4;
@@ -254,7 +264,7 @@ impl Sink for MysqlSink {
                         .hint("create it, or set target.create_tables: true"));
                 }
                 connection
-                    .query_drop(create_table_sql(table))
+                    .query_drop(create_table_sql(table, self.flavor.get().map(String::as_str)))
                     .await
                     .map_err(error(&format!("create table {}", table.name)))?;
                 continue;

@@ -18,7 +18,7 @@ use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::binlog::{BinlogChangeStream, LogPosition};
-use super::keyless::{no_snapshot_position, KeylessReader};
+use super::keyless::{no_snapshot_position, not_transactional, KeylessReader};
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
 
@@ -269,19 +269,44 @@ impl Source for MysqlSource {
         let version: Option<String> =
             connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
         let mariadb = version.unwrap_or_default().contains("MariaDB");
+        // MySQL 8 caches information_schema's table figures (AUTO_INCREMENT) for a day.
+        let _ = connection.query_drop("SET SESSION information_schema_stats_expiry = 0").await;
         let mut tables = Vec::new();
         for name in self.filter.select(available)? {
             tables.push(describe_table(&mut connection, &name, &self.server, stand_in, mariadb).await?);
         }
-        if self.mode == Mode::SnapshotAndCdc {
-            let keyless: Vec<String> = tables
-                .iter()
-                .filter(|table| table.primary_key.is_empty())
-                .map(|table| table.name.to_string())
-                .collect();
-            if !keyless.is_empty() && !mariadb {
+        let keyless: Vec<String> =
+            tables.iter().filter(|table| table.primary_key.is_empty()).map(|table| table.name.to_string()).collect();
+        if self.mode == Mode::SnapshotAndCdc && !keyless.is_empty() {
+            if !mariadb {
                 return Err(no_snapshot_position(&keyless));
             }
+            // A consistent snapshot holds for transactional tables only.
+            let mut other_engines = Vec::new();
+            for table in tables.iter().filter(|table| table.primary_key.is_empty()) {
+                let engine: Option<Option<String>> = connection
+                    .exec_first(
+                        "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                        (schema_of(&table.name), &table.name.name),
+                    )
+                    .await
+                    .map_err(self.error("read the storage engines"))?;
+                let engine = engine.flatten().unwrap_or_default();
+                if !engine.eq_ignore_ascii_case("InnoDB") {
+                    other_engines.push(format!("{} ({engine})", table.name));
+                }
+            }
+            if !other_engines.is_empty() {
+                return Err(not_transactional(&other_engines));
+            }
+        }
+        if self.mode == Mode::Cdc && !keyless.is_empty() {
+            log::warn!(
+                "{} {} no primary key: the stream applies {} changes by whole rows; rows the target held before the stream's start cannot be told from the ones it inserts",
+                keyless.join(", "),
+                if keyless.len() == 1 { "has" } else { "have" },
+                if keyless.len() == 1 { "its" } else { "their" }
+            );
         }
         Ok(tables)
     }
@@ -472,11 +497,17 @@ fn default_clause(default: Option<String>, extra: &str, nullable: bool, mariadb:
         return default;
     }
     let Some(default) = default else { return nullable.then(|| "NULL".to_owned()) };
+    let timestamp = default.to_ascii_uppercase().starts_with("CURRENT_TIMESTAMP");
     if extra.to_ascii_uppercase().contains("DEFAULT_GENERATED") {
-        let timestamp = default.to_ascii_uppercase().starts_with("CURRENT_TIMESTAMP");
-        return Some(if timestamp { default } else { format!("({default})") });
+        // MySQL 8 writes the quotes inside an expression escaped: `_utf8mb4\'[]\'`.
+        let expression = default.replace("\\'", "'");
+        return Some(if timestamp { expression } else { format!("({expression})") });
     }
-    Some(format!("'{}'", default.replace('\\', "\\\\").replace('\'', "''")))
+    // MySQL 5.7 flags neither CURRENT_TIMESTAMP nor a BIT literal.
+    if timestamp || default.starts_with("b'") {
+        return Some(default);
+    }
+    Some(super::tables::string_literal(&default))
 }
 
 /// The expression of an `on update ...` in a column's EXTRA.
@@ -635,7 +666,7 @@ async fn describe_table(
         .map_err(|error| mysql_error(error, Side::Source, server, &format!("read the options of {name}")))?;
     let (collation, comment, next_auto_increment) = options.unwrap_or_default();
     let details = TableDetails {
-        dialect: Some("mysql".to_owned()),
+        dialect: Some(if mariadb { "mariadb" } else { "mysql" }.to_owned()),
         comment: comment.filter(|comment| !comment.is_empty()),
         collation,
         next_auto_increment: next_auto_increment.filter(|_| columns.iter().any(|column| column.details.auto_increment)),

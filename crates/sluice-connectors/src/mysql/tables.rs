@@ -54,14 +54,35 @@ pub(super) fn column_type(data_type: &DataType) -> String {
     }
 }
 
+/// How much of a table's source definition a MySQL target takes: from a MySQL or MariaDB source
+/// (`family`) the counter, portable defaults, ON UPDATE and comments; from a server of its own
+/// flavor (`same_flavor`) also the source's own types and every default as written, which is
+/// what makes `SHOW CREATE TABLE` equal. (MariaDB has types MySQL lacks, and writes expression
+/// defaults without the parentheses MySQL needs.)
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Fidelity {
+    family: bool,
+    same_flavor: bool,
+}
+
+impl Fidelity {
+    /// For `table` on a target of `flavor` (`mysql` or `mariadb`; `None` when not known yet,
+    /// taken to be the source's).
+    pub(super) fn of(table: &TableSchema, flavor: Option<&str>) -> Fidelity {
+        let dialect = table.details.dialect.as_deref();
+        let family = matches!(dialect, Some("mysql" | "mariadb"));
+        Fidelity { family, same_flavor: family && flavor.is_none_or(|flavor| Some(flavor) == dialect) }
+    }
+}
+
 /// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
-/// for text (so keys compare as they did), and an explicit NULL or NOT NULL (TIMESTAMP columns
-/// get no implicit default). From a MySQL source (`same_dialect`), the type is the source's own
-/// (display width, `(M,D)`, UNSIGNED, ZEROFILL kept), with its default, ON UPDATE, AUTO_INCREMENT
-/// (on the primary key's first column, which makes it a key at creation) and comment.
-pub(super) fn column_definition(column: &sluice_core::Column, same_dialect: bool, counter: bool) -> String {
+/// for text (so keys compare as they did), an explicit NULL or NOT NULL (TIMESTAMP columns get
+/// no implicit default), and what `fidelity` carries of the source's definition; AUTO_INCREMENT
+/// only on the column that is the primary key's first (`counter`), which makes it a key at
+/// creation.
+pub(super) fn column_definition(column: &sluice_core::Column, fidelity: Fidelity, counter: bool) -> String {
     // MariaDB's JSON is LONGTEXT with a check: spelt JSON, it gets that check again.
-    let own_type = same_dialect && !column.native_type.is_empty() && column.data_type != DataType::Json;
+    let own_type = fidelity.same_flavor && !column.native_type.is_empty() && column.data_type != DataType::Json;
     let type_text = if own_type { column.native_type.clone() } else { column_type(&column.data_type) };
     let collation = match (&column.data_type, &column.collation) {
         (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(collation))
@@ -74,37 +95,52 @@ pub(super) fn column_definition(column: &sluice_core::Column, same_dialect: bool
     };
     let nullability = if column.nullable { " NULL" } else { " NOT NULL" };
     let mut definition = format!("{} {type_text}{collation}{nullability}", quote(&column.name));
-    if same_dialect {
-        let details = &column.details;
-        if let Some(default) = &details.default {
-            definition.push_str(&format!(" DEFAULT {default}"));
-        }
-        if let Some(on_update) = &details.on_update {
-            definition.push_str(&format!(" ON UPDATE {on_update}"));
-        }
-        if details.auto_increment && counter {
-            definition.push_str(" AUTO_INCREMENT");
-        }
-        if let Some(comment) = &details.comment {
-            definition.push_str(&format!(" COMMENT {}", string_literal(comment)));
-        }
+    if !fidelity.family {
+        return definition;
+    }
+    let details = &column.details;
+    let default = details.default.as_deref().filter(|default| fidelity.same_flavor || portable(default));
+    if let Some(default) = default {
+        definition.push_str(&format!(" DEFAULT {default}"));
+    }
+    if let Some(on_update) = &details.on_update {
+        definition.push_str(&format!(" ON UPDATE {on_update}"));
+    }
+    if details.auto_increment && counter {
+        definition.push_str(" AUTO_INCREMENT");
+    }
+    if let Some(comment) = &details.comment {
+        definition.push_str(&format!(" COMMENT {}", string_literal(comment)));
     }
     definition
 }
 
+/// A default both MySQL and MariaDB read alike: a quoted or numeric literal, NULL, a bit
+/// literal, the current time.
+fn portable(default: &str) -> bool {
+    let upper = default.to_ascii_uppercase();
+    default.starts_with('\'')
+        || upper == "NULL"
+        || upper.starts_with("B'")
+        || upper.starts_with("CURRENT_TIMESTAMP")
+        || (!default.is_empty()
+            && default.chars().all(|c| c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E')))
+}
+
 /// A string as a MySQL literal.
-fn string_literal(text: &str) -> String {
+pub(super) fn string_literal(text: &str) -> String {
     format!("'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
-pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let same_dialect = table.details.dialect.as_deref() == Some("mysql");
+/// `CREATE TABLE` (and its database) for a target of `flavor` (see `Fidelity::of`).
+pub(super) fn create_table_sql(table: &TableSchema, flavor: Option<&str>) -> String {
+    let fidelity = Fidelity::of(table, flavor);
     let first_key = table.primary_key.first().copied();
     let mut definitions: Vec<String> = table
         .columns
         .iter()
         .enumerate()
-        .map(|(index, column)| column_definition(column, same_dialect, Some(index) == first_key))
+        .map(|(index, column)| column_definition(column, fidelity, Some(index) == first_key))
         .collect();
     if !table.primary_key.is_empty() {
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
@@ -112,17 +148,15 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
     }
     let database = table.name.namespace.as_deref().unwrap_or("sluice_default");
     let mut options = "DEFAULT CHARSET = utf8mb4".to_owned();
-    if same_dialect {
-        let collation = table.details.collation.as_deref().filter(|collation| {
-            collation.chars().all(|character| character.is_ascii_alphanumeric() || character == '_')
-        });
-        if let Some(collation) = collation {
-            let charset = collation.split('_').next().unwrap_or(collation);
-            options = format!("DEFAULT CHARSET = {charset} COLLATE = {collation}");
-        }
-        if let Some(comment) = &table.details.comment {
-            options.push_str(&format!(" COMMENT = {}", string_literal(comment)));
-        }
+    let collation = table.details.collation.as_deref().filter(|collation| {
+        fidelity.same_flavor && collation.chars().all(|character| character.is_ascii_alphanumeric() || character == '_')
+    });
+    if let Some(collation) = collation {
+        let charset = collation.split('_').next().unwrap_or(collation);
+        options = format!("DEFAULT CHARSET = {charset} COLLATE = {collation}");
+    }
+    if let Some(comment) = table.details.comment.as_ref().filter(|_| fidelity.family) {
+        options.push_str(&format!(" COMMENT = {}", string_literal(comment)));
     }
     format!(
         "CREATE DATABASE IF NOT EXISTS {} CHARACTER SET utf8mb4; CREATE TABLE IF NOT EXISTS {} ({}) {options}",
@@ -137,7 +171,7 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
 pub(super) fn counter_sql(table: &TableSchema) -> Option<String> {
     let next = table.details.next_auto_increment?;
     let counted = table.columns.iter().any(|column| column.details.auto_increment);
-    (counted && table.details.dialect.as_deref() == Some("mysql"))
+    (counted && Fidelity::of(table, None).family)
         .then(|| format!("ALTER TABLE {} AUTO_INCREMENT = {next}", qualified(&table.name)))
 }
 

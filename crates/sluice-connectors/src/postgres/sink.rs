@@ -220,9 +220,11 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
+    /// One transaction: the tables are emptied and the checkpoints forgotten together.
     async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
         let client = connect(&self.url, Side::Target, &self.server).await?;
         client.batch_execute(BINDING_TABLE).await.map_err(self.error("create the table sluice.bindings"))?;
+        client.batch_execute("BEGIN").await.map_err(self.error("begin"))?;
         for table in tables {
             let name = qualified(&table.table);
             let exists: bool = client
@@ -245,7 +247,7 @@ impl Sink for PostgresSink {
             .execute("DELETE FROM sluice.bindings WHERE job = $1", &[&job])
             .await
             .map_err(self.error("forget the job's table identities"))?;
-        Ok(())
+        client.batch_execute("COMMIT").await.map_err(self.error("commit the reset"))
     }
 
     async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {

@@ -15,10 +15,11 @@ pub(super) fn qualified(name: &TableName) -> String {
 /// `CREATE TABLE` with the primary key. From a MySQL source, also what has a meaning here: an
 /// AUTO_INCREMENT integer becomes an identity column (its sequence is set past the copied
 /// values by `identity_sql` once they are in), defaults that are literals or the current time
-/// are kept, UNSIGNED becomes a CHECK besides the wider type, comments become COMMENT ON. ON
-/// UPDATE clauses and other expression defaults have no counterpart and are left out.
+/// are kept, comments become COMMENT ON. UNSIGNED columns have the next wider type (no CHECK:
+/// the stream's DDL could not keep one in step). ON UPDATE clauses and other expression
+/// defaults have no counterpart and are left out.
 pub(super) fn create_table_sql(table: &TableSchema) -> String {
-    let mysql = table.details.dialect.as_deref() == Some("mysql");
+    let mysql = from_mysql(table);
     let mut definitions: Vec<String> = table
         .columns
         .iter()
@@ -34,13 +35,6 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
             }
             if !column.nullable {
                 definition.push_str(" NOT NULL");
-            }
-            let unsigned = matches!(column.data_type, DataType::Integer { unsigned: true, .. })
-                || (mysql
-                    && matches!(column.data_type, DataType::Decimal { .. } | DataType::Float32 | DataType::Float64)
-                    && column.native_type.to_ascii_lowercase().contains("unsigned"));
-            if unsigned {
-                definition.push_str(&format!(" CHECK ({} >= 0)", quote(&column.name)));
             }
             definition
         })
@@ -72,14 +66,20 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
     sql
 }
 
-/// A string as a PostgreSQL literal (standard_conforming_strings: only quotes are doubled).
+/// A string as a PostgreSQL escape-string literal, which reads the same whatever
+/// `standard_conforming_strings` says.
 fn string_literal(text: &str) -> String {
-    format!("'{}'", text.replace('\'', "''"))
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// The table comes from MySQL or MariaDB, whose details this target translates.
+fn from_mysql(table: &TableSchema) -> bool {
+    matches!(table.details.dialect.as_deref(), Some("mysql" | "mariadb"))
 }
 
 /// An AUTO_INCREMENT column of a MySQL source whose type here can be an identity column.
 fn is_identity(table: &TableSchema, column: &sluice_core::Column) -> bool {
-    table.details.dialect.as_deref() == Some("mysql")
+    from_mysql(table)
         && column.details.auto_increment
         && matches!(column_type(&column.data_type).as_str(), "smallint" | "integer" | "bigint")
 }
@@ -123,10 +123,14 @@ fn translated_default(default: &str, data_type: &DataType) -> Option<String> {
         return matches!(data_type, DataType::Bits { .. }).then(|| format!("B'{bits}'"));
     }
     if let Some(quoted) = default.strip_prefix('\'').and_then(|rest| rest.strip_suffix('\'')) {
-        let text = quoted.replace("''", "'").replace("\\\\", "\\");
-        let zero_date = matches!(data_type, DataType::Date | DataType::DateTime { .. } | DataType::Timestamp { .. })
-            && text.starts_with("0000");
-        return (!zero_date && !matches!(data_type, DataType::Bits { .. })).then(|| string_literal(&text));
+        // MySQL's backslash escapes (`\n`, `\0`, ...) are not worth guessing at: no default.
+        if quoted.contains('\\') || matches!(data_type, DataType::Bits { .. }) {
+            return None;
+        }
+        let text = quoted.replace("''", "'");
+        // A zero or partial date (`0000-00-00`, `2020-00-15`) is no PostgreSQL date.
+        let temporal = matches!(data_type, DataType::Date | DataType::DateTime { .. } | DataType::Timestamp { .. });
+        return (!temporal || !(text.starts_with("0000") || text.contains("-00"))).then(|| string_literal(&text));
     }
     let numeric = !default.is_empty()
         && default

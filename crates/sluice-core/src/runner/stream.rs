@@ -180,6 +180,8 @@ impl Runner {
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
         log::info!("change stream starts after {}", checkpoint.at.0);
 
+        // Read before the stream opens, so a failure here leaves no replica connection behind.
+        let copied_at = self.copy_positions().await?;
         let mut stream = self.source.stream(&checkpoint.at).await?;
         // The events in flight are bounded by rows, not by count: a transaction's commit costs
         // one row of the budget, its changes one each, so thousands of small transactions can
@@ -216,7 +218,6 @@ impl Runner {
             }
         });
 
-        let copied_at = self.copy_positions().await?;
         let raw = writer.shape() == ChangeShape::Raw;
         let mut applier = Applier {
             runner: self,
@@ -668,6 +669,29 @@ impl Applier<'_> {
             }
             self.advance(position, committed_at);
             return Ok(());
+        }
+        if !self.copied_at.is_empty() {
+            // DDL on a table read whole, before its copy's position: the copy holds its effect.
+            let (source, at) = (&self.runner.source, &self.checkpoint.at);
+            self.copied_at.retain(|_, copy| !source.reached(at, copy));
+            let copied = &self.copied_at;
+            if let Some(table) =
+                changes.iter().flat_map(SourceSchemaChange::tables).find(|table| copied.contains_key(*table))
+            {
+                if changes.iter().all(|change| matches!(change, SourceSchemaChange::Truncate(_))) {
+                    self.advance(position, committed_at);
+                    return Ok(());
+                }
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "DDL `{statement}` on table {table}, which has no key, came before the position its copy was read at ({}): the copy already holds its effect, and the stream cannot tell that table's rows apart to apply it again",
+                        position.0
+                    ),
+                )
+                .on(Side::Source)
+                .hint("run the job with --restart, so the table is copied anew after the DDL"));
+            }
         }
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;

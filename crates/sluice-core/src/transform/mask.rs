@@ -65,6 +65,8 @@ impl Mask {
                 column.data_type = DataType::Text { length: Some(64), fixed: true };
                 column.native_type = String::new();
                 column.collation = None;
+                // A counter, a default or an ON UPDATE of the source type means nothing for a hash.
+                column.details = Default::default();
             }
             Mask::Redact { text: None } => column.nullable = true,
             Mask::Redact { .. } | Mask::Truncate(_) => {}
