@@ -270,14 +270,22 @@ impl Runner {
     /// Copies every split of the plan with up to `parallelism` tasks, then builds what the
     /// target builds last (secondary indexes).
     async fn copy_snapshot(self: &Arc<Self>, plan: &Plan, targets: &[TableSchema], build_indexes: bool) -> Result<()> {
-        let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(VecDeque::new()));
-        for table in &plan.tables {
-            for split in &table.splits {
-                let stats = self.stats.table(&split.table.name, &table.target);
-                TableStats::add(&stats.splits_total, 1);
-                queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push_back((split.clone(), stats));
+        // Splits are taken a table at a time in turn (the first split of each table, then the
+        // second ...), so concurrent tasks write into different tables when there are several:
+        // writers of one table contend for its locks (MariaDB's AUTO-INC lock serialises every
+        // LOAD DATA into a table with a counter) and its hottest pages.
+        let mut queue = TaskQueue::new();
+        let longest = plan.tables.iter().map(|table| table.splits.len()).max().unwrap_or(0);
+        for index in 0..longest {
+            for table in &plan.tables {
+                if let Some(split) = table.splits.get(index) {
+                    let stats = self.stats.table(&split.table.name, &table.target);
+                    TableStats::add(&stats.splits_total, 1);
+                    queue.push_back((split.clone(), stats));
+                }
             }
         }
+        let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(queue));
         let workers =
             self.job.parallelism.min(queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()).max(1);
         let mut handles = Vec::with_capacity(workers);
