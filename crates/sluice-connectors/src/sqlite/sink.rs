@@ -89,10 +89,7 @@ impl Sink for SqliteSink {
                         .on(Side::Target)
                         .hint("use write_mode: insert for this table"));
                 }
-                let exists: bool = connection
-                    .query_row("SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1", [&table.name.name], |row| row.get(0))
-                    .map_err(|error| sqlite_error(error, Side::Target, &format!("look up table {}", table.name)))?;
-                if exists {
+                if table_exists(&connection, &table.name)? {
                     check_columns(&connection, table)?;
                 } else if create_tables {
                     connection.execute_batch(&create_table_sql(table)).map_err(|error| sqlite_error(error, Side::Target, &format!("create table {}", table.name)))?;
@@ -118,14 +115,7 @@ impl Sink for SqliteSink {
                     let doing = format!("{doing} ({})", table.table);
                     move |error| sqlite_error(error, Side::Target, &doing)
                 };
-                let exists: bool = connection
-                    .query_row(
-                        "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-                        [&table.table.name],
-                        |row| row.get(0),
-                    )
-                    .map_err(error("look up the table"))?;
-                if !exists {
+                if !table_exists(&connection, &table.table)? {
                     continue;
                 }
                 let has_rows: bool = connection
@@ -173,14 +163,7 @@ impl Sink for SqliteSink {
         let (job, tables) = (job.to_owned(), tables.to_vec());
         self.blocking(move |connection| {
             for table in &tables {
-                let exists: bool = connection
-                    .query_row(
-                        "SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-                        [&table.table.name],
-                        |row| row.get(0),
-                    )
-                    .map_err(|error| sqlite_error(error, Side::Target, &format!("look up table {}", table.table)))?;
-                if exists {
+                if table_exists(&connection, &table.table)? {
                     connection
                         .execute_batch(&format!("DELETE FROM {}", quote(&table.table.name)))
                         .map_err(|error| sqlite_error(error, Side::Target, &format!("empty table {}", table.table)))?;
@@ -288,6 +271,28 @@ struct WriterState {
     in_transaction: bool,
 }
 
+impl WriterState {
+    /// Opens the task's transaction unless one is open; `BEGIN IMMEDIATE` takes the write lock.
+    fn begin(&mut self) -> Result<()> {
+        if !self.in_transaction {
+            self.connection
+                .execute_batch("BEGIN IMMEDIATE")
+                .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
+            self.in_transaction = true;
+        }
+        Ok(())
+    }
+}
+
+/// Whether the database has this table.
+fn table_exists(connection: &Connection, table: &TableName) -> Result<bool> {
+    connection
+        .query_row("SELECT count(*) > 0 FROM sqlite_schema WHERE type = 'table' AND name = ?1", [&table.name], |row| {
+            row.get(0)
+        })
+        .map_err(|error| sqlite_error(error, Side::Target, &format!("look up table {table}")))
+}
+
 impl SqliteWriter {
     async fn blocking<T: Send + 'static>(
         &mut self,
@@ -333,13 +338,7 @@ impl Writer for SqliteWriter {
         // The batch moves to the blocking thread; the caller keeps its own copy for the position.
         let batch = batch.clone();
         self.blocking(move |state| {
-            if !state.in_transaction {
-                state
-                    .connection
-                    .execute_batch("BEGIN IMMEDIATE")
-                    .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
-                state.in_transaction = true;
-            }
+            state.begin()?;
             let write_error = |error| sqlite_error(error, Side::Target, &format!("write table {}", state.table.name));
             let mut statement = state.connection.prepare_cached(&state.insert).map_err(write_error)?;
             let mut rejected = Vec::new();
@@ -371,10 +370,7 @@ impl Writer for SqliteWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let checkpoint = checkpoint.clone();
         self.blocking(move |state| {
-                if !state.in_transaction {
-                    state.connection.execute_batch("BEGIN IMMEDIATE").map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
-                    state.in_transaction = true;
-                }
+                state.begin()?;
                 let position = checkpoint.position.as_ref().map(|position| position.0.to_string());
                 let saved = state
                     .connection
@@ -399,13 +395,7 @@ impl Writer for SqliteWriter {
 
     async fn replace_all(&mut self) -> Result<()> {
         self.blocking(|state| {
-            if !state.in_transaction {
-                state
-                    .connection
-                    .execute_batch("BEGIN IMMEDIATE")
-                    .map_err(|error| sqlite_error(error, Side::Target, "begin a transaction"))?;
-                state.in_transaction = true;
-            }
+            state.begin()?;
             let statement = format!("DELETE FROM {}", quote(&state.table.name.name));
             state
                 .connection
