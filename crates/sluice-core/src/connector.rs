@@ -378,6 +378,18 @@ pub trait Sink: Send + Sync {
         false
     }
 
+    /// Whether a `snapshot+cdc` copy is written under a hidden name and published by the
+    /// stream (`crate::hidden`): a target whose change writer can rename tables at a group's
+    /// commit (`ChangeWriter::publish`) and which answers `existing_tables`.
+    fn hides_copies(&self) -> bool {
+        false
+    }
+
+    /// Which of `tables` (target names) the target has now. Only called when `hides_copies`.
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        Ok(tables.to_vec())
+    }
+
     /// The name a source table gets in this target.
     fn target_name(&self, source: &TableName) -> TableName;
 
@@ -486,6 +498,22 @@ pub trait ChangeWriter: Send {
     /// column or dropping a missing one are no-ops. Followed by `commit`.
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
         Err(Error::new(ErrorKind::Schema, format!("this target cannot apply DDL ({change:?})")).on(Side::Target))
+    }
+
+    /// Whether DDL commits the open transaction on its own (MySQL), so a schema change or a
+    /// `publish` cannot share a transaction with rows and their checkpoint.
+    fn ddl_commits(&self) -> bool {
+        false
+    }
+
+    /// Gives each hidden copy (`crate::hidden`) its own name: `tables` are (hidden name, own
+    /// name) pairs, renamed together, so readers see all of them at once or none. A pair whose
+    /// hidden table is gone (published already, or dropped by the stream's DDL) is skipped; one
+    /// whose own name is taken fails, naming both. Part of the open transaction where DDL is
+    /// transactional; else (`ddl_commits`) one statement of its own, between commits.
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        Err(Error::new(ErrorKind::Schema, format!("this target cannot publish hidden copies ({tables:?})"))
+            .on(Side::Target))
     }
 }
 

@@ -5,6 +5,7 @@ pub mod change;
 pub mod connector;
 pub mod error;
 pub mod filter;
+pub mod hidden;
 pub mod net_changes;
 pub mod planner;
 pub mod retry;

@@ -79,6 +79,7 @@ impl Planner {
                 "no table matches `source.tables` yet; the stream takes in matching tables as the source creates them"
             );
         }
+        let first = previous.is_none();
         let previous = previous.unwrap_or_default();
         // Captured once, on first planning: a resumed run keeps the position of the snapshot
         // it continues.
@@ -97,7 +98,7 @@ impl Planner {
             .collect();
         let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
         let targets = transform::target_tables(&mappings);
-        let mut plan = Plan { tables: Vec::with_capacity(mappings.len()), source_position };
+        let mut plan = Plan { tables: Vec::with_capacity(mappings.len()), source_position, hidden: previous.hidden };
         for mapping in mappings {
             let table = mapping.source;
             let target = mapping.target.name.clone();
@@ -116,6 +117,17 @@ impl Planner {
             plan.tables.push(planned);
         }
         refuse_whole_merges(&plan)?;
+        if first && self.job.mode == Mode::SnapshotAndCdc {
+            plan.hidden = self
+                .with_retry("list the target's tables", || crate::hidden::tables_to_hide(&*self.sink, &targets))
+                .await?;
+            if !plan.hidden.is_empty() {
+                log::info!(
+                    "the copies of {} are hidden until the stream passes the copy's end, then published whole",
+                    plan.hidden.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                );
+            }
+        }
         Ok(Planned { plan, targets })
     }
 

@@ -10,6 +10,7 @@ use tokio::sync::{mpsc, watch};
 use crate::change::{Batch, Position};
 use crate::connector::{Checkpoint, Sink, Source, Split, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
+use crate::hidden::HiddenCopies;
 use crate::planner::Planner;
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
@@ -87,6 +88,9 @@ pub struct Runner {
     whole_splits: Mutex<Vec<Split>>,
     /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
     restart: bool,
+    /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
+    /// the run began.
+    hidden: Mutex<HiddenCopies>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -123,6 +127,7 @@ impl Runner {
             shared_targets: Mutex::new(Default::default()),
             whole_splits: Mutex::new(Vec::new()),
             restart: false,
+            hidden: Mutex::new(HiddenCopies::default()),
         }
     }
 
@@ -227,9 +232,11 @@ impl Runner {
         if matches!(self.scope, Scope::Tables(_) | Scope::Splits(_)) {
             targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
         }
+        let hidden = self.with_retry("list the target's tables", || HiddenCopies::of(&plan, &*self.sink)).await?;
+        *lock(&self.hidden) = hidden.clone();
         if planned_here {
-            self.sink.prepare(&targets).await?;
-            let mut tables = TableTasks::of(&plan);
+            self.sink.prepare(&hidden.schemas(&targets)).await?;
+            let mut tables = hidden.tasks(TableTasks::of(&plan));
             if self.restart {
                 // A `cdc` job copies nothing: its tables are not its own to empty.
                 if self.job.mode == Mode::Cdc {
@@ -340,7 +347,8 @@ impl Runner {
             return Ok(());
         }
         log::info!("every split is copied; building secondary indexes where the target has them");
-        self.sink.finish(targets).await
+        let targets = lock(&self.hidden).schemas(targets);
+        self.sink.finish(&targets).await
     }
 
     /// The target tables of a plan made elsewhere, for the indexes built after the copy.
@@ -405,7 +413,7 @@ impl Runner {
     /// Copies one split from its checkpoint to its end.
     async fn copy_split(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
         let mapping = self.mapping(&split.table)?;
-        let mut writer = self.sink.open(&self.job.name, &split.id, mapping.target.clone()).await?;
+        let mut writer = self.sink.open(&self.job.name, &split.id, self.written_as(&mapping.target)).await?;
         let recovered = writer.recover().await?;
         let mut rows_written = recovered.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
         let mut position = recovered.as_ref().and_then(|checkpoint| checkpoint.position.clone());
@@ -550,6 +558,12 @@ impl Runner {
         }
         mappings.insert(table.name.clone(), mapping.clone());
         Ok(mapping)
+    }
+
+    /// A target table under the name its rows are written under now: a hidden copy's until the
+    /// stream publishes it.
+    fn written_as(&self, target: &Arc<TableSchema>) -> Arc<TableSchema> {
+        lock(&self.hidden).schema(target)
     }
 
     /// The target name of a source table: routed, then named by the sink.

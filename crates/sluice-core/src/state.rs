@@ -21,6 +21,11 @@ pub struct Plan {
     /// The source's log position captured before the first split was read.
     #[serde(default)]
     pub source_position: Option<crate::change::Position>,
+    /// Target tables whose copy is written under a hidden name and published when the stream
+    /// passes the replay window (`crate::hidden`): those a `snapshot+cdc` target did not have
+    /// when the job was first planned.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<TableName>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

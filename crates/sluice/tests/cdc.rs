@@ -51,8 +51,7 @@ impl Job {
             if exited || std::time::Instant::now() > deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                let mut output = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut output).unwrap();
+                let output = child.stderr_text();
                 panic!(
                     "the stream did not reach the source's position {source:?} (at {:?}):\n{output}",
                     stream_position(self.target, &self.name),
@@ -131,48 +130,142 @@ fn snapshot_and_stream_survive_kills_into_mysql() {
     survives_kills("mysql");
 }
 
-/// Transfers move money between accounts in multi-statement transactions while a sampler reads
-/// the target's total again and again: every sample must see the whole of each transfer or none
-/// of it.
-#[test]
-fn transfers_are_never_seen_half_applied() {
+/// What a sampler found in the target's accounts table: nothing yet, or a row count, the sum of
+/// balances and the balances themselves.
+#[derive(Debug, Clone, PartialEq)]
+enum Sample {
+    Absent,
+    Present { count: u64, sum: String, balances: String },
+}
+
+/// Reads the target's accounts in one statement; a table that does not exist yet is `Absent`.
+fn sample(target: &str, namespace: &str) -> Sample {
+    let sql = format!(
+        "SELECT count(*), sum(balance), {} FROM {namespace}.accounts",
+        if target == "postgres" {
+            "string_agg(balance::text, ',' ORDER BY id)"
+        } else {
+            "group_concat(balance ORDER BY id SEPARATOR ',')"
+        }
+    );
+    let output = if target == "postgres" {
+        std::process::Command::new("psql")
+            .args([postgres_url().as_str(), "-X", "-At", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-c", &sql])
+            .output()
+    } else {
+        support::mariadb_client()
+            .args(["--skip-column-names", "-e", &format!("SET SESSION group_concat_max_len = 1000000; {sql}")])
+            .output()
+    }
+    .expect("run the target's client");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        assert!(stderr.contains("does not exist") || stderr.contains("doesn't exist"), "sampling failed: {stderr}");
+        return Sample::Absent;
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut fields = text.trim_end_matches('\n').split('\t');
+    let count = fields.next().and_then(|count| count.parse().ok()).unwrap_or_else(|| panic!("a count in {text:?}"));
+    Sample::Present {
+        count,
+        sum: fields.next().unwrap_or_default().to_owned(),
+        balances: fields.next().unwrap_or_default().to_owned(),
+    }
+}
+
+/// Fails at once when the sampler thread ended (its assertion failed).
+fn sampling<T>(sampler: &std::thread::JoinHandle<T>) {
+    assert!(!sampler.is_finished(), "the sampler stopped: it saw a state the source never had (its message is above)");
+}
+
+/// Transfers move money between accounts in multi-statement transactions from before the job
+/// starts, while a sampler reads the target from the job's first moment on, through SIGKILLs
+/// during the copy and the replay window: every sample that finds the accounts table sees every
+/// account and the source's total. The copy is published whole once the stream passes the
+/// copy's end; before that the table is not there.
+fn transfers_are_never_seen_half_applied(target: &'static str) {
+    const KILLS: usize = 6;
     let database = unique_name("bank");
     create_tables(&database);
-    let job = Job::new(&database, "postgres", "batch_rows: 500");
-    let mut child = job.start();
-    // The stream is past the snapshot's replay window once its checkpoint forgets the window.
-    wait_for("the stream to pass the snapshot", Duration::from_secs(60), || {
-        let text =
-            psql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice' AND table_name = 'checkpoints'");
-        text.trim() == "1"
-            && psql(&format!(
-                "SELECT count(*) FROM sluice.checkpoints WHERE job = '{}' AND task = 'stream' AND position->'replay_until' = 'null'::jsonb",
-                job.name
-            ))
-            .trim()
-                == "1"
-    });
+    // Small splits read slowly: the copy takes seconds, and transfers land between its reads.
+    let job = Job::new(&database, target, "batch_rows: 100, split_rows: 40, rows_per_sec: 1500");
+    let mut random = Random::from_environment(&format!("transfers_are_never_seen_half_applied({target})"));
+    let load = Load::start(&database, random.clone(), 500);
     let total = (ACCOUNTS * 1000).to_string();
-    let load = Load::start(&database, Random::from_environment("transfers_are_never_seen_half_applied"), 500);
-    let mut samples = 0;
-    let mut changed = std::collections::BTreeSet::new();
-    wait_for("enough samples of the target", Duration::from_secs(120), || {
-        let sample = psql(&format!(
-            "SELECT sum(balance), string_agg(balance::text, ',' ORDER BY id) FROM {}.accounts",
-            job.namespace
-        ));
-        let (sum, balances) = sample.trim().split_once('|').expect("two columns");
-        assert_eq!(sum, total, "a sample saw part of a transfer");
-        samples += 1;
-        changed.insert(balances.to_owned());
-        samples >= 200 && changed.len() >= 20
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let published_samples = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let (stop, namespace, total) = (stop.clone(), job.namespace.clone(), total.clone());
+        let published_samples = published_samples.clone();
+        std::thread::spawn(move || {
+            let (mut absent, mut present) = (0u64, 0u64);
+            let mut states = std::collections::BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match sample(target, &namespace) {
+                    Sample::Absent => {
+                        assert_eq!(present, 0, "the accounts table went away after it was published");
+                        absent += 1;
+                    }
+                    Sample::Present { count, sum, balances } => {
+                        assert_eq!(
+                            (count, sum.as_str()),
+                            (ACCOUNTS, total.as_str()),
+                            "a sample saw a state the source never had"
+                        );
+                        present += 1;
+                        published_samples.store(present, std::sync::atomic::Ordering::Relaxed);
+                        states.insert(balances);
+                    }
+                }
+            }
+            (absent, present, states.len())
+        })
+    };
+    // Kills while the copy runs and while the stream replays the window: each run is killed
+    // once it committed more than the last one, after a random moment more.
+    let mut seen = 0;
+    for _ in 0..KILLS {
+        let mut child = job.start();
+        wait_for("progress in the target", Duration::from_secs(60), || {
+            sampling(&sampler);
+            committed(target, &job.name) > seen
+        });
+        std::thread::sleep(Duration::from_millis(random.below(400)));
+        kill(&mut child);
+        seen = committed(target, &job.name);
+    }
+    let mut child = job.start();
+    let published = || matches!(sample(target, &job.namespace), Sample::Present { .. });
+    wait_for("the copy to be published", Duration::from_secs(120), || {
+        sampling(&sampler);
+        published()
+    });
+    // Transfers go on streaming under the sampler for a while.
+    wait_for("samples of the published table", Duration::from_secs(120), || {
+        sampling(&sampler);
+        published_samples.load(std::sync::atomic::Ordering::Relaxed) >= 100
     });
     load.stop();
     job.wait_converged(&mut child);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (absent, present, states) = sampler.join().expect("the sampler saw only source states");
+    eprintln!("{target}: {absent} samples before the copy was published, {present} after ({states} distinct states)");
+    assert!(present >= 100 && states >= 10, "{present} samples of {states} states after the copy was published");
+    assert!(absent > 0, "the sampler started before the copy was published");
     job.stop(child);
     job.assert_equal_to_source(&database);
     let transfers = mariadb(&format!("SELECT count(*) FROM {database}.items WHERE note = 'transfer'"));
     assert!(transfers.trim().parse::<u64>().unwrap() > 0, "the load made transfers");
+}
+
+#[test]
+fn transfers_are_never_seen_half_applied_in_postgres() {
+    transfers_are_never_seen_half_applied("postgres");
+}
+
+#[test]
+fn transfers_are_never_seen_half_applied_in_mysql() {
+    transfers_are_never_seen_half_applied("mysql");
 }
 
 /// The peak resident memory of a process, from /proc.

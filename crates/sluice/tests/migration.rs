@@ -13,8 +13,7 @@ use support::{kill, mariadb, mysql_url, postgres_url, psql, signal, unique_name,
 /// Fails the test with the run's output when it ended.
 fn still_running(child: &mut Guard) {
     if child.try_wait().unwrap().is_some() {
-        let mut output = String::new();
-        std::io::Read::read_to_string(child.stderr.as_mut().expect("piped"), &mut output).unwrap();
+        let output = child.stderr_text();
         panic!("the run ended early:\n{output}");
     }
 }

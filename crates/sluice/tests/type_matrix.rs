@@ -323,8 +323,7 @@ fn every_edge_value_survives_the_change_stream() {
         while stream_position(target, name).is_none_or(|at| at < source) {
             if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
                 let _ = child.kill();
-                let mut output = String::new();
-                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut output).unwrap();
+                let output = child.stderr_text();
                 panic!("the {target} stream did not reach the source:\n{output}");
             }
             std::thread::sleep(Duration::from_millis(50));

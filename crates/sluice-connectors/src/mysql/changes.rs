@@ -13,6 +13,7 @@ use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
 use super::rows::{delete_keys, delete_rows, insert_rows};
 use super::tables::{column_definition, create_table_sql, qualified};
 use super::{decode, mysql_error, quote, refuse_long_names};
+use sluice_core::hidden::published_over;
 use sluice_core::net_changes::missing_rows;
 
 pub(super) struct MysqlChangeWriter {
@@ -137,6 +138,34 @@ impl ChangeWriter for MysqlChangeWriter {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+    }
+
+    fn ddl_commits(&self) -> bool {
+        true
+    }
+
+    /// One `RENAME TABLE` of every pair: MySQL renames them together, so a reader waits and
+    /// then sees every published table.
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        let mut renames = Vec::new();
+        let mut taken = Vec::new();
+        for (hidden, own) in tables {
+            if self.columns(hidden).await?.is_empty() {
+                continue;
+            }
+            if self.columns(own).await?.is_empty() {
+                renames.push(format!("{} TO {}", qualified(hidden), qualified(own)));
+            } else {
+                taken.push(format!("{own} (the copy waits as {hidden})"));
+            }
+        }
+        if !taken.is_empty() {
+            return Err(published_over(&taken));
+        }
+        if renames.is_empty() {
+            return Ok(());
+        }
+        self.execute(&format!("RENAME TABLE {}", renames.join(", ")), "publish the copied tables").await
     }
 
     /// MySQL commits DDL on its own, before the checkpoint: each change is written to be a

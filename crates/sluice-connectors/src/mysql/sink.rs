@@ -215,6 +215,28 @@ impl Sink for MysqlSink {
             .map_err(error("forget the job's table identities"))
     }
 
+    fn hides_copies(&self) -> bool {
+        true
+    }
+
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let mut connection = self.connection().await?;
+        let mut existing = Vec::new();
+        for table in tables {
+            let found: Option<u8> = connection
+                .exec_first(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (table.namespace.as_deref().unwrap_or(""), &table.name),
+                )
+                .await
+                .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look up table {table}")))?;
+            if found.is_some() {
+                existing.push(table.clone());
+            }
+        }
+        Ok(existing)
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let mut connection = self.connection().await?;

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
+use sluice_core::hidden::published_over;
 use sluice_core::net_changes::missing_rows;
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
@@ -210,6 +211,58 @@ impl ChangeWriter for PostgresChangeWriter {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+    }
+
+    /// Renames inside the open transaction, which commits with the checkpoint that ends the
+    /// replay window: readers see no table, then the published one. Indexes and sequences named
+    /// after the hidden table take the table's own name too.
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        self.begin().await?;
+        let mut renames = Vec::new();
+        let mut taken = Vec::new();
+        for (hidden, own) in tables {
+            if self.columns(hidden).await?.is_empty() {
+                continue;
+            }
+            if self.columns(own).await?.is_empty() {
+                renames.push((hidden, own));
+            } else {
+                taken.push(format!("{own} (the copy waits as {hidden})"));
+            }
+        }
+        if !taken.is_empty() {
+            return Err(published_over(&taken));
+        }
+        for (hidden, own) in renames {
+            let doing = format!("publish table {own}");
+            let dependents = self
+                .client
+                .query(
+                    "SELECT c.relkind::text, c.relname::text FROM pg_class c
+                     WHERE c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1::text::regclass
+                                     UNION SELECT objid FROM pg_depend WHERE refobjid = $1::text::regclass
+                                       AND classid = 'pg_class'::regclass AND deptype IN ('a', 'i'))
+                       AND c.relkind IN ('i', 'S')",
+                    &[&qualified(hidden)],
+                )
+                .await
+                .map_err(self.error(&doing))?;
+            for dependent in dependents {
+                let (kind, name): (String, String) = (dependent.get(0), dependent.get(1));
+                let Some(rest) = name.strip_prefix(&hidden.name) else { continue };
+                let renamed = super::bounded_name(&format!("{}{rest}", own.name));
+                let object = TableName { namespace: hidden.namespace.clone(), name };
+                let statement = format!(
+                    "ALTER {} {} RENAME TO {}",
+                    if kind == "S" { "SEQUENCE" } else { "INDEX" },
+                    qualified(&object),
+                    quote(&renamed)
+                );
+                self.execute(&statement, &doing).await?;
+            }
+            self.execute(&format!("ALTER TABLE {} RENAME TO {}", qualified(hidden), quote(&own.name)), &doing).await?;
+        }
+        Ok(())
     }
 
     /// PostgreSQL's DDL is transactional: the change commits with the checkpoint.

@@ -134,6 +134,24 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
+    fn hides_copies(&self) -> bool {
+        true
+    }
+
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        let mut existing = Vec::new();
+        for table in tables {
+            let found = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified(table)]).await.map_err(
+                |error| postgres_error(error, Side::Target, &self.server, &format!("look up table {table}")),
+            )?;
+            if found.get::<_, bool>(0) {
+                existing.push(table.clone());
+            }
+        }
+        Ok(existing)
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let client = connect(&self.url, Side::Target, &self.server).await?;

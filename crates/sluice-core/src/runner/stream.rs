@@ -26,6 +26,7 @@ use crate::connector::{
     ChangeShape, ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent, TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
+use crate::hidden::HiddenCopies;
 use crate::net_changes::{ApplyMode, NetChanges};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
@@ -62,6 +63,10 @@ struct StreamCheckpoint {
     /// at `until`, where it was when the tables joined (the others have everything before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     catch_up: Option<CatchUp>,
+    /// Tables whose copy is still hidden (`crate::hidden`): written under their hidden names,
+    /// published in the commit that ends the replay window.
+    #[serde(default, skip_serializing_if = "HiddenCopies::is_empty")]
+    hidden: HiddenCopies,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -145,6 +150,7 @@ impl Runner {
                     pending: BTreeMap::new(),
                     backfilled: None,
                     catch_up: None,
+                    hidden: if after_snapshot { lock(&self.hidden).clone() } else { HiddenCopies::default() },
                 };
                 (checkpoint, 0)
             }
@@ -244,6 +250,11 @@ impl Runner {
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
         let outcome: Result<()> = async {
+            if applier.publishes() {
+                // The window closed before this start (an idle source, or a crash between
+                // MySQL's commit and its rename): publish before anything else.
+                applier.commit().await?;
+            }
             loop {
                 // Whole transactions wait a moment for more; the position alone commits at most
                 // once a second.
@@ -372,7 +383,7 @@ impl Runner {
         let mut positions = HashMap::new();
         for split in splits {
             let mapping = self.mapping(&split.table)?;
-            let mut writer = self.sink.open(&self.job.name, &split.id, mapping.target.clone()).await?;
+            let mut writer = self.sink.open(&self.job.name, &split.id, self.written_as(&mapping.target)).await?;
             match writer.recover().await? {
                 Some(Checkpoint { done: true, position: Some(position), .. }) => {
                     positions.insert(split.table.name.clone(), position);
@@ -500,8 +511,8 @@ impl Applier<'_> {
             return Ok(());
         }
         // The folded changes carry their target tables already.
-        let Applier { writer, net, staged_rows, .. } = self;
-        *staged_rows += net.apply(&mut **writer, &mut |table| table.clone()).await? as u64;
+        let Applier { writer, net, staged_rows, checkpoint, .. } = self;
+        *staged_rows += net.apply(&mut **writer, &mut |table| checkpoint.hidden.schema(table)).await? as u64;
         Ok(())
     }
 
@@ -553,6 +564,7 @@ impl Applier<'_> {
                     let retyped = pending.retyped.iter().filter_map(|name| mapping.target_column(name)).collect();
                     SchemaChange::Alter { table: (*target).clone(), renamed, retyped }
                 };
+                let change = self.checkpoint.hidden.follow(change);
                 self.writer
                     .apply_schema_change(&change)
                     .await
@@ -700,6 +712,7 @@ impl Applier<'_> {
             let Some(change) = self.runner.schema_change(statement, change, &mut self.checkpoint.pending)? else {
                 continue;
             };
+            let change = self.checkpoint.hidden.follow(change);
             self.writer.apply_schema_change(&change).await.map_err(|error| {
                 error.context(format_args!("applying `{statement}` ({position})", position = position.0))
             })?;
@@ -712,25 +725,49 @@ impl Applier<'_> {
 
     /// Writes what is folded and commits the open target transaction with the stream's
     /// checkpoint; updates the counters: rows, transactions, lag, latency and phase.
+    /// Whether the replay window is passed while copies are still hidden: the next commit
+    /// publishes them.
+    fn publishes(&self) -> bool {
+        let checkpoint = &self.checkpoint;
+        !checkpoint.hidden.is_empty()
+            && checkpoint.replay_until.as_ref().is_none_or(|mark| self.runner.source.reached(&checkpoint.at, mark))
+    }
+
+    /// Commits the group with the checkpoint. The commit that ends the replay window also
+    /// publishes the hidden copies: in its transaction, or, where DDL commits on its own, right
+    /// after it (the checkpoint says they are still hidden until a second commit says they are
+    /// not, so a crash in between publishes them on the next start).
     async fn commit(&mut self) -> Result<()> {
         self.write_folded().await?;
         self.rows_applied += self.staged_rows;
-        let (runner, checkpoint) = (self.runner, &self.checkpoint);
+        let runner = self.runner;
         // Past the replay window, the window is forgotten, so a later reader of the
         // checkpoint need not know the source's position order.
-        let mut stored = checkpoint.clone();
+        let mut stored = self.checkpoint.clone();
         if stored.replay_until.as_ref().is_some_and(|mark| runner.source.reached(&stored.at, mark)) {
             stored.replay_until = None;
         }
-        let position = Position(serde_json::to_value(&stored).expect("positions serialize"));
-        let record = Checkpoint {
-            task: STREAM_TASK.to_owned(),
-            position: Some(position),
-            done: false,
-            rows_written: self.rows_applied,
-        };
-        self.writer.commit(&record).await?;
-        runner.state.save_checkpoint(&runner.job.name, &record)?;
+        let publish = self.publishes().then(|| stored.hidden.pairs());
+        if let Some(tables) = publish.as_ref().filter(|_| !self.writer.ddl_commits()) {
+            self.writer.publish(tables).await?;
+            stored.hidden = HiddenCopies::default();
+        }
+        self.write_checkpoint(&stored).await?;
+        if let Some(tables) = publish {
+            if !stored.hidden.is_empty() {
+                self.writer.publish(&tables).await?;
+                stored.hidden = HiddenCopies::default();
+                self.write_checkpoint(&stored).await?;
+            }
+            self.checkpoint.hidden = HiddenCopies::default();
+            let names: Vec<String> = tables.iter().map(|(_, own)| own.to_string()).collect();
+            log::info!(
+                "the copies of {} are published: the stream passed the copy's end ({})",
+                names.join(", "),
+                stored.at.0
+            );
+        }
+        let (runner, checkpoint) = (self.runner, &self.checkpoint);
         // The producer is gone only when the attempt ends; the position is acknowledged then by
         // the next attempt's first commit.
         let _ = self.acks.send(checkpoint.at.clone());
@@ -767,6 +804,20 @@ impl Applier<'_> {
             self.last_status = Some(Instant::now());
         }
         Ok(())
+    }
+
+    /// Commits the open transaction with `stored` as the stream's checkpoint, and keeps a copy
+    /// in the state store.
+    async fn write_checkpoint(&mut self, stored: &StreamCheckpoint) -> Result<()> {
+        let position = Position(serde_json::to_value(stored).expect("positions serialize"));
+        let record = Checkpoint {
+            task: STREAM_TASK.to_owned(),
+            position: Some(position),
+            done: false,
+            rows_written: self.rows_applied,
+        };
+        self.writer.commit(&record).await?;
+        self.runner.state.save_checkpoint(&self.runner.job.name, &record)
     }
 }
 

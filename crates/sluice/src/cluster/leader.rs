@@ -187,9 +187,11 @@ impl Node {
             Planner::new(spec.clone(), source, sink.clone()).splitting(added.clone()).plan(previous_plan).await?;
         // Workers run their tasks on this plan without discovering again: the target tables are
         // made once, here.
-        sink.prepare(&planned.targets).await?;
+        // Copies still hidden are made and judged under their hidden names.
+        let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink).await?;
+        sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
-        sluice_core::planner::verify_checkpoints(&spec, &*sink, &TableTasks::of(&plan)).await?;
+        sluice_core::planner::verify_checkpoints(&spec, &*sink, &hidden.tasks(TableTasks::of(&plan))).await?;
         let mut record = PlanRecord {
             generation: job.generation,
             version: job.version,

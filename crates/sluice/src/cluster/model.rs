@@ -343,7 +343,8 @@ pub async fn store_plan(
             return Ok(None);
         }
     }
-    let header = Plan { tables: Vec::new(), source_position: plan.source_position.clone() };
+    let header =
+        Plan { tables: Vec::new(), source_position: plan.source_position.clone(), hidden: plan.hidden.clone() };
     Ok(Some((header, PlanPieces { id, count: pieces.len() as u32 })))
 }
 
@@ -592,6 +593,7 @@ mod tests {
         let plan = Plan {
             tables: vec![table("d.small", 4), table("d.mid", 20), table("d.huge", 2500)],
             source_position: None,
+            hidden: Vec::new(),
         };
         let every: Vec<TableName> = ["d.small", "d.mid", "d.huge"].map(TableName::parse).to_vec();
         let tasks = snapshot_tasks(&plan, &every);
@@ -642,6 +644,7 @@ mod tests {
         let plan = Plan {
             tables: vec![table("db.big", 3000), table("db.empty", 0), table("db.small", 3), table("db.big2", 700)],
             source_position: None,
+            hidden: Vec::new(),
         };
         let pieces = pieces_of(&plan, 20_000);
         assert!(pieces.len() > 10, "{} pieces", pieces.len());
@@ -649,7 +652,7 @@ mod tests {
             assert!(encode(piece).len() < 20_000 + 2_000, "a piece stays near the limit");
         }
         let pieces: Vec<PlanPiece> = pieces.iter().map(|piece| serde_json::from_str(&encode(piece)).unwrap()).collect();
-        let joined = join_pieces(Plan { tables: Vec::new(), source_position: None }, pieces);
+        let joined = join_pieces(Plan { tables: Vec::new(), source_position: None, hidden: Vec::new() }, pieces);
         assert_eq!(joined.tables.len(), 4);
         assert_eq!(joined, plan);
     }

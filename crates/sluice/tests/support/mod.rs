@@ -8,6 +8,7 @@ pub mod workload;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::types::ValueRef;
@@ -65,9 +66,11 @@ impl Workspace {
         Guard::new(child)
     }
 
-    /// Starts sluice in the background.
-    pub fn spawn(&self, arguments: &[&str]) -> Child {
-        self.command(arguments).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sluice starts")
+    /// Starts sluice in the background, its output read as it runs.
+    pub fn spawn(&self, arguments: &[&str]) -> Running {
+        Running::new(
+            self.command(arguments).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sluice starts"),
+        )
     }
 }
 
@@ -227,30 +230,108 @@ pub fn committed_rows(path: &Path, job: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// A pipe of a child read to its end by a thread of its own, into a buffer the test can look at
+/// any time.
+struct Drain {
+    bytes: Arc<Mutex<Vec<u8>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drain {
+    fn of(pipe: Option<impl std::io::Read + Send + 'static>) -> Drain {
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let thread = pipe.map(|mut pipe| {
+            let bytes = bytes.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 8192];
+                while let Ok(read) = pipe.read(&mut chunk) {
+                    if read == 0 {
+                        break;
+                    }
+                    bytes.lock().unwrap().extend_from_slice(&chunk[..read]);
+                }
+            })
+        });
+        Drain { bytes, thread }
+    }
+
+    fn so_far(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+
+    /// Everything, once the pipe closed.
+    fn finish(&mut self) -> Vec<u8> {
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the pipe's reader ends");
+        }
+        std::mem::take(&mut self.bytes.lock().unwrap())
+    }
+}
+
+/// A child process whose piped stdout and stderr are read while it runs: a pipe no one reads
+/// fills up (64 KiB) and blocks the child in its next write.
+pub struct Running {
+    child: Child,
+    stdout: Drain,
+    stderr: Drain,
+}
+
+impl Running {
+    pub fn new(mut child: Child) -> Running {
+        let stdout = Drain::of(child.stdout.take());
+        let stderr = Drain::of(child.stderr.take());
+        Running { child, stdout, stderr }
+    }
+
+    /// What the child wrote to stderr so far.
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.so_far()).into_owned()
+    }
+
+    /// Waits for the child to end and returns its status and all it wrote.
+    pub fn wait_with_output(mut self) -> std::io::Result<Output> {
+        let status = self.child.wait()?;
+        Ok(Output { status, stdout: self.stdout.finish(), stderr: self.stderr.finish() })
+    }
+}
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
 /// A child process that is killed when dropped, so a failing test leaves no run behind (a
 /// stray binlog reader would hold the source's logs and fight later runs for its server id).
-pub struct Guard(Option<Child>);
+pub struct Guard(Option<Running>);
 
 impl Guard {
     pub fn new(child: Child) -> Guard {
-        Guard(Some(child))
+        Guard(Some(Running::new(child)))
     }
 
     /// The child, no longer guarded.
-    pub fn into_inner(mut self) -> Child {
+    pub fn into_inner(mut self) -> Running {
         self.0.take().expect("guarded until now")
     }
 }
 
 impl std::ops::Deref for Guard {
-    type Target = Child;
-    fn deref(&self) -> &Child {
+    type Target = Running;
+    fn deref(&self) -> &Running {
         self.0.as_ref().expect("guarded until now")
     }
 }
 
 impl std::ops::DerefMut for Guard {
-    fn deref_mut(&mut self) -> &mut Child {
+    fn deref_mut(&mut self) -> &mut Running {
         self.0.as_mut().expect("guarded until now")
     }
 }
