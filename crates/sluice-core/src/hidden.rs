@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::connector::{SchemaChange, Sink, TableTasks};
+use crate::connector::{Checkpoint, SchemaChange, Sink, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
-use crate::schema::{bounded_identifier, TableName, TableSchema};
+use crate::schema::{TableName, TableSchema};
 use crate::state::Plan;
 
 /// The longest table name every hiding target accepts (PostgreSQL: 63 bytes; MySQL: 64
@@ -29,13 +29,17 @@ const MAX_NAME_BYTES: usize = 63;
 /// The prefix of a hidden copy's name.
 pub const HIDDEN_PREFIX: &str = "_sluice_copy_";
 
-/// The name a table's copy has until it is published: in the same namespace, so publishing is a
-/// rename.
+/// The name a table's copy has until it is published: in the same namespace (so publishing is a
+/// rename, and needs no right beyond the table's own), its own name with a prefix. Only tables
+/// whose hidden name fits are hidden (`tables_to_hide`).
 pub fn hidden_name(table: &TableName) -> TableName {
-    TableName {
-        namespace: table.namespace.clone(),
-        name: bounded_identifier(&format!("{HIDDEN_PREFIX}{}", table.name), MAX_NAME_BYTES),
-    }
+    TableName { namespace: table.namespace.clone(), name: format!("{HIDDEN_PREFIX}{}", table.name) }
+}
+
+/// A table's own name, given the name it is written under (hidden or not): what a target names
+/// its key, sequences and indexes after, so they need no rename when the table is published.
+pub fn own_name(name: &str) -> &str {
+    name.strip_prefix(HIDDEN_PREFIX).unwrap_or(name)
 }
 
 /// The error of a publish whose tables' own names are taken (`taken` names each).
@@ -56,7 +60,18 @@ pub async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<
     if !sink.hides_copies() || targets.is_empty() {
         return Ok(Vec::new());
     }
-    let names: Vec<TableName> = targets.iter().map(|target| target.name.clone()).collect();
+    let (names, long): (Vec<TableName>, Vec<TableName>) = targets
+        .iter()
+        .map(|target| target.name.clone())
+        .partition(|name| HIDDEN_PREFIX.len() + name.name.len() <= MAX_NAME_BYTES);
+    if !long.is_empty() {
+        let long: Vec<String> = long.iter().map(ToString::to_string).collect();
+        log::warn!(
+            "{} copied in place, not hidden (names longer than {} bytes): readers may see their rows mix moments of the source until the stream passes the copy's end",
+            long.join(", "),
+            MAX_NAME_BYTES - HIDDEN_PREFIX.len()
+        );
+    }
     let existing = sink.existing_tables(&names).await?;
     Ok(names.into_iter().filter(|name| !existing.contains(name)).collect())
 }
@@ -74,13 +89,37 @@ pub struct HiddenCopies {
 }
 
 impl HiddenCopies {
-    /// The plan's hidden tables that the target has not published yet.
-    pub async fn of(plan: &Plan, sink: &dyn Sink) -> Result<HiddenCopies> {
+    /// The tables of `job` still hidden: the plan's, or, once the stream has a checkpoint, the
+    /// stream's (its DDL may have renamed or dropped some), less those whose own name the target
+    /// has (published, by a rename whose checkpoint a crash may have lost).
+    pub async fn of(plan: &Plan, sink: &dyn Sink, job: &str) -> Result<HiddenCopies> {
         if plan.hidden.is_empty() {
             return Ok(HiddenCopies::default());
         }
-        let published = sink.existing_tables(&plan.hidden).await?;
-        let tables = plan.hidden.iter().filter(|name| !published.contains(name)).cloned().collect();
+        let mut writer = sink.open_changes(job, crate::runner::STREAM_TASK).await?;
+        let listed: Vec<TableName> = match writer.recover().await? {
+            Some(Checkpoint { position: Some(position), .. }) => match position.0.get("hidden") {
+                Some(hidden) => serde_json::from_value::<HiddenCopies>(hidden.clone())
+                    .map_err(|error| {
+                        Error::new(
+                            ErrorKind::State,
+                            format!("the stream's checkpoint lists hidden copies wrongly: {error}"),
+                        )
+                        .on(Side::Target)
+                    })?
+                    .tables
+                    .into_iter()
+                    .collect(),
+                None => Vec::new(),
+            },
+            _ => plan.hidden.clone(),
+        };
+        drop(writer);
+        if listed.is_empty() {
+            return Ok(HiddenCopies::default());
+        }
+        let published = sink.existing_tables(&listed).await?;
+        let tables = listed.into_iter().filter(|name| !published.contains(name)).collect();
         Ok(HiddenCopies { tables })
     }
 
@@ -149,15 +188,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hidden_names_stay_within_the_limit_and_apart() {
+    fn hidden_names_take_a_prefix_and_give_it_back() {
         let short = hidden_name(&TableName::parse("shop.orders"));
         assert_eq!(short, TableName::parse("shop._sluice_copy_orders"));
-        let long_a = hidden_name(&TableName::parse(&format!("d.{}a", "x".repeat(60))));
-        let long_b = hidden_name(&TableName::parse(&format!("d.{}b", "x".repeat(60))));
-        assert!(long_a.name.len() <= MAX_NAME_BYTES && long_b.name.len() <= MAX_NAME_BYTES);
-        assert_ne!(long_a, long_b);
-        let wide = hidden_name(&TableName::parse(&format!("d.{}", "é".repeat(40))));
-        assert!(wide.name.len() <= MAX_NAME_BYTES, "{}", wide.name);
+        assert_eq!(own_name(&short.name), "orders");
+        assert_eq!(own_name("orders"), "orders");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod change;
 pub mod connector;
 pub mod error;
+pub mod failpoint;
 pub mod filter;
 pub mod hidden;
 pub mod net_changes;

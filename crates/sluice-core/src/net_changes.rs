@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::change::{key_text, Change, ChangeKind, Row};
 use crate::connector::ChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
-use crate::schema::TableSchema;
+use crate::schema::{TableName, TableSchema};
 
 /// One key's fold: was a row there before the group, and what is there after it.
 #[derive(Debug)]
@@ -228,6 +228,16 @@ impl NetChanges {
 /// Each row repeated as many times as `wanted` of its count says (none when not positive).
 fn copies(counted: &[(Row, i64)], wanted: impl Fn(i64) -> i64) -> Vec<Row> {
     counted.iter().flat_map(|(row, count)| std::iter::repeat_n(row, wanted(*count).max(0) as usize)).cloned().collect()
+}
+
+/// The error of a source RENAME whose new name the target has already, with rows.
+pub fn renamed_over(from: &TableName, to: &TableName) -> Error {
+    Error::new(
+        ErrorKind::Conflict,
+        format!("the source renamed {from} to {to}, and the target has both, {to} with rows"),
+    )
+    .on(Side::Target)
+    .hint(format!("the target was changed outside this job: drop or rename {to} in the target (the stream renames {from} to it) and restart"))
 }
 
 /// The error for keys the source changed but the target does not hold.

@@ -96,6 +96,11 @@ impl Planner {
             .into_iter()
             .filter_map(|table| Some((table.splits.first()?.table.name.clone(), table)))
             .collect();
+        // A table the plan does not have is copied on first planning, and always by a snapshot.
+        // A streaming job planned again leaves it to the stream, which creates it from the
+        // source's CREATE TABLE (a copy of it now would hold rows the stream applies again);
+        // tables that existed before are added to a running job by name (`splitting`).
+        let copy_new = self.job.mode == Mode::Snapshot || first;
         let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
         let targets = transform::target_tables(&mappings);
         let mut plan = Plan { tables: Vec::with_capacity(mappings.len()), source_position, hidden: previous.hidden };
@@ -104,7 +109,12 @@ impl Planner {
             let target = mapping.target.name.clone();
             let planned = match stored.get(&table.name) {
                 Some(stored) => PlannedTable { target, splits: stored.splits.clone() },
-                None if !split && !self.split_also.contains(&table.name) => PlannedTable { target, splits: Vec::new() },
+                None if !(split && copy_new || self.split_also.contains(&table.name)) => {
+                    if split {
+                        log::info!("table {} is new to the job's plan: the change stream takes it in", table.name);
+                    }
+                    PlannedTable { target, splits: Vec::new() }
+                }
                 None => {
                     let splits = self
                         .with_retry("split the source table", || {

@@ -91,6 +91,10 @@ pub struct Runner {
     /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
     /// the run began.
     hidden: Mutex<HiddenCopies>,
+    /// Source schemas the stream met inside a transaction, for tables whose DDL a target that
+    /// commits DDL on its own must apply before that transaction: the next attempt applies them
+    /// first.
+    reshape_first: Mutex<Vec<Arc<TableSchema>>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -128,6 +132,7 @@ impl Runner {
             whole_splits: Mutex::new(Vec::new()),
             restart: false,
             hidden: Mutex::new(HiddenCopies::default()),
+            reshape_first: Mutex::new(Vec::new()),
         }
     }
 
@@ -232,7 +237,9 @@ impl Runner {
         if matches!(self.scope, Scope::Tables(_) | Scope::Splits(_)) {
             targets.retain(|target| plan.tables.iter().any(|planned| planned.target == target.name));
         }
-        let hidden = self.with_retry("list the target's tables", || HiddenCopies::of(&plan, &*self.sink)).await?;
+        let hidden = self
+            .with_retry("list the target's tables", || HiddenCopies::of(&plan, &*self.sink, &self.job.name))
+            .await?;
         *lock(&self.hidden) = hidden.clone();
         if planned_here {
             self.sink.prepare(&hidden.schemas(&targets)).await?;
@@ -532,6 +539,7 @@ impl Runner {
             rows_written: *rows_written,
         };
         writer.commit(&checkpoint).await?;
+        crate::failpoint::hit("copy.batch.committed");
         TableStats::add(&stats.rows_written, written);
         self.state.save_checkpoint(&self.job.name, &checkpoint)?;
         Ok(batch.position)

@@ -26,22 +26,6 @@ impl TableName {
     }
 }
 
-/// A name of at most `limit` bytes made from `name`: itself when short enough, else a prefix of
-/// it and a hash of all of it, so two long names that share a prefix stay apart.
-pub fn bounded_identifier(name: &str, limit: usize) -> String {
-    if name.len() <= limit {
-        return name.to_owned();
-    }
-    let hash = name
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
-    let mut cut = limit - 17;
-    while !name.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}_{hash:016x}", &name[..cut])
-}
-
 impl fmt::Display for TableName {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.namespace {

@@ -339,7 +339,7 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
         let state = SqliteStateStore::open(&state_dir)?;
         let previous = sluice_core::state::StateStore::load_plan(&state, &job.name)?;
         let planned = sluice_core::planner::Planner::new(job.clone(), source, sink.clone()).plan(previous).await?;
-        let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink).await?;
+        let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &job.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let mut tables = hidden.tasks(sluice_core::connector::TableTasks::of(&planned.plan));
         if job.mode == sluice_core::spec::Mode::Cdc {

@@ -173,6 +173,15 @@ fn sample(target: &str, namespace: &str) -> Sample {
     }
 }
 
+/// Whether the target holds the accounts' copy under its hidden name.
+fn hidden_copy_exists(target: &str, namespace: &str) -> bool {
+    let sql = format!(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{namespace}' AND table_name = '_sluice_copy_accounts'"
+    );
+    let found = if target == "postgres" { psql(&sql) } else { mariadb(&sql) };
+    found.trim() == "1"
+}
+
 /// Fails at once when the sampler thread ended (its assertion failed).
 fn sampling<T>(sampler: &std::thread::JoinHandle<T>) {
     assert!(!sampler.is_finished(), "the sampler stopped: it saw a state the source never had (its message is above)");
@@ -217,6 +226,8 @@ fn transfers_are_never_seen_half_applied(target: &'static str) {
                         states.insert(balances);
                     }
                 }
+                // Paced, so the sampler's clients leave the machine's two cores to the run.
+                std::thread::sleep(Duration::from_millis(5));
             }
             (absent, present, states.len())
         })
@@ -224,12 +235,17 @@ fn transfers_are_never_seen_half_applied(target: &'static str) {
     // Kills while the copy runs and while the stream replays the window: each run is killed
     // once it committed more than the last one, after a random moment more.
     let mut seen = 0;
+    let mut hidden_seen = 0;
     for _ in 0..KILLS {
         let mut child = job.start();
         wait_for("progress in the target", Duration::from_secs(60), || {
             sampling(&sampler);
             committed(target, &job.name) > seen
         });
+        // While the copy runs it is there under its hidden name only.
+        if sample(target, &job.namespace) == Sample::Absent && hidden_copy_exists(target, &job.namespace) {
+            hidden_seen += 1;
+        }
         std::thread::sleep(Duration::from_millis(random.below(400)));
         kill(&mut child);
         seen = committed(target, &job.name);
@@ -252,6 +268,7 @@ fn transfers_are_never_seen_half_applied(target: &'static str) {
     eprintln!("{target}: {absent} samples before the copy was published, {present} after ({states} distinct states)");
     assert!(present >= 100 && states >= 10, "{present} samples of {states} states after the copy was published");
     assert!(absent > 0, "the sampler started before the copy was published");
+    assert!(hidden_seen > 0, "the copy was never seen under its hidden name");
     job.stop(child);
     job.assert_equal_to_source(&database);
     let transfers = mariadb(&format!("SELECT count(*) FROM {database}.items WHERE note = 'transfer'"));

@@ -312,6 +312,11 @@ impl BinlogChangeStream {
             }
             EventData::HeartbeatEvent => {
                 if !self.in_transaction {
+                    // The server's own position in the file (the end of the last event it sent):
+                    // past the events that are no transaction (a new file's format description
+                    // and GTID list), so an idle stream still reaches a position read from SHOW
+                    // MASTER STATUS, which closes a snapshot's replay window.
+                    self.offset = self.offset.max(u64::from(header.log_pos()));
                     let position = self.position(self.offset);
                     self.ready.push_back(StreamEvent::Advance { position, committed_at: 0 });
                 }

@@ -9,12 +9,12 @@ use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
-use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
+use super::checkpoints::{check_fence, commit_with_checkpoint, read_checkpoint};
 use super::rows::{delete_keys, delete_rows, insert_rows};
 use super::tables::{column_definition, create_table_sql, qualified};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::hidden::published_over;
-use sluice_core::net_changes::missing_rows;
+use sluice_core::net_changes::{missing_rows, renamed_over};
 
 pub(super) struct MysqlChangeWriter {
     pub(super) connection: Conn,
@@ -39,6 +39,24 @@ impl MysqlChangeWriter {
             )
             .await
             .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("describe table {table}")))
+    }
+
+    /// Whether a table can be renamed to `to`: it does not exist, or exists empty (made by a
+    /// run's `prepare` while the stream was still behind the statement that makes it) and is
+    /// dropped now. A `to` that holds rows is left alone: false.
+    async fn free_name(&mut self, to: &TableName) -> Result<bool> {
+        if self.columns(to).await?.is_empty() {
+            return Ok(true);
+        }
+        let held: Option<u8> = self
+            .connection
+            .query_first(format!("SELECT 1 FROM {} LIMIT 1", qualified(to)))
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look into table {to}")))?;
+        if held.is_none() {
+            self.execute(&format!("DROP TABLE {}", qualified(to)), &format!("drop the empty table {to}")).await?;
+        }
+        Ok(held.is_none())
     }
 
     async fn begin(&mut self) -> Result<()> {
@@ -147,13 +165,14 @@ impl ChangeWriter for MysqlChangeWriter {
     /// One `RENAME TABLE` of every pair: MySQL renames them together, so a reader waits and
     /// then sees every published table.
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        check_fence(&mut self.connection, &self.server, &self.job, self.fence.as_ref()).await?;
         let mut renames = Vec::new();
         let mut taken = Vec::new();
         for (hidden, own) in tables {
             if self.columns(hidden).await?.is_empty() {
                 continue;
             }
-            if self.columns(own).await?.is_empty() {
+            if self.free_name(own).await? {
                 renames.push(format!("{} TO {}", qualified(hidden), qualified(own)));
             } else {
                 taken.push(format!("{own} (the copy waits as {hidden})"));
@@ -176,6 +195,9 @@ impl ChangeWriter for MysqlChangeWriter {
             SchemaChange::Rename { to, .. } => refuse_long_names([&TableSchema::named(to.clone())])?,
             SchemaChange::Drop(_) | SchemaChange::Truncate(_) => {}
         }
+        // DDL commits on its own, outside the checkpoint's fence: a task whose fence moved
+        // applies none (its sessions also ended when the new owner claimed the task).
+        check_fence(&mut self.connection, &self.server, &self.job, self.fence.as_ref()).await?;
         match change {
             SchemaChange::Create(table) => {
                 self.execute(&create_table_sql(table, None), &format!("create table {}", table.name)).await?
@@ -195,6 +217,9 @@ impl ChangeWriter for MysqlChangeWriter {
                             .on(Side::Target));
                     }
                     return Ok(());
+                }
+                if !self.free_name(to).await? {
+                    return Err(renamed_over(from, to));
                 }
                 let database = quote(to.namespace.as_deref().unwrap_or("sluice_default"));
                 let renamed = format!(

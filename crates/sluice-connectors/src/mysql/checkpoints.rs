@@ -36,6 +36,88 @@ pub(super) const FENCE_TABLE: &str = "CREATE DATABASE IF NOT EXISTS sluice CHARA
     CREATE TABLE IF NOT EXISTS sluice.fences (job VARCHAR(128) NOT NULL, task VARCHAR(512) NOT NULL,
         epoch BIGINT UNSIGNED NOT NULL, PRIMARY KEY (job, task))";
 
+/// The sessions of fenced tasks, so a task's next owner can end those of its older owners
+/// (`end_older_sessions`). A connection id is known only while its server runs, so each row
+/// also has the server's start (to the second).
+pub(super) const SESSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS sluice.sessions (job VARCHAR(128) NOT NULL,
+    task VARCHAR(512) NOT NULL, epoch BIGINT UNSIGNED NOT NULL, connection BIGINT UNSIGNED NOT NULL,
+    server_started BIGINT NOT NULL, PRIMARY KEY (job, task, connection)) DEFAULT CHARSET = utf8mb4";
+
+/// When the server started, in Unix seconds (its clock less its uptime).
+async fn server_started(connection: &mut Conn, server: &str) -> Result<i64> {
+    let error = |error| mysql_error(error, Side::Target, server, "read the server's uptime");
+    let uptime: Option<(String, String)> =
+        connection.query_first("SHOW GLOBAL STATUS LIKE 'Uptime'").await.map_err(error)?;
+    let now: Option<i64> = connection.query_first("SELECT UNIX_TIMESTAMP()").await.map_err(error)?;
+    let uptime = uptime.and_then(|(_, value)| value.parse::<i64>().ok()).unwrap_or_default();
+    Ok(now.unwrap_or_default() - uptime)
+}
+
+/// Records a fenced task's connection, for `end_older_sessions`.
+pub(super) async fn register_session(connection: &mut Conn, server: &str, job: &str, fence: &Fence) -> Result<()> {
+    let started = server_started(connection, server).await?;
+    connection
+        .exec_drop(
+            "INSERT INTO sluice.sessions (job, task, epoch, connection, server_started) VALUES (?, ?, ?, CONNECTION_ID(), ?)
+             ON DUPLICATE KEY UPDATE epoch = VALUES(epoch), server_started = VALUES(server_started)",
+            (job, &fence.task, fence.epoch, started),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, "record the task's session"))
+}
+
+/// Ends the sessions of the task's older epochs (a stalled worker's, even in the middle of a
+/// statement or a DDL), so none holds a lock its new owner needs or writes after the claim.
+/// A session another user owns without the rights to end it is logged and left to the fences.
+pub(super) async fn end_older_sessions(connection: &mut Conn, server: &str, job: &str, fence: &Fence) -> Result<()> {
+    let error = |doing: &'static str| move |error| mysql_error(error, Side::Target, server, doing);
+    let started = server_started(connection, server).await?;
+    let older: Vec<(u64, i64)> = connection
+        .exec(
+            "SELECT connection, server_started FROM sluice.sessions WHERE job = ? AND task = ? AND epoch < ?",
+            (job, &fence.task, fence.epoch),
+        )
+        .await
+        .map_err(error("read the sessions of the task's older owners"))?;
+    for (id, server_started) in older {
+        // A row from before the server's last start names a connection that is gone.
+        if (server_started - started).abs() > 2 {
+            continue;
+        }
+        match connection.query_drop(format!("KILL CONNECTION {id}")).await {
+            Ok(()) => log::info!("task {} of job {job}: ended session {id} of an older owner", fence.task),
+            // Unknown thread: it ended already.
+            Err(mysql_async::Error::Server(server_error)) if server_error.code == 1094 => {}
+            Err(kill_error) => log::warn!(
+                "task {} of job {job}: could not end session {id} of an older owner: {kill_error}",
+                fence.task
+            ),
+        }
+    }
+    connection
+        .exec_drop(
+            "DELETE FROM sluice.sessions WHERE job = ? AND task = ? AND epoch < ?",
+            (job, &fence.task, fence.epoch),
+        )
+        .await
+        .map_err(error("forget the sessions of the task's older owners"))
+}
+
+/// Fails with `ErrorKind::Fenced` unless the target still holds the fence's epoch: checked
+/// before each statement that commits on its own (MySQL DDL), which the commit's fence cannot
+/// cover.
+pub(super) async fn check_fence(connection: &mut Conn, server: &str, job: &str, fence: Option<&Fence>) -> Result<()> {
+    let Some(fence) = fence else { return Ok(()) };
+    let held: Option<u64> = connection
+        .exec_first("SELECT epoch FROM sluice.fences WHERE job = ? AND task = ?", (job, &fence.task))
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, "check the fence"))?;
+    if held != Some(fence.epoch) {
+        return Err(fence.moved(job, held.unwrap_or_default()));
+    }
+    Ok(())
+}
+
 /// Writes the checkpoint row and commits the open transaction with it. With a fence, the
 /// commit happens only while the target holds the fence's epoch (the row is share-locked until
 /// the commit, so a newer claim waits for it and then reads what it committed).

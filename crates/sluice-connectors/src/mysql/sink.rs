@@ -13,7 +13,8 @@ use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 
 use super::checkpoints::{
-    commit_with_checkpoint, forget_binding, read_checkpoint, verify_binding, BINDING_TABLE, FENCE_TABLE,
+    commit_with_checkpoint, end_older_sessions, forget_binding, read_checkpoint, register_session, verify_binding,
+    BINDING_TABLE, FENCE_TABLE, SESSION_TABLE,
 };
 use super::rows::{delete_keys, insert_rows};
 use super::tables::{add_index_sql, counter_sql, create_table_sql, qualified};
@@ -83,6 +84,16 @@ impl MysqlSink {
                 Err(mysql_async::Error::Server(error)) if error.code == 1193 => {}
                 Err(error) => return Err(mysql_error(error, Side::Target, &self.server, "limit idle transactions")),
             }
+        }
+        Ok(connection)
+    }
+
+    /// A connection for one of the job's task writers; a fenced task's is recorded, so the
+    /// task's next owner can end it.
+    async fn task_connection(&self, job: &str) -> Result<Conn> {
+        let mut connection = self.connection().await?;
+        if let Some(fence) = &self.fence {
+            register_session(&mut connection, &self.server, job, fence).await?;
         }
         Ok(connection)
     }
@@ -262,6 +273,7 @@ impl Sink for MysqlSink {
             .map_err(error("create the checkpoint table sluice.checkpoints"))?;
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
+        connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
         for table in tables {
             if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
                 return Err(Error::new(
@@ -311,7 +323,7 @@ impl Sink for MysqlSink {
 
     async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
         Ok(Box::new(super::changes::MysqlChangeWriter {
-            connection: self.connection().await?,
+            connection: self.task_connection(job).await?,
             server: self.server.clone(),
             job: job.to_owned(),
             task: task.to_owned(),
@@ -325,6 +337,9 @@ impl Sink for MysqlSink {
         let mut connection = self.connection().await?;
         let error = |doing: &'static str| move |error| mysql_error(error, Side::Target, &self.server, doing);
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
+        connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
+        // Before the fence is locked: a stalled older owner may hold its row.
+        end_older_sessions(&mut connection, &self.server, job, fence).await?;
         // The row exists before it is locked: locking a missing row takes a gap lock, and two
         // tasks claiming at once would deadlock on the gap.
         connection
@@ -348,7 +363,7 @@ impl Sink for MysqlSink {
     }
 
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
-        let connection = self.connection().await?;
+        let connection = self.task_connection(job).await?;
         Ok(Box::new(MysqlWriter {
             connection,
             server: self.server.clone(),

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
 use sluice_core::hidden::published_over;
-use sluice_core::net_changes::missing_rows;
+use sluice_core::net_changes::{missing_rows, renamed_over};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
@@ -65,6 +65,26 @@ impl PostgresChangeWriter {
             .await
             .map_err(|error| postgres_error(error, Side::Target, &self.server, &format!("describe table {table}")))?;
         Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    /// Whether a table can be renamed to `to`: it does not exist, or exists empty (made by a
+    /// run's `prepare` while the stream was still behind the statement that makes it) and is
+    /// dropped now. A `to` that holds rows is left alone: false.
+    async fn free_name(&mut self, to: &TableName) -> Result<bool> {
+        if self.columns(to).await?.is_empty() {
+            return Ok(true);
+        }
+        let doing = format!("look into table {to}");
+        let held: bool = self
+            .client
+            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {})", qualified(to)), &[])
+            .await
+            .map_err(self.error(&doing))?
+            .get(0);
+        if !held {
+            self.execute(&format!("DROP TABLE {}", qualified(to)), &format!("drop the empty table {to}")).await?;
+        }
+        Ok(!held)
     }
 
     fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
@@ -214,8 +234,8 @@ impl ChangeWriter for PostgresChangeWriter {
     }
 
     /// Renames inside the open transaction, which commits with the checkpoint that ends the
-    /// replay window: readers see no table, then the published one. Indexes and sequences named
-    /// after the hidden table take the table's own name too.
+    /// replay window: readers see no table, then the published one. The key, identity sequences
+    /// and indexes of a hidden copy are named after its own name already (`tables.rs`).
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
         self.begin().await?;
         let mut renames = Vec::new();
@@ -224,7 +244,7 @@ impl ChangeWriter for PostgresChangeWriter {
             if self.columns(hidden).await?.is_empty() {
                 continue;
             }
-            if self.columns(own).await?.is_empty() {
+            if self.free_name(own).await? {
                 renames.push((hidden, own));
             } else {
                 taken.push(format!("{own} (the copy waits as {hidden})"));
@@ -235,31 +255,6 @@ impl ChangeWriter for PostgresChangeWriter {
         }
         for (hidden, own) in renames {
             let doing = format!("publish table {own}");
-            let dependents = self
-                .client
-                .query(
-                    "SELECT c.relkind::text, c.relname::text FROM pg_class c
-                     WHERE c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = $1::text::regclass
-                                     UNION SELECT objid FROM pg_depend WHERE refobjid = $1::text::regclass
-                                       AND classid = 'pg_class'::regclass AND deptype IN ('a', 'i'))
-                       AND c.relkind IN ('i', 'S')",
-                    &[&qualified(hidden)],
-                )
-                .await
-                .map_err(self.error(&doing))?;
-            for dependent in dependents {
-                let (kind, name): (String, String) = (dependent.get(0), dependent.get(1));
-                let Some(rest) = name.strip_prefix(&hidden.name) else { continue };
-                let renamed = super::bounded_name(&format!("{}{rest}", own.name));
-                let object = TableName { namespace: hidden.namespace.clone(), name };
-                let statement = format!(
-                    "ALTER {} {} RENAME TO {}",
-                    if kind == "S" { "SEQUENCE" } else { "INDEX" },
-                    qualified(&object),
-                    quote(&renamed)
-                );
-                self.execute(&statement, &doing).await?;
-            }
             self.execute(&format!("ALTER TABLE {} RENAME TO {}", qualified(hidden), quote(&own.name)), &doing).await?;
         }
         Ok(())
@@ -294,6 +289,9 @@ impl ChangeWriter for PostgresChangeWriter {
                             .on(Side::Target));
                     }
                     return Ok(());
+                }
+                if !self.free_name(to).await? {
+                    return Err(renamed_over(from, to));
                 }
                 let doing = format!("rename table {from} to {to}");
                 if from.namespace != to.namespace {

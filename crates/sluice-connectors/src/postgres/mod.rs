@@ -100,7 +100,17 @@ fn refuse_long_names<'a>(tables: impl IntoIterator<Item = &'a sluice_core::Table
 /// start (cut on a character boundary) and a hash of the whole, so two long names stay apart
 /// and the same name always gives the same result.
 fn bounded_name(name: &str) -> String {
-    sluice_core::schema::bounded_identifier(name, MAX_NAME_BYTES)
+    if name.len() <= MAX_NAME_BYTES {
+        return name.to_owned();
+    }
+    let hash = name
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+    let mut cut = MAX_NAME_BYTES - 17;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}_{hash:016x}", &name[..cut])
 }
 
 /// Runs a connection's I/O until its client is dropped or the connection fails.

@@ -104,6 +104,7 @@ impl Runner {
         let mut attempt = 1;
         loop {
             let mut progressed = false;
+            let waiting_schemas = lock(&self.reshape_first).len();
             let error = match self.apply_stream(&start, after_snapshot, &mut progressed).await {
                 Ok(()) => return Ok(()),
                 Err(error) => error,
@@ -111,6 +112,10 @@ impl Runner {
             if progressed {
                 // A stream that ran for a while before failing starts its count afresh.
                 attempt = 1;
+            }
+            if lock(&self.reshape_first).len() > waiting_schemas && !self.should_stop() {
+                log::info!("change stream: {error}; starting again from the checkpoint to apply it first");
+                continue;
             }
             if !retry::is_transient(&error) || attempt >= self.job.retry.max_attempts || self.should_stop() {
                 return Err(if error.kind() == ErrorKind::Interrupted {
@@ -250,7 +255,11 @@ impl Runner {
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
         let outcome: Result<()> = async {
-            if applier.publishes() {
+            let first = std::mem::take(&mut *lock(&self.reshape_first));
+            if !first.is_empty() {
+                applier.reshape(first).await?;
+                applier.commit().await?;
+            } else if applier.publishes() {
                 // The window closed before this start (an idle source, or a crash between
                 // MySQL's commit and its rename): publish before anything else.
                 applier.commit().await?;
@@ -546,31 +555,25 @@ impl Applier<'_> {
             // The target takes the new schema after the rows before these: whole transactions
             // commit first when they can, so a target whose DDL commits on its own (MySQL) never
             // commits rows without their checkpoint.
+            if self.open_transaction && self.writer.ddl_commits() {
+                // Inside a source transaction whose earlier rows the open target transaction
+                // holds: MySQL's DDL would commit them without their checkpoint. This attempt
+                // ends here (its target transaction rolls back), and the next one gives the
+                // tables their new schema before anything else, at the checkpoint's boundary.
+                let names: Vec<String> = reshaped.iter().map(|table| table.name.to_string()).collect();
+                lock(&self.runner.reshape_first).extend(reshaped);
+                return Err(Error::new(
+                    ErrorKind::Unavailable,
+                    format!("the new schema of {} comes inside a transaction", names.join(", ")),
+                )
+                .on(Side::Target));
+            }
             if !self.open_transaction && !self.arrivals.is_empty() {
                 self.commit().await?;
             } else {
                 self.write_folded().await?;
             }
-            for table in reshaped {
-                let pending = self.checkpoint.pending.remove(&table.name.to_string()).unwrap_or_default();
-                let mapping = mapping_of(&mut self.targets, self.runner, &table)?;
-                let target = mapping.target.clone();
-                let change = if pending.create {
-                    SchemaChange::Create((*target).clone())
-                } else {
-                    // A projection may have renamed or left out the columns the DDL names.
-                    let kept = |name: &String| target.columns.iter().any(|column| &column.name == name);
-                    let renamed = pending.renamed.into_iter().filter(|(_, new)| kept(new)).collect();
-                    let retyped = pending.retyped.iter().filter_map(|name| mapping.target_column(name)).collect();
-                    SchemaChange::Alter { table: (*target).clone(), renamed, retyped }
-                };
-                let change = self.checkpoint.hidden.follow(change);
-                self.writer
-                    .apply_schema_change(&change)
-                    .await
-                    .map_err(|error| error.context(format_args!("table {}", target.name)))?;
-                log::info!("target table {} has the source's new schema", target.name);
-            }
+            self.reshape(reshaped).await?;
         }
         self.open_transaction = true;
         let mode = self.runner.apply_mode(&self.checkpoint);
@@ -609,6 +612,33 @@ impl Applier<'_> {
     }
 
     /// The open source transaction committed at `position`.
+    /// Gives each target table whose source table changed by DDL (`pending`) the schema its
+    /// first rows since then carry (`tables`, source schemas from their table maps).
+    async fn reshape(&mut self, tables: Vec<Arc<TableSchema>>) -> Result<()> {
+        for table in tables {
+            let Some(pending) = self.checkpoint.pending.remove(&table.name.to_string()) else { continue };
+            let mapping = mapping_of(&mut self.targets, self.runner, &table)?;
+            let target = mapping.target.clone();
+            let change = if pending.create {
+                SchemaChange::Create((*target).clone())
+            } else {
+                // A projection may have renamed or left out the columns the DDL names.
+                let kept = |name: &String| target.columns.iter().any(|column| &column.name == name);
+                let renamed = pending.renamed.into_iter().filter(|(_, new)| kept(new)).collect();
+                let retyped = pending.retyped.iter().filter_map(|name| mapping.target_column(name)).collect();
+                SchemaChange::Alter { table: (*target).clone(), renamed, retyped }
+            };
+            let change = self.checkpoint.hidden.follow(change);
+            self.writer
+                .apply_schema_change(&change)
+                .await
+                .map_err(|error| error.context(format_args!("table {}", target.name)))?;
+            crate::failpoint::hit("stream.schema.applied");
+            log::info!("target table {} has the source's new schema", target.name);
+        }
+        Ok(())
+    }
+
     async fn transaction_end(&mut self, position: Position, committed_at: u64) -> Result<()> {
         if self.raw {
             self.write_folded().await?;
@@ -716,6 +746,7 @@ impl Applier<'_> {
             self.writer.apply_schema_change(&change).await.map_err(|error| {
                 error.context(format_args!("applying `{statement}` ({position})", position = position.0))
             })?;
+            crate::failpoint::hit("stream.ddl.applied");
         }
         log::info!("applied DDL to the target: {statement}");
         self.runner.stats.stream.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -739,6 +770,7 @@ impl Applier<'_> {
     /// not, so a crash in between publishes them on the next start).
     async fn commit(&mut self) -> Result<()> {
         self.write_folded().await?;
+        crate::failpoint::hit("stream.group.written");
         self.rows_applied += self.staged_rows;
         let runner = self.runner;
         // Past the replay window, the window is forgotten, so a later reader of the
@@ -756,6 +788,7 @@ impl Applier<'_> {
         if let Some(tables) = publish {
             if !stored.hidden.is_empty() {
                 self.writer.publish(&tables).await?;
+                crate::failpoint::hit("stream.publish.renamed");
                 stored.hidden = HiddenCopies::default();
                 self.write_checkpoint(&stored).await?;
             }
@@ -817,6 +850,7 @@ impl Applier<'_> {
             rows_written: self.rows_applied,
         };
         self.writer.commit(&record).await?;
+        crate::failpoint::hit("stream.group.committed");
         self.runner.state.save_checkpoint(&self.runner.job.name, &record)
     }
 }

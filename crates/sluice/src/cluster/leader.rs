@@ -188,7 +188,7 @@ impl Node {
         // Workers run their tasks on this plan without discovering again: the target tables are
         // made once, here.
         // Copies still hidden are made and judged under their hidden names.
-        let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink).await?;
+        let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &spec.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
         sluice_core::planner::verify_checkpoints(&spec, &*sink, &hidden.tasks(TableTasks::of(&plan))).await?;

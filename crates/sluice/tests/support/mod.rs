@@ -244,11 +244,13 @@ impl Drain {
             let bytes = bytes.clone();
             std::thread::spawn(move || {
                 let mut chunk = [0u8; 8192];
-                while let Ok(read) = pipe.read(&mut chunk) {
-                    if read == 0 {
-                        break;
+                loop {
+                    match pipe.read(&mut chunk) {
+                        Ok(0) => break,
+                        Ok(read) => bytes.lock().unwrap().extend_from_slice(&chunk[..read]),
+                        Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
                     }
-                    bytes.lock().unwrap().extend_from_slice(&chunk[..read]);
                 }
             })
         });
