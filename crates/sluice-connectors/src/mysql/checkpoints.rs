@@ -17,13 +17,18 @@ pub(super) async fn read_checkpoint(
     job: &str,
     task: &str,
 ) -> Result<Option<Checkpoint>> {
-    let row: Option<(Option<String>, bool, u64)> = connection
+    let row: Option<(Option<String>, bool, u64)> = match connection
         .exec_first(
             "SELECT position, done, rows_written FROM sluice.checkpoints WHERE job = ? AND task = ?",
             (job, task),
         )
         .await
-        .map_err(|error| mysql_error(error, Side::Target, server, "read the checkpoint"))?;
+    {
+        Ok(row) => row,
+        // No checkpoint table yet (a target no job has prepared): no checkpoint.
+        Err(mysql_async::Error::Server(error)) if error.code == 1146 => None,
+        Err(error) => return Err(mysql_error(error, Side::Target, server, "read the checkpoint")),
+    };
     let Some((position, done, rows_written)) = row else { return Ok(None) };
     let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {
         Error::new(ErrorKind::Write, format!("checkpoint of task {task} is corrupt: {error}")).on(Side::Target)
