@@ -156,15 +156,17 @@ fn create_source(database: &str) {
 }
 
 /// Schema changes with rows around them, `round` making names and keys its own: a column
-/// added, then rows of `b` and the first rows of `a` with the new column in one transaction (a
-/// target whose DDL commits on its own must not commit `b`'s rows with it), a column retyped, a
+/// added, then rows of `b` (more than a batch, so the open target transaction holds some) and
+/// the first rows of `a` with the new column in one transaction (a target whose DDL commits on
+/// its own must not commit `b`'s rows with it), a column retyped, a
 /// table created, emptied, renamed and dropped, the added column dropped.
 fn schema_changes(database: &str, round: u32) {
     let key = 1_000 * (round + 1);
     mariadb(&format!(
         "USE {database};
          ALTER TABLE a ADD COLUMN c{round} INT NULL;
-         BEGIN; INSERT INTO b VALUES ({key}, 1); INSERT INTO a VALUES ({key}, 1, 7); UPDATE b SET v = v + 1 WHERE id = 1; COMMIT;
+         BEGIN; INSERT INTO b VALUES ({key}, 1); INSERT INTO b SELECT {key} + 100 + seq, 1 FROM seq_1_to_250;
+         INSERT INTO a VALUES ({key}, 1, 7); UPDATE b SET v = v + 1 WHERE id = 1; COMMIT;
          UPDATE a SET c{round} = id WHERE id <= 5;
          ALTER TABLE b MODIFY COLUMN v BIGINT NOT NULL;
          INSERT INTO b VALUES ({key} + 1, 5000000000);
