@@ -402,3 +402,43 @@ fn ddl_during_the_stream_is_carried_or_stops_precisely() {
         );
     }
 }
+
+/// A snapshot+cdc job into a PostgreSQL database no job has written to (no `sluice` schema yet)
+/// copies and streams: looking for its checkpoints before it made their table finds none.
+#[test]
+fn a_snapshot_and_stream_into_a_postgres_database_no_job_used_starts() {
+    let database = unique_name("freshdb");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY); INSERT INTO {database}.t VALUES (1), (2)"
+    ));
+    psql(&format!("CREATE DATABASE {database}"));
+    let base = postgres_url();
+    let target = format!("{}/{database}", base.rsplit_once('/').expect("a database in the URL").0);
+    let count = || {
+        let output = std::process::Command::new("psql")
+            .args([target.as_str(), "-X", "-At", "-c", &format!("SELECT count(*) FROM {database}.t")])
+            .output()
+            .expect("run psql");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    let workspace = Workspace::new();
+    let file = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: fresh\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n"
+        ),
+    );
+    let child = workspace.start_run(&file, &mysql_url(), &target, &[]);
+    let stderr = child.stderr_view();
+    wait_for("the copy", Duration::from_secs(60), || count() == "2" || stderr().contains("ERROR"));
+    mariadb(&format!("INSERT INTO {database}.t VALUES (3)"));
+    wait_for("the streamed row", Duration::from_secs(60), || count() == "3" || stderr().contains("ERROR"));
+    let child = child.into_inner();
+    signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(count(), "3", "{stderr}");
+    mariadb(&format!("DROP DATABASE {database}"));
+    psql(&format!("DROP DATABASE {database} WITH (FORCE)"));
+}

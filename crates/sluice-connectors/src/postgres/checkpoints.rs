@@ -16,13 +16,18 @@ pub(super) async fn read_checkpoint(
     job: &str,
     task: &str,
 ) -> Result<Option<Checkpoint>> {
-    let row = client
+    let row = match client
         .query_opt(
             "SELECT position::text, done, rows_written FROM sluice.checkpoints WHERE job = $1 AND task = $2",
             &[&job, &task],
         )
         .await
-        .map_err(|error| postgres_error(error, Side::Target, server, "read the checkpoint"))?;
+    {
+        Ok(row) => row,
+        // No checkpoint table yet (a target no job has prepared): no checkpoint.
+        Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
+        Err(error) => return Err(postgres_error(error, Side::Target, server, "read the checkpoint")),
+    };
     let Some(row) = row else { return Ok(None) };
     let position: Option<String> = row.get(0);
     let position = position.map(|text| serde_json::from_str(&text).map(Position)).transpose().map_err(|error| {

@@ -290,6 +290,12 @@ impl Running {
         String::from_utf8_lossy(&self.stderr.so_far()).into_owned()
     }
 
+    /// A view of the child's stderr that stays readable while the child is borrowed elsewhere.
+    pub fn stderr_view(&self) -> impl Fn() -> String {
+        let bytes = self.stderr.bytes.clone();
+        move || String::from_utf8_lossy(&bytes.lock().unwrap()).into_owned()
+    }
+
     /// Waits for the child to end and returns its status and all it wrote.
     pub fn wait_with_output(mut self) -> std::io::Result<Output> {
         let status = self.child.wait()?;
