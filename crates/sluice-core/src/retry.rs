@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, ErrorKind};
-use crate::spec::RetryPolicy;
+use crate::spec::{RestartPolicy, RetryPolicy};
 
 /// True for failures a later attempt may not meet: unreachable servers and broken connections,
 /// deadlocks and lock timeouts. Everything else (bad credentials, missing tables, bad data,
@@ -64,9 +64,117 @@ where
     }
 }
 
+/// What to do with a task that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restart {
+    /// Run it again from its checkpoint after this wait.
+    After(Duration),
+    /// Leave it failed: its error cannot heal, or the policy's restarts are used up (the reason
+    /// says which limit).
+    GiveUp(String),
+}
+
+/// A task's restarts under its `RestartPolicy`, carried from run to run (and, in a cluster, from
+/// worker to worker in the task's status).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Restarts {
+    /// Restarts of the task so far.
+    pub total: u32,
+    /// Failures in a row, with no row written in between.
+    pub in_a_row: u32,
+    /// When the first of those failures happened (seconds since the Unix epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failing_since: Option<u64>,
+}
+
+impl Restarts {
+    /// Counts a failure of the task (`progressed`: its run wrote rows before it failed, which
+    /// starts the count in a row afresh) at `now` (Unix seconds) and says what comes next. Only
+    /// failures that may heal (`is_transient`) are restarted; every other error stops the task
+    /// at once.
+    pub fn failed(&mut self, policy: &RestartPolicy, error: &Error, progressed: bool, now: u64) -> Restart {
+        if !is_transient(error) {
+            return Restart::GiveUp("its error does not heal by itself".to_owned());
+        }
+        if progressed {
+            self.in_a_row = 0;
+            self.failing_since = None;
+        }
+        self.in_a_row += 1;
+        let since = *self.failing_since.get_or_insert(now);
+        if policy.max_restarts == 0 {
+            return Restart::GiveUp("restarts are off (restart.max_restarts is 0)".to_owned());
+        }
+        if self.in_a_row > policy.max_restarts {
+            return Restart::GiveUp(format!(
+                "it failed {} times in a row without writing a row (restart.max_restarts is {})",
+                self.in_a_row, policy.max_restarts
+            ));
+        }
+        let failing = now.saturating_sub(since);
+        if policy.give_up_after_secs > 0 && failing >= policy.give_up_after_secs {
+            return Restart::GiveUp(format!(
+                "it has been failing for {failing} s without writing a row (restart.give_up_after_secs is {})",
+                policy.give_up_after_secs
+            ));
+        }
+        self.total += 1;
+        let exponent = (self.in_a_row - 1).min(20);
+        let millis = policy.initial_backoff_ms.saturating_mul(1 << exponent).min(policy.max_backoff_ms);
+        Restart::After(Duration::from_millis(millis))
+    }
+}
+
+/// Seconds since the Unix epoch, for `Restarts::failed`.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unavailable() -> Error {
+        Error::new(ErrorKind::Unavailable, "connection refused")
+    }
+
+    #[test]
+    fn restarts_back_off_and_give_up_at_the_first_limit_reached() {
+        let policy = RestartPolicy {
+            max_restarts: 4,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 3_000,
+            give_up_after_secs: 100,
+            move_after: 2,
+        };
+        let mut restarts = Restarts::default();
+        let waits: Vec<Restart> =
+            (0..4).map(|second| restarts.failed(&policy, &unavailable(), false, second)).collect();
+        let seconds = |millis: u64| Restart::After(Duration::from_millis(millis));
+        assert_eq!(waits, vec![seconds(1_000), seconds(2_000), seconds(3_000), seconds(3_000)]);
+        assert!(
+            matches!(restarts.failed(&policy, &unavailable(), false, 5), Restart::GiveUp(reason) if reason.contains("max_restarts"))
+        );
+        // A run that wrote rows starts the count in a row afresh; the total goes on.
+        assert_eq!(restarts.failed(&policy, &unavailable(), true, 50), seconds(1_000));
+        assert_eq!((restarts.total, restarts.in_a_row, restarts.failing_since), (5, 1, Some(50)));
+        assert_eq!(restarts.failed(&policy, &unavailable(), false, 149), seconds(2_000));
+        assert!(
+            matches!(restarts.failed(&policy, &unavailable(), false, 150), Restart::GiveUp(reason) if reason.contains("give_up_after_secs"))
+        );
+    }
+
+    #[test]
+    fn errors_that_cannot_heal_and_restarts_turned_off_give_up_at_once() {
+        let mut restarts = Restarts::default();
+        let conflict = Error::new(ErrorKind::Conflict, "row 7 is missing");
+        assert!(matches!(restarts.failed(&RestartPolicy::default(), &conflict, false, 0), Restart::GiveUp(_)));
+        let off = RestartPolicy { max_restarts: 0, ..RestartPolicy::default() };
+        assert!(
+            matches!(restarts.failed(&off, &unavailable(), false, 0), Restart::GiveUp(reason) if reason.contains("off"))
+        );
+        assert_eq!(restarts.total, 0);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -87,7 +87,8 @@ pub struct Runner {
     /// changes only past the source position their copy was read at.
     whole_splits: Mutex<Vec<Split>>,
     /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
-    restart: bool,
+    /// Cleared once they are.
+    restart: std::sync::atomic::AtomicBool,
     /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
     /// the run began.
     hidden: Mutex<HiddenCopies>,
@@ -130,7 +131,7 @@ impl Runner {
             mappings: Mutex::new(BTreeMap::new()),
             shared_targets: Mutex::new(Default::default()),
             whole_splits: Mutex::new(Vec::new()),
-            restart: false,
+            restart: std::sync::atomic::AtomicBool::new(false),
             hidden: Mutex::new(HiddenCopies::default()),
             reshape_first: Mutex::new(Vec::new()),
         }
@@ -151,9 +152,15 @@ impl Runner {
 
     /// Runs the job from scratch (`sluice run --restart`): a new plan and snapshot position, the
     /// target's tables of the job emptied and its checkpoints forgotten, here and in the target.
-    pub fn restarting(mut self) -> Runner {
-        self.restart = true;
+    pub fn restarting(self) -> Runner {
+        self.restart.store(true, std::sync::atomic::Ordering::Relaxed);
         self
+    }
+
+    /// Whether this runner was to start from scratch and has not emptied the target yet (a run
+    /// that failed before it did must start from scratch again).
+    pub fn still_restarting(&self) -> bool {
+        self.restart.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The live counters, for a progress display.
@@ -198,12 +205,12 @@ impl Runner {
             None => {
                 // A restart plans afresh, and keeps the new plan only once the target is reset:
                 // until then the stored plan still matches the target's checkpoints.
-                let previous = if self.restart { None } else { self.state.load_plan(&self.job.name)? };
+                let previous = if self.still_restarting() { None } else { self.state.load_plan(&self.job.name)? };
                 let planned = Planner::new(self.job.clone(), self.source.clone(), self.sink.clone())
                     .stopping_on(self.stop.clone())
                     .plan(previous)
                     .await?;
-                if !self.restart {
+                if !self.still_restarting() {
                     self.state.save_plan(&self.job.name, &planned.plan)?;
                 }
                 (planned.plan, planned.targets, true)
@@ -244,7 +251,7 @@ impl Runner {
         if planned_here {
             self.sink.prepare(&hidden.schemas(&targets)).await?;
             let mut tables = hidden.tasks(TableTasks::of(&plan));
-            if self.restart {
+            if self.still_restarting() {
                 // A `cdc` job copies nothing: its tables are not its own to empty.
                 if self.job.mode == Mode::Cdc {
                     tables.clear();
@@ -253,6 +260,7 @@ impl Runner {
                 self.sink.reset(&self.job.name, &tables).await?;
                 self.state.forget(&self.job.name)?;
                 self.state.save_plan(&self.job.name, &plan)?;
+                self.restart.store(false, std::sync::atomic::Ordering::Relaxed);
             } else {
                 crate::planner::verify_checkpoints(&self.job, &*self.sink, &tables).await?;
             }

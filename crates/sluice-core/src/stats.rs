@@ -273,6 +273,9 @@ pub struct RunSummary {
     pub dirty_records_total: u64,
     /// Splits already complete from an earlier run and not copied again.
     pub splits_resumed_done: u64,
+    /// Times the job was run again from its checkpoints after a failure that may heal
+    /// (`restart:`); the counters are those of its last run.
+    pub restarts: u32,
     /// The source's log position captured before the snapshot's first read, where a change
     /// stream continues from.
     pub source_position: Option<serde_json::Value>,
@@ -302,6 +305,7 @@ impl RunSummary {
             rows_per_sec: if elapsed > 0.0 { (rows_written as f64 / elapsed).round() } else { 0.0 },
             dirty_records_total: 0,
             splits_resumed_done: 0,
+            restarts: 0,
             source_position: None,
             stream: (stats.stream.phase() != StreamPhase::NotStarted).then(|| stats.stream.summary()),
             tables,

@@ -27,6 +27,9 @@ pub enum Fault {
     Slice { bytes: usize, pause: Duration },
     /// Forward `bytes` more bytes per direction, then reset the connection.
     ResetAfter { bytes: usize },
+    /// The server is down: every open connection is reset, and every new one is reset as soon
+    /// as it is accepted, until the fault changes.
+    Down,
 }
 
 /// A running proxy. Dropping it stops accepting; `reset_all` ends every open connection.
@@ -53,6 +56,10 @@ impl Proxy {
             while let Ok((client, _)) = listener.accept().await {
                 *counter.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) += 1;
                 let (fault, resets) = (fault_watch.clone(), reset_watch.clone());
+                if *fault.borrow() == Fault::Down {
+                    reset_socket(&client);
+                    continue;
+                }
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
                         relay(client, server, fault, resets).await;
@@ -114,6 +121,9 @@ async fn relay(
         if !open[0] && !open[1] {
             break false;
         }
+        if matches!(*fault.borrow(), Fault::Down) {
+            break true;
+        }
         if matches!(*fault.borrow(), Fault::Stall) {
             tokio::select! {
                 changed = fault.changed() => if changed.is_err() { break true },
@@ -145,14 +155,16 @@ async fn relay(
         }
     };
     if reset {
-        // A zero linger never blocks on drop (the deprecation is about non-zero timeouts): the
-        // kernel discards unsent data and sends RST at once.
-        #[allow(deprecated)]
-        {
-            let _ = client.set_linger(Some(Duration::ZERO));
-            let _ = server.set_linger(Some(Duration::ZERO));
-        }
+        reset_socket(&client);
+        reset_socket(&server);
     }
+}
+
+/// Makes the socket's drop send RST: a zero linger never blocks on drop (the deprecation is
+/// about non-zero timeouts), and the kernel discards unsent data and resets at once.
+fn reset_socket(socket: &TcpStream) {
+    #[allow(deprecated)]
+    let _ = socket.set_linger(Some(Duration::ZERO));
 }
 
 /// Forwards one chunk under a fault; an error means the connection must be reset.
@@ -164,6 +176,7 @@ async fn forward(
 ) -> std::io::Result<()> {
     match fault {
         Fault::None | Fault::Stall => destination.write_all(data).await,
+        Fault::Down => Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "fault: the server is down")),
         Fault::Latency(delay) => {
             tokio::time::sleep(delay).await;
             destination.write_all(data).await
@@ -266,5 +279,20 @@ mod tests {
         let after = socket.read(&mut buffer).await;
         assert!(matches!(after, Ok(0) | Err(_)), "the connection is gone: {after:?}");
         assert_eq!(round_trip(proxy.address(), b"fresh").await.unwrap(), b"fresh", "new connections are not reset");
+    }
+
+    #[tokio::test]
+    async fn a_server_down_resets_open_and_new_connections_until_it_is_up_again() {
+        let proxy = Proxy::start(echo_server().await).await.unwrap();
+        let mut open = TcpStream::connect(proxy.address()).await.unwrap();
+        open.write_all(b"up").await.unwrap();
+        let mut buffer = [0u8; 2];
+        open.read_exact(&mut buffer).await.unwrap();
+        proxy.set(Fault::Down);
+        let after = open.read(&mut buffer).await;
+        assert!(matches!(after, Ok(0) | Err(_)), "the open connection is gone: {after:?}");
+        assert!(round_trip(proxy.address(), b"refused").await.is_err(), "a new connection is reset");
+        proxy.set(Fault::None);
+        assert_eq!(round_trip(proxy.address(), b"back").await.unwrap(), b"back");
     }
 }

@@ -400,13 +400,50 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, r
         job.target.connector,
         state_dir.display()
     );
-    let runner = Runner::new(job.clone(), source, sink, state.clone(), stop_requested);
-    let runner = Arc::new(if restart { runner.restarting() } else { runner });
-    let (display_done, display_wait) = watch::channel(false);
-    let display = tokio::spawn(progress::display(runner.stats(), display_wait));
-    let (summary, error) = runner.run().await;
-    display_done.send_replace(true);
-    let _ = display.await;
+    let (mut source, mut sink, mut restart) = (source, sink, restart);
+    let mut restarts = sluice_core::retry::Restarts::default();
+    let (mut summary, error) = loop {
+        let runner = Runner::new(job.clone(), source, sink, state.clone(), stop_requested.clone());
+        let runner = Arc::new(if restart { runner.restarting() } else { runner });
+        let (display_done, display_wait) = watch::channel(false);
+        let display = tokio::spawn(progress::display(runner.stats(), display_wait));
+        let (summary, error) = runner.run().await;
+        display_done.send_replace(true);
+        let _ = display.await;
+        let Some(failure) = error.as_ref().filter(|_| !*stop_requested.borrow()) else { break (summary, error) };
+        let progressed =
+            summary.rows_written > 0 || summary.stream.as_ref().is_some_and(|stream| stream.rows_applied > 0);
+        let wait = match restarts.failed(&job.restart, failure, progressed, sluice_core::retry::unix_now()) {
+            sluice_core::retry::Restart::After(wait) => {
+                log::warn!(
+                    "job {}: {failure}; restarting from its checkpoints in {wait:?} (restart {}, {} in a row of at most {})",
+                    job.name,
+                    restarts.total,
+                    restarts.in_a_row,
+                    job.restart.max_restarts
+                );
+                wait
+            }
+            sluice_core::retry::Restart::GiveUp(reason) => {
+                if restarts.total > 0 {
+                    log::error!("job {}: not restarted again: {reason}", job.name);
+                }
+                break (summary, error);
+            }
+        };
+        let mut stopping = stop_requested.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopping.wait_for(|stopped| *stopped) => break (summary, error),
+        }
+        restart = runner.still_restarting();
+        // Fresh connections for the new run.
+        match sluice_connectors::source(&job).and_then(|source| Ok((source, sluice_connectors::sink(&job)?))) {
+            Ok(parts) => (source, sink) = parts,
+            Err(error) => break (summary, Some(error)),
+        }
+    };
+    summary.restarts = restarts.total;
 
     if summary.dirty_records_total > 0 {
         match state.export_dirty(&job.name) {

@@ -1,16 +1,18 @@
 //! The cluster on real etcd, with `sluice server` nodes as child processes: a snapshot+cdc job
 //! under write load survives SIGKILLs of the node running its change stream (failover time
 //! measured, 0 rows lost or duplicated); a SIGSTOPped worker's task moves and the worker cannot
-//! commit when it wakes; losing the etcd leader member or every node at once does not stop a job.
+//! commit when it wakes; losing the etcd leader member or every node at once does not stop a job;
+//! a stream whose target is down for 25 s heals by itself; a whole etcd outage does not stop it.
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_faults::{Fault, Proxy};
 use support::cluster::{start_server, Etcd, Server};
 use support::workload::{assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random};
-use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Workspace};
+use support::{address_of, mariadb, mysql_url, postgres_url, psql, signal, through, unique_name, wait_for, Workspace};
 
 /// A snapshot+cdc job from a fresh MariaDB database into PostgreSQL, served by `nodes` nodes.
 struct Cluster {
@@ -19,6 +21,8 @@ struct Cluster {
     nodes: Vec<Option<Server>>,
     database: String,
     job: String,
+    /// The target's URL as the nodes reach it.
+    target: String,
 }
 
 impl Cluster {
@@ -28,11 +32,17 @@ impl Cluster {
 
     /// A cluster whose job selects `tables` of the database (a glob or a table name).
     fn start_with(etcd_members: usize, nodes: usize, tables: &str) -> Cluster {
+        Cluster::start_into(etcd_members, nodes, tables, postgres_url())
+    }
+
+    /// A cluster whose nodes reach the target PostgreSQL at `target`.
+    fn start_into(etcd_members: usize, nodes: usize, tables: &str, target: String) -> Cluster {
         let database = unique_name("cluster");
         create_tables(&database);
         let etcd = Etcd::start(etcd_members);
         let workspace = Workspace::new();
-        let mut cluster = Cluster { workspace, etcd, nodes: Vec::new(), job: database.replace('_', "-"), database };
+        let job = database.replace('_', "-");
+        let mut cluster = Cluster { workspace, etcd, nodes: Vec::new(), job, database, target };
         for index in 0..nodes {
             let node = cluster.start_node(index);
             cluster.nodes.push(Some(node));
@@ -48,7 +58,7 @@ impl Cluster {
     }
 
     fn start_node(&self, index: usize) -> Server {
-        let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+        let environment = [("SOURCE", mysql_url()), ("TARGET", self.target.clone())];
         start_server(&self.workspace, &format!("node{index}"), Some(&self.etcd.endpoints), &environment)
     }
 
@@ -69,11 +79,13 @@ impl Cluster {
 
     /// Waits until the change stream runs, and returns the index of its node.
     fn wait_streaming(&self) -> usize {
-        let mut last = Value::Null;
-        wait_for("the change stream to run", Duration::from_secs(120), || {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last = self.stream_task();
+        while !(last["state"] == "running" && last["epoch"].is_u64()) {
+            assert!(Instant::now() < deadline, "the change stream does not run: {:#}\n{}", self.show(), self.logs());
+            std::thread::sleep(Duration::from_millis(50));
             last = self.stream_task();
-            last["state"] == "running" && last["epoch"].is_u64()
-        });
+        }
         let worker = last["worker"].as_str().expect("a worker").to_owned();
         self.nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == worker)).expect("a known node")
     }
@@ -267,6 +279,94 @@ fn jobs_keep_running_when_the_etcd_leader_dies_and_resume_when_every_node_restar
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn a_stream_whose_target_is_down_for_25_seconds_heals_by_itself() {
+    // The nodes reach the target through a fault proxy that can take it down.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let proxy = runtime.block_on(Proxy::start(address_of(&postgres_url()))).expect("a proxy");
+    let cluster = Cluster::start_into(1, 2, "*", through(&postgres_url(), &proxy));
+    let load = Load::start(&cluster.database, Random::from_environment("target-outage"), 200);
+    cluster.wait_streaming();
+    let before = committed("postgres", &cluster.job);
+    cluster.wait_applying("the stream to apply", before, 20);
+    // The default restart policy: nothing in the job file says how to heal.
+    proxy.set(Fault::Down);
+    let down = Instant::now();
+    let mut seen = Value::Null;
+    wait_for("the job to show its stream restarting", Duration::from_secs(60), || {
+        seen = cluster.show();
+        assert_ne!(seen["state"], "failed", "the job failed instead of restarting:\n{}", cluster.logs());
+        seen["state"] == "restarting"
+    });
+    let task = cluster.stream_task();
+    assert_eq!(task["state"], "restarting", "{seen:#}");
+    assert!(task["restarts"].as_u64().is_some_and(|count| count >= 1), "{seen:#}");
+    assert_eq!(seen["error"]["side"], "target", "the last error names the target: {seen:#}");
+    assert!(seen["restarts"].as_u64().is_some_and(|count| count >= 1), "{seen:#}");
+    while down.elapsed() < Duration::from_secs(25) {
+        assert_ne!(cluster.show()["state"], "failed", "the job gave up during the outage:\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The default policy moves the task after 3 restarts in a row on one worker.
+    let logs = cluster.logs();
+    assert!(logs.contains("handing it over to another worker"), "the stream never moved:\n{logs}");
+    let stalled = committed("postgres", &cluster.job);
+    proxy.set(Fault::None);
+    let up = Instant::now();
+    cluster.wait_applying("the stream to apply again after the target came back", stalled, 20);
+    eprintln!("the stream applied again {:.1} s after the target came back", up.elapsed().as_secs_f64());
+    load.stop();
+    cluster.wait_converged();
+    cluster.assert_same();
+    let job = cluster.show();
+    assert_eq!(job["state"], "running", "{job:#}");
+    assert!(job["error"].is_null(), "a healed job shows no error: {job:#}");
+}
+
+#[test]
+fn a_stream_keeps_applying_through_a_whole_etcd_outage_with_one_owner_after_it() {
+    let mut cluster = Cluster::start(1, 2);
+    let load = Load::start(&cluster.database, Random::from_environment("etcd-outage"), 200);
+    cluster.wait_streaming();
+    cluster.etcd.kill(0);
+    let down = Instant::now();
+    // Longer than the nodes' 5 s lease: the stream goes on committing all along.
+    let deadline = down + Duration::from_secs(60);
+    let mut last = committed("postgres", &cluster.job);
+    let mut advanced_after_lease = false;
+    while down.elapsed() < Duration::from_secs(15) || !advanced_after_lease {
+        assert!(Instant::now() < deadline, "the stream stopped applying while etcd was down:\n{}", cluster.logs());
+        let now = committed("postgres", &cluster.job);
+        if now > last && down.elapsed() > Duration::from_secs(10) {
+            advanced_after_lease = true;
+        }
+        last = now;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    cluster.etcd.restart(0);
+    // Back to one owner per task: the stream runs on one node, listed by one worker only.
+    let mut job = Value::Null;
+    wait_for("the job to show running again", Duration::from_secs(60), || {
+        job = cluster.show();
+        job["state"] == "running" && cluster.stream_task()["state"] == "running"
+    });
+    let after = committed("postgres", &cluster.job);
+    cluster.wait_applying("the stream to apply after etcd came back", after, 20);
+    let (_, workers) = cluster.any().call("GET", "/workers", None, None);
+    let listed: Vec<String> = workers
+        .as_array()
+        .expect("a list of workers")
+        .iter()
+        .flat_map(|worker| worker["tasks"].as_array().cloned().unwrap_or_default())
+        .filter_map(|task| task.as_str().map(str::to_owned))
+        .collect();
+    let stream = format!("{}/stream", cluster.job);
+    assert_eq!(listed.iter().filter(|task| **task == stream).count(), 1, "{workers:#}\n{}", cluster.logs());
+    load.stop();
+    cluster.wait_converged();
+    cluster.assert_same();
 }
 
 #[test]

@@ -3,23 +3,10 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use sluice_faults::{Fault, Proxy};
-use support::{mariadb, mysql_url, postgres_url, psql, unique_name, Run, Workspace};
-
-/// The `host:port` of a server URL, as a socket address.
-fn address_of(url: &str) -> SocketAddr {
-    let authority = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
-    let host_port = authority.split('/').next().unwrap();
-    host_port.parse().expect("the test servers listen on 127.0.0.1:PORT")
-}
-
-/// The URL with its host and port replaced by the proxy's.
-fn through(url: &str, proxy: &Proxy) -> String {
-    url.replace(&address_of(url).to_string(), &proxy.address().to_string())
-}
+use support::{address_of, mariadb, mysql_url, postgres_url, psql, through, unique_name, Run, Workspace};
 
 /// Waits until `done` holds, checking every 10 ms; fails if the run ends first or after `seconds`.
 async fn until(child: &mut support::Guard, what: &str, seconds: u64, mut done: impl FnMut() -> bool) {
@@ -332,4 +319,59 @@ async fn a_cdc_job_killed_before_its_first_commit_misses_nothing() {
         psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned()
     };
     until(&mut child, "the rows arrive", 60, || count() == "50").await;
+}
+
+/// A run whose target goes down for longer than its steps retry fails, and is run again from its
+/// checkpoints by itself (`restart:`) until the target is back: the process never exits, and the
+/// target ends equal to the source.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_target_is_down_for_a_while_restarts_from_its_checkpoints() {
+    use support::workload::{
+        assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random,
+    };
+    let database = unique_name("targetdown");
+    create_tables(&database);
+    let target_proxy = Proxy::start(address_of(&postgres_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job_name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job_name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nretry: {{max_attempts: 2, initial_backoff_ms: 20, max_backoff_ms: 100}}\nrestart: {{initial_backoff_ms: 200, max_backoff_ms: 1000}}\n"
+        ),
+    );
+    let summary = workspace.path("summary.json");
+    let target = through(&postgres_url(), &target_proxy);
+    let mut child = workspace.start_run(&job, &mysql_url(), &target, &["--summary-json", summary.to_str().unwrap()]);
+    let load = Load::start(&database, Random::from_environment("target_down_for_a_while"), 200);
+    until(&mut child, "the stream applies", 60, || {
+        stream_position("postgres", &job_name).is_some() && committed("postgres", &job_name) > 0
+    })
+    .await;
+    target_proxy.set(Fault::Down);
+    let stderr = child.stderr_view();
+    until(&mut child, "a restart", 60, || stderr().contains("restarting from its checkpoints")).await;
+    let down = tokio::time::Instant::now();
+    // Down for several restarts; the run waits instead of ending.
+    until(&mut child, "eight seconds of outage", 20, || down.elapsed() > Duration::from_secs(8)).await;
+    let stalled = committed("postgres", &job_name);
+    target_proxy.set(Fault::None);
+    until(&mut child, "the stream applies again", 60, || committed("postgres", &job_name) > stalled).await;
+    load.stop();
+    let source = source_position();
+    until(&mut child, "the stream converges", 120, || {
+        stream_position("postgres", &job_name).is_some_and(|at| at >= source)
+    })
+    .await;
+    let child = child.into_inner();
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let restarts = support::summary(&summary)["restarts"].as_u64().unwrap_or(0);
+    assert!(restarts >= 2, "the summary counts the restarts: {restarts}");
+    for (table, columns) in [("items", &["id", "v", "note"][..]), ("accounts", &["id", "balance"][..])] {
+        let expected = rows("mysql", &format!("{database}.{table}"), columns);
+        let actual = rows("postgres", &format!("{database}.{table}"), columns);
+        assert_same(table, &expected, &actual);
+    }
 }

@@ -138,7 +138,9 @@ fn postgres_error(error: tokio_postgres::Error, side: Side, server: &str, doing:
             if *code == SqlState::T_R_SERIALIZATION_FAILURE
                 || *code == SqlState::T_R_DEADLOCK_DETECTED
                 || *code == SqlState::TOO_MANY_CONNECTIONS
-                || *code == SqlState::ADMIN_SHUTDOWN =>
+                || *code == SqlState::ADMIN_SHUTDOWN
+                || *code == SqlState::CRASH_SHUTDOWN
+                || *code == SqlState::CANNOT_CONNECT_NOW =>
         {
             (ErrorKind::Unavailable, None)
         }

@@ -20,6 +20,8 @@ pub struct JobSpec {
     pub limits: Limits,
     pub errors: ErrorPolicy,
     pub retry: RetryPolicy,
+    /// `restart:`: how a failed task is run again from its checkpoint.
+    pub restart: RestartPolicy,
     /// `route:`: source tables renamed, moved or merged into other target tables.
     pub routes: Vec<RouteSpec>,
     /// `transform:`: projections, filters and masks per source table.
@@ -139,6 +141,34 @@ pub struct RetryPolicy {
     pub max_backoff_ms: u64,
 }
 
+/// How a task that failed for a reason that can heal (a server down, a connection cut) is run
+/// again from its checkpoint, after its steps used up their own retries (`RetryPolicy`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// Restarts in a row, without rows written in between, before the task fails for good;
+    /// 0 = a failed task stays failed.
+    pub max_restarts: u32,
+    /// The wait before the first restart; it doubles with each restart in a row.
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    /// A task failing for this long without writing a row fails for good; 0 = no time limit.
+    pub give_up_after_secs: u64,
+    /// Restarts in a row on one cluster worker before the task moves to another worker.
+    pub move_after: u32,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> RestartPolicy {
+        RestartPolicy {
+            max_restarts: 20,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 60_000,
+            give_up_after_secs: 1_800,
+            move_after: 3,
+        }
+    }
+}
+
 const ENDPOINT_FIELDS: [&str; 6] = ["type", "url", "path", "tables", "write_mode", "create_tables"];
 
 /// Parses a job document (YAML, or JSON when `json` is set) and validates its structure,
@@ -179,7 +209,19 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let fields = decoder.mapping(
         root,
         "",
-        &["name", "mode", "source", "target", "parallelism", "limits", "errors", "retry", "route", "transform"],
+        &[
+            "name",
+            "mode",
+            "source",
+            "target",
+            "parallelism",
+            "limits",
+            "errors",
+            "retry",
+            "restart",
+            "route",
+            "transform",
+        ],
     )?;
     let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
         let name = decoder.string(node, "name")?;
@@ -230,6 +272,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
     let retry = decode_retry(decoder, &fields);
+    let restart = decode_restart(decoder, &fields);
     let routes = fields.get("route").map(|node| transform::decode_routes(decoder, node)).unwrap_or_default();
     let transforms =
         fields.get("transform").map(|node| transform::decode_transforms(decoder, node)).unwrap_or_default();
@@ -242,6 +285,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         limits: limits?,
         errors: errors?,
         retry: retry?,
+        restart: restart?,
         routes,
         transforms,
     })
@@ -417,6 +461,34 @@ fn decode_retry(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RetryPolic
         max_attempts: (max_attempts?.max(1)) as u32,
         initial_backoff_ms: initial_backoff_ms?,
         max_backoff_ms: max_backoff_ms?,
+    })
+}
+
+fn decode_restart(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RestartPolicy> {
+    let defaults = RestartPolicy::default();
+    let Some(node) = fields.get("restart") else {
+        return Some(defaults);
+    };
+    let restart = decoder.mapping(
+        node,
+        "restart",
+        &["max_restarts", "initial_backoff_ms", "max_backoff_ms", "give_up_after_secs", "move_after"],
+    )?;
+    let mut read = |key: &str, default: u64, maximum: u64| match restart.get(key) {
+        None => Some(default),
+        Some(node) => decoder.unsigned(node, &restart.path(key), maximum),
+    };
+    let max_restarts = read("max_restarts", defaults.max_restarts.into(), 1_000_000);
+    let initial_backoff_ms = read("initial_backoff_ms", defaults.initial_backoff_ms, 3_600_000);
+    let max_backoff_ms = read("max_backoff_ms", defaults.max_backoff_ms, 3_600_000);
+    let give_up_after_secs = read("give_up_after_secs", defaults.give_up_after_secs, 30 * 86_400);
+    let move_after = read("move_after", defaults.move_after.into(), 1_000_000);
+    Some(RestartPolicy {
+        max_restarts: max_restarts? as u32,
+        initial_backoff_ms: initial_backoff_ms?,
+        max_backoff_ms: max_backoff_ms?,
+        give_up_after_secs: give_up_after_secs?,
+        move_after: (move_after?.max(1)) as u32,
     })
 }
 

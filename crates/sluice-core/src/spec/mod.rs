@@ -9,6 +9,7 @@ mod transform;
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
-    parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RetryPolicy, WriteMode, ZeroDates,
+    parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy, RetryPolicy,
+    WriteMode, ZeroDates,
 };
 pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};

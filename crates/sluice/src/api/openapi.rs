@@ -82,7 +82,7 @@ mod tests {
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         let states = &document["components"]["schemas"]["JobState"]["enum"];
-        assert_eq!(states, &serde_json::json!(["pending", "running", "succeeded", "failed", "stopped"]));
+        assert_eq!(states, &serde_json::json!(["pending", "running", "restarting", "succeeded", "failed", "stopped"]));
         assert_eq!(document["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
         let created = &document["paths"]["/jobs"]["post"]["responses"]["201"]["content"]["application/json"]["schema"];
         assert_eq!(created["$ref"], "#/components/schemas/VersionCreated");

@@ -17,6 +17,9 @@ pub enum JobState {
     /// Its plan of this generation does not exist yet.
     Pending,
     Running,
+    /// A task failed for a reason that may heal and runs again from its checkpoint after a
+    /// backoff (`restarts` counts them, `error` is the last failure).
+    Restarting,
     /// Every task succeeded.
     Succeeded,
     /// Planning or a task failed (`error` says which and on what side).
@@ -56,7 +59,7 @@ pub struct TaskView {
     pub id: String,
     /// `snapshot` or `cdc`.
     pub kind: String,
-    /// `pending`, `running`, `succeeded`, `failed` or `stopped`.
+    /// `pending`, `running`, `restarting`, `succeeded`, `failed` or `stopped`.
     pub state: String,
     pub worker: Option<String>,
     /// The fencing epoch of the claim that runs it.
@@ -68,7 +71,10 @@ pub struct TaskView {
     pub rows_read: u64,
     pub rows_written: u64,
     pub updated_at: Option<String>,
+    /// Its last error; while `restarting`, the failure it restarts from.
     pub error: Option<ErrorView>,
+    /// Times it was run again after a failure that may heal, in this generation.
+    pub restarts: u32,
 }
 
 /// A job as `GET /jobs/{name}` shows it.
@@ -83,8 +89,11 @@ pub struct JobView {
     pub generation: u64,
     pub stats: JobStatsView,
     pub tasks: Vec<TaskView>,
-    /// The planning error, else the first failed task's.
+    /// The planning error, else the first failed task's, else the last failure of a task
+    /// that is restarting.
     pub error: Option<ErrorView>,
+    /// Restarts of its tasks in this generation.
+    pub restarts: u32,
     /// Tables added to the running job and still being copied.
     pub backfill: Option<Vec<String>>,
     pub updated_at: String,
@@ -210,6 +219,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
     let mut tasks = Vec::new();
     let mut stats = JobStatsView { rows_read: 0, rows_written: 0, rows_skipped: 0, rows_per_sec: 0.0, lag_secs: None };
     let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
+    let (mut restarting, mut restarts) = (None::<ErrorView>, 0);
     for task in plan.iter().flat_map(|plan| &plan.tasks) {
         let status = status_of(&task.id);
         let owner = owners
@@ -238,6 +248,10 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             if status.state == TaskState::Failed && failed.is_none() {
                 failed = status.error.as_ref().map(ErrorView::from);
             }
+            if status.state == TaskState::Restarting && restarting.is_none() {
+                restarting = status.error.as_ref().map(ErrorView::from);
+            }
+            restarts += status.restarts.total;
         }
         tasks.push(TaskView {
             id: task.id.clone(),
@@ -251,6 +265,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             rows_written: status.map_or(0, |status| status.rows_written),
             updated_at: status.map(|status| status.updated_at.clone()),
             error: status.and_then(|status| status.error.as_ref().map(ErrorView::from)),
+            restarts: status.map_or(0, |status| status.restarts.total),
         });
     }
     let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));
@@ -258,6 +273,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         (Desired::Stopped, _) => JobState::Stopped,
         (_, None) => JobState::Pending,
         _ if plan_error.is_some() || failed.is_some() => JobState::Failed,
+        _ if restarting.is_some() => JobState::Restarting,
         _ if all_succeeded => JobState::Succeeded,
         _ => JobState::Running,
     };
@@ -270,7 +286,8 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         generation: job.generation,
         stats,
         tasks,
-        error: plan_error.or(failed),
+        error: plan_error.or(failed).or(restarting),
+        restarts,
         backfill: job.backfill.as_ref().map(|backfill| backfill.tables.clone()),
         updated_at: job.updated_at.clone(),
     })

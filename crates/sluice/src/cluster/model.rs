@@ -412,6 +412,9 @@ pub struct Owner {
 #[serde(rename_all = "snake_case")]
 pub enum TaskState {
     Running,
+    /// It failed for a reason that may heal and waits to run again from its checkpoint
+    /// (`restart:`), here or, once it has been handed over, on another worker.
+    Restarting,
     Succeeded,
     Failed,
     Stopped,
@@ -433,6 +436,13 @@ pub struct TaskStatus {
     pub rows_per_sec: f64,
     pub error: Option<ErrorRecord>,
     pub updated_at: String,
+    /// Its restarts in this generation, carried from worker to worker.
+    #[serde(default)]
+    pub restarts: sluice_core::retry::Restarts,
+    /// Workers that kept failing it and handed it over, in a row: they claim it only when no
+    /// other live worker has room.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<String>,
 }
 
 /// A worker as it advertises itself.

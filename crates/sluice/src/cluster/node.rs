@@ -146,24 +146,50 @@ impl Node {
     /// Renews the lease three times per lease period. A lease that ended (the node was paused
     /// or cut off for longer than the lease) means its tasks may already run elsewhere: every
     /// task here is stopped at once, and the node starts over with a new lease.
+    ///
+    /// While the coordination store does not answer, fenced tasks keep applying: a worker that
+    /// claims one of them meanwhile takes its fence in the target, so this one's next commit
+    /// fails instead of writing twice. When the store answers again, a lease it kept (etcd
+    /// renews every lease when it restarts) keeps the tasks here; one that ended stops them,
+    /// and they are claimed again, each by one worker. Without fences (a single node) a task
+    /// stops once the lease may have ended.
     async fn keep_lease(self: Arc<Self>) {
         let period = self.config.lease / 3;
         let mut renewed = Instant::now();
+        let mut unreachable = false;
         loop {
             tokio::time::sleep(period).await;
             let lease = *lock(&self.lease);
             let lost = match self.store.renew(lease).await {
                 Ok(true) => {
+                    if std::mem::take(&mut unreachable) {
+                        log::info!(
+                            "node {}: the coordination store answers again after {:?}; its lease held",
+                            self.config.id,
+                            renewed.elapsed()
+                        );
+                    }
                     renewed = Instant::now();
                     false
                 }
                 Ok(false) => true,
                 Err(error) => {
-                    log::warn!("node {}: {error}", self.config.id);
-                    renewed.elapsed() > self.config.lease
+                    if !std::mem::replace(&mut unreachable, true) {
+                        log::warn!(
+                            "node {}: cannot renew its lease: {error}; {}",
+                            self.config.id,
+                            if self.config.fencing {
+                                "its tasks keep applying, fenced in their targets"
+                            } else {
+                                "its tasks stop once the lease may have ended"
+                            }
+                        );
+                    }
+                    !self.config.fencing && renewed.elapsed() > self.config.lease
                 }
             };
             if lost {
+                unreachable = false;
                 log::error!(
                     "node {}: its lease ended; stopping its tasks (they continue on other workers, fenced against this one)",
                     self.config.id

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::connector::Fence;
+use sluice_core::retry::Restart;
 use sluice_core::runner::{Runner, Scope};
 use sluice_core::spec::{parse_job, JobSpec};
 use sluice_core::state::StateStore;
@@ -45,6 +46,13 @@ impl Node {
                 if ended || !ready || view.owners.contains(&key) {
                     continue;
                 }
+                // A task this worker kept failing goes to another one while another has room.
+                let restarting = status(&task.id).filter(|status| status.state == TaskState::Restarting);
+                if restarting.is_some_and(|status| {
+                    status.avoid.contains(&self.config.id) && other_worker_has_room(&view.workers, &status.avoid)
+                }) {
+                    continue;
+                }
                 let owner = encode(&Owner { worker: self.config.id.clone(), generation: job.generation });
                 let epoch = match self.store.create(&key, &owner, Some(lease)).await {
                     Ok(Some(epoch)) => epoch,
@@ -69,7 +77,8 @@ impl Node {
                     Running { stop, generation: job.generation, guard: guard.clone() },
                 );
                 let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
-                tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped).await });
+                let restarting = restarting.cloned();
+                tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, restarting).await });
                 return Ok(());
             }
         }
@@ -77,7 +86,10 @@ impl Node {
     }
 
     /// Runs one claimed task to its end, reporting its status every second while it holds the
-    /// task, then gives the task up.
+    /// task, then gives the task up. A run that fails for a reason that may heal is run again
+    /// from its checkpoint under the job's `restart:` policy; after `move_after` failures in a
+    /// row here, the task is handed over to another worker when one has room. `restarting` is
+    /// the status of a task handed over to this worker.
     async fn run_task(
         self: Arc<Self>,
         job: JobRecord,
@@ -85,9 +97,11 @@ impl Node {
         task: TaskPlan,
         guard: Guard,
         stop: watch::Receiver<bool>,
+        restarting: Option<TaskStatus>,
     ) {
         let name = format!("{}/{}", job.name, task.id);
         let status_key = status_key(&job.name, &task.id);
+        let (restarts, avoid) = restarting.map(|status| (status.restarts, status.avoid)).unwrap_or_default();
         let mut status = TaskStatus {
             generation: job.generation,
             state: TaskState::Running,
@@ -102,33 +116,102 @@ impl Node {
             rows_per_sec: 0.0,
             error: None,
             updated_at: timestamp(),
+            restarts,
+            avoid: Vec::new(),
         };
-        let mut summary = None;
-        let outcome = match self.prepare_task(&job, &plan, &task, &guard, stop).await {
-            Ok(runner) => {
-                let reporter = tokio::spawn(report(
-                    self.store.clone(),
-                    runner.stats(),
-                    status.clone(),
-                    status_key.clone(),
-                    guard.clone(),
-                ));
-                let (run, error) = runner.run().await;
-                reporter.abort();
-                status = snapshot_status(&status, &runner.stats(), 0.0);
-                summary = Some(run);
-                error
+        let mut avoid = avoid;
+        let mut failed_here = 0;
+        let mut policy = sluice_core::spec::RestartPolicy::default();
+        let (outcome, summary) = loop {
+            let (outcome, summary) = match self.prepare_task(&job, &plan, &task, &guard, stop.clone()).await {
+                Ok((spec, runner)) => {
+                    policy = spec.restart.clone();
+                    (status.state, status.error) = (TaskState::Running, None);
+                    let reporter = tokio::spawn(report(
+                        self.store.clone(),
+                        runner.stats(),
+                        status.clone(),
+                        status_key.clone(),
+                        guard.clone(),
+                    ));
+                    let (run, error) = runner.run().await;
+                    reporter.abort();
+                    status = snapshot_status(&status, &runner.stats(), 0.0);
+                    (error, Some(run))
+                }
+                Err(error)
+                    if error.side() == Some(sluice_core::Side::State) && sluice_core::retry::is_transient(&error) =>
+                {
+                    // The coordination store failed, not the task: give it back to be claimed again.
+                    log::warn!("node {}: task {name} could not start: {error}", self.config.id);
+                    let _ = self.store.delete_guarded(&guard).await;
+                    lock(&self.running).remove(&name);
+                    return;
+                }
+                Err(error) => (Some(error), None),
+            };
+            let Some(error) = outcome.as_ref().filter(|_| !*stop.borrow()) else { break (outcome, summary) };
+            let progressed = summary.as_ref().is_some_and(|run| {
+                run.rows_written > 0 || run.stream.as_ref().is_some_and(|stream| stream.rows_applied > 0)
+            });
+            let wait = match status.restarts.failed(&policy, error, progressed, sluice_core::retry::unix_now()) {
+                Restart::After(wait) => wait,
+                Restart::GiveUp(reason) => {
+                    let outcome = match outcome {
+                        Some(error) if status.restarts.total > 0 && sluice_core::retry::is_transient(&error) => {
+                            Some(error.context(format!("not restarted again: {reason}")))
+                        }
+                        other => other,
+                    };
+                    break (outcome, summary);
+                }
+            };
+            if progressed {
+                failed_here = 0;
+                avoid.clear();
             }
-            Err(error)
-                if error.side() == Some(sluice_core::Side::State) && sluice_core::retry::is_transient(&error) =>
-            {
-                // The coordination store failed, not the task: give it back to be claimed again.
-                log::warn!("node {}: task {name} could not start: {error}", self.config.id);
-                let _ = self.store.delete_guarded(&guard).await;
-                lock(&self.running).remove(&name);
-                return;
+            failed_here += 1;
+            log::warn!(
+                "node {}: task {name} failed: {error}; restart {} in {wait:?} ({} in a row)",
+                self.config.id,
+                status.restarts.total,
+                status.restarts.in_a_row
+            );
+            status.state = TaskState::Restarting;
+            status.error = Some(error.into());
+            status.updated_at = timestamp();
+            if let Ok(false) = self.store.put_guarded(&status_key, &encode(&status), &guard).await {
+                break (Some(Error::new(ErrorKind::Fenced, "the task moved to another worker")), None);
             }
-            Err(error) => Some(error),
+            let mut stopping = stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stopping.wait_for(|stopped| *stopped) => {
+                    break (Some(Error::new(ErrorKind::Interrupted, "stopped while waiting to restart")), None);
+                }
+            }
+            if failed_here >= policy.move_after {
+                let mut avoided = avoid.clone();
+                avoided.push(self.config.id.clone());
+                let workers = load_all::<WorkerRecord>(&*self.store, &format!("{ROOT}workers/")).await;
+                if workers.is_ok_and(|workers| {
+                    let workers: Vec<WorkerRecord> = workers.into_iter().map(|(_, worker, _)| worker).collect();
+                    other_worker_has_room(&workers, &avoided)
+                }) {
+                    status.avoid = avoided;
+                    status.updated_at = timestamp();
+                    if let Ok(true) = self.store.put_guarded(&status_key, &encode(&status), &guard).await {
+                        log::warn!(
+                            "node {}: task {name} failed {failed_here} times in a row here; handing it over to another worker",
+                            self.config.id
+                        );
+                        let _ = self.store.delete_guarded(&guard).await;
+                        lock(&self.running).remove(&name);
+                        return;
+                    }
+                    status.avoid.clear();
+                }
+            }
         };
         status.updated_at = timestamp();
         status.state = match &outcome {
@@ -147,24 +230,53 @@ impl Node {
                 if let Some(error) = &outcome {
                     log::warn!("node {}: task {name} ended: {error}", self.config.id);
                 }
+                // The end is recorded even when the coordination store is out for a while:
+                // until it is, the task stays here, owned, and is not run again elsewhere.
                 if let Some(summary) = &summary {
                     let run_key = format!("{}{}-{}", runs_prefix(&job.name), timestamp(), task.id);
                     let text = serde_json::to_string(summary).unwrap_or_default();
-                    let _ = self.store.put_guarded(&run_key, &text, &guard).await;
+                    self.until_answered(&name, "record its run", || self.store.put_guarded(&run_key, &text, &guard))
+                        .await;
                 }
-                match self.store.put_guarded(&status_key, &encode(&status), &guard).await {
-                    Ok(true) => log::info!("node {}: task {name} {:?}", self.config.id, status.state),
-                    Ok(false) => {
+                let record = encode(&status);
+                let recorded = self
+                    .until_answered(&name, "record its end", || self.store.put_guarded(&status_key, &record, &guard))
+                    .await;
+                match recorded {
+                    true => log::info!("node {}: task {name} {:?}", self.config.id, status.state),
+                    false => {
                         log::warn!("node {}: task {name} moved to another worker before it ended here", self.config.id)
-                    }
-                    Err(error) => {
-                        log::warn!("node {}: could not record the end of task {name}: {error}", self.config.id)
                     }
                 }
             }
         }
-        let _ = self.store.delete_guarded(&guard).await;
+        self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
         lock(&self.running).remove(&name);
+    }
+
+    /// Repeats a write of task `name` to the coordination store until the store answers.
+    async fn until_answered<T, Write, Written>(&self, name: &str, what: &str, mut write: Write) -> T
+    where
+        Write: FnMut() -> Written,
+        Written: std::future::Future<Output = Result<T>>,
+    {
+        let mut wait = Duration::from_millis(200);
+        let mut warned = false;
+        loop {
+            match write().await {
+                Ok(value) => return value,
+                Err(error) => {
+                    if !std::mem::replace(&mut warned, true) {
+                        log::warn!(
+                            "node {}: task {name} cannot {what} yet ({error}); trying until the coordination store answers",
+                            self.config.id
+                        );
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
     }
 
     async fn prepare_task(
@@ -174,7 +286,7 @@ impl Node {
         task: &TaskPlan,
         guard: &Guard,
         stop: watch::Receiver<bool>,
-    ) -> Result<Arc<Runner>> {
+    ) -> Result<(Arc<JobSpec>, Arc<Runner>)> {
         // While added tables are copied, the stream runs the version before them.
         let version = match task.kind {
             TaskKind::Cdc => plan.stream_version.unwrap_or(plan.version),
@@ -212,8 +324,14 @@ impl Node {
             ),
         };
         let state: Arc<dyn StateStore> = self.state.clone();
-        Ok(Arc::new(Runner::new(spec, source, sink, state, stop).with_scope(scope).with_plan(whole)))
+        let runner = Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole);
+        Ok((spec, Arc::new(runner)))
     }
+}
+
+/// Whether a live worker other than `avoid` has a free slot.
+fn other_worker_has_room(workers: &[WorkerRecord], avoid: &[String]) -> bool {
+    workers.iter().any(|worker| !avoid.contains(&worker.id) && worker.tasks.len() < worker.capacity)
 }
 
 /// The job document of a version, parsed with this node's environment.
@@ -261,6 +379,7 @@ async fn report(
     guard: Guard,
 ) {
     let mut last = (Instant::now(), 0u64);
+    let mut failing = false;
     loop {
         let elapsed = last.0.elapsed().as_secs_f64().max(0.001);
         let status = snapshot_status(&base, &stats, 0.0);
@@ -268,12 +387,16 @@ async fn report(
         last = (Instant::now(), status.rows_written);
         let status = TaskStatus { rows_per_sec: rate, ..status };
         match store.put_guarded(&key, &encode(&status), &guard).await {
-            Ok(true) => {}
+            Ok(true) => failing = false,
             Ok(false) => {
                 log::info!("task {key}: no longer owned here; its status is left to its owner");
                 return;
             }
-            Err(error) => log::warn!("task {key}: could not report its status: {error}"),
+            Err(error) => {
+                if !std::mem::replace(&mut failing, true) {
+                    log::warn!("task {key}: could not report its status: {error}");
+                }
+            }
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }

@@ -18,6 +18,8 @@ pub fn free_port() -> u16 {
 pub struct Etcd {
     pub endpoints: String,
     members: Vec<(String, Option<Child>)>,
+    /// How each member is started, to start it again on its data dir.
+    commands: Vec<(Vec<String>, PathBuf)>,
     /// The certificates of members that speak only HTTPS and want client certificates.
     tls: Option<PathBuf>,
     _directory: tempfile::TempDir,
@@ -44,39 +46,44 @@ impl Etcd {
         let ports: Vec<(u16, u16)> = (0..count).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> =
             ports.iter().enumerate().map(|(index, (_, peer))| format!("m{index}=http://127.0.0.1:{peer}")).collect();
-        let mut members = Vec::new();
+        let (mut members, mut commands) = (Vec::new(), Vec::new());
         for (index, (client, peer)) in ports.iter().enumerate() {
-            let log = std::fs::File::create(directory.path().join(format!("m{index}.log"))).expect("a log file");
             let (listen, advertise) = match &tls {
                 Some(_) => (format!("https://127.0.0.1:{client}"), format!("https://localhost:{client}")),
                 None => (format!("http://127.0.0.1:{client}"), format!("http://127.0.0.1:{client}")),
             };
-            let mut command = Command::new("etcd");
+            let mut arguments = Vec::new();
             if let Some((certs, client_certificates)) = &tls {
                 let file = |name: &str| certs.join(name).to_str().expect("a UTF-8 path").to_owned();
-                command.args(["--cert-file", &file("server.pem"), "--key-file", &file("server.key")]);
+                arguments.extend(["--cert-file".into(), file("server.pem"), "--key-file".into(), file("server.key")]);
                 if *client_certificates {
-                    command.args(["--trusted-ca-file", &file("ca.pem"), "--client-cert-auth"]);
+                    arguments.extend(["--trusted-ca-file".into(), file("ca.pem"), "--client-cert-auth".into()]);
                 }
             }
-            let child = command
-                .args(["--name", &format!("m{index}")])
-                .args(["--data-dir", directory.path().join(format!("m{index}")).to_str().unwrap()])
-                .args(["--listen-client-urls", &listen])
-                .args(["--advertise-client-urls", &advertise])
-                .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-advertise-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                .args(["--initial-cluster", &initial.join(",")])
-                .args(["--initial-cluster-state", "new", "--initial-cluster-token", "sluice-test"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("etcd starts (apt-get install etcd-server; scripts/testdb install does)");
-            members.push((advertise, Some(child)));
+            let data = directory.path().join(format!("m{index}")).to_str().unwrap().to_owned();
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            arguments.extend(
+                [
+                    ["--name", &format!("m{index}")],
+                    ["--data-dir", &data],
+                    ["--listen-client-urls", &listen],
+                    ["--advertise-client-urls", &advertise],
+                    ["--listen-peer-urls", &peer_url],
+                    ["--initial-advertise-peer-urls", &peer_url],
+                    ["--initial-cluster", &initial.join(",")],
+                    ["--initial-cluster-state", "new"],
+                    ["--initial-cluster-token", "sluice-test"],
+                ]
+                .concat()
+                .into_iter()
+                .map(str::to_owned),
+            );
+            let log = directory.path().join(format!("m{index}.log"));
+            members.push((advertise, Some(spawn_etcd(&arguments, &log))));
+            commands.push((arguments, log));
         }
         let endpoints = members.iter().map(|(endpoint, _)| endpoint.clone()).collect::<Vec<_>>().join(",");
-        let etcd = Etcd { endpoints, members, tls: tls.map(|(certs, _)| certs), _directory: directory };
+        let etcd = Etcd { endpoints, members, commands, tls: tls.map(|(certs, _)| certs), _directory: directory };
         wait_for("etcd to be healthy", Duration::from_secs(30), || etcd.leader().is_some());
         etcd
     }
@@ -114,12 +121,30 @@ impl Etcd {
         command
     }
 
+    /// Starts a killed member again on its data dir and waits until the cluster has a leader.
+    pub fn restart(&mut self, index: usize) {
+        let (arguments, log) = &self.commands[index];
+        self.members[index].1 = Some(spawn_etcd(arguments, log));
+        wait_for("etcd to be healthy again", Duration::from_secs(30), || self.leader().is_some());
+    }
+
     pub fn kill(&mut self, index: usize) {
         if let Some(mut child) = self.members[index].1.take() {
             child.kill().expect("SIGKILL an etcd member");
             child.wait().expect("reap it");
         }
     }
+}
+
+fn spawn_etcd(arguments: &[String], log: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("a log file");
+    Command::new("etcd")
+        .args(arguments)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("etcd starts (apt-get install etcd-server; scripts/testdb install does)")
 }
 
 impl Drop for Etcd {

@@ -14,6 +14,18 @@ use std::time::{Duration, Instant};
 use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 
+/// The `host:port` of a server URL, as a socket address.
+pub fn address_of(url: &str) -> std::net::SocketAddr {
+    let authority = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let host_port = authority.split('/').next().unwrap();
+    host_port.parse().expect("the test servers listen on 127.0.0.1:PORT")
+}
+
+/// The URL with its host and port replaced by the proxy's.
+pub fn through(url: &str, proxy: &sluice_faults::Proxy) -> String {
+    url.replace(&address_of(url).to_string(), &proxy.address().to_string())
+}
+
 /// A scratch directory that the binary runs in.
 pub struct Workspace {
     pub directory: tempfile::TempDir,
