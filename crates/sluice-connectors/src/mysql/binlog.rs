@@ -108,6 +108,11 @@ pub struct BinlogChangeStream {
     /// The offset in `file` after the last whole transaction (or rotation): where a heartbeat
     /// says the stream stands.
     offset: u64,
+    /// The server the binlog is read from (MariaDB's `server_id`, MySQL's `server_uuid`):
+    /// file and offset mean something on it alone.
+    identity: String,
+    /// The server's binlog files when the stream started by GTID, to name the first file.
+    files: Vec<String>,
     /// MariaDB's GTID state: domain → `domain-server-sequence`, as `gtid_binlog_pos` shows it.
     gtids: std::collections::BTreeMap<u32, String>,
     /// MySQL's executed GTID set, kept exact (gaps included).
@@ -131,6 +136,11 @@ impl BinlogChangeStream {
     /// Connects as a replica and asks for the binlog after `after`. A file the server no longer
     /// has is refused here, before streaming, with `ErrorKind::PositionLost`. The binlog settings
     /// are the caller's to check first (`MysqlSource::check_binlog`).
+    ///
+    /// A position read from another server (the source failed over to a replica, or the job
+    /// points at a new primary) resumes after its GTIDs: MariaDB's `@slave_connect_state`,
+    /// MySQL's `COM_BINLOG_DUMP_GTID`. Without GTIDs it is refused as lost: a file and offset
+    /// mean nothing on another server.
     pub async fn open(
         opts: Opts,
         server: String,
@@ -156,7 +166,21 @@ impl BinlogChangeStream {
                 .hint("grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB)")
         })?;
         let files: Vec<String> = files.iter().filter_map(|row| row.get::<String, _>(0)).collect();
-        if !files.contains(&start.file) {
+        let identity = server_identity(&mut connection, mariadb, &server).await?;
+        let gtid = after.0.get("gtid").and_then(serde_json::Value::as_str).unwrap_or_default().trim().to_owned();
+        let elsewhere = after
+            .0
+            .get("server")
+            .and_then(serde_json::Value::as_str)
+            .filter(|read_on| *read_on != identity)
+            .map(str::to_owned);
+        let by_gtid = match &elsewhere {
+            None => None,
+            Some(read_on) => {
+                Some(gtid_start(&mut connection, mariadb, &server, &identity, read_on, &start, &gtid).await?)
+            }
+        };
+        if by_gtid.is_none() && !files.contains(&start.file) {
             return Err(position_lost(&start, &format!("the server's binary logs are {}", files.join(", "))));
         }
         let collations: Vec<(u16, String, String)> = connection
@@ -168,11 +192,23 @@ impl BinlogChangeStream {
         if mariadb {
             // GTID events as they are, instead of rewritten as BEGIN.
             setup.push("SET @mariadb_slave_capability = 4".to_owned());
+            if by_gtid.is_some() {
+                // The server starts after these GTIDs, whatever file and offset are asked for.
+                setup.push(format!("SET @slave_connect_state = '{gtid}'"));
+            }
         }
         for statement in setup {
             connection.query_drop(statement).await.map_err(error("set up the replica session"))?;
         }
-        let request = BinlogStreamRequest::new(server_id).with_filename(start.file.as_bytes()).with_pos(start.offset);
+        let request = match &by_gtid {
+            None => BinlogStreamRequest::new(server_id).with_filename(start.file.as_bytes()).with_pos(start.offset),
+            Some(GtidStart::MariaDb) => BinlogStreamRequest::new(server_id).with_filename(b"").with_pos(4),
+            Some(GtidStart::MySql(set)) => BinlogStreamRequest::new(server_id)
+                .with_gtid()
+                .with_filename(b"")
+                .with_pos(4)
+                .with_gtid_set(set.clone()),
+        };
         let events = connection.get_binlog_stream(request).await.map_err(error("request the binlog"))?;
         let gtids = after
             .0
@@ -194,8 +230,10 @@ impl BinlogChangeStream {
             mariadb,
             collation_names: collations.iter().map(|(id, _, name)| (*id, name.clone())).collect(),
             collations: collations.into_iter().map(|(id, charset, _)| (id, charset)).collect(),
-            offset: start.offset,
-            file: start.file,
+            offset: if by_gtid.is_some() { 4 } else { start.offset },
+            file: if by_gtid.is_some() { String::new() } else { start.file },
+            identity,
+            files: if by_gtid.is_some() { files } else { Vec::new() },
             gtid_set: if mariadb {
                 GtidSet::default()
             } else {
@@ -225,6 +263,7 @@ impl BinlogChangeStream {
             "gtid": gtid,
             "file": self.file,
             "position": offset,
+            "server": self.identity,
         }))
     }
 
@@ -301,7 +340,12 @@ impl BinlogChangeStream {
                 // name: keep the file asked for, which it names.
                 let fake = header.log_pos() == 0;
                 let name = rotate.name();
-                if !(fake && name.starts_with(self.file.as_str())) {
+                if fake && self.file.is_empty() {
+                    // Started by GTID: the file is the server's that the name begins with.
+                    let known =
+                        self.files.iter().filter(|file| name.starts_with(file.as_str())).max_by_key(|file| file.len());
+                    self.file = known.cloned().unwrap_or_else(|| name.into_owned());
+                } else if !(fake && name.starts_with(self.file.as_str())) {
                     self.file = name.into_owned();
                 }
                 if !self.in_transaction && !fake {
@@ -740,6 +784,81 @@ fn timestamp(seconds: i64, microsecond: u32) -> Value {
     })
 }
 
+/// How a stream resumes by GTID.
+enum GtidStart {
+    MariaDb,
+    MySql(Vec<mysql_async::Sid<'static>>),
+}
+
+/// The identity of the server a binlog is read from: MariaDB's `server_id`, MySQL's
+/// `server_uuid`. Positions carry it, so a file and offset are never used on another server.
+pub(super) async fn server_identity(connection: &mut Conn, mariadb: bool, server: &str) -> Result<String> {
+    let query = if mariadb { "SELECT CAST(@@GLOBAL.server_id AS CHAR)" } else { "SELECT @@GLOBAL.server_uuid" };
+    let identity: Option<String> = connection
+        .query_first(query)
+        .await
+        .map_err(|error| mysql_error(error, Side::Source, server, "read the server's identity"))?;
+    Ok(identity.unwrap_or_default())
+}
+
+/// Checks that a position read on server `read_on` can resume on this one (`identity`) by its
+/// GTIDs, and says how.
+async fn gtid_start(
+    connection: &mut Conn,
+    mariadb: bool,
+    server: &str,
+    identity: &str,
+    read_on: &str,
+    start: &LogPosition,
+    gtid: &str,
+) -> Result<GtidStart> {
+    let refused = |why: String| {
+        Error::new(
+            ErrorKind::PositionLost,
+            format!(
+                "SOURCE_POSITION_LOST: the job's position {} {} was read on server {read_on}, and {server} is server {identity}: {why}",
+                start.file, start.offset
+            ),
+        )
+        .on(Side::Source)
+        .hint("a binlog file and offset mean nothing on another server, and only GTIDs can follow a failover: turn GTIDs on (MySQL: gtid_mode=ON, enforce_gtid_consistency=ON) before a failover, or point the job back at its server, or copy the tables again with a new snapshot+cdc job")
+    };
+    if gtid.is_empty() {
+        return Err(refused("the position has no GTID".into()));
+    }
+    let start = if mariadb {
+        if super::gtid::mariadb_sequences(gtid).is_none() {
+            return Err(refused(format!("its GTID position `{gtid}` is not MariaDB's")));
+        }
+        GtidStart::MariaDb
+    } else {
+        let mode: Option<String> = connection
+            .query_first("SELECT @@GLOBAL.gtid_mode")
+            .await
+            .map_err(|error| mysql_error(error, Side::Source, server, "read gtid_mode"))?;
+        if !mode.unwrap_or_default().eq_ignore_ascii_case("ON") {
+            return Err(refused("this server's gtid_mode is not ON".into()));
+        }
+        match GtidSet::parse(gtid).and_then(|set| set.sids()) {
+            Some(sids) => GtidStart::MySql(sids),
+            None => return Err(refused(format!("its GTID set `{gtid}` is not MySQL's"))),
+        }
+    };
+    log::info!(
+        "change stream: the source is now server {identity} ({server}), not server {read_on} where the position was read; resuming after GTID {gtid}"
+    );
+    Ok(start)
+}
+
+fn gtid_lost(server: &str, detail: &str) -> Error {
+    Error::new(
+        ErrorKind::PositionLost,
+        format!("SOURCE_POSITION_LOST: {server} cannot stream from the job's GTID position ({detail})"),
+    )
+    .on(Side::Source)
+    .hint("the server lacks transactions the job has, or purged ones it still needs (a replica promoted before it caught up, or binlogs expired): copy the tables again with a new snapshot+cdc job")
+}
+
 fn position_lost(start: &LogPosition, detail: &str) -> Error {
     Error::new(
         ErrorKind::PositionLost,
@@ -779,6 +898,9 @@ impl ChangeStream for BinlogChangeStream {
                     .on(Side::Source))
                 }
                 Ok(Some(Err(mysql_async::Error::Server(server)))) if server.code == 1236 => {
+                    if self.file.is_empty() {
+                        return Err(gtid_lost(&self.server, &server.message));
+                    }
                     let start = LogPosition { file: self.file.clone(), offset: 0 };
                     return Err(position_lost(&start, &server.message));
                 }

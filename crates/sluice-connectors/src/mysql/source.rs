@@ -18,6 +18,7 @@ use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::binlog::{BinlogChangeStream, LogPosition};
+use super::gtid::GtidSet;
 use super::keyless::{no_snapshot_position, not_transactional, KeylessReader};
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
@@ -193,6 +194,23 @@ impl Source for MysqlSource {
     }
 
     fn reached(&self, position: &Position, mark: &Position) -> bool {
+        let field = |position: &Position, name: &str| {
+            position.0.get(name).and_then(serde_json::Value::as_str).map(str::to_owned)
+        };
+        // Positions of two servers (across a failover) compare by their GTIDs alone.
+        if let (Some(here), Some(there)) = (field(position, "server"), field(mark, "server")) {
+            if here != there {
+                let (at, until) =
+                    (field(position, "gtid").unwrap_or_default(), field(mark, "gtid").unwrap_or_default());
+                return match field(mark, "flavor").as_deref() {
+                    Some("mariadb") => super::gtid::mariadb_reached(&at, &until),
+                    _ => match (GtidSet::parse(&at), GtidSet::parse(&until)) {
+                        (Some(at), Some(until)) => at.includes(&until),
+                        _ => false,
+                    },
+                };
+            }
+        }
         match (LogPosition::from_position(position), LogPosition::from_position(mark)) {
             (Ok(position), Ok(mark)) => position.key() >= mark.key(),
             _ => false,
@@ -225,11 +243,13 @@ impl Source for MysqlSource {
         let gtid_query = if mariadb { "SELECT @@GLOBAL.gtid_binlog_pos" } else { "SELECT @@GLOBAL.gtid_executed" };
         let gtid: Option<String> =
             connection.query_first(gtid_query).await.map_err(self.error("read the GTID position"))?;
+        let identity = super::binlog::server_identity(&mut connection, mariadb, &self.server).await?;
         Ok(Some(Position(json!({
             "flavor": if mariadb { "mariadb" } else { "mysql" },
             "gtid": gtid.unwrap_or_default(),
             "file": file,
             "position": offset,
+            "server": identity,
         }))))
     }
 

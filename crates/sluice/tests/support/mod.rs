@@ -406,8 +406,13 @@ pub fn mariadb(sql: &str) -> String {
 /// The `mariadb` client as root over the test server's socket, in UTF-8, in batch mode.
 pub fn mariadb_client() -> Command {
     let socket = std::env::var("SLUICE_TEST_MYSQL_SOCKET").expect("SLUICE_TEST_MYSQL_SOCKET is set by scripts/test.sh");
+    mariadb_client_at(&socket)
+}
+
+/// The `mariadb` client as root on the server of this unix socket.
+pub fn mariadb_client_at(socket: &str) -> Command {
     let mut command = Command::new("mariadb");
-    command.args(["--no-defaults", "--default-character-set=utf8mb4", "-uroot", "-S", &socket, "--batch"]);
+    command.args(["--no-defaults", "--default-character-set=utf8mb4", "-uroot", "-S", socket, "--batch"]);
     command
 }
 

@@ -49,7 +49,12 @@ pub struct Client {
 
 impl Client {
     pub fn start(database: &str) -> Client {
-        let mut child = super::mariadb_client()
+        Client::start_with(super::mariadb_client(), database)
+    }
+
+    /// A client of the server `client` (a `mariadb` command) reaches.
+    pub fn start_with(mut client: std::process::Command, database: &str) -> Client {
+        let mut child = client
             .args(["--force", database])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -87,24 +92,33 @@ pub const ITEMS: u64 = 3_000;
 
 /// Creates the tables with their first rows.
 pub fn create_tables(database: &str) {
-    mariadb(&format!(
+    mariadb(&create_tables_sql(database));
+}
+
+/// The statements that create the tables with their first rows.
+pub fn create_tables_sql(database: &str) -> String {
+    format!(
         "CREATE DATABASE {database}; USE {database};
          CREATE TABLE items (id BIGINT PRIMARY KEY, v INT NOT NULL, note VARCHAR(64) NULL, KEY (v));
          INSERT INTO items SELECT seq, seq % 1000, CONCAT('item ', seq) FROM seq_1_to_{ITEMS};
          CREATE TABLE accounts (id INT PRIMARY KEY, balance BIGINT NOT NULL);
          INSERT INTO accounts SELECT seq, 1000 FROM seq_1_to_{ACCOUNTS};"
-    ));
+    )
 }
 
 impl Load {
     /// Starts the load at about `per_second` statements a second; it runs until `stop`.
-    pub fn start(database: &str, mut random: Random, per_second: u64) -> Load {
+    pub fn start(database: &str, random: Random, per_second: u64) -> Load {
+        Load::start_with(Client::start(database), random, per_second, ITEMS + 1)
+    }
+
+    /// The load through `client`, making new items from `first_id` on.
+    pub fn start_with(mut client: Client, mut random: Random, per_second: u64, first_id: u64) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let statements = Arc::new(AtomicU64::new(0));
-        let mut client = Client::start(database);
         let (flag, counter) = (stop.clone(), statements.clone());
         let thread = std::thread::spawn(move || {
-            let mut next_id = ITEMS + 1;
+            let mut next_id = first_id;
             let started = std::time::Instant::now();
             let mut sent = 0u64;
             while !flag.load(Ordering::Relaxed) {
