@@ -46,7 +46,12 @@ pub struct Proxy {
 impl Proxy {
     /// Listens on a free loopback port and forwards each connection to `upstream`.
     pub async fn start(upstream: SocketAddr) -> std::io::Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Proxy::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), upstream).await
+    }
+
+    /// Listens on `address` and forwards each connection to `upstream`.
+    pub async fn start_on(address: SocketAddr, upstream: SocketAddr) -> std::io::Result<Proxy> {
+        let listener = TcpListener::bind(address).await?;
         let address = listener.local_addr()?;
         let (fault, fault_watch) = watch::channel(Fault::None);
         let (resets, reset_watch) = watch::channel(0u64);
