@@ -204,11 +204,12 @@ while (($(date +%s) < deadline)); do
   fi
 done
 for link in source postgres mysql etcd; do fault "$link" none; done
+elapsed=$((($(date +%s) - started) / 60))
 
 # The end: the load stops, the targets catch up, then every row is compared.
 touch "$work/stop"
 wait "$load_pid" || true
-statements=$(src -e "SELECT variable_value FROM information_schema.global_status WHERE variable_name = 'COM_COMMIT'")
+changes=$(src -e "SELECT sum(variable_value) FROM information_schema.global_status WHERE variable_name IN ('COM_INSERT', 'COM_UPDATE', 'COM_DELETE')")
 dump_source() { src -e "SELECT concat_ws('|', id, v, coalesce(note, 'NULL')) FROM soak.items ORDER BY id; SELECT concat_ws('|', id, balance) FROM soak.accounts ORDER BY id"; }
 dump_postgres() { dst_pg -c "SELECT concat_ws('|', id, v, coalesce(note, 'NULL')) FROM soak_po.items ORDER BY id" -c "SELECT concat_ws('|', id, balance) FROM soak_po.accounts ORDER BY id" 2>/dev/null; }
 dump_mysql() { dst_my -e "SELECT concat_ws('|', id, v, coalesce(note, 'NULL')) FROM soak_my.items ORDER BY id; SELECT concat_ws('|', id, balance) FROM soak_my.accounts ORDER BY id" 2>/dev/null; }
@@ -216,12 +217,15 @@ dump_source >"$work/source.rows"
 declare -A lost extra converged_after
 for target in postgres mysql; do
   waited=0
-  until "dump_$target" >"$work/$target.rows" && cmp -s "$work/source.rows" "$work/$target.rows"; do
-    ((waited < 300)) || break
+  converged_after[$target]="no (gave up after 300 s)"
+  while ((waited <= 300)); do
+    if "dump_$target" >"$work/$target.rows" && cmp -s "$work/source.rows" "$work/$target.rows"; then
+      converged_after[$target]="$waited s"
+      break
+    fi
     sleep 2
     waited=$((waited + 2))
   done
-  converged_after[$target]=$waited
   lost[$target]=$(comm -23 <(sort "$work/source.rows") <(sort "$work/$target.rows") | wc -l)
   extra[$target]=$(comm -13 <(sort "$work/source.rows") <(sort "$work/$target.rows") | wc -l)
 done
@@ -233,9 +237,10 @@ for target in postgres mysql; do
   samples[$target]=$(grep -c -v absent "$work/$target.samples" || true)
   bad[$target]=$(grep -c '^bad' "$work/$target.samples" || true)
 done
-elapsed=$((($(date +%s) - started) / 60))
 restarts=$(cat "$work"/node*.log | grep -c "restart .* in " || true)
-fenced=$(cat "$work"/node*.log | grep -c -i "fenced" || true)
+fenced=$(cat "$work"/node*.log | grep -c "FENCED" || true)
+# The servers' password is a canary: no log may hold it.
+leaked=$(grep -l -F "$SLUICE_TEST_PASSWORD" "$work"/node*.log | wc -l)
 
 mkdir -p "$out"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
@@ -243,20 +248,21 @@ table="| target | minutes | SIGKILLs | faults (source/postgres/mysql/etcd) | row
 |---|---|---|---|---|---|---|---|---|---|"
 for target in postgres mysql; do
   table+="
-| $target | $elapsed | $kills | ${faults[source]}/${faults[postgres]}/${faults[mysql]}/${faults[etcd]} | $rows | ${lost[$target]} | ${extra[$target]} | ${samples[$target]} | ${bad[$target]} | ${converged_after[$target]} s |"
+| $target | $elapsed | $kills | ${faults[source]}/${faults[postgres]}/${faults[mysql]}/${faults[etcd]} | $rows | ${lost[$target]} | ${extra[$target]} | ${samples[$target]} | ${bad[$target]} | ${converged_after[$target]} |"
 done
 echo "$table"
-echo "task restarts logged: $restarts; fenced refusals logged: $fenced; source commits: $statements"
+echo "task restarts logged: $restarts; fenced commits refused (FENCED in the logs): $fenced; row statements on the source: $changes; logs holding the password: $leaked"
 {
   echo "$table"
   echo
   echo "command: $command_line"
 } >"$out/soak-$stamp.md"
-printf '{"minutes":%s,"kills":%s,"faults":{"source":%s,"postgres":%s,"mysql":%s,"etcd":%s},"rows":%s,"postgres":{"lost":%s,"extra":%s,"samples":%s,"partial":%s},"mysql":{"lost":%s,"extra":%s,"samples":%s,"partial":%s},"restarts":%s,"fenced":%s}\n' \
+printf '{"minutes":%s,"kills":%s,"faults":{"source":%s,"postgres":%s,"mysql":%s,"etcd":%s},"rows":%s,"postgres":{"lost":%s,"extra":%s,"samples":%s,"partial":%s,"converged":"%s"},"mysql":{"lost":%s,"extra":%s,"samples":%s,"partial":%s,"converged":"%s"},"restarts":%s,"fenced":%s,"row_statements":%s,"leaked":%s}\n' \
   "$elapsed" "$kills" "${faults[source]}" "${faults[postgres]}" "${faults[mysql]}" "${faults[etcd]}" "$rows" \
-  "${lost[postgres]}" "${extra[postgres]}" "${samples[postgres]}" "${bad[postgres]}" \
-  "${lost[mysql]}" "${extra[mysql]}" "${samples[mysql]}" "${bad[mysql]}" "$restarts" "$fenced" >"$out/soak-$stamp.json"
-if ((lost[postgres] + extra[postgres] + lost[mysql] + extra[mysql] + bad[postgres] + bad[mysql] > 0)); then
+  "${lost[postgres]}" "${extra[postgres]}" "${samples[postgres]}" "${bad[postgres]}" "${converged_after[postgres]}" \
+  "${lost[mysql]}" "${extra[mysql]}" "${samples[mysql]}" "${bad[mysql]}" "${converged_after[mysql]}" \
+  "$restarts" "$fenced" "$changes" "$leaked" >"$out/soak-$stamp.json"
+if ((lost[postgres] + extra[postgres] + lost[mysql] + extra[mysql] + bad[postgres] + bad[mysql] + leaked > 0)); then
   echo "soak: MISMATCHES; logs kept in $work.kept" >&2
   cp -r "$work" "$work.kept"
   exit 1

@@ -125,6 +125,15 @@ impl Restarts {
     }
 }
 
+/// Whether a run that failed had been doing well first, which starts the count of restarts in a
+/// row afresh: it wrote rows, or it ran for longer than the longest backoff (at least a minute; a
+/// quiet stream writes nothing for hours).
+pub fn ran_well(policy: &RestartPolicy, run: &crate::stats::RunSummary) -> bool {
+    let wrote = run.rows_written > 0 || run.stream.as_ref().is_some_and(|stream| stream.rows_applied > 0);
+    let lasted = Duration::from_secs_f64(run.elapsed_secs.max(0.0));
+    wrote || lasted >= Duration::from_millis(policy.max_backoff_ms.max(60_000))
+}
+
 /// Seconds since the Unix epoch, for `Restarts::failed`.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
@@ -162,6 +171,19 @@ mod tests {
         assert!(
             matches!(restarts.failed(&policy, &unavailable(), false, 150), Restart::GiveUp(reason) if reason.contains("give_up_after_secs"))
         );
+    }
+
+    #[test]
+    fn a_run_did_well_when_it_wrote_rows_or_lasted_past_the_longest_backoff() {
+        let policy = RestartPolicy::default();
+        let mut run = crate::stats::RunSummary::new("job", "cdc", &crate::stats::JobStats::default());
+        run.elapsed_secs = 5.0;
+        assert!(!ran_well(&policy, &run));
+        run.elapsed_secs = 61.0;
+        assert!(ran_well(&policy, &run), "a quiet stream that ran a minute did well");
+        run.elapsed_secs = 5.0;
+        run.rows_written = 1;
+        assert!(ran_well(&policy, &run));
     }
 
     #[test]

@@ -411,8 +411,7 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, r
         display_done.send_replace(true);
         let _ = display.await;
         let Some(failure) = error.as_ref().filter(|_| !*stop_requested.borrow()) else { break (summary, error) };
-        let progressed =
-            summary.rows_written > 0 || summary.stream.as_ref().is_some_and(|stream| stream.rows_applied > 0);
+        let progressed = sluice_core::retry::ran_well(&job.restart, &summary);
         let wait = match restarts.failed(&job.restart, failure, progressed, sluice_core::retry::unix_now()) {
             sluice_core::retry::Restart::After(wait) => {
                 log::warn!(
@@ -434,7 +433,11 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, r
         let mut stopping = stop_requested.clone();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = stopping.wait_for(|stopped| *stopped) => break (summary, error),
+            _ = stopping.wait_for(|stopped| *stopped) => {
+                let stopped = Error::new(ErrorKind::Interrupted, "stopped while waiting to restart");
+                let summary = RunSummary { status: "stopped".into(), error: Some(stopped.to_string()), ..summary };
+                break (summary, Some(stopped));
+            }
         }
         restart = runner.still_restarting();
         // Fresh connections for the new run.

@@ -113,6 +113,9 @@ pub struct BinlogChangeStream {
     identity: String,
     /// The server's binlog files when the stream started by GTID, to name the first file.
     files: Vec<String>,
+    /// Bytes of checksum the driver leaves on the name of the fake rotation that starts a stream
+    /// (it comes before the format description that says there are checksums).
+    rotate_checksum: usize,
     /// MariaDB's GTID state: domain → `domain-server-sequence`, as `gtid_binlog_pos` shows it.
     gtids: std::collections::BTreeMap<u32, String>,
     /// MySQL's executed GTID set, kept exact (gaps included).
@@ -200,6 +203,20 @@ impl BinlogChangeStream {
         for statement in setup {
             connection.query_drop(statement).await.map_err(error("set up the replica session"))?;
         }
+        let rotate_checksum = match by_gtid {
+            Some(_) => {
+                let checksum: Option<String> = connection
+                    .query_first("SELECT @@GLOBAL.binlog_checksum")
+                    .await
+                    .map_err(error("read binlog_checksum"))?;
+                if checksum.is_some_and(|checksum| checksum.eq_ignore_ascii_case("NONE")) {
+                    0
+                } else {
+                    4
+                }
+            }
+            None => 0,
+        };
         let request = match &by_gtid {
             None => BinlogStreamRequest::new(server_id).with_filename(start.file.as_bytes()).with_pos(start.offset),
             Some(GtidStart::MariaDb) => BinlogStreamRequest::new(server_id).with_filename(b"").with_pos(4),
@@ -234,6 +251,7 @@ impl BinlogChangeStream {
             file: if by_gtid.is_some() { String::new() } else { start.file },
             identity,
             files: if by_gtid.is_some() { files } else { Vec::new() },
+            rotate_checksum,
             gtid_set: if mariadb {
                 GtidSet::default()
             } else {
@@ -341,10 +359,17 @@ impl BinlogChangeStream {
                 let fake = header.log_pos() == 0;
                 let name = rotate.name();
                 if fake && self.file.is_empty() {
-                    // Started by GTID: the file is the server's that the name begins with.
+                    // Started by GTID: the file is the server's that the name begins with, or,
+                    // for one made since the files were listed, the name without its checksum.
                     let known =
                         self.files.iter().filter(|file| name.starts_with(file.as_str())).max_by_key(|file| file.len());
-                    self.file = known.cloned().unwrap_or_else(|| name.into_owned());
+                    self.file = match known {
+                        Some(file) => file.clone(),
+                        None => {
+                            let raw = rotate.name_raw();
+                            String::from_utf8_lossy(&raw[..raw.len().saturating_sub(self.rotate_checksum)]).into_owned()
+                        }
+                    };
                 } else if !(fake && name.starts_with(self.file.as_str())) {
                     self.file = name.into_owned();
                 }

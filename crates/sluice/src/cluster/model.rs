@@ -480,6 +480,23 @@ pub fn may_claim(me: &WorkerRecord, tasks: usize, others: &[WorkerRecord]) -> bo
     tasks < me.capacity && load(tasks, me) <= least
 }
 
+/// The placement rule for a task that the workers in `avoid` kept failing and handed over: they
+/// claim it only when no other live worker has room; the others claim it by `may_claim` among
+/// themselves (an avoided worker, idle since it gave the task up, would otherwise always look
+/// less loaded and hold them back).
+pub fn may_claim_avoiding(me: &WorkerRecord, tasks: usize, others: &[WorkerRecord], avoid: &[String]) -> bool {
+    if avoid.contains(&me.id) {
+        return !other_worker_has_room(others, avoid) && may_claim(me, tasks, others);
+    }
+    let others: Vec<WorkerRecord> = others.iter().filter(|worker| !avoid.contains(&worker.id)).cloned().collect();
+    may_claim(me, tasks, &others)
+}
+
+/// Whether a live worker other than those in `avoid` has a free slot.
+pub fn other_worker_has_room(workers: &[WorkerRecord], avoid: &[String]) -> bool {
+    workers.iter().any(|worker| !avoid.contains(&worker.id) && worker.tasks.len() < worker.capacity)
+}
+
 /// Decodes a stored record, naming the key when it is not what this version writes.
 pub fn decode<T: DeserializeOwned>(entry: &Entry) -> Result<T> {
     serde_json::from_str(&entry.value).map_err(|error| {
@@ -689,5 +706,17 @@ mod tests {
         assert!(may_claim(&worker("a", 3, 4, 1.0), 3, &[worker("b", 4, 4, 1.0)]));
         assert!(may_claim(&worker("a", 2, 4, 2.0), 2, &[worker("b", 1, 4, 1.0)]), "2 of 8 shares is 1 of 4");
         assert!(!may_claim(&worker("a", 3, 4, 2.0), 3, &[worker("b", 1, 4, 1.0)]));
+    }
+
+    #[test]
+    fn a_task_handed_over_goes_to_a_worker_it_did_not_fail_on() {
+        // a gave the task up and is idle; b runs another task and still takes this one.
+        let (a, b) = (worker("a", 0, 4, 1.0), worker("b", 1, 4, 1.0));
+        let avoid = ["a".to_owned()];
+        let workers = [a.clone(), b.clone()];
+        assert!(may_claim_avoiding(&b, 1, &workers, &avoid), "the other worker claims despite the idle one");
+        assert!(!may_claim_avoiding(&a, 0, &workers, &avoid), "the avoided worker waits while another has room");
+        let full = [a.clone(), worker("b", 4, 4, 1.0)];
+        assert!(may_claim_avoiding(&a, 0, &full, &avoid), "with no other room the avoided worker takes it back");
     }
 }

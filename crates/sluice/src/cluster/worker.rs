@@ -20,9 +20,11 @@ use crate::logger::timestamp;
 impl Node {
     /// Claims one task when this worker has room and is among the least loaded.
     pub(super) async fn claim(self: &Arc<Self>, view: &View, lease: i64) -> Result<()> {
-        if !may_claim(&self.record(), lock(&self.running).len(), &view.workers) {
+        let (me, tasks_here) = (self.record(), lock(&self.running).len());
+        if tasks_here >= me.capacity {
             return Ok(());
         }
+        let free = may_claim(&me, tasks_here, &view.workers);
         for (name, job, _) in &view.jobs {
             let Some(plan) =
                 view.plans.get(name).filter(|plan| plan.generation == job.generation && plan.error.is_none())
@@ -46,11 +48,13 @@ impl Node {
                 if ended || !ready || view.owners.contains(&key) {
                     continue;
                 }
-                // A task this worker kept failing goes to another one while another has room.
+                // A task workers kept failing goes to another one while another has room.
                 let restarting = status(&task.id).filter(|status| status.state == TaskState::Restarting);
-                if restarting.is_some_and(|status| {
-                    status.avoid.contains(&self.config.id) && other_worker_has_room(&view.workers, &status.avoid)
-                }) {
+                let allowed = match restarting.filter(|status| !status.avoid.is_empty()) {
+                    Some(status) => may_claim_avoiding(&me, tasks_here, &view.workers, &status.avoid),
+                    None => free,
+                };
+                if !allowed {
                     continue;
                 }
                 let owner = encode(&Owner { worker: self.config.id.clone(), generation: job.generation });
@@ -127,33 +131,36 @@ impl Node {
                 Ok((spec, runner)) => {
                     policy = spec.restart.clone();
                     (status.state, status.error) = (TaskState::Running, None);
+                    let (reported, reporting) = watch::channel(false);
                     let reporter = tokio::spawn(report(
                         self.store.clone(),
                         runner.stats(),
                         status.clone(),
                         status_key.clone(),
                         guard.clone(),
+                        reporting,
                     ));
                     let (run, error) = runner.run().await;
-                    reporter.abort();
+                    // Awaited, not aborted: a report in flight must land before the next status.
+                    reported.send_replace(true);
+                    let _ = reporter.await;
                     status = snapshot_status(&status, &runner.stats(), 0.0);
                     (error, Some(run))
                 }
                 Err(error)
                     if error.side() == Some(sluice_core::Side::State) && sluice_core::retry::is_transient(&error) =>
                 {
-                    // The coordination store failed, not the task: give it back to be claimed again.
+                    // The coordination store failed, not the task: give it back to be claimed again
+                    // (once the store answers: until then the task stays owned here).
                     log::warn!("node {}: task {name} could not start: {error}", self.config.id);
-                    let _ = self.store.delete_guarded(&guard).await;
+                    self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
                     lock(&self.running).remove(&name);
                     return;
                 }
                 Err(error) => (Some(error), None),
             };
             let Some(error) = outcome.as_ref().filter(|_| !*stop.borrow()) else { break (outcome, summary) };
-            let progressed = summary.as_ref().is_some_and(|run| {
-                run.rows_written > 0 || run.stream.as_ref().is_some_and(|stream| stream.rows_applied > 0)
-            });
+            let progressed = summary.as_ref().is_some_and(|run| sluice_core::retry::ran_well(&policy, run));
             let wait = match status.restarts.failed(&policy, error, progressed, sluice_core::retry::unix_now()) {
                 Restart::After(wait) => wait,
                 Restart::GiveUp(reason) => {
@@ -205,7 +212,7 @@ impl Node {
                             "node {}: task {name} failed {failed_here} times in a row here; handing it over to another worker",
                             self.config.id
                         );
-                        let _ = self.store.delete_guarded(&guard).await;
+                        self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
                         lock(&self.running).remove(&name);
                         return;
                     }
@@ -235,18 +242,20 @@ impl Node {
                 if let Some(summary) = &summary {
                     let run_key = format!("{}{}-{}", runs_prefix(&job.name), timestamp(), task.id);
                     let text = serde_json::to_string(summary).unwrap_or_default();
-                    self.until_answered(&name, "record its run", || self.store.put_guarded(&run_key, &text, &guard))
-                        .await;
+                    if let Err(error) = self.store.put_guarded(&run_key, &text, &guard).await {
+                        log::warn!("node {}: could not record the run of task {name}: {error}", self.config.id);
+                    }
                 }
                 let record = encode(&status);
                 let recorded = self
                     .until_answered(&name, "record its end", || self.store.put_guarded(&status_key, &record, &guard))
                     .await;
                 match recorded {
-                    true => log::info!("node {}: task {name} {:?}", self.config.id, status.state),
-                    false => {
+                    Some(true) => log::info!("node {}: task {name} {:?}", self.config.id, status.state),
+                    Some(false) => {
                         log::warn!("node {}: task {name} moved to another worker before it ended here", self.config.id)
                     }
+                    None => {}
                 }
             }
         }
@@ -254,8 +263,9 @@ impl Node {
         lock(&self.running).remove(&name);
     }
 
-    /// Repeats a write of task `name` to the coordination store until the store answers.
-    async fn until_answered<T, Write, Written>(&self, name: &str, what: &str, mut write: Write) -> T
+    /// Repeats a write of task `name` to the coordination store until the store answers; `None`
+    /// when it refused the write for a reason a retry will not fix (logged).
+    async fn until_answered<T, Write, Written>(&self, name: &str, what: &str, mut write: Write) -> Option<T>
     where
         Write: FnMut() -> Written,
         Written: std::future::Future<Output = Result<T>>,
@@ -264,7 +274,11 @@ impl Node {
         let mut warned = false;
         loop {
             match write().await {
-                Ok(value) => return value,
+                Ok(value) => return Some(value),
+                Err(error) if !sluice_core::retry::is_transient(&error) => {
+                    log::warn!("node {}: task {name} could not {what}: {error}", self.config.id);
+                    return None;
+                }
                 Err(error) => {
                     if !std::mem::replace(&mut warned, true) {
                         log::warn!(
@@ -329,11 +343,6 @@ impl Node {
     }
 }
 
-/// Whether a live worker other than `avoid` has a free slot.
-fn other_worker_has_room(workers: &[WorkerRecord], avoid: &[String]) -> bool {
-    workers.iter().any(|worker| !avoid.contains(&worker.id) && worker.tasks.len() < worker.capacity)
-}
-
 /// The job document of a version, parsed with this node's environment.
 pub async fn load_spec(store: &dyn Store, job: &str, version: u32) -> Result<JobSpec> {
     let (record, _) = load::<VersionRecord>(store, &version_key(job, version)).await?.ok_or_else(|| {
@@ -370,17 +379,18 @@ fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows
     }
 }
 
-/// Writes a running task's status every second while its owner holds it.
+/// Writes a running task's status every second while its owner holds it, until `done`.
 async fn report(
     store: Arc<dyn Store>,
     stats: Arc<sluice_core::stats::JobStats>,
     base: TaskStatus,
     key: String,
     guard: Guard,
+    mut done: watch::Receiver<bool>,
 ) {
     let mut last = (Instant::now(), 0u64);
     let mut failing = false;
-    loop {
+    while !*done.borrow() {
         let elapsed = last.0.elapsed().as_secs_f64().max(0.001);
         let status = snapshot_status(&base, &stats, 0.0);
         let rate = status.rows_written.saturating_sub(last.1) as f64 / elapsed;
@@ -398,6 +408,9 @@ async fn report(
                 }
             }
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = done.changed() => {}
+        }
     }
 }
