@@ -1,16 +1,21 @@
 //! Sluice's connectors, one module per external system, each behind a cargo feature, and the
 //! registry: the one place that maps a job's `type` to a connector.
 
+pub mod events;
 #[cfg(feature = "file")]
 pub mod file;
+pub mod json;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "parquet")]
 pub mod parquet;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod stdout;
 pub mod tls;
 
 use std::path::PathBuf;
@@ -93,6 +98,9 @@ pub const CONNECTORS: &[&Connector] = &[
     &parquet::CONNECTOR,
     #[cfg(feature = "file")]
     &file::connector::JSONL,
+    &stdout::CONNECTOR,
+    #[cfg(feature = "nats")]
+    &nats::connector::CONNECTOR,
 ];
 
 /// Every connector type with the cargo feature that builds it, built here or not, for messages.
@@ -103,11 +111,19 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("csv", "file"),
     ("parquet", "parquet"),
     ("jsonl", "file"),
+    ("stdout", "default"),
+    ("nats", "nats"),
 ];
 
 /// The connector types a job may name, for messages.
 pub fn known_types() -> Vec<&'static str> {
     EVERY_TYPE.iter().map(|(name, _)| *name).collect()
+}
+
+/// Whether a target of this type writes its events on standard output, so a command prints
+/// everything else on standard error.
+pub fn prints_events(target_type: &str) -> bool {
+    target_type == stdout::CONNECTOR.name
 }
 
 /// The connector of a type, when this build has it.

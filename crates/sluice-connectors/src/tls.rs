@@ -397,7 +397,7 @@ fn conninfo_pairs(text: &str) -> Vec<(String, String)> {
     pairs
 }
 
-fn percent_decode(text: &str) -> String {
+pub fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut index = 0;

@@ -17,6 +17,9 @@ pub const POINTS: &[&str] = &[
     "stream.publish.renamed",
     // A copy task committed a batch with its checkpoint.
     "copy.batch.committed",
+    // A stream target's broker acknowledged every event of a commit; its checkpoint is not
+    // written yet.
+    "events.acknowledged",
 ];
 
 /// Aborts the process when `SLUICE_FAILPOINT` selects `point` (and this is its n-th pass).

@@ -454,7 +454,7 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, r
             Err(error) => log::error!("{error}"),
         }
     }
-    print_summary(&summary);
+    print_summary(&summary, sluice_connectors::prints_events(&job.target.connector));
     write_summary(summary_json.as_deref(), &summary);
     match error {
         None => 0,
@@ -494,8 +494,17 @@ async fn watch_signals(stop: watch::Sender<bool>) {
     }
 }
 
-fn print_summary(summary: &RunSummary) {
+/// Prints the run summary on standard output, or on standard error when the job's events go to
+/// standard output (a `stdout` target, `sluice tail`), so the output stays JSON lines.
+fn print_summary(summary: &RunSummary, to_stderr: bool) {
     use progress::group;
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    macro_rules! out {
+        ($($argument:tt)*) => {{
+            let _ = writeln!(text, $($argument)*);
+        }};
+    }
     out!("job {}: {} in {:.2}s", summary.job, summary.status, summary.elapsed_secs);
     let width =
         summary.tables.iter().map(|table| table.source.len().max(table.target.len())).max().unwrap_or(5).clamp(6, 48);
@@ -532,6 +541,18 @@ fn print_summary(summary: &RunSummary) {
             out!("  {} DDL statements carried to the target", stream.schema_changes);
         }
     }
+    if to_stderr {
+        eprint!("{text}");
+    } else {
+        out_text(&text);
+    }
+}
+
+/// Writes text on standard output, nothing once it is closed.
+fn out_text(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush());
 }
 
 fn write_summary(path: Option<&std::path::Path>, summary: &RunSummary) {

@@ -35,7 +35,8 @@ struct Fixture {
     target: fn(unique: &str) -> String,
     /// What `${TARGET}` is, for server targets.
     target_url: fn() -> Option<String>,
-    /// The ids of `items` in the target, sorted, duplicates kept.
+    /// The ids of `items` in the target, sorted, duplicates kept. The standard output of the
+    /// run that completed the copy is in the workspace's `run.stdout`.
     item_ids: fn(&Workspace, unique: &str) -> Vec<i64>,
     /// The `source:` block that reads back what the target wrote, for connectors that are also
     /// sources.
@@ -70,6 +71,12 @@ fn parts(directory: &Path, extension: &str) -> Vec<std::path::PathBuf> {
         .collect();
     parts.sort();
     parts
+}
+
+/// The `id` of an event's row image (`data` for Maxwell, `after` or `before` for Debezium).
+fn event_id(line: &str, image: &str) -> i64 {
+    let event: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line}"));
+    event[image]["id"].as_i64().unwrap_or_else(|| panic!("no {image}.id in {line}"))
 }
 
 fn fixtures() -> Vec<Fixture> {
@@ -130,6 +137,34 @@ fn fixtures() -> Vec<Fixture> {
                     }
                 }
                 sorted(ids)
+            },
+            source: None,
+        },
+        Fixture {
+            name: "stdout",
+            // No checkpoint: the run after the kill prints every row again, each once.
+            target: |_| "  type: stdout\n  format: maxwell\n".into(),
+            target_url: no_url,
+            item_ids: |workspace, _| {
+                let text = std::fs::read_to_string(workspace.path("run.stdout")).unwrap();
+                sorted(text.lines().map(|line| event_id(line, "data")).collect())
+            },
+            source: None,
+        },
+        Fixture {
+            name: "nats",
+            target: |unique| {
+                format!("  type: nats\n  url: ${{TARGET}}\n  stream: S_{unique}\n  subject: \"{unique}.{{table}}\"\n")
+            },
+            // The test starts a broker of its own (`a_snapshot_into_nats_…`) and notes its URL
+            // in the workspace's `broker`.
+            target_url: no_url,
+            item_ids: |workspace, unique| {
+                let url = std::fs::read_to_string(workspace.path("broker")).unwrap();
+                let messages = support::nats::messages(&url, &format!("S_{unique}"));
+                sorted(
+                    messages.iter().map(|message| message.payload["data"]["id"].as_i64().expect("data.id")).collect(),
+                )
             },
             source: None,
         },
@@ -302,8 +337,13 @@ fn splits_done(workspace: &Workspace, job: &str) -> i64 {
 /// others not, runs it again, and checks every row is there once; then reads the copy back
 /// through the connector when it is also a source.
 fn exactly_once_through_a_kill(name: &str) {
+    exactly_once_through_a_kill_at(name, &Workspace::new());
+}
+
+/// The same, in a workspace prepared by the test (a broker's URL noted in it).
+fn exactly_once_through_a_kill_at(name: &str, workspace: &Workspace) {
     let fixture = fixture(name);
-    let workspace = Workspace::new();
+    let target_url = || (fixture.target_url)().or_else(|| std::fs::read_to_string(workspace.path("broker")).ok());
     make_source(&workspace.path("source.db"), ROWS as u64);
     let unique = unique_name(&format!("conform_{name}"));
     let job_name = unique.replace('_', "-");
@@ -317,27 +357,28 @@ fn exactly_once_through_a_kill(name: &str) {
     let slow = workspace.write("slow.yaml", &job(", rows_per_sec: 6000"));
     let fast = workspace.write("fast.yaml", &job(""));
     let mut command = workspace.command(&["run", slow.to_str().unwrap()]);
-    if let Some(url) = (fixture.target_url)() {
+    if let Some(url) = target_url() {
         command.env("TARGET", url);
     }
     let mut child = command.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while splits_done(&workspace, &job_name) == 0 {
+    while splits_done(workspace, &job_name) == 0 {
         assert!(std::time::Instant::now() < deadline, "{name}: no split finished");
         assert!(child.try_wait().unwrap().is_none(), "{name}: the slow run ended before the kill");
         std::thread::sleep(Duration::from_millis(20));
     }
     kill(&mut child);
-    let done = splits_done(&workspace, &job_name);
+    let done = splits_done(workspace, &job_name);
     assert!(done < SPLITS, "{name}: the kill came after the copy ({done} splits done)");
 
     let mut command = workspace.command(&["run", fast.to_str().unwrap()]);
-    if let Some(url) = (fixture.target_url)() {
+    if let Some(url) = target_url() {
         command.env("TARGET", url);
     }
     let output = command.output().unwrap();
     assert!(output.status.success(), "{name}: {}", String::from_utf8_lossy(&output.stderr));
-    let ids = (fixture.item_ids)(&workspace, &unique);
+    std::fs::write(workspace.path("run.stdout"), &output.stdout).unwrap();
+    let ids = (fixture.item_ids)(workspace, &unique);
     if ids != (1..=ROWS).collect::<Vec<_>>() {
         let duplicates = ids.windows(2).filter(|pair| pair[0] == pair[1]).count();
         panic!(
@@ -374,6 +415,19 @@ fn a_snapshot_into_jsonl_is_exact_through_a_kill_and_reads_back() {
 #[test]
 fn a_snapshot_into_parquet_is_exact_through_a_kill() {
     exactly_once_through_a_kill("parquet");
+}
+
+#[test]
+fn a_snapshot_into_stdout_prints_every_row_once_after_a_kill() {
+    exactly_once_through_a_kill("stdout");
+}
+
+#[test]
+fn a_snapshot_into_nats_is_exact_through_a_kill() {
+    let broker = support::nats::NatsServer::start();
+    let workspace = Workspace::new();
+    workspace.write("broker", &broker.url());
+    exactly_once_through_a_kill_at("nats", &workspace);
 }
 
 #[test]

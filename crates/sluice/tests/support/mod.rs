@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod nats;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,448 @@
+//! NATS JetStream as a stream target.
+//!
+//! Events are published to the subjects of the template into one stream, each with a
+//! `Nats-Msg-Id` that is the same on every replay, so JetStream drops what a crashed run had
+//! stored already (within the stream's de-duplication window, `duplicate_window_secs`). Each
+//! task's checkpoint is the last message on its own subject of the checkpoint stream (which
+//! keeps one message per subject), written only once every event it covers is acknowledged, and
+//! with `Nats-Expected-Last-Subject-Sequence`: a second run of the job writing at the same time
+//! finds the sequence moved and stops (FENCED).
+//!
+//! Each channel has its own connection, which does not reconnect: a message lost with a broken
+//! connection can then never be followed by a later one, so a run that fails resends from its
+//! checkpoint in order. (The library's connection task of a broken connection stays asleep
+//! until the process ends: a small leak per broken connection, see ARCHITECTURE.md.)
+
+pub(crate) mod connector;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use async_nats::jetstream::{self, message::PublishMessage as Publish, stream};
+use async_trait::async_trait;
+use sluice_core::connector::{CheckItem, Checkpoint};
+use sluice_core::secret::redact_url_passwords;
+use sluice_core::{Error, ErrorKind, Result, Side};
+
+use crate::events::{check_item, Channel, EventOptions, Message, Transport};
+use crate::tls::{TlsParameters, Verification};
+
+pub(crate) const TLS_PARAMETERS: TlsParameters = TlsParameters {
+    mode: "tls",
+    modes: &["disable", "require", "verify-ca", "verify-full"],
+    ca: "tls_ca",
+    cert: "tls_cert",
+    key: "tls_key",
+};
+
+/// Publishes awaiting their acknowledgement at most, per channel.
+const IN_FLIGHT: usize = 8192;
+/// How long a request to the server (a publish's acknowledgement, stream info) may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The wait before a broken connection is tried again: never, in effect (the client library has
+/// no "do not reconnect"; a reconnected connection would send what was queued after a message
+/// the broken one lost).
+const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A `nats` target's options.
+#[derive(Debug, Clone)]
+pub struct NatsOptions {
+    /// May hold a password or token: never printed (`redact_url_passwords`).
+    pub url: String,
+    pub stream: String,
+    pub checkpoint_stream: String,
+    pub duplicate_window: Duration,
+    pub events: EventOptions,
+}
+
+/// The prefix of the checkpoint subjects.
+const CHECKPOINT_PREFIX: &str = "sluice.checkpoint";
+
+/// A job or task name as one subject token: letters, digits, `-` kept, anything else as `_xx`
+/// (hex of its bytes), so two names never share a token.
+fn token(name: &str) -> String {
+    let mut token = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            token.push(byte as char);
+        } else {
+            token.push_str(&format!("_{byte:02x}"));
+        }
+    }
+    token
+}
+
+/// Whether a NATS subject filter (`*` one token, `>` the rest) takes a subject.
+fn covers(filter: &str, subject: &str) -> bool {
+    let mut subject_tokens = subject.split('.');
+    for part in filter.split('.') {
+        match (part, subject_tokens.next()) {
+            (">", Some(_)) => return true,
+            ("*", Some(_)) => {}
+            (part, Some(token)) if part == token => {}
+            _ => return false,
+        }
+    }
+    subject_tokens.next().is_none()
+}
+
+fn unavailable(doing: &str, error: impl std::fmt::Display) -> Error {
+    Error::new(ErrorKind::Unavailable, format!("NATS: {doing}: {error}")).on(Side::Target)
+}
+
+/// JetStream as a transport.
+pub struct NatsTransport {
+    options: NatsOptions,
+}
+
+impl std::fmt::Debug for NatsTransport {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("NatsTransport").field("url", &redact_url_passwords(&self.options.url)).finish()
+    }
+}
+
+impl NatsTransport {
+    pub fn new(options: NatsOptions) -> NatsTransport {
+        NatsTransport { options }
+    }
+
+    fn shown_url(&self) -> String {
+        redact_url_passwords(&TLS_PARAMETERS.read(&self.options.url).rest)
+    }
+
+    /// A new connection: credentials from the URL, TLS from its scheme or parameters, no
+    /// reconnection.
+    async fn connect(&self) -> Result<jetstream::Context> {
+        let found = TLS_PARAMETERS.read(&self.options.url);
+        let mut url = found.rest.clone();
+        let connected = Arc::new(AtomicBool::new(false));
+        let once = connected.clone();
+        let mut options = async_nats::ConnectOptions::new()
+            .connection_timeout(Duration::from_secs(10))
+            .request_timeout(Some(REQUEST_TIMEOUT))
+            .max_reconnects(Some(1))
+            .reconnect_delay_callback(move |_| if once.load(Ordering::Relaxed) { NEVER } else { Duration::ZERO })
+            .name("sluice");
+        if let Some((scheme, rest)) = url.split_once("://") {
+            if let Some((userinfo, host)) = rest.rsplit_once('@') {
+                let decode = |text: &str| crate::tls::percent_decode(text);
+                options = match userinfo.split_once(':') {
+                    Some((user, password)) => options.user_and_password(decode(user), decode(password)),
+                    None => options.token(decode(userinfo)),
+                };
+                url = format!("{scheme}://{host}");
+            }
+        }
+        let verification = match found.mode.as_deref() {
+            Some("disable") => None,
+            Some("require") => Some(Verification::Encrypt),
+            Some("verify-ca") => Some(Verification::Chain),
+            Some(_) => Some(Verification::Full),
+            None if url.starts_with("tls://") || found.ca.is_some() => Some(Verification::Full),
+            None => None,
+        };
+        if let Some(verification) = verification {
+            let config = found
+                .client(verification)
+                .config()
+                .map_err(|problem| Error::config(format!("target.url: {problem}")).on(Side::Target))?;
+            options = options.require_tls(true).tls_client_config(config);
+            url = url.replacen("nats://", "tls://", 1);
+        }
+        let client = options.connect(url.as_str()).await.map_err(|error| {
+            let text = error.to_string();
+            let kind = if text.contains("authorization") || text.contains("Authorization") {
+                ErrorKind::Auth
+            } else if crate::tls::is_certificate_failure(&text) {
+                ErrorKind::Config
+            } else {
+                ErrorKind::Unavailable
+            };
+            Error::new(kind, format!("NATS at {}: cannot connect: {text}", self.shown_url()))
+                .on(Side::Target)
+                .hint("check target.url (host, port, credentials, tls parameters) and that the server runs with JetStream (-js)")
+        })?;
+        connected.store(true, Ordering::Relaxed);
+        Ok(jetstream::new(client))
+    }
+
+    /// The events stream's subjects, or `None` when it does not exist yet.
+    async fn stream_subjects(&self, context: &jetstream::Context, name: &str) -> Result<Option<Vec<String>>> {
+        match context.get_stream(name).await {
+            Ok(mut stream) => {
+                let info =
+                    stream.info().await.map_err(|error| unavailable(&format!("reading stream {name}"), error))?;
+                Ok(Some(info.config.subjects.clone()))
+            }
+            Err(error)
+                if matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(inner)
+                    if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(unavailable(&format!("reading stream {name}"), error)),
+        }
+    }
+
+    async fn ensure_checkpoint_stream(&self, context: &jetstream::Context) -> Result<()> {
+        let name = &self.options.checkpoint_stream;
+        let wanted = format!("{CHECKPOINT_PREFIX}.>");
+        match self.stream_subjects(context, name).await? {
+            Some(subjects) if subjects.iter().any(|subject| covers(subject, &format!("{CHECKPOINT_PREFIX}.a.b"))) => {
+                Ok(())
+            }
+            Some(subjects) => Err(Error::config(format!(
+                "NATS stream {name} (target.checkpoint_stream) takes {subjects:?}, not the checkpoint subjects {wanted}"
+            ))
+            .on(Side::Target)
+            .hint("name a stream of its own in target.checkpoint_stream; sluice creates it")),
+            None => {
+                let config = stream::Config {
+                    name: name.clone(),
+                    subjects: vec![wanted],
+                    max_messages_per_subject: 1,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                };
+                context.create_stream(config).await.map_err(|error| {
+                    Error::new(ErrorKind::Config, format!("NATS: cannot create the checkpoint stream {name}: {error}"))
+                        .on(Side::Target)
+                        .hint("the account needs JetStream and the right to create streams; or create it with subjects sluice.checkpoint.> and max_msgs_per_subject 1")
+                })?;
+                log::info!("created NATS stream {name} for the checkpoints");
+                Ok(())
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Transport for NatsTransport {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let context = self.connect().await?;
+        let mut items = vec![check_item("target NATS", true, format!("connected to {}", self.shown_url()))];
+        for name in [&self.options.stream, &self.options.checkpoint_stream] {
+            let detail = match self.stream_subjects(&context, name).await? {
+                Some(subjects) => format!("stream {name} exists, subjects {subjects:?}"),
+                None => format!("stream {name} does not exist; the first run creates it"),
+            };
+            items.push(check_item(&format!("target stream {name}"), true, detail));
+        }
+        Ok(items)
+    }
+
+    fn refuse_destination(&self, destination: &str) -> Option<String> {
+        let bad = destination
+            .split('.')
+            .any(|token| token.is_empty() || token == "*" || token == ">" || token.chars().any(char::is_whitespace));
+        if bad {
+            Some("a NATS subject is dot-separated tokens, none empty, holding no whitespace, `*` or `>`".into())
+        } else if covers(&format!("{CHECKPOINT_PREFIX}.>"), destination) {
+            Some(format!("subjects under {CHECKPOINT_PREFIX} hold checkpoints"))
+        } else {
+            None
+        }
+    }
+
+    async fn prepare(&self, destinations: &[String]) -> Result<()> {
+        let context = self.connect().await?;
+        self.ensure_checkpoint_stream(&context).await?;
+        let name = &self.options.stream;
+        match self.stream_subjects(&context, name).await? {
+            Some(subjects) => {
+                let uncovered: Vec<&String> = destinations
+                    .iter()
+                    .filter(|destination| !subjects.iter().any(|subject| covers(subject, destination)))
+                    .collect();
+                if !uncovered.is_empty() {
+                    let uncovered: Vec<&str> = uncovered.iter().map(|subject| subject.as_str()).collect();
+                    return Err(Error::config(format!(
+                        "NATS stream {name} takes subjects {subjects:?}, not {}",
+                        uncovered.join(", ")
+                    ))
+                    .on(Side::Target)
+                    .hint(format!(
+                        "add {} to the stream's subjects (nats stream edit {name}), or change target.subject",
+                        self.options.events.template.with_wildcards("*")
+                    )));
+                }
+                Ok(())
+            }
+            None => {
+                let config = stream::Config {
+                    name: name.clone(),
+                    subjects: vec![self.options.events.template.with_wildcards("*")],
+                    duplicate_window: self.options.duplicate_window,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                };
+                context.create_stream(config).await.map_err(|error| {
+                    Error::new(ErrorKind::Config, format!("NATS: cannot create stream {name}: {error}"))
+                        .on(Side::Target)
+                        .hint("the account needs JetStream and the right to create streams, and no other stream may take the same subjects")
+                })?;
+                log::info!("created NATS stream {name}");
+                Ok(())
+            }
+        }
+    }
+
+    async fn open(&self, job: &str, task: &str) -> Result<Box<dyn Channel>> {
+        let context = self.connect().await?;
+        Ok(Box::new(NatsChannel {
+            context,
+            checkpoint_stream: self.options.checkpoint_stream.clone(),
+            checkpoint_subject: format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task)),
+            checkpoint_sequence: 0,
+            in_flight: VecDeque::new(),
+        }))
+    }
+
+    async fn forget(&self, job: &str, tasks: &[String]) -> Result<()> {
+        let context = self.connect().await?;
+        let stream = match context.get_stream(&self.options.checkpoint_stream).await {
+            Ok(stream) => stream,
+            Err(_) => return Ok(()),
+        };
+        for task in tasks {
+            let subject = format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task));
+            stream
+                .purge()
+                .filter(subject.as_str())
+                .await
+                .map_err(|error| unavailable(&format!("forgetting the checkpoint of task {task}"), error))?;
+        }
+        Ok(())
+    }
+
+    fn describe(&self, destination: &str) -> String {
+        format!("subject {destination} of NATS stream {}", self.options.stream)
+    }
+}
+
+/// One task's publishes and checkpoint.
+struct NatsChannel {
+    context: jetstream::Context,
+    checkpoint_stream: String,
+    checkpoint_subject: String,
+    /// The stream sequence of the task's checkpoint message (0: none), which the next checkpoint
+    /// must find still last on its subject.
+    checkpoint_sequence: u64,
+    in_flight: VecDeque<jetstream::context::PublishAckFuture>,
+}
+
+impl NatsChannel {
+    async fn settle_one(&mut self) -> Result<()> {
+        let Some(ack) = self.in_flight.pop_front() else { return Ok(()) };
+        ack.await.map_err(|error| unavailable("a publish was not acknowledged", error))?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Channel for NatsChannel {
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        self.in_flight.clear();
+        let stream = self
+            .context
+            .get_stream(&self.checkpoint_stream)
+            .await
+            .map_err(|error| unavailable(&format!("reading stream {}", self.checkpoint_stream), error))?;
+        match stream.get_last_raw_message_by_subject(&self.checkpoint_subject).await {
+            Ok(message) => {
+                self.checkpoint_sequence = message.sequence;
+                let checkpoint = serde_json::from_slice(&message.payload).map_err(|error| {
+                    Error::new(
+                        ErrorKind::State,
+                        format!(
+                            "the checkpoint on NATS subject {} is not one sluice wrote: {error}",
+                            self.checkpoint_subject
+                        ),
+                    )
+                    .on(Side::Target)
+                    .hint("purge that subject of the checkpoint stream to start the task over")
+                })?;
+                Ok(Some(checkpoint))
+            }
+            Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+                self.checkpoint_sequence = 0;
+                Ok(None)
+            }
+            Err(error) => Err(unavailable(&format!("reading the checkpoint on {}", self.checkpoint_subject), error)),
+        }
+    }
+
+    async fn send(&mut self, messages: Vec<Message>) -> Result<()> {
+        for message in messages {
+            while self.in_flight.len() >= IN_FLIGHT {
+                self.settle_one().await?;
+            }
+            let publish = Publish::build()
+                .payload(message.payload.into())
+                .message_id(message.id)
+                .header("Sluice-Key", message.key.as_str());
+            let ack = self
+                .context
+                .send_publish(message.destination, publish)
+                .await
+                .map_err(|error| unavailable("publishing", error))?;
+            self.in_flight.push_back(ack);
+        }
+        Ok(())
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        while !self.in_flight.is_empty() {
+            self.settle_one().await?;
+        }
+        sluice_core::failpoint::hit("events.acknowledged");
+        let payload = serde_json::to_vec(checkpoint).expect("checkpoints serialize");
+        let publish = Publish::build().payload(payload.into()).expected_last_subject_sequence(self.checkpoint_sequence);
+        let sent = self
+            .context
+            .send_publish(self.checkpoint_subject.clone(), publish)
+            .await
+            .map_err(|error| unavailable("writing the checkpoint", error))?;
+        match sent.await {
+            Ok(ack) => {
+                self.checkpoint_sequence = ack.sequence;
+                Ok(())
+            }
+            Err(error) if error.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "FENCED: the checkpoint on NATS subject {} moved under this run: another run of the job writes to the same stream; nothing more is written by this one",
+                    self.checkpoint_subject
+                ),
+            )
+            .on(Side::Target)
+            .hint("run a job in one place at a time; its events so far are in the stream")),
+            Err(error) => Err(unavailable("writing the checkpoint", error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_filters_match_as_nats_does() {
+        assert!(covers("*.*", "shop.items"));
+        assert!(!covers("*.*", "shop.items.x"));
+        assert!(covers("cdc.>", "cdc.shop.items"));
+        assert!(!covers("cdc.>", "cdc"));
+        assert!(covers("shop.items", "shop.items"));
+        assert!(!covers("shop.orders", "shop.items"));
+    }
+
+    #[test]
+    fn names_become_distinct_tokens() {
+        assert_eq!(token("orders-1"), "orders-1");
+        assert_eq!(token("items#0"), "items_230");
+        assert_ne!(token("a.b"), token("a_2eb"));
+    }
+}
