@@ -92,6 +92,19 @@ enum Command {
         #[arg(long)]
         apply: bool,
     },
+    /// Print a job's change events from now on as JSON lines on stdout (the job's source, its
+    /// target replaced by `stdout`, mode cdc, nothing kept): Maxwell's stdout producer.
+    Tail {
+        /// The job file whose source to follow.
+        job: PathBuf,
+        /// maxwell, debezium or debezium-schema.
+        #[arg(long, default_value = "maxwell")]
+        format: String,
+        /// Start after this source position instead of now, as `source.start_position` takes it
+        /// (e.g. '{file: mysql-bin.000003, position: 4}').
+        #[arg(long)]
+        from: Option<String>,
+    },
     /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
     /// a cluster; without it, one node runs on embedded state.
     Server(ServerArguments),
@@ -189,6 +202,7 @@ fn main() -> ExitCode {
             Command::Run { job, state_dir, summary_json, restart } => run(job, state_dir, summary_json, restart).await,
             Command::Reset { job, state_dir } => reset(job, state_dir).await,
             Command::Check { job } => check(job).await,
+            Command::Tail { job, format, from } => tail(job, format, from).await,
             Command::Schema { job, apply } => schema(job, apply).await,
             Command::Server(arguments) => server::serve(server_options(arguments)).await,
             Command::Job { connection, json, action } => {
@@ -362,8 +376,65 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
     }
 }
 
+/// `sluice tail`: the job's source followed from now (or `from`) into a `stdout` target, with a
+/// state directory of its own that is removed at the end.
+async fn tail(path: PathBuf, format: String, from: Option<String>) -> u8 {
+    use sluice_core::spec::{parse_yaml, EndpointSpec, Mode, Node, NodeKind, WriteMode};
+    let Some(mut job) = load(&path) else { return 2 };
+    let scalar = |text: &str| Node { kind: NodeKind::Scalar { text: text.to_owned(), quoted: true }, line: None };
+    job.mode = Mode::Cdc;
+    job.target = EndpointSpec {
+        role: "target",
+        connector: "stdout".into(),
+        url: None,
+        path: None,
+        tables: Vec::new(),
+        write_mode: WriteMode::Insert,
+        create_tables: false,
+        present: vec![("type".into(), None), ("format".into(), None)],
+        options: [("format".to_owned(), scalar(&format))].into_iter().collect(),
+        line: None,
+    };
+    let mut errors = Vec::new();
+    if let Some(from) = from {
+        match parse_yaml(&from) {
+            Ok(node) => {
+                job.source.options.insert("start_position".into(), node);
+                if !job.source.present.iter().any(|(field, _)| field == "start_position") {
+                    job.source.present.push(("start_position".into(), None));
+                }
+            }
+            Err(error) => errors.push(format!("--from: {}", error.message)),
+        }
+    }
+    errors.extend(sluice_connectors::validate(&job).iter().map(|error| {
+        let text = error.to_string();
+        match text.strip_prefix("target.format") {
+            Some(rest) => format!("--format{rest}"),
+            None => text.replace("source.start_position", "--from"),
+        }
+    }));
+    if !errors.is_empty() {
+        eprintln!("error: cannot tail {}:", path.display());
+        for error in errors {
+            eprintln!("  {error}");
+        }
+        return 2;
+    }
+    let state_dir = std::env::temp_dir().join(format!("sluice-tail-{}-{}", job.name, std::process::id()));
+    let code = run_job(job, state_dir.clone(), None, false).await;
+    let _ = std::fs::remove_dir_all(&state_dir);
+    code
+}
+
 async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let Some(job) = load(&path) else { return 2 };
+    run_job(job, state_dir, summary_json, restart).await
+}
+
+/// Runs a validated job standalone, restarting it after failures that may heal, and prints its
+/// summary.
+async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let job = Arc::new(job);
     let prepared = async {
         let source = sluice_connectors::source(&job)?;

@@ -217,3 +217,65 @@ fn wait_exit(child: &mut support::Guard) -> std::process::ExitStatus {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `sluice tail` prints a live job's changes as JSON lines on stdout, in order, and nothing else
+/// there (the summary goes to stderr); SIGTERM ends it with 0.
+#[test]
+fn tail_prints_a_live_jobs_changes_as_json_lines() {
+    let database = unique_name("tail");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.notes (id BIGINT PRIMARY KEY, body TEXT);"));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: tail-{}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: sqlite\n  path: never.db\n",
+            database.replace('_', "-")
+        ),
+    );
+    let child = workspace
+        .command(&["tail", job.to_str().unwrap(), "--format", "debezium"])
+        .env("SOURCE", mysql_url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child = support::Guard::new(child);
+    let stdout = child.stdout_view();
+    // Changes made before the tail has planned are not its to print: write until one shows.
+    let mut id = 0;
+    wait_for("the tail's first event", Duration::from_secs(60), || {
+        id += 1;
+        mariadb(&format!("INSERT INTO {database}.notes VALUES ({id}, 'warm-up')"));
+        std::thread::sleep(Duration::from_millis(100));
+        !stdout().is_empty()
+    });
+    let first = id + 1;
+    mariadb(&format!(
+        "BEGIN; INSERT INTO {database}.notes VALUES ({first}, 'line\\nbreak'); UPDATE {database}.notes SET body = 'changed' WHERE id = {first}; COMMIT; DELETE FROM {database}.notes WHERE id = {first};"
+    ));
+    wait_for("the last event", Duration::from_secs(60), || stdout().contains("\"op\":\"d\""));
+    let child = child.into_inner();
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert_eq!(output.status.code(), Some(0), "{err}");
+    let events: Vec<serde_json::Value> =
+        out.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|error| panic!("{error}: {line}"))).collect();
+    let mine: Vec<(String, serde_json::Value)> = events
+        .iter()
+        .filter(|event| event["after"]["id"] == first || event["before"]["id"] == first)
+        .map(|event| (event["op"].as_str().unwrap().to_owned(), event["after"]["body"].clone()))
+        .collect();
+    assert_eq!(
+        mine,
+        vec![
+            ("c".to_owned(), serde_json::json!("line\nbreak")),
+            ("u".to_owned(), serde_json::json!("changed")),
+            ("d".to_owned(), serde_json::Value::Null)
+        ],
+        "{out}"
+    );
+    assert_eq!(events.iter().filter(|event| event["op"] == "c" && event["after"]["id"] == first).count(), 1);
+    assert!(err.contains("rows/s"), "the summary is on stderr: {err}");
+    assert!(!workspace.path("never.db").exists(), "the job's own target is not touched");
+}

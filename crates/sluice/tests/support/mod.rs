@@ -303,6 +303,12 @@ impl Running {
         String::from_utf8_lossy(&self.stderr.so_far()).into_owned()
     }
 
+    /// A view of the child's stdout that stays readable while the child is borrowed elsewhere.
+    pub fn stdout_view(&self) -> impl Fn() -> String {
+        let bytes = self.stdout.bytes.clone();
+        move || String::from_utf8_lossy(&bytes.lock().unwrap()).into_owned()
+    }
+
     /// A view of the child's stderr that stays readable while the child is borrowed elsewhere.
     pub fn stderr_view(&self) -> impl Fn() -> String {
         let bytes = self.stderr.bytes.clone();
