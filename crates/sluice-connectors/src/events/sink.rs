@@ -20,6 +20,7 @@ use super::{Channel, EventOptions, Message, Origin, Transport};
 const SEND_BATCH: usize = 1024;
 
 /// A stream target: the options, the origin written in each event and the broker.
+#[derive(Clone)]
 pub struct EventSink {
     options: EventOptions,
     /// The source connector type, for Debezium's `source.connector`.
@@ -135,11 +136,7 @@ impl Sink for EventSink {
     async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
         Ok(Box::new(EventWriter {
             channel: self.transport.open(job, task).await?,
-            sink: EventSink {
-                options: self.options.clone(),
-                source_connector: self.source_connector.clone(),
-                transport: self.transport.clone(),
-            },
+            sink: self.clone(),
             origin: self.origin(job),
             job: job.to_owned(),
             task: task.to_owned(),

@@ -104,13 +104,7 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<NatsOptions, Vec<Spec
 }
 
 fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
-    // A missing url is the registry's to report.
-    options(endpoint)
-        .err()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|error| endpoint.url.is_some() || !error.path.ends_with(".url"))
-        .collect()
+    options(endpoint).err().unwrap_or_default()
 }
 
 fn build(job: &JobSpec, _fence: Option<Fence>) -> Result<Arc<dyn Sink>> {

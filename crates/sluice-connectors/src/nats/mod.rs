@@ -93,6 +93,11 @@ fn unavailable(doing: &str, error: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Unavailable, format!("NATS: {doing}: {error}")).on(Side::Target)
 }
 
+fn stream_not_found(error: &jetstream::context::GetStreamError) -> bool {
+    matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(inner)
+        if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
 /// JetStream as a transport.
 pub struct NatsTransport {
     options: NatsOptions,
@@ -177,12 +182,7 @@ impl NatsTransport {
                     stream.info().await.map_err(|error| unavailable(&format!("reading stream {name}"), error))?;
                 Ok(Some(info.config.subjects.clone()))
             }
-            Err(error)
-                if matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(inner)
-                    if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND) =>
-            {
-                Ok(None)
-            }
+            Err(error) if stream_not_found(&error) => Ok(None),
             Err(error) => Err(unavailable(&format!("reading stream {name}"), error)),
         }
     }
@@ -303,9 +303,11 @@ impl Transport for NatsTransport {
 
     async fn forget(&self, job: &str, tasks: &[String]) -> Result<()> {
         let context = self.connect().await?;
-        let stream = match context.get_stream(&self.options.checkpoint_stream).await {
+        let name = &self.options.checkpoint_stream;
+        let stream = match context.get_stream(name).await {
             Ok(stream) => stream,
-            Err(_) => return Ok(()),
+            Err(error) if stream_not_found(&error) => return Ok(()),
+            Err(error) => return Err(unavailable(&format!("reading stream {name}"), error)),
         };
         for task in tasks {
             let subject = format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task));
