@@ -2,7 +2,8 @@
 //! exact decimals, dates and times as strings (with their precision), bytes as base64, JSON
 //! columns embedded as they are. `docs/types.md` and `docs/events.md` describe the rendering.
 
-use sluice_core::Value;
+use sluice_core::value::parse_text;
+use sluice_core::{DataType, Value};
 
 /// Appends one value as JSON.
 pub fn encode_value(value: &Value, output: &mut String) {
@@ -73,4 +74,41 @@ pub fn base64_decode(text: &str) -> Option<Vec<u8>> {
         }
     }
     Some(output)
+}
+
+/// Reads one JSON value as a value of `data_type`, the inverse of `encode_value`.
+pub fn decode_value(value: &serde_json::Value, data_type: &DataType) -> Result<Value, String> {
+    use serde_json::Value as Json;
+    match (value, data_type) {
+        (Json::Null, _) => Ok(Value::Null),
+        (_, DataType::Json) => Ok(Value::Json(value.to_string())),
+        (Json::Bool(value), DataType::Boolean) => Ok(Value::Bool(*value)),
+        (Json::String(text), _) => decode_text(text, data_type),
+        (Json::Number(number), _) => decode_text(&number.to_string(), data_type),
+        (other, _) => Err(format!("expected a scalar, found {other}")),
+    }
+}
+
+/// Reads a value of `data_type` from text; bytes are base64, as `encode_value` writes them.
+pub fn decode_text(text: &str, data_type: &DataType) -> Result<Value, String> {
+    match data_type {
+        DataType::Bytes { .. } | DataType::Geometry => {
+            base64_decode(text).map(Value::Bytes).ok_or_else(|| "expected base64 bytes".to_owned())
+        }
+        _ => parse_text(text, data_type),
+    }
+}
+
+/// The type a JSON value suggests when nothing else says: whole numbers are 64-bit integers,
+/// other numbers doubles, objects and arrays JSON, everything else text.
+pub fn inferred_type(value: &serde_json::Value) -> DataType {
+    match value {
+        serde_json::Value::Bool(_) => DataType::Boolean,
+        serde_json::Value::Number(number) if number.is_i64() || number.is_u64() => {
+            DataType::Integer { bytes: 8, unsigned: !number.is_i64() }
+        }
+        serde_json::Value::Number(_) => DataType::Float64,
+        serde_json::Value::Array(_) | serde_json::Value::Object(_) => DataType::Json,
+        serde_json::Value::Null | serde_json::Value::String(_) => DataType::Text { length: None, fixed: false },
+    }
 }

@@ -5,6 +5,8 @@ pub mod events;
 #[cfg(feature = "file")]
 pub mod file;
 pub mod json;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "nats")]
@@ -101,6 +103,8 @@ pub const CONNECTORS: &[&Connector] = &[
     &stdout::CONNECTOR,
     #[cfg(feature = "nats")]
     &nats::connector::CONNECTOR,
+    #[cfg(feature = "kafka")]
+    &kafka::connector::CONNECTOR,
 ];
 
 /// Every connector type with the cargo feature that builds it, built here or not, for messages.
@@ -113,6 +117,7 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("jsonl", "file"),
     ("stdout", "default"),
     ("nats", "nats"),
+    ("kafka", "kafka"),
 ];
 
 /// The connector types a job may name, for messages.
@@ -199,6 +204,16 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 line: None,
                 message: format!(
                     "mode {} needs a source with a change log; a `{}` source supports snapshot only",
+                    job.mode, connector.name
+                ),
+            });
+        }
+        if is_source && job.mode != Mode::Cdc && !capabilities.snapshot_source {
+            errors.push(SpecError {
+                path: "mode".into(),
+                line: None,
+                message: format!(
+                    "mode {} copies tables, and a `{}` source has no snapshot: use mode: cdc",
                     job.mode, connector.name
                 ),
             });

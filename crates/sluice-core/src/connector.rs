@@ -168,6 +168,14 @@ pub trait Source: Send + Sync {
         Err(Error::new(ErrorKind::Config, "this source cannot stream changes").on(Side::Source))
     }
 
+    /// Whether the target applies this source's changes by key always, as it does inside a
+    /// `snapshot+cdc` replay window: an insert replaces the row, an update or a delete of a row
+    /// the target lacks is no error. True for streams of change events, where the producer's
+    /// snapshot rows and the changes around them overlap.
+    fn applies_by_key(&self) -> bool {
+        false
+    }
+
     /// Whether `position` is at or past `mark` in the source's log. Both come from this source.
     fn reached(&self, _position: &Position, _mark: &Position) -> bool {
         true

@@ -14,7 +14,13 @@ pub fn load(path: &Path) -> Result<JobSpec, Vec<SpecError>> {
         }]
     })?;
     let json = path.extension().is_some_and(|extension| extension.eq_ignore_ascii_case("json"));
-    let (job, mut errors) = parse_job_partially(&text, json, |name| std::env::var(name).ok());
+    parse(&text, json)
+}
+
+/// Parses and validates a job document (YAML, or JSON when `json`), `${VAR}` from the
+/// environment, returning every error found.
+pub fn parse(text: &str, json: bool) -> Result<JobSpec, Vec<SpecError>> {
+    let (job, mut errors) = parse_job_partially(text, json, |name| std::env::var(name).ok());
     if let Some(job) = &job {
         errors.extend(sluice_connectors::validate(job));
     }

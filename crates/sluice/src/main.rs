@@ -95,8 +95,9 @@ enum Command {
     /// Print a job's change events from now on as JSON lines on stdout (the job's source, its
     /// target replaced by `stdout`, mode cdc, nothing kept): Maxwell's stdout producer.
     Tail {
-        /// The job file whose source to follow.
-        job: PathBuf,
+        /// The job file whose source to follow, or the name of a job on the server (--server),
+        /// whose current version is followed; its `${VAR}`s come from this environment.
+        job: String,
         /// maxwell, debezium or debezium-schema.
         #[arg(long, default_value = "maxwell")]
         format: String,
@@ -104,6 +105,8 @@ enum Command {
         /// (e.g. '{file: mysql-bin.000003, position: 4}').
         #[arg(long)]
         from: Option<String>,
+        #[command(flatten)]
+        connection: ConnectionArguments,
     },
     /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
     /// a cluster; without it, one node runs on embedded state.
@@ -202,7 +205,11 @@ fn main() -> ExitCode {
             Command::Run { job, state_dir, summary_json, restart } => run(job, state_dir, summary_json, restart).await,
             Command::Reset { job, state_dir } => reset(job, state_dir).await,
             Command::Check { job } => check(job).await,
-            Command::Tail { job, format, from } => tail(job, format, from).await,
+            Command::Tail { job, format, from, connection } => {
+                let connection =
+                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
+                tail(job, format, from, &connection).await
+            }
             Command::Schema { job, apply } => schema(job, apply).await,
             Command::Server(arguments) => server::serve(server_options(arguments)).await,
             Command::Job { connection, json, action } => {
@@ -376,11 +383,51 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
     }
 }
 
+/// The current version of a job on the server: its document and whether it is JSON.
+async fn server_job(connection: &client::Connection, name: &str) -> Result<(String, bool), String> {
+    let get = |path: String| async move {
+        let response = client::request(connection, reqwest::Method::GET, &path, None).await?;
+        let value: serde_json::Value = serde_json::from_str(&response.body).unwrap_or_default();
+        if response.status != 200 {
+            let message = value["error"]["message"].as_str().map_or(response.body.clone(), str::to_owned);
+            return Err(format!("{} {path}: {message} (HTTP {})", connection.server, response.status));
+        }
+        Ok(value)
+    };
+    let job = get(format!("/jobs/{name}")).await?;
+    let version = job["version"].as_u64().ok_or_else(|| format!("job {name}: the server gave no version"))?;
+    let document = get(format!("/jobs/{name}/versions/{version}")).await?;
+    let text = document["document"].as_str().ok_or_else(|| format!("job {name}: the server gave no document"))?;
+    Ok((text.to_owned(), document["format"].as_str() == Some("json")))
+}
+
 /// `sluice tail`: the job's source followed from now (or `from`) into a `stdout` target, with a
-/// state directory of its own that is removed at the end.
-async fn tail(path: PathBuf, format: String, from: Option<String>) -> u8 {
+/// state directory of its own that is removed at the end. `job` is a job file, or else the
+/// name of a job on the server.
+async fn tail(job: String, format: String, from: Option<String>, connection: &client::Connection) -> u8 {
     use sluice_core::spec::{parse_yaml, EndpointSpec, Mode, Node, NodeKind, WriteMode};
-    let Some(mut job) = load(&path) else { return 2 };
+    let path = PathBuf::from(&job);
+    let loaded = if path.exists() || job.contains('/') || job.ends_with(".yaml") || job.ends_with(".yml") {
+        load(&path)
+    } else {
+        match server_job(connection, &job).await {
+            Ok((text, json)) => match job_file::parse(&text, json) {
+                Ok(spec) => Some(spec),
+                Err(errors) => {
+                    eprintln!("error: job {job} from {} is not valid here:", connection.server);
+                    for error in errors {
+                        eprintln!("  {error}");
+                    }
+                    None
+                }
+            },
+            Err(error) => {
+                eprintln!("error: cannot tail {job}: no such file, and {error}");
+                return if error.contains("HTTP 404") { 2 } else { 1 };
+            }
+        }
+    };
+    let Some(mut job) = loaded else { return 2 };
     let scalar = |text: &str| Node { kind: NodeKind::Scalar { text: text.to_owned(), quoted: true }, line: None };
     job.mode = Mode::Cdc;
     job.target = EndpointSpec {

@@ -1,6 +1,7 @@
-//! Change events for stream targets (NATS JetStream, stdout): the formats (`format`), one sink
-//! that turns snapshot rows and a raw change stream into messages (`sink`), and the contract a
-//! broker implements to carry them (`Transport`, `Channel`).
+//! Change events for stream targets (Kafka, NATS JetStream, stdout): the formats (`format`), one
+//! sink that turns snapshot rows and a raw change stream into messages (`sink`), and the
+//! contract a broker implements to carry them (`Transport`, `Channel`); and the same formats
+//! read back for stream sources (`decode`, `source`).
 //!
 //! Exactly once rests on two things a transport provides: every message has an id that is the
 //! same on every replay (derived from the job, the task and the source position, never from the
@@ -8,8 +9,10 @@
 //! checkpoint is written only after every message it covers is acknowledged, so a run resumes
 //! from a position none of whose earlier events can be missing.
 
+pub mod decode;
 pub mod format;
 pub mod sink;
+pub mod source;
 
 use async_trait::async_trait;
 use sluice_core::connector::{CheckItem, Checkpoint};

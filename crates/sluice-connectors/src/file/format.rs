@@ -3,10 +3,8 @@
 
 use std::io::BufRead;
 
-use sluice_core::value::parse_text;
-
-use crate::json::{base64_decode, base64_encode};
-use sluice_core::{DataType, Row, TableSchema, Value};
+use crate::json::{base64_encode, decode_text, decode_value};
+use sluice_core::{Row, TableSchema, Value};
 
 /// How records are laid out in a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,37 +170,17 @@ pub fn decode_json(table: &TableSchema, line: &str) -> Result<Row, String> {
         .iter()
         .map(|column| {
             let value = object.get(&column.name).unwrap_or(&serde_json::Value::Null);
-            json_value(value, &column.data_type).map_err(|reason| format!("column {}: {reason}", column.name))
+            decode_value(value, &column.data_type).map_err(|reason| format!("column {}: {reason}", column.name))
         })
         .collect()
 }
 
-fn json_value(value: &serde_json::Value, data_type: &DataType) -> Result<Value, String> {
-    use serde_json::Value as Json;
-    match (value, data_type) {
-        (Json::Null, _) => Ok(Value::Null),
-        (_, DataType::Json) => Ok(Value::Json(value.to_string())),
-        (Json::Bool(value), DataType::Boolean) => Ok(Value::Bool(*value)),
-        (Json::String(text), _) => decode_text(text, data_type),
-        (Json::Number(number), _) => decode_text(&number.to_string(), data_type),
-        (other, _) => Err(format!("expected a scalar, found {other}")),
-    }
-}
-
-fn decode_text(text: &str, data_type: &DataType) -> Result<Value, String> {
-    match data_type {
-        DataType::Bytes { .. } | DataType::Geometry => {
-            base64_decode(text).map(Value::Bytes).ok_or_else(|| "expected base64 bytes".to_owned())
-        }
-        _ => parse_text(text, data_type),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use crate::json::base64_decode;
     use std::io::Cursor;
 
-    use sluice_core::{Column, TableName};
+    use sluice_core::{Column, DataType, TableName};
 
     use super::*;
 

@@ -14,6 +14,7 @@ use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::json::inferred_type;
 use async_trait::async_trait;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, TableTasks, Writer};
@@ -348,18 +349,6 @@ impl FileSource {
             indexes: Vec::new(),
             details: Default::default(),
         })
-    }
-}
-
-fn inferred_type(value: &serde_json::Value) -> DataType {
-    match value {
-        serde_json::Value::Bool(_) => DataType::Boolean,
-        serde_json::Value::Number(number) if number.is_i64() || number.is_u64() => {
-            DataType::Integer { bytes: 8, unsigned: !number.is_i64() }
-        }
-        serde_json::Value::Number(_) => DataType::Float64,
-        serde_json::Value::Array(_) | serde_json::Value::Object(_) => DataType::Json,
-        serde_json::Value::Null | serde_json::Value::String(_) => DataType::Text { length: None, fixed: false },
     }
 }
 

@@ -1,22 +1,26 @@
-//! The `nats` connector (NATS JetStream as a target): its capabilities, options and construction.
+//! The `nats` connector (NATS JetStream as a target, and its streams of change events as a
+//! source): its capabilities, options and construction.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::connector::{Capabilities, Fence, Sink};
+use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
 use sluice_core::Result;
 
+use super::source::{NatsSource, NatsSourceOptions};
 use super::{NatsOptions, NatsTransport, TLS_PARAMETERS};
+use crate::events::source::SourceOptions;
 use crate::events::{count_option, text_option, EventOptions, EventSink};
-use crate::{Connector, TargetSide};
+use crate::{Connector, SourceSide, TargetSide};
 
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "nats",
     feature: "nats",
     capabilities: Capabilities {
         snapshot_source: false,
-        change_source: false,
+        // Streams of change events, read back (`source.rs`).
+        change_source: true,
         table_sink: true,
         change_sink: false,
         event_sink: true,
@@ -26,9 +30,11 @@ pub(crate) const CONNECTOR: Connector = Connector {
         fencing: false,
         transactions: false,
     },
-    source: None,
+    source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: FIELDS, validate, build }),
 };
+
+const SOURCE_FIELDS: &[&str] = &["type", "url", "stream", "subject", "format", "tables", "start_position"];
 
 const FIELDS: &[&str] = &[
     "type",
@@ -56,9 +62,8 @@ fn stream_name_problem(name: &str) -> Option<String> {
     (!bad.is_empty()).then(|| format!("`{name}` holds {bad:?}; a JetStream stream name cannot"))
 }
 
-fn options(endpoint: &EndpointSpec) -> std::result::Result<NatsOptions, Vec<SpecError>> {
-    let mut errors = Vec::new();
-    let events = EventOptions::of(endpoint, Some("subject"), "{db}.{table}").map_err(|found| errors.extend(found)).ok();
+/// `url` and `stream`, both sides' (the events' stream, which a source reads).
+fn url_and_stream(endpoint: &EndpointSpec, errors: &mut Vec<SpecError>) -> (Option<String>, Option<String>) {
     let url = endpoint.url.as_ref().map(|url| url.expose().to_owned());
     if let Some(url) = &url {
         if !["nats://", "tls://"].iter().any(|scheme| url.starts_with(scheme)) {
@@ -74,13 +79,20 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<NatsOptions, Vec<Spec
     let stream = text_option(endpoint, "stream");
     match &stream {
         None => errors
-            .push(endpoint.error("stream", "missing required field `stream` (the JetStream stream the events go to)")),
+            .push(endpoint.error("stream", "missing required field `stream` (the JetStream stream of the events)")),
         Some(name) => {
             if let Some(problem) = stream_name_problem(name) {
                 errors.push(endpoint.error("stream", problem));
             }
         }
     }
+    (url, stream)
+}
+
+fn options(endpoint: &EndpointSpec) -> std::result::Result<NatsOptions, Vec<SpecError>> {
+    let mut errors = Vec::new();
+    let events = EventOptions::of(endpoint, Some("subject"), "{db}.{table}").map_err(|found| errors.extend(found)).ok();
+    let (url, stream) = url_and_stream(endpoint, &mut errors);
     let checkpoint_stream =
         text_option(endpoint, "checkpoint_stream").unwrap_or_else(|| DEFAULT_CHECKPOINT_STREAM.into());
     if let Some(problem) = stream_name_problem(&checkpoint_stream) {
@@ -111,4 +123,23 @@ fn build(job: &JobSpec, _fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let options = options(&job.target).map_err(crate::invalid)?;
     let events = options.events.clone();
     Ok(Arc::new(EventSink::new(events, &job.source.connector, Arc::new(NatsTransport::new(options)))))
+}
+
+fn source_options(endpoint: &EndpointSpec) -> std::result::Result<NatsSourceOptions, Vec<SpecError>> {
+    let mut errors = Vec::new();
+    let events = SourceOptions::of(endpoint, "subject", |_| None).map_err(|found| errors.extend(found)).ok();
+    let (url, stream) = url_and_stream(endpoint, &mut errors);
+    match (url, stream, events) {
+        (Some(url), Some(stream), Some(events)) if errors.is_empty() => Ok(NatsSourceOptions { url, stream, events }),
+        _ => Err(errors),
+    }
+}
+
+fn validate_source(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+    source_options(endpoint).err().unwrap_or_default()
+}
+
+fn build_source(job: &JobSpec) -> Result<Arc<dyn Source>> {
+    let options = source_options(&job.source).map_err(crate::invalid)?;
+    Ok(Arc::new(NatsSource::new(options)))
 }

@@ -14,6 +14,7 @@
 //! until the process ends: a small leak per broken connection, see ARCHITECTURE.md.)
 
 pub(crate) mod connector;
+pub mod source;
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -93,9 +94,70 @@ fn unavailable(doing: &str, error: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Unavailable, format!("NATS: {doing}: {error}")).on(Side::Target)
 }
 
-fn stream_not_found(error: &jetstream::context::GetStreamError) -> bool {
+pub(crate) fn stream_not_found(error: &jetstream::context::GetStreamError) -> bool {
     matches!(error.kind(), jetstream::context::GetStreamErrorKind::JetStream(inner)
         if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// The URL without its TLS parameters and with any password redacted.
+pub(crate) fn shown_url(url: &str) -> String {
+    redact_url_passwords(&TLS_PARAMETERS.read(url).rest)
+}
+
+/// A new connection for `side`: credentials from the URL, TLS from its scheme or parameters, no
+/// reconnection.
+pub(crate) async fn connect(address: &str, side: Side) -> Result<jetstream::Context> {
+    let found = TLS_PARAMETERS.read(address);
+    let mut url = found.rest.clone();
+    let connected = Arc::new(AtomicBool::new(false));
+    let once = connected.clone();
+    let mut options = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(10))
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .max_reconnects(Some(1))
+        .reconnect_delay_callback(move |_| if once.load(Ordering::Relaxed) { NEVER } else { Duration::ZERO })
+        .name("sluice");
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.rsplit_once('@') {
+            let decode = |text: &str| crate::tls::percent_decode(text);
+            options = match userinfo.split_once(':') {
+                Some((user, password)) => options.user_and_password(decode(user), decode(password)),
+                None => options.token(decode(userinfo)),
+            };
+            url = format!("{scheme}://{host}");
+        }
+    }
+    let verification = match found.mode.as_deref() {
+        Some("disable") => None,
+        Some("require") => Some(Verification::Encrypt),
+        Some("verify-ca") => Some(Verification::Chain),
+        Some(_) => Some(Verification::Full),
+        None if url.starts_with("tls://") || found.ca.is_some() => Some(Verification::Full),
+        None => None,
+    };
+    if let Some(verification) = verification {
+        let config = found
+            .client(verification)
+            .config()
+            .map_err(|problem| Error::config(format!("{side}.url: {problem}")).on(side))?;
+        options = options.require_tls(true).tls_client_config(config);
+        url = url.replacen("nats://", "tls://", 1);
+    }
+    let client = options.connect(url.as_str()).await.map_err(|error| {
+        let text = error.to_string();
+        let kind = if text.contains("authorization") || text.contains("Authorization") {
+            ErrorKind::Auth
+        } else if crate::tls::is_certificate_failure(&text) {
+            ErrorKind::Config
+        } else {
+            ErrorKind::Unavailable
+        };
+        Error::new(kind, format!("NATS at {}: cannot connect: {text}", shown_url(address))).on(side).hint(format!(
+            "check {side}.url (host, port, credentials, tls parameters) and that the server runs with JetStream (-js)"
+        ))
+    })?;
+    connected.store(true, Ordering::Relaxed);
+    Ok(jetstream::new(client))
 }
 
 /// JetStream as a transport.
@@ -115,63 +177,11 @@ impl NatsTransport {
     }
 
     fn shown_url(&self) -> String {
-        redact_url_passwords(&TLS_PARAMETERS.read(&self.options.url).rest)
+        shown_url(&self.options.url)
     }
 
-    /// A new connection: credentials from the URL, TLS from its scheme or parameters, no
-    /// reconnection.
     async fn connect(&self) -> Result<jetstream::Context> {
-        let found = TLS_PARAMETERS.read(&self.options.url);
-        let mut url = found.rest.clone();
-        let connected = Arc::new(AtomicBool::new(false));
-        let once = connected.clone();
-        let mut options = async_nats::ConnectOptions::new()
-            .connection_timeout(Duration::from_secs(10))
-            .request_timeout(Some(REQUEST_TIMEOUT))
-            .max_reconnects(Some(1))
-            .reconnect_delay_callback(move |_| if once.load(Ordering::Relaxed) { NEVER } else { Duration::ZERO })
-            .name("sluice");
-        if let Some((scheme, rest)) = url.split_once("://") {
-            if let Some((userinfo, host)) = rest.rsplit_once('@') {
-                let decode = |text: &str| crate::tls::percent_decode(text);
-                options = match userinfo.split_once(':') {
-                    Some((user, password)) => options.user_and_password(decode(user), decode(password)),
-                    None => options.token(decode(userinfo)),
-                };
-                url = format!("{scheme}://{host}");
-            }
-        }
-        let verification = match found.mode.as_deref() {
-            Some("disable") => None,
-            Some("require") => Some(Verification::Encrypt),
-            Some("verify-ca") => Some(Verification::Chain),
-            Some(_) => Some(Verification::Full),
-            None if url.starts_with("tls://") || found.ca.is_some() => Some(Verification::Full),
-            None => None,
-        };
-        if let Some(verification) = verification {
-            let config = found
-                .client(verification)
-                .config()
-                .map_err(|problem| Error::config(format!("target.url: {problem}")).on(Side::Target))?;
-            options = options.require_tls(true).tls_client_config(config);
-            url = url.replacen("nats://", "tls://", 1);
-        }
-        let client = options.connect(url.as_str()).await.map_err(|error| {
-            let text = error.to_string();
-            let kind = if text.contains("authorization") || text.contains("Authorization") {
-                ErrorKind::Auth
-            } else if crate::tls::is_certificate_failure(&text) {
-                ErrorKind::Config
-            } else {
-                ErrorKind::Unavailable
-            };
-            Error::new(kind, format!("NATS at {}: cannot connect: {text}", self.shown_url()))
-                .on(Side::Target)
-                .hint("check target.url (host, port, credentials, tls parameters) and that the server runs with JetStream (-js)")
-        })?;
-        connected.store(true, Ordering::Relaxed);
-        Ok(jetstream::new(client))
+        connect(&self.options.url, Side::Target).await
     }
 
     /// The events stream's subjects, or `None` when it does not exist yet.

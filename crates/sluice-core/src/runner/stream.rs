@@ -410,8 +410,12 @@ impl Runner {
         Ok(positions)
     }
 
-    /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold.
+    /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold;
+    /// so do the changes of a source that is applied by key always (a stream of change events).
     fn apply_mode(&self, checkpoint: &StreamCheckpoint) -> ApplyMode {
+        if self.source.applies_by_key() {
+            return ApplyMode::Replay;
+        }
         match &checkpoint.replay_until {
             Some(mark) if !self.source.reached(&checkpoint.at, mark) => ApplyMode::Replay,
             _ => ApplyMode::Strict,

@@ -125,6 +125,29 @@ impl Decoder {
         }
     }
 
+    /// The node with `${VAR}` substituted in every scalar under it (a connector's own options
+    /// take environment variables as the common fields do); an error is recorded for each
+    /// variable that is not set, and its scalar is kept as written.
+    pub fn substituted(&mut self, node: &Node, path: &str) -> Node {
+        let kind = match &node.kind {
+            NodeKind::Scalar { text, quoted } => NodeKind::Scalar {
+                text: self.substitute(text, path, node.line).unwrap_or_else(|| text.clone()),
+                quoted: *quoted,
+            },
+            NodeKind::Sequence(items) => NodeKind::Sequence(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(index, item)| self.substituted(item, &format!("{path}[{index}]")))
+                    .collect(),
+            ),
+            NodeKind::Mapping(entries) => NodeKind::Mapping(
+                entries.iter().map(|(key, value)| (key.clone(), self.substituted(value, &join(path, key)))).collect(),
+            ),
+        };
+        Node { kind, line: node.line }
+    }
+
     fn substitute(&mut self, text: &str, path: &str, line: Option<usize>) -> Option<String> {
         if !text.contains('$') {
             return Some(text.to_owned());

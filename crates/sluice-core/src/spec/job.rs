@@ -333,7 +333,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
     let options = entries
         .iter()
         .filter(|(key, value)| !ENDPOINT_FIELDS.contains(&key.as_str()) && !value.is_null())
-        .map(|(key, value)| (key.clone(), value.clone()))
+        .map(|(key, value)| (key.clone(), decoder.substituted(value, &fields.path(key))))
         .collect();
     Some(EndpointSpec {
         role,
@@ -495,6 +495,7 @@ fn decode_restart(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<RestartP
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::NodeKind;
 
     fn environment(name: &str) -> Option<String> {
         (name == "PASSWORD").then(|| "CANARY-spec-91c2".to_owned())
@@ -547,6 +548,25 @@ mod tests {
         assert_eq!(job.source.display_url(), "mysql://u:***@h:3306");
         assert!(!format!("{job:?}").contains("CANARY"));
         assert_eq!(secret::scrub("x CANARY-spec-91c2 y"), "x *** y");
+    }
+
+    #[test]
+    fn connector_options_take_environment_variables_too() {
+        let text = "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: kafka\n  brokers: h:${PASSWORD}\n  nested: [{x: \"$${PASSWORD}\"}]\n  missing: ${NOPE}\n";
+        let errors = parse(text).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!((errors[0].path.as_str(), errors[0].line), ("target.missing", Some(9)));
+        let job = parse(&text.replace("${NOPE}", "x")).unwrap();
+        let text_of = |node: &Node| match &node.kind {
+            NodeKind::Scalar { text, .. } => text.clone(),
+            NodeKind::Sequence(items) => match &items[0].kind {
+                NodeKind::Mapping(entries) => format!("{:?}", entries[0].1.kind),
+                other => format!("{other:?}"),
+            },
+            other => format!("{other:?}"),
+        };
+        assert_eq!(text_of(&job.target.options["brokers"]), "h:CANARY-spec-91c2");
+        assert!(text_of(&job.target.options["nested"]).contains("\"${PASSWORD}\""), "$$ is a literal $");
     }
 
     #[test]

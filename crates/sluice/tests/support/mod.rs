@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod kafka;
 pub mod nats;
 pub mod workload;
 
