@@ -112,7 +112,7 @@ mode: cdc
 source: {type: mysql, url: "\${SOURCE}", tables: ["bench.*"]}
 target: $target
 YAML
-run_job() { SOURCE=$source_url "$sluice" run "$base/job.yaml" --state-dir "$base/state" --summary-json "$base/$1.json" >"$base/$1.log" 2>&1; }
+run_job() { SOURCE=$source_url exec "$sluice" run "$base/job.yaml" --state-dir "$base/state" --summary-json "$base/$1.json" >"$base/$1.log" 2>&1; }
 wait_streaming() {
   until grep -q "change stream starts after" "$base/$1.log" 2>/dev/null; do
     kill -0 "$2" 2>/dev/null || { cat "$base/$1.log"; exit 1; }
@@ -128,7 +128,7 @@ kill -TERM $job; wait $job || true
 # 3. the backlog
 for ((first = 1; first <= rows; first += 1000)); do
   last=$((first + 999 > rows ? rows : first + 999))
-  echo "INSERT INTO bench.sbtest SELECT seq, seq % 1000, RPAD(CONCAT('c-', seq), 100, 'x'), RPAD('pad', 50, 'y') FROM seq_${first}_to_${last};"
+  echo "INSERT INTO bench.sbtest SELECT seq, seq % 1000, RPAD(CONCAT('c-', seq), 100, 'x'), RPAD('pad', 50, 'y') FROM bench.seq_${first}_to_${last};"
 done | "${mariadb_root[@]}"
 for ((first = 1; first <= rows; first += 1000)); do
   echo "UPDATE bench.sbtest SET k = k + 1 WHERE id BETWEEN $first AND $((first + 999));"
@@ -162,7 +162,7 @@ average_bytes=$((bytes / messages))
 
 # 5. the broker's own limit for messages of that size
 if [[ $bus == nats ]]; then
-  producer_json=$("$producer" "$address" PLAIN plain.bench "$events" "$average_bytes")
+  producer_json=$("$producer" "$address" PLAIN plain.bench.messages "$events" "$average_bytes")
 else
   producer_json=$(kafka_bench produce "$address" plain.bench "$events" "$average_bytes")
 fi
@@ -217,3 +217,6 @@ open(prefix + ".md", "w").write(f"`{command}`\n\n{text}\n")
 with open(prefix + ".jsonl", "w") as raw:
     raw.write(json.dumps({"bus": bus, "format": fmt, "events": events, "seconds": seconds, "events_per_second": sluice_rate, "message_bytes": size, "producer": producer, "latency": consumer}) + "\n")
 PY
+# Sluice's own logs of each phase (its stream status lines carry its own latency view).
+mkdir -p "$out/streams-$bus-$stamp.logs"
+cp "$base"/plan.log "$base"/backlog.log "$base"/latency.log "$out/streams-$bus-$stamp.logs/"

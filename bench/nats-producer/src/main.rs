@@ -1,6 +1,6 @@
 //! `nats-producer URL STREAM SUBJECT COUNT SIZE [IN_FLIGHT]`: publishes COUNT messages of SIZE
 //! bytes to SUBJECT (the stream STREAM is created on `SUBJECT`, file storage, if missing), each
-//! with a distinct `Nats-Msg-Id`, at most IN_FLIGHT (8192) awaiting their ack, and prints
+//! with a distinct `Nats-Msg-Id`, at most IN_FLIGHT (1,024: async-nats stalls when far more acks wait unread) awaiting their ack, and prints
 //! `{"messages":…,"seconds":…,"per_second":…}`.
 //!
 //! `nats-producer latency URL SUBJECT SECONDS`: subscribes to SUBJECT for SECONDS; each event's
@@ -55,7 +55,7 @@ async fn main() {
     let (url, stream_name, subject) = (&arguments[1], &arguments[2], arguments[3].clone());
     let count: u64 = arguments[4].parse().expect("COUNT");
     let size: usize = arguments[5].parse().expect("SIZE");
-    let in_flight: usize = arguments.get(6).map_or(8192, |text| text.parse().expect("IN_FLIGHT"));
+    let in_flight: usize = arguments.get(6).map_or(1024, |text| text.parse().expect("IN_FLIGHT"));
     let client = async_nats::connect(url.as_str()).await.expect("connect");
     let context = jetstream::new(client);
     context

@@ -293,7 +293,7 @@ fn connect_data_type(kind: &str, logical: Option<&str>) -> DataType {
 #[cfg(test)]
 mod tests {
     use sluice_core::value::Decimal;
-    use sluice_core::{Position, Value};
+    use sluice_core::Value;
 
     use super::*;
     use crate::events::format::{Event, EventKind, TransactionInfo};
@@ -326,7 +326,7 @@ mod tests {
     /// Writes an event as the stream targets do and reads it back.
     fn round_trip(format: EventFormat, kind: EventKind<'_>) -> ReadEvent {
         let table = table();
-        let position = Position(serde_json::json!({"file": "b.000001", "pos": 4}));
+        let position = serde_json::json!({"file": "b.000001", "pos": 4}).to_string();
         let transaction = TransactionInfo { id: "b.000001:4", index: 0, count: 1 };
         let event = Event {
             table: &table,

@@ -4,7 +4,7 @@
 
 use sluice_core::change::key_text;
 use sluice_core::spec::{EndpointSpec, SpecError};
-use sluice_core::{DataType, Position, Row, TableSchema, Value};
+use sluice_core::{DataType, Row, TableSchema, Value};
 
 use crate::json::encode_value;
 
@@ -96,8 +96,9 @@ pub struct Event<'a> {
     pub kind: EventKind<'a>,
     /// The source's commit time (snapshot rows: the time they were read), Unix milliseconds.
     pub ts_ms: u64,
-    /// Where the stream resumes after the event's transaction; `None` for snapshot rows.
-    pub position: Option<&'a Position>,
+    /// Where the stream resumes after the event's transaction, as JSON text (rendered once per
+    /// transaction); `None` for snapshot rows.
+    pub position: Option<&'a str>,
     pub transaction: Option<TransactionInfo<'a>>,
 }
 
@@ -261,7 +262,7 @@ fn maxwell(event: &Event<'_>) -> String {
     }
     if let Some(position) = event.position {
         output.push_str(",\"position\":");
-        output.push_str(&position.0.to_string());
+        output.push_str(position);
     }
     output.push_str(",\"data\":");
     push_row(table, event.row(), &mut output);
@@ -323,8 +324,9 @@ fn debezium(event: &Event<'_>, origin: &Origin) -> String {
     output.push_str(",\"table\":");
     push_string(&table.name.name, &mut output);
     output.push_str(",\"position\":");
+    // A JSON document as a string, the way Debezium carries `io.debezium.data.Json`.
     match event.position {
-        Some(position) => output.push_str(&position.0.to_string()),
+        Some(position) => push_string(position, &mut output),
         None => output.push_str("null"),
     }
     output.push_str("},\"op\":\"");
@@ -504,7 +506,7 @@ mod tests {
     fn maxwell_update_carries_old_values_of_changed_columns_only_and_the_transaction() {
         let table = table();
         let (before, after) = (row(7, "old"), row(7, "new"));
-        let position = Position(json!({"file": "b.000001", "pos": 4}));
+        let position = json!({"file": "b.000001", "pos": 4}).to_string();
         let event = Event {
             table: &table,
             kind: EventKind::Update { before: &before, after: &after },
@@ -555,7 +557,19 @@ mod tests {
                 json!({"id": "t1", "total_order": 1, "data_collection_order": 1, "event_count": 1})
             );
             assert_eq!(parse(&format.key(&event)), json!({"id": 7}));
+            assert_eq!(value["source"]["position"], Json::Null);
         }
+        // A change's position is a JSON document carried as a string, as its schema says.
+        let position = json!({"file": "b.000001", "pos": 4}).to_string();
+        let event = Event {
+            table: &table,
+            kind: EventKind::Insert { after: &after },
+            ts_ms: 5_000,
+            position: Some(&position),
+            transaction,
+        };
+        let value = parse(&format.value(&event, &origin()));
+        assert_eq!(value["source"]["position"], json!(position));
     }
 
     #[test]

@@ -73,8 +73,14 @@ fn message_id(parts: &[&str]) -> String {
         hasher.update(part.as_bytes());
         hasher.update([0]);
     }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = hasher.finalize();
-    digest[..16].iter().map(|byte| format!("{byte:02x}")).collect()
+    let mut id = String::with_capacity(32);
+    for byte in &digest[..16] {
+        id.push(HEX[usize::from(byte >> 4)] as char);
+        id.push(HEX[usize::from(byte & 15)] as char);
+    }
+    id
 }
 
 fn now_ms() -> u64 {
@@ -268,6 +274,7 @@ impl ChangeWriter for EventWriter {
         let open = std::mem::take(&mut self.open);
         let count = open.len() as u64;
         let ts_ms = end.committed_at * 1000;
+        let position = end.position.0.to_string();
         for (index, change) in open.iter().enumerate() {
             let kind = match &change.kind {
                 ChangeKind::Insert { after } => EventKind::Insert { after },
@@ -278,7 +285,7 @@ impl ChangeWriter for EventWriter {
                 table: &change.table,
                 kind,
                 ts_ms,
-                position: Some(&end.position),
+                position: Some(&position),
                 transaction: Some(TransactionInfo { id: &end.id, index: index as u64, count }),
             };
             let format = self.sink.options.format;
