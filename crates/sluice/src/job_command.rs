@@ -226,9 +226,25 @@ fn print_job(job: &Value) {
         let parts: Vec<String> = stats.iter().map(|(name, value)| format!("{name} {}", cell(Some(value)))).collect();
         out!("{:<12} {}", "stats:", parts.join(", "));
     }
+    if let Some(schedule) = job.get("schedule").filter(|schedule| !schedule.is_null()) {
+        out!(
+            "{:<12} {}; batch {}; next {}{}",
+            "schedule:",
+            cell(schedule.get("schedule")),
+            cell(schedule.get("batch")),
+            cell(schedule.get("next_at")),
+            if schedule["queued"] == true { " (a firing waits)" } else { "" }
+        );
+    }
     if let Some(tasks) = job.get("tasks").and_then(Value::as_array).filter(|tasks| !tasks.is_empty()) {
         out!("");
         print_table(&["id", "kind", "state", "worker", "rows_written", "lag_secs", "error"], Some(tasks));
+    }
+    if let Some(history) =
+        job.pointer("/schedule/history").and_then(Value::as_array).filter(|history| !history.is_empty())
+    {
+        out!("");
+        print_table(&["batch", "due_at", "fired_at", "outcome"], Some(history));
     }
 }
 

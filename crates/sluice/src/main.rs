@@ -518,6 +518,11 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
         job.target.connector,
         state_dir.display()
     );
+    if let Some(schedule) = &job.schedule {
+        log::info!(
+            "the job's schedule ({schedule}) is fired by `sluice server`; `sluice run` runs it once (--restart copies afresh)"
+        );
+    }
     let (mut source, mut sink, mut restart) = (source, sink, restart);
     let mut restarts = sluice_core::retry::Restarts::default();
     let (mut summary, error) = loop {

@@ -5,6 +5,7 @@ use std::fmt;
 
 use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
+use super::schedule::{self, ScheduleSpec};
 use super::transform::{self, RouteSpec, TransformSpec};
 use crate::secret::{self, Secret};
 
@@ -26,6 +27,11 @@ pub struct JobSpec {
     pub routes: Vec<RouteSpec>,
     /// `transform:`: projections, filters and masks per source table.
     pub transforms: Vec<TransformSpec>,
+    /// `schedule:`: when a server runs the job again, each run a numbered batch.
+    pub schedule: Option<ScheduleSpec>,
+    /// `priority:` (0 to 1,000, default 0): when a cluster lacks room, the tasks of higher
+    /// priorities are claimed first.
+    pub priority: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -221,6 +227,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "restart",
             "route",
             "transform",
+            "schedule",
+            "priority",
         ],
     )?;
     let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
@@ -276,6 +284,20 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let routes = fields.get("route").map(|node| transform::decode_routes(decoder, node)).unwrap_or_default();
     let transforms =
         fields.get("transform").map(|node| transform::decode_transforms(decoder, node)).unwrap_or_default();
+    let priority = match fields.get("priority") {
+        None => Some(0),
+        Some(node) => decoder.unsigned(node, "priority", 1_000).map(|priority| priority as u32),
+    };
+    let schedule = schedule::decode_schedule(decoder, &fields);
+    if let (Some(Some(_)), Some(mode)) = (&schedule, mode) {
+        if mode != Mode::Snapshot {
+            decoder.error(
+                "schedule",
+                fields.get("schedule").and_then(|node| node.line),
+                format!("a {mode} job runs without end and cannot be scheduled; only a snapshot job runs again by a schedule"),
+            );
+        }
+    }
     Some(JobSpec {
         name: name?,
         mode: mode?,
@@ -288,6 +310,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         restart: restart?,
         routes,
         transforms,
+        schedule: schedule?,
+        priority: priority?,
     })
 }
 

@@ -4,6 +4,7 @@
 mod decode;
 mod document;
 mod job;
+mod schedule;
 mod transform;
 
 pub use decode::{join, Decoder, Fields, SpecError};
@@ -12,4 +13,5 @@ pub use job::{
     parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy, RetryPolicy,
     WriteMode, ZeroDates,
 };
+pub use schedule::{Missed, Overlap, ScheduleSpec};
 pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};

@@ -203,6 +203,9 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         mode: spec.mode.to_string(),
         updated_at: timestamp(),
         backfill: None,
+        schedule: spec.schedule.clone(),
+        priority: spec.priority,
+        batches: None,
         revision: 0,
     };
     let version = VersionRecord {
@@ -286,6 +289,20 @@ async fn next_version(
     Ok(VersionCreated { name: job.name.clone(), version: number })
 }
 
+/// A version with another schedule counts its firings from now; its batch numbers go on.
+fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleSpec>) {
+    if job.schedule != schedule {
+        if let (Some(batches), Some(schedule)) = (&mut job.batches, &schedule) {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs() as i64);
+            batches.due_at = schedule.first(now);
+            batches.anchor = batches.due_at.unwrap_or(now);
+        }
+        job.schedule = schedule;
+    }
+}
+
 /// A new version of the job (N+1): it is replanned and resumes from its checkpoints.
 #[utoipa::path(put, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
     request_body(content = Object, description = "the job file", content_type = "application/json"),
@@ -302,6 +319,8 @@ async fn update_job(State(api): Shared, Path(name): Path<String>, headers: Heade
         ));
     }
     job.mode = spec.mode.to_string();
+    job.priority = spec.priority;
+    reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, document, format, "updated".into()).await?).into_response())
 }
 
@@ -334,6 +353,8 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
     let (spec, _, _) = validate(old.document.as_bytes(), &format_header(&old.format), api.node.config.fencing)?;
     job.mode = spec.mode.to_string();
+    job.priority = spec.priority;
+    reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, old.document, &old.format, format!("rollback to {version}")).await?)
         .into_response())
 }

@@ -29,7 +29,7 @@ use super::views::*;
         super::show_leader,
     ),
     components(schemas(
-        JobView, JobState, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
+        JobView, JobState, ScheduleView, BatchView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
         VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError
     )),
     modifiers(&Bearer),
@@ -81,8 +81,14 @@ mod tests {
         assert_eq!(paths.len(), 13, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
+        assert!(job["schedule"].is_object(), "{job}");
+        let history = &document["components"]["schemas"]["ScheduleView"]["properties"]["history"];
+        assert!(history.is_object(), "{history}");
         let states = &document["components"]["schemas"]["JobState"]["enum"];
-        assert_eq!(states, &serde_json::json!(["pending", "running", "restarting", "succeeded", "failed", "stopped"]));
+        assert_eq!(
+            states,
+            &serde_json::json!(["scheduled", "pending", "running", "restarting", "succeeded", "failed", "stopped"])
+        );
         assert_eq!(document["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
         let created = &document["paths"]["/jobs"]["post"]["responses"]["201"]["content"]["application/json"]["schema"];
         assert_eq!(created["$ref"], "#/components/schemas/VersionCreated");

@@ -14,6 +14,8 @@ use crate::cluster::store::Store;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
+    /// Scheduled, and waiting for its first batch.
+    Scheduled,
     /// Its plan of this generation does not exist yet.
     Pending,
     Running,
@@ -87,6 +89,8 @@ pub struct JobView {
     pub version: u32,
     pub mode: String,
     pub generation: u64,
+    /// Its `priority:`: when workers lack room, higher goes first.
+    pub priority: u32,
     pub stats: JobStatsView,
     pub tasks: Vec<TaskView>,
     /// The planning error, else the first failed task's, else the last failure of a task
@@ -96,7 +100,71 @@ pub struct JobView {
     pub restarts: u32,
     /// Tables added to the running job and still being copied.
     pub backfill: Option<Vec<String>>,
+    /// Its schedule and batches, for a job with `schedule:`.
+    pub schedule: Option<ScheduleView>,
     pub updated_at: String,
+}
+
+/// A scheduled job's batches.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ScheduleView {
+    /// The schedule, e.g. `every 60 s` or ``cron `0 2 * * *` (Europe/Paris)``.
+    pub schedule: String,
+    /// The last batch fired; 0 before the first.
+    pub batch: u64,
+    /// The next firing (RFC 3339, UTC).
+    pub next_at: Option<String>,
+    /// A firing waits for the running batch to end (`overlap: queue`).
+    pub queued: bool,
+    /// The latest firings, oldest first.
+    pub history: Vec<BatchView>,
+}
+
+/// One firing of a schedule: a batch run, or a firing skipped.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchView {
+    /// The batch number; absent for a skipped firing.
+    pub batch: Option<u64>,
+    /// When it was due (RFC 3339, UTC).
+    pub due_at: Option<String>,
+    pub fired_at: Option<String>,
+    pub generation: Option<u64>,
+    /// `running` (the current batch), `succeeded`, `failed`, or `skipped: why`.
+    pub outcome: String,
+}
+
+fn time_of(seconds: i64) -> Option<String> {
+    chrono::DateTime::from_timestamp(seconds, 0).map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+}
+
+fn schedule_view(job: &JobRecord, state: JobState) -> Option<ScheduleView> {
+    let schedule = job.schedule.as_ref()?;
+    let batches = job.batches.clone().unwrap_or_default();
+    let history = batches
+        .history
+        .iter()
+        .map(|record| BatchView {
+            batch: record.batch,
+            due_at: time_of(record.due_at),
+            fired_at: record.fired_at.clone(),
+            generation: record.generation,
+            outcome: match &record.outcome {
+                Some(outcome) => outcome.clone(),
+                // The current batch, until the leader records how it ended.
+                None if state == JobState::Succeeded => "succeeded".into(),
+                None if state == JobState::Failed => "failed".into(),
+                None if state == JobState::Stopped => "stopped".into(),
+                None => "running".into(),
+            },
+        })
+        .collect();
+    Some(ScheduleView {
+        schedule: schedule.to_string(),
+        batch: batches.batch,
+        next_at: batches.due_at.and_then(time_of),
+        queued: batches.queued,
+        history,
+    })
 }
 
 /// A line of `GET /jobs`.
@@ -269,8 +337,10 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         });
     }
     let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));
+    let waiting = job.schedule.is_some() && job.batches.as_ref().is_none_or(|batches| batches.batch == 0);
     let state = match (&job.desired, &plan) {
         (Desired::Stopped, _) => JobState::Stopped,
+        _ if waiting => JobState::Scheduled,
         (_, None) => JobState::Pending,
         _ if plan_error.is_some() || failed.is_some() => JobState::Failed,
         _ if restarting.is_some() => JobState::Restarting,
@@ -284,11 +354,13 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         version: job.version,
         mode: job.mode.clone(),
         generation: job.generation,
+        priority: job.priority,
         stats,
         tasks,
         error: plan_error.or(failed).or(restarting),
         restarts,
         backfill: job.backfill.as_ref().map(|backfill| backfill.tables.clone()),
+        schedule: schedule_view(job, state),
         updated_at: job.updated_at.clone(),
     })
 }

@@ -24,6 +24,10 @@ impl Node {
             if job.desired != Desired::Running {
                 continue;
             }
+            // A scheduled job waits for its first firing.
+            if job.schedule.is_some() && job.batches.as_ref().is_none_or(|batches| batches.batch == 0) {
+                continue;
+            }
             let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
             let copied = current.is_some_and(|plan| {
                 plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
@@ -73,6 +77,7 @@ impl Node {
                     error: Some((&error).into()),
                     stream_version: None,
                     backfill: carried,
+                    batch: batch_of(job),
                 }
             }
         };
@@ -132,6 +137,7 @@ impl Node {
             error: None,
             stream_version: None,
             backfill: plan.backfill.map(|backfill| BackfillPlan { copied: true, ..backfill }),
+            batch: plan.batch,
         };
         let moved = async {
             if !self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await? {
@@ -153,8 +159,14 @@ impl Node {
     /// Discovers and splits the job's tables and prepares the target, keeping the split ids of
     /// the previous plan for tables it already had. With tables being added, the plan copies
     /// only them while the stream runs on with the version before.
+    ///
+    /// A schedule's new batch plans afresh (a new snapshot position) and starts the copy over:
+    /// the job's target tables are emptied and their checkpoints forgotten first.
     async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
         let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
+        let batch = batch_of(job);
+        let fresh = previous.as_ref().is_some_and(|previous| previous.batch < batch);
+        let previous = if fresh { None } else { previous };
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
         let previous_plan = match &previous {
             None => None,
@@ -191,7 +203,13 @@ impl Node {
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &spec.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
-        sluice_core::planner::verify_checkpoints(&spec, &*sink, &hidden.tasks(TableTasks::of(&plan))).await?;
+        let tables = hidden.tasks(TableTasks::of(&plan));
+        if fresh {
+            log::info!("job {}: batch {batch} copies afresh: emptying its {} target tables", job.name, tables.len());
+            sink.reset(&spec.name, &tables).await?;
+        } else {
+            sluice_core::planner::verify_checkpoints(&spec, &*sink, &tables).await?;
+        }
         let mut record = PlanRecord {
             generation: job.generation,
             version: job.version,
@@ -203,6 +221,7 @@ impl Node {
             // A backfill taken in stays with the stream's plans: its checkpoint says whether it
             // took it in.
             backfill: previous_backfill.filter(|backfill| backfill.copied),
+            batch,
         };
         if let (Some(request), Some(from)) = (&job.backfill, from) {
             record.tasks = snapshot_tasks(&plan, &added);
@@ -222,4 +241,9 @@ impl Node {
         record.plan = Some(plan);
         Ok(record)
     }
+}
+
+/// The schedule's batch a job is at (0 without a schedule).
+fn batch_of(job: &JobRecord) -> u64 {
+    job.batches.as_ref().map_or(0, |batches| batches.batch)
 }

@@ -5,5 +5,6 @@ pub mod etcd;
 mod leader;
 pub mod model;
 pub mod node;
+pub mod schedule;
 pub mod store;
 mod worker;

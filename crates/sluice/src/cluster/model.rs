@@ -82,10 +82,55 @@ pub struct JobRecord {
     /// Tables added to the running job whose copy has not joined the stream yet.
     #[serde(default)]
     pub backfill: Option<BackfillRequest>,
+    /// The version in force's `schedule:`: the leader runs the job again by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<sluice_core::spec::ScheduleSpec>,
+    /// The version in force's `priority:`: when workers lack room, higher goes first.
+    #[serde(default)]
+    pub priority: u32,
+    /// The batches a schedule fired, and when it fires next (set by the leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batches: Option<Batches>,
     /// The store revision this record was read at (not stored): a write back replaces it only
     /// if nobody wrote it since.
     #[serde(skip)]
     pub revision: u64,
+}
+
+/// A scheduled job's batches: each firing of its schedule runs the job again as batch N + 1.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batches {
+    /// The last batch fired (0: none yet).
+    pub batch: u64,
+    /// Where a period counts from (Unix seconds): the first firing.
+    pub anchor: i64,
+    /// The next firing (Unix seconds); `None` when the schedule has no more.
+    pub due_at: Option<i64>,
+    /// A firing came while the batch ran, and runs when it ends (`overlap: queue`).
+    pub queued: bool,
+    /// The latest firings, fired or skipped, oldest first (at most `BATCH_HISTORY`).
+    pub history: Vec<BatchRecord>,
+}
+
+/// How many firings a job keeps in its history.
+pub const BATCH_HISTORY: usize = 100;
+
+/// One firing of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRecord {
+    /// The batch it ran as; `None` for a skipped firing.
+    pub batch: Option<u64>,
+    /// When it was due (Unix seconds).
+    pub due_at: i64,
+    /// When the leader fired it (RFC 3339), for a batch run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fired_at: Option<String>,
+    /// The job generation the batch ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// `succeeded` or `failed` once the batch ended, or why the firing was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 /// Reads a job record with its revision.
@@ -179,6 +224,10 @@ pub struct PlanRecord {
     pub stream_version: Option<u32>,
     #[serde(default)]
     pub backfill: Option<BackfillPlan>,
+    /// The schedule's batch this plan runs (0 for a job without a schedule): a plan of a new
+    /// batch starts the copy over.
+    #[serde(default)]
+    pub batch: u64,
 }
 
 /// Where a plan's splits are kept: `count` pieces under `plan-pieces/{job}/{id}/`. A plan
@@ -445,6 +494,17 @@ pub struct TaskStatus {
     pub avoid: Vec<String>,
 }
 
+/// A waiting task gains one priority level per this many seconds: a low-priority task waits
+/// at most `PROMOTE_SECS` × (the priority gap) longer than a higher one that came after it.
+pub const PROMOTE_SECS: f64 = 30.0;
+
+/// The rank a task is claimed by: its job's priority, raised by the time its job's generation
+/// has waited (a generation is the clock in milliseconds when it began), so no task starves.
+pub fn claim_rank(priority: u32, generation: u64, now_ms: u64) -> f64 {
+    let waited_secs = now_ms.saturating_sub(generation) as f64 / 1000.0;
+    f64::from(priority) + waited_secs / PROMOTE_SECS
+}
+
 /// A worker as it advertises itself.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerRecord {
@@ -693,6 +753,19 @@ mod tests {
             tasks: (0..tasks).map(|task| format!("job/{task}")).collect(),
             started_at: String::new(),
         }
+    }
+
+    #[test]
+    fn higher_priorities_go_first_and_a_waiting_task_is_promoted() {
+        let now = 10_000_000;
+        // Submitted at the same time: the higher priority ranks first.
+        assert!(claim_rank(5, now, now) > claim_rank(0, now, now));
+        // A priority-0 job waiting since before a priority-5 one came: it overtakes it once it
+        // waited 5 × PROMOTE_SECS longer, never later.
+        let gap_ms = (5.0 * PROMOTE_SECS * 1000.0) as u64;
+        let low_since = now - gap_ms - 1_000;
+        assert!(claim_rank(0, low_since, now) > claim_rank(5, now, now));
+        assert!(claim_rank(0, now - gap_ms + 1_000, now) < claim_rank(5, now, now));
     }
 
     #[test]

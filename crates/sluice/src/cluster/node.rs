@@ -262,6 +262,7 @@ impl Node {
         };
         let view = self.view().await?;
         if let Some(revision) = leader {
+            self.fire_schedules(&view).await;
             self.lead(&view, Guard { key: LEADER.to_owned(), create_revision: revision });
         }
         self.stop_what_moved(&view);

@@ -17,14 +17,32 @@ use super::node::{lock, Node, Running, View};
 use super::store::{Guard, Store};
 use crate::logger::timestamp;
 
+/// A task this worker may claim at a tick.
+struct Candidate<'a> {
+    rank: f64,
+    name: &'a str,
+    /// Its place in the plan.
+    index: usize,
+    job: &'a JobRecord,
+    plan: &'a PlanRecord,
+    task: &'a TaskPlan,
+    status: Option<&'a TaskStatus>,
+}
+
 impl Node {
-    /// Claims one task when this worker has room and is among the least loaded.
+    /// Claims one task when this worker has room and is among the least loaded: of the tasks
+    /// ready to run, the one of highest rank (the job's priority, raised while it waits).
     pub(super) async fn claim(self: &Arc<Self>, view: &View, lease: i64) -> Result<()> {
         let (me, tasks_here) = (self.record(), lock(&self.running).len());
         if tasks_here >= me.capacity {
             return Ok(());
         }
         let free = may_claim(&me, tasks_here, &view.workers);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_millis() as u64);
+        // Every task that may be claimed, highest rank first (`model::claim_rank`).
+        let mut candidates = Vec::new();
         for (name, job, _) in &view.jobs {
             let Some(plan) =
                 view.plans.get(name).filter(|plan| plan.generation == job.generation && plan.error.is_none())
@@ -37,54 +55,66 @@ impl Node {
             let status = |task: &str| {
                 view.statuses.get(&format!("{name}/{task}")).filter(|status| status.generation == job.generation)
             };
-            for task in &plan.tasks {
+            for (index, task) in plan.tasks.iter().enumerate() {
                 let ended = status(&task.id)
                     .is_some_and(|status| matches!(status.state, TaskState::Succeeded | TaskState::Failed));
                 let ready = task
                     .after
                     .iter()
                     .all(|before| status(before).is_some_and(|status| status.state == TaskState::Succeeded));
-                let key = owner_key(name, &task.id);
-                if ended || !ready || view.owners.contains(&key) {
+                if ended || !ready || view.owners.contains(&owner_key(name, &task.id)) {
                     continue;
                 }
-                // A task workers kept failing goes to another one while another has room.
-                let restarting = status(&task.id).filter(|status| status.state == TaskState::Restarting);
-                let allowed = match restarting.filter(|status| !status.avoid.is_empty()) {
-                    Some(status) => may_claim_avoiding(&me, tasks_here, &view.workers, &status.avoid),
-                    None => free,
-                };
-                if !allowed {
-                    continue;
-                }
-                let owner = encode(&Owner { worker: self.config.id.clone(), generation: job.generation });
-                let epoch = match self.store.create(&key, &owner, Some(lease)).await {
-                    Ok(Some(epoch)) => epoch,
-                    Ok(None) => continue,
-                    Err(error) => {
-                        // The claim may have landed without its answer: give it back, or the
-                        // task would wait for this live worker's lease.
-                        if let Ok(Some(entry)) = self.store.get(&key).await {
-                            if entry.value == owner {
-                                let guard = Guard { key: key.clone(), create_revision: entry.create_revision };
-                                let _ = self.store.delete_guarded(&guard).await;
-                            }
-                        }
-                        return Err(error);
-                    }
-                };
-                log::info!("node {}: claimed task {name}/{} with epoch {epoch}", self.config.id, task.id);
-                let (stop, stopped) = watch::channel(false);
-                let guard = Guard { key, create_revision: epoch };
-                lock(&self.running).insert(
-                    format!("{name}/{}", task.id),
-                    Running { stop, generation: job.generation, guard: guard.clone() },
-                );
-                let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
-                let restarting = restarting.cloned();
-                tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, restarting).await });
-                return Ok(());
+                let rank = claim_rank(job.priority, job.generation, now_ms);
+                candidates.push(Candidate { rank, name, index, job, plan, task, status: status(&task.id) });
             }
+        }
+        // Highest rank first; among equals the job that waits longest, then the plan's order.
+        candidates.sort_by(|a, b| {
+            b.rank
+                .total_cmp(&a.rank)
+                .then(a.job.generation.cmp(&b.job.generation))
+                .then(a.name.cmp(b.name))
+                .then(a.index.cmp(&b.index))
+        });
+        for Candidate { name, job, plan, task, status, .. } in candidates {
+            let key = owner_key(name, &task.id);
+            // A task workers kept failing goes to another one while another has room.
+            let restarting = status.filter(|status| status.state == TaskState::Restarting);
+            let allowed = match restarting.filter(|status| !status.avoid.is_empty()) {
+                Some(status) => may_claim_avoiding(&me, tasks_here, &view.workers, &status.avoid),
+                None => free,
+            };
+            if !allowed {
+                continue;
+            }
+            let owner = encode(&Owner { worker: self.config.id.clone(), generation: job.generation });
+            let epoch = match self.store.create(&key, &owner, Some(lease)).await {
+                Ok(Some(epoch)) => epoch,
+                Ok(None) => continue,
+                Err(error) => {
+                    // The claim may have landed without its answer: give it back, or the
+                    // task would wait for this live worker's lease.
+                    if let Ok(Some(entry)) = self.store.get(&key).await {
+                        if entry.value == owner {
+                            let guard = Guard { key: key.clone(), create_revision: entry.create_revision };
+                            let _ = self.store.delete_guarded(&guard).await;
+                        }
+                    }
+                    return Err(error);
+                }
+            };
+            log::info!("node {}: claimed task {name}/{} with epoch {epoch}", self.config.id, task.id);
+            let (stop, stopped) = watch::channel(false);
+            let guard = Guard { key, create_revision: epoch };
+            lock(&self.running).insert(
+                format!("{name}/{}", task.id),
+                Running { stop, generation: job.generation, guard: guard.clone() },
+            );
+            let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
+            let restarting = restarting.cloned();
+            tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, restarting).await });
+            return Ok(());
         }
         Ok(())
     }

@@ -1,0 +1,272 @@
+//! The leader fires schedules: a scheduled job runs again as batch N + 1 when its firing is due.
+//!
+//! A firing is a compare-and-swap of the job record (its batch number and a new generation), so
+//! of two nodes that both believe they lead, one fires and the other finds the record changed:
+//! a batch is never fired twice, across leader changes included. The new generation makes the
+//! leader plan the job afresh (`leader.rs`): the target's tables of the job are emptied and
+//! their checkpoints forgotten, then every task copies again.
+
+use std::sync::Arc;
+
+use sluice_core::spec::{Missed, Overlap, ScheduleSpec};
+
+use super::model::*;
+use super::node::{Node, View};
+use crate::logger::timestamp;
+
+/// What the leader does with a scheduled job at a tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing is due.
+    Wait,
+    /// The batches are written back as they are (first firing set, an outcome recorded, a
+    /// firing skipped or queued).
+    Record(Batches),
+    /// Batch `batches.batch` runs now.
+    Fire(Batches),
+}
+
+/// How the job's current batch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchState {
+    /// No batch ran yet.
+    None,
+    Running,
+    /// It ended: `succeeded` or `failed`.
+    Ended(&'static str),
+}
+
+/// Decides a tick for one scheduled job, at `now` (Unix seconds).
+pub fn decide(schedule: &ScheduleSpec, batches: Option<&Batches>, state: BatchState, now: i64) -> Decision {
+    let Some(batches) = batches else {
+        let first = schedule.first(now);
+        return Decision::Record(Batches { anchor: first.unwrap_or(now), due_at: first, ..Batches::default() });
+    };
+    let mut next = batches.clone();
+    let mut changed = false;
+    // The outcome of a batch that ended is recorded once.
+    if let BatchState::Ended(outcome) = state {
+        if let Some(record) = next.history.iter_mut().rev().find(|record| record.batch == Some(batches.batch)) {
+            if record.outcome.is_none() {
+                record.outcome = Some(outcome.to_owned());
+                changed = true;
+            }
+        }
+    }
+    let running = state == BatchState::Running;
+    let due = next.due_at.is_some_and(|due| due <= now);
+    if due {
+        let due_at = next.due_at.expect("due");
+        let following = schedule.next_after(next.anchor, now);
+        // Firings after this one that passed too: the server was down for them.
+        let missed = schedule.next_after(next.anchor, due_at).is_some_and(|after| after <= now);
+        next.due_at = following;
+        if missed && schedule.missed == Missed::Skip {
+            push(&mut next, skipped(due_at, "missed while no server ran (missed: skip)"));
+            return Decision::Record(next);
+        }
+        if running {
+            match schedule.overlap {
+                Overlap::Skip => {
+                    let reason = format!("batch {} was still running (overlap: skip)", batches.batch);
+                    push(&mut next, skipped(due_at, &reason));
+                }
+                Overlap::Queue if next.queued => {
+                    let reason = format!(
+                        "batch {} was still running and a firing already waits (overlap: queue)",
+                        batches.batch
+                    );
+                    push(&mut next, skipped(due_at, &reason));
+                }
+                Overlap::Queue => next.queued = true,
+            }
+            return Decision::Record(next);
+        }
+        return Decision::Fire(fire(next, due_at));
+    }
+    if next.queued && !running {
+        next.queued = false;
+        return Decision::Fire(fire(next, now));
+    }
+    if changed {
+        Decision::Record(next)
+    } else {
+        Decision::Wait
+    }
+}
+
+fn fire(mut batches: Batches, due_at: i64) -> Batches {
+    batches.batch += 1;
+    let record = BatchRecord {
+        batch: Some(batches.batch),
+        due_at,
+        fired_at: Some(timestamp()),
+        generation: None,
+        outcome: None,
+    };
+    push(&mut batches, record);
+    batches
+}
+
+fn skipped(due_at: i64, reason: &str) -> BatchRecord {
+    BatchRecord { batch: None, due_at, fired_at: None, generation: None, outcome: Some(format!("skipped: {reason}")) }
+}
+
+fn push(batches: &mut Batches, record: BatchRecord) {
+    batches.history.push(record);
+    let excess = batches.history.len().saturating_sub(BATCH_HISTORY);
+    batches.history.drain(..excess);
+}
+
+/// How the job's current batch stands in the view.
+pub(super) fn batch_state(view: &View, job: &JobRecord) -> BatchState {
+    let Some(batches) = &job.batches else { return BatchState::None };
+    if batches.batch == 0 {
+        return BatchState::None;
+    }
+    let Some(plan) = view.plans.get(&job.name).filter(|plan| plan.generation == job.generation) else {
+        return BatchState::Running;
+    };
+    if plan.error.is_some() {
+        return BatchState::Ended("failed");
+    }
+    let mut failed = false;
+    for task in &plan.tasks {
+        let status = view
+            .statuses
+            .get(&format!("{}/{}", job.name, task.id))
+            .filter(|status| status.generation == job.generation);
+        match status.map(|status| status.state) {
+            Some(TaskState::Succeeded) => {}
+            Some(TaskState::Failed | TaskState::Stopped) => failed = true,
+            _ => return BatchState::Running,
+        }
+    }
+    BatchState::Ended(if failed { "failed" } else { "succeeded" })
+}
+
+impl Node {
+    /// As leader: fires the schedules that are due.
+    pub(super) async fn fire_schedules(self: &Arc<Self>, view: &View) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs() as i64);
+        for (name, job, _) in &view.jobs {
+            let Some(schedule) = &job.schedule else { continue };
+            if job.desired != Desired::Running {
+                continue;
+            }
+            let decision = decide(schedule, job.batches.as_ref(), batch_state(view, job), now);
+            let updated = match decision {
+                Decision::Wait => continue,
+                Decision::Record(batches) => JobRecord { batches: Some(batches), ..job.clone() },
+                Decision::Fire(mut batches) => {
+                    let generation = next_generation(job.generation);
+                    if let Some(record) = batches.history.last_mut() {
+                        record.generation = Some(generation);
+                    }
+                    JobRecord { batches: Some(batches), generation, updated_at: timestamp(), ..job.clone() }
+                }
+            };
+            match self.store.replace(&job_key(name), &encode(&updated), job.revision).await {
+                Ok(true) => {
+                    let batches = updated.batches.as_ref().expect("set above");
+                    let before = job.batches.as_ref().and_then(|old| old.history.last());
+                    if updated.generation != job.generation {
+                        log::info!("job {name}: batch {} fires ({schedule})", batches.batch);
+                    } else if let Some(record) = batches.history.last().filter(|record| before != Some(*record)) {
+                        log::info!("job {name}: {}", describe(record));
+                    }
+                }
+                // Changed meanwhile (an operator, or another node): looked at again next tick.
+                Ok(false) => {}
+                Err(error) => log::warn!("job {name}: could not record its schedule: {error}"),
+            }
+        }
+    }
+}
+
+fn describe(record: &BatchRecord) -> String {
+    match (record.batch, &record.outcome) {
+        (Some(batch), Some(outcome)) => format!("batch {batch} {outcome}"),
+        (None, Some(outcome)) => format!("a firing due at {} was {outcome}", record.due_at),
+        _ => "a batch is recorded".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every(seconds: u64, overlap: Overlap, missed: Missed) -> ScheduleSpec {
+        ScheduleSpec { every_secs: Some(seconds), cron: None, timezone: "UTC".into(), overlap, missed }
+    }
+
+    fn fired(decision: Decision) -> Batches {
+        match decision {
+            Decision::Fire(batches) => batches,
+            other => panic!("expected a firing, got {other:?}"),
+        }
+    }
+
+    fn recorded(decision: Decision) -> Batches {
+        match decision {
+            Decision::Record(batches) => batches,
+            other => panic!("expected a record, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn batches_fire_on_the_period_and_record_their_outcome() {
+        let schedule = every(60, Overlap::Skip, Missed::RunOnce);
+        let first = recorded(decide(&schedule, None, BatchState::None, 1_000));
+        assert_eq!((first.batch, first.due_at), (0, Some(1_000)));
+        let one = fired(decide(&schedule, Some(&first), BatchState::None, 1_000));
+        assert_eq!((one.batch, one.due_at), (1, Some(1_060)));
+        assert_eq!(decide(&schedule, Some(&one), BatchState::Running, 1_030), Decision::Wait);
+        let ended = recorded(decide(&schedule, Some(&one), BatchState::Ended("succeeded"), 1_040));
+        assert_eq!(ended.history[0].outcome.as_deref(), Some("succeeded"));
+        assert_eq!(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), 1_050), Decision::Wait);
+        let two = fired(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), 1_061));
+        assert_eq!((two.batch, two.due_at), (2, Some(1_120)));
+    }
+
+    #[test]
+    fn a_firing_while_the_batch_runs_is_skipped_or_queued_once() {
+        let skip = every(60, Overlap::Skip, Missed::RunOnce);
+        let one = Batches { batch: 1, anchor: 0, due_at: Some(60), ..Batches::default() };
+        let skipped = recorded(decide(&skip, Some(&one), BatchState::Running, 60));
+        assert_eq!((skipped.batch, skipped.due_at), (1, Some(120)));
+        assert!(skipped.history[0].outcome.as_deref().unwrap().contains("batch 1 was still running"));
+
+        let queue = every(60, Overlap::Queue, Missed::RunOnce);
+        let queued = recorded(decide(&queue, Some(&one), BatchState::Running, 60));
+        assert!(queued.queued && queued.history.is_empty());
+        let again = recorded(decide(&queue, Some(&queued), BatchState::Running, 120));
+        assert!(again.queued && again.history.len() == 1, "a second firing beyond the one queued is skipped");
+        let two = fired(decide(&queue, Some(&again), BatchState::Ended("succeeded"), 130));
+        assert_eq!((two.batch, two.queued, two.due_at), (2, false, Some(180)));
+    }
+
+    #[test]
+    fn firings_missed_while_down_run_once_or_are_skipped() {
+        let one = Batches { batch: 1, anchor: 0, due_at: Some(60), ..Batches::default() };
+        // Down from 50 to 400: the firings at 60 … 360 passed.
+        let once = fired(decide(&every(60, Overlap::Skip, Missed::RunOnce), Some(&one), BatchState::None, 400));
+        assert_eq!((once.batch, once.due_at), (2, Some(420)));
+        let skip = recorded(decide(&every(60, Overlap::Skip, Missed::Skip), Some(&one), BatchState::None, 400));
+        assert_eq!((skip.batch, skip.due_at), (1, Some(420)));
+        assert!(skip.history[0].outcome.as_deref().unwrap().contains("missed"));
+    }
+
+    #[test]
+    fn the_history_keeps_the_latest_firings() {
+        let schedule = every(1, Overlap::Skip, Missed::RunOnce);
+        let mut batches = Batches { anchor: 0, due_at: Some(0), ..Batches::default() };
+        for now in 0..(BATCH_HISTORY as i64 + 10) {
+            batches = fired(decide(&schedule, Some(&batches), BatchState::None, now));
+        }
+        assert_eq!(batches.history.len(), BATCH_HISTORY);
+        assert_eq!(batches.history.last().unwrap().batch, Some(batches.batch));
+    }
+}
