@@ -38,6 +38,11 @@ pub enum JobAction {
         /// The job's name.
         name: String,
     },
+    /// Run the next batch of a job with `schedule` or `after` now (or when its batch ends).
+    Batch {
+        /// The job's name.
+        name: String,
+    },
     /// Stop and start a job (a new generation of its tasks).
     Restart {
         /// The job's name.
@@ -107,6 +112,7 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
         JobAction::Stop { name } => (Method::POST, format!("/jobs/{name}/stop"), None),
         JobAction::Start { name } => (Method::POST, format!("/jobs/{name}/start"), None),
         JobAction::Restart { name } => (Method::POST, format!("/jobs/{name}/restart"), None),
+        JobAction::Batch { name } => (Method::POST, format!("/jobs/{name}/batches"), None),
         JobAction::Versions { name } => (Method::GET, format!("/jobs/{name}/versions"), None),
         JobAction::Diff { name, from, to } => (Method::GET, format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
         JobAction::Rollback { name, version } => (

@@ -72,6 +72,7 @@ fn a_scheduled_snapshot_runs_again_as_numbered_batches_each_a_fresh_copy() {
 
     // Rows deleted, changed and added at the source: the next batch copies afresh.
     let source = rusqlite::Connection::open(workspace.path("source.db")).unwrap();
+    source.busy_timeout(Duration::from_secs(30)).unwrap();
     source
         .execute_batch(
             "DELETE FROM items WHERE id % 3 = 0; UPDATE items SET name = 'renamed' WHERE id % 3 = 1;
@@ -224,4 +225,116 @@ fn a_worker_without_room_claims_the_higher_priority_tasks_first() {
         assert_same_rows(&workspace.path("low.db"), &workspace.path("source.db"), table);
         assert_same_rows(&workspace.path("high.db"), &workspace.path("source.db"), table);
     }
+}
+
+/// The batches of `name` that ended, with their outcome.
+fn outcomes(job: &Value) -> Vec<(Option<u64>, String)> {
+    job["schedule"]["history"]
+        .as_array()
+        .map(|history| {
+            history
+                .iter()
+                .map(|record| (record["batch"].as_u64(), record["outcome"].as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn jobs_run_after_others_batch_by_batch_and_follow_each_dependency_policy() {
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), 300);
+    let server = start_server(&workspace, "solo", None, &[]);
+    let submit = |document: &str| {
+        let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", document)));
+        assert_eq!(status, 201, "{body}");
+    };
+    submit(
+        "name: extract\nmode: snapshot\nsource: {type: sqlite, path: source.db}\n\
+         target: {type: sqlite, path: stage.db}\nschedule: {every_secs: 2, overlap: queue}\n",
+    );
+    submit(
+        "name: load\nmode: snapshot\nsource: {type: sqlite, path: stage.db, tables: [\"!_sluice*\"]}\n\
+         target: {type: sqlite, path: final.db}\nafter: [extract]\n",
+    );
+    let first = wait_batch_after(&[&server], "load", 0, || server.output());
+    assert!(first["schedule"]["schedule"].as_str().unwrap().starts_with("after extract"), "{first:#}");
+    // The source changes; a later batch of both carries it through.
+    let source = rusqlite::Connection::open(workspace.path("source.db")).unwrap();
+    // A batch may be reading it.
+    source.busy_timeout(Duration::from_secs(30)).unwrap();
+    source
+        .execute_batch("DELETE FROM items WHERE id % 2 = 0; UPDATE items SET name = 'moved' WHERE id % 5 = 1; DELETE FROM tags WHERE item_id % 5 = 0;")
+        .unwrap();
+    let changed_at = show(&server, "extract")["schedule"]["batch"].as_u64().unwrap();
+    let load = wait_batch_after(&[&server], "load", changed_at, || server.output());
+    for table in ["items", "events", "tags"] {
+        assert_same_rows(&workspace.path("final.db"), &workspace.path("source.db"), table);
+    }
+    // Every batch of load ran after the same batch of extract succeeded.
+    let extract = outcomes(&show(&server, "extract"));
+    for (batch, outcome) in outcomes(&load) {
+        let Some(batch) = batch else { continue };
+        if outcome == "running" {
+            continue;
+        }
+        assert!(
+            extract.iter().any(|(theirs, outcome)| *theirs == Some(batch) && outcome == "succeeded"),
+            "load batch {batch} without extract batch {batch}: {extract:?}"
+        );
+    }
+
+    // A dependency that fails: one dependant skips its batch, one stops.
+    submit(
+        "name: broken\nmode: snapshot\nsource: {type: sqlite, path: source.db, tables: [missing_table]}\n\
+         target: {type: sqlite, path: broken.db}\nschedule: {every_secs: 3600}\n",
+    );
+    submit(
+        "name: skipper\nmode: snapshot\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: skipper.db}\n\
+         after: [{job: broken, on_failure: skip}]\n",
+    );
+    submit(
+        "name: stopper\nmode: snapshot\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: stopper.db}\n\
+         after: [{job: broken, on_failure: stop}]\n",
+    );
+    let mut skipped = Value::Null;
+    wait_for("skipper to skip its batch 1", Duration::from_secs(60), || {
+        skipped = show(&server, "skipper");
+        outcomes(&skipped).iter().any(|(batch, outcome)| {
+            *batch == Some(1) && outcome.starts_with("skipped: job broken batch 1 ended failed")
+        })
+    });
+    let mut stopped = Value::Null;
+    wait_for("stopper to stop", Duration::from_secs(60), || {
+        stopped = show(&server, "stopper");
+        stopped["state"] == "stopped"
+    });
+    assert!(
+        outcomes(&stopped).iter().any(|(_, outcome)| outcome.starts_with("stopped: job broken batch 1")),
+        "{stopped:#}"
+    );
+    assert!(!workspace.path("skipper.db").exists() && !workspace.path("stopper.db").exists(), "neither ran");
+
+    // Jobs that would wait for each other are refused.
+    submit("name: x\nmode: snapshot\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: x.db}\nafter: [y]\n");
+    let (status, body) = server.call(
+        "POST",
+        "/jobs",
+        None,
+        Some(("application/yaml", "name: y\nmode: snapshot\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: y.db}\nafter: [x]\n")),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("y → x → y"), "{body:#}");
+
+    // A batch asked for runs now, whatever the schedule says.
+    submit(
+        "name: manual\nmode: snapshot\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: manual.db}\n\
+         schedule: {cron: \"0 0 1 1 *\"}\n",
+    );
+    let (status, body) = server.call("POST", "/jobs/manual/batches", None, None);
+    assert_eq!((status, body["batch"].as_u64()), (202, Some(1)), "{body}");
+    wait_batch_after(&[&server], "manual", 0, || server.output());
+    assert_same_rows(&workspace.path("manual.db"), &workspace.path("source.db"), "items");
+    let (status, _) = server.call("POST", "/jobs/x/batches", None, None);
+    assert_eq!(status, 202);
 }

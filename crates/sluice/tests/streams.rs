@@ -189,16 +189,27 @@ fn maxwell(destination: &str, key: &str, event: &serde_json::Value) -> Seen {
 
 #[test]
 fn every_change_reaches_nats_exactly_once_in_order_across_kills_and_broker_restarts() {
+    let _one_at_a_time = one_at_a_time();
     exactly_once_across_faults(Bus::Nats(NatsServer::start()), "streams", BROKER_RESTARTS);
 }
 
 #[cfg(feature = "kafka")]
 #[test]
 fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_broker_restarts() {
+    let _one_at_a_time = one_at_a_time();
     // One broker restart only: the test broker (tansu 0.6 on an S3 store) itself loses a
     // partition after a second or third restart under load (an independent reader cannot read
     // it to its end either), whatever wrote to it.
     exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1);
+}
+
+/// The broker tests of this file run one after the other. Run beside the others on a 2-core
+/// machine, the Kafka oracle's test broker (tansu on moto's S3) at times never made the first
+/// committed transaction readable (its last stable offset stayed behind): three times in the
+/// whole suite, never in 5 runs alone, one of them beside a steady unrelated binlog load.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static BROKERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    BROKERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A pipeline split across a bus: MySQL → the bus by one job, the bus → PostgreSQL by another,
@@ -209,11 +220,13 @@ fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_broker_rest
 #[cfg(feature = "kafka")]
 #[test]
 fn mysql_to_kafka_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
+    let _one_at_a_time = one_at_a_time();
     split_across(Bus::Kafka(KafkaBroker::start()), "maxwell");
 }
 
 #[test]
 fn mysql_to_nats_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
+    let _one_at_a_time = one_at_a_time();
     split_across(Bus::Nats(NatsServer::start()), "debezium");
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
-use super::schedule::{self, ScheduleSpec};
+use super::schedule::{self, Dependency, ScheduleSpec};
 use super::transform::{self, RouteSpec, TransformSpec};
 use crate::secret::{self, Secret};
 
@@ -29,6 +29,8 @@ pub struct JobSpec {
     pub transforms: Vec<TransformSpec>,
     /// `schedule:`: when a server runs the job again, each run a numbered batch.
     pub schedule: Option<ScheduleSpec>,
+    /// `after:`: the jobs whose batch N this job's batch N waits for (instead of a schedule).
+    pub after: Vec<Dependency>,
     /// `priority:` (0 to 1,000, default 0): when a cluster lacks room, the tasks of higher
     /// priorities are claimed first.
     pub priority: u32,
@@ -229,6 +231,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "transform",
             "schedule",
             "priority",
+            "after",
         ],
     )?;
     let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
@@ -289,14 +292,26 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         Some(node) => decoder.unsigned(node, "priority", 1_000).map(|priority| priority as u32),
     };
     let schedule = schedule::decode_schedule(decoder, &fields);
-    if let (Some(Some(_)), Some(mode)) = (&schedule, mode) {
-        if mode != Mode::Snapshot {
-            decoder.error(
-                "schedule",
-                fields.get("schedule").and_then(|node| node.line),
-                format!("a {mode} job runs without end and cannot be scheduled; only a snapshot job runs again by a schedule"),
-            );
+    let after = schedule::decode_after(decoder, &fields, name.as_deref());
+    for (field, present) in [
+        ("schedule", matches!(&schedule, Some(Some(_)))),
+        ("after", after.as_ref().is_some_and(|after| !after.is_empty())),
+    ] {
+        match mode {
+            Some(mode) if present && mode != Mode::Snapshot => decoder.error(
+                field,
+                fields.get(field).and_then(|node| node.line),
+                format!("a {mode} job runs without end and cannot be scheduled; only a snapshot job runs again by `schedule` or `after`"),
+            ),
+            _ => {}
         }
+    }
+    if matches!(&schedule, Some(Some(_))) && after.as_ref().is_some_and(|after| !after.is_empty()) {
+        decoder.error(
+            "after",
+            fields.get("after").and_then(|node| node.line),
+            "a job with `after` runs when those jobs' batches end; it takes no `schedule` of its own",
+        );
     }
     Some(JobSpec {
         name: name?,
@@ -312,6 +327,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         transforms,
         schedule: schedule?,
         priority: priority?,
+        after: after?,
     })
 }
 

@@ -13,5 +13,5 @@ pub use job::{
     parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy, RetryPolicy,
     WriteMode, ZeroDates,
 };
-pub use schedule::{Missed, Overlap, ScheduleSpec};
+pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
 pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};

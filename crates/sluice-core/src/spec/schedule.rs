@@ -9,6 +9,9 @@
 //! # or
 //! schedule: {every_secs: 600}
 //! ```
+//!
+//! `after:` makes a job run when other jobs' batches end instead: its batch N starts once batch
+//! N of every job it names succeeded, with a policy per dependency for one that did not.
 
 use std::fmt;
 use std::str::FromStr;
@@ -52,6 +55,35 @@ pub enum Missed {
     RunOnce,
     /// They are recorded as skipped; the next firing is waited for.
     Skip,
+}
+
+/// One job a job runs after (`after:`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependency {
+    pub job: String,
+    pub on_failure: OnFailure,
+}
+
+/// What a job does with its batch N when a job it runs after did not succeed in its batch N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// Batch N is recorded as skipped (so are its own dependants'), and batch N + 1 waits.
+    Skip,
+    /// The job stops; `start` takes it up again.
+    Stop,
+    /// Batch N runs anyway.
+    Continue,
+}
+
+impl fmt::Display for OnFailure {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(match self {
+            OnFailure::Skip => "skip",
+            OnFailure::Stop => "stop",
+            OnFailure::Continue => "continue",
+        })
+    }
 }
 
 impl fmt::Display for ScheduleSpec {
@@ -158,6 +190,55 @@ pub(super) fn decode_schedule(decoder: &mut Decoder, fields: &Fields<'_>) -> Opt
     Some(Some(ScheduleSpec { every_secs, cron, timezone: timezone?, overlap: overlap?, missed: missed? }))
 }
 
+/// Decodes `after:`: job names, or `{job: NAME, on_failure: skip|stop|continue}`.
+pub(super) fn decode_after(decoder: &mut Decoder, fields: &Fields<'_>, name: Option<&str>) -> Option<Vec<Dependency>> {
+    let Some(node) = fields.get("after") else {
+        return Some(Vec::new());
+    };
+    let super::document::NodeKind::Sequence(items) = &node.kind else {
+        decoder.error("after", node.line, format!("expected a list of job names, found {}", node.shape()));
+        return None;
+    };
+    let mut dependencies: Vec<Dependency> = Vec::new();
+    let mut valid = true;
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("after[{index}]");
+        let dependency = match &item.kind {
+            super::document::NodeKind::Mapping(_) => {
+                let Some(entry) = decoder.mapping(item, &path, &["job", "on_failure"]) else {
+                    valid = false;
+                    continue;
+                };
+                let job = entry
+                    .require(decoder, "job", "the job to run after")
+                    .and_then(|node| decoder.string(node, &entry.path("job")));
+                let on_failure = choice(
+                    decoder,
+                    &entry,
+                    "on_failure",
+                    &[("skip", OnFailure::Skip), ("stop", OnFailure::Stop), ("continue", OnFailure::Continue)],
+                );
+                job.zip(on_failure).map(|(job, on_failure)| Dependency { job, on_failure })
+            }
+            _ => decoder.string(item, &path).map(|job| Dependency { job, on_failure: OnFailure::Skip }),
+        };
+        let Some(dependency) = dependency else {
+            valid = false;
+            continue;
+        };
+        if Some(dependency.job.as_str()) == name {
+            decoder.error(&path, item.line, "a job cannot run after itself");
+            valid = false;
+        } else if dependencies.iter().any(|known| known.job == dependency.job) {
+            decoder.error(&path, item.line, format!("job `{}` is listed twice", dependency.job));
+            valid = false;
+        } else {
+            dependencies.push(dependency);
+        }
+    }
+    valid.then_some(dependencies)
+}
+
 /// Reads an optional enumerated field; the first choice is the default.
 fn choice<T: Copy>(decoder: &mut Decoder, fields: &Fields<'_>, key: &str, choices: &[(&str, T)]) -> Option<T> {
     let Some(node) = fields.get(key) else {
@@ -214,5 +295,46 @@ mod tests {
         assert_eq!(schedule.first(midnight), Some(midnight + 3_600));
         let utc = ScheduleSpec { timezone: "UTC".into(), ..schedule.clone() };
         assert_eq!(utc.next_after(midnight, midnight), Some(midnight + 7_200));
+    }
+}
+
+#[cfg(test)]
+mod decode_tests {
+    use crate::spec::{parse_job, OnFailure};
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_job(text, false, |_| None) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    const BASE: &str = "name: load\nsource: {type: sqlite, path: a.db}\ntarget: {type: sqlite, path: b.db}\n";
+
+    #[test]
+    fn after_takes_names_and_policies_and_reports_every_problem() {
+        let job =
+            parse_job(&format!("{BASE}after: [extract, {{job: other, on_failure: stop}}]\n"), false, |_| None).unwrap();
+        assert_eq!(job.after.len(), 2);
+        assert_eq!((job.after[0].job.as_str(), job.after[0].on_failure), ("extract", OnFailure::Skip));
+        assert_eq!((job.after[1].job.as_str(), job.after[1].on_failure), ("other", OnFailure::Stop));
+
+        let found =
+            errors(&format!("{BASE}after: [load, x, x, {{job: y, on_failure: maybe}}]\nschedule: {{every_secs: 0}}\n"));
+        let all = found.join("\n");
+        for expected in [
+            "after[0]",
+            "cannot run after itself",
+            "after[2]",
+            "listed twice",
+            "after[3].on_failure",
+            "schedule.every_secs",
+        ] {
+            assert!(all.contains(expected), "{expected} in:\n{all}");
+        }
+        let both = errors(&format!("{BASE}after: [x]\nschedule: {{every_secs: 5}}\n")).join("\n");
+        assert!(both.contains("takes no `schedule`"), "{both}");
+        let streaming = errors(&format!("{BASE}mode: cdc\nafter: [x]\n")).join("\n");
+        assert!(streaming.contains("cannot be scheduled"), "{streaming}");
     }
 }

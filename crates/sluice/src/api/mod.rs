@@ -25,8 +25,8 @@ use crate::cluster::model::*;
 use crate::cluster::node::Node;
 use crate::logger::timestamp;
 use views::{
-    DesiredView, ErrorBody, FieldError, JobSummary, JobView, LeaderView, TablesAdded, VersionCreated, VersionDiff,
-    VersionDocument, VersionSummary, WorkerView,
+    BatchQueued, DesiredView, ErrorBody, FieldError, JobSummary, JobView, LeaderView, TablesAdded, VersionCreated,
+    VersionDiff, VersionDocument, VersionSummary, WorkerView,
 };
 
 /// What every handler shares.
@@ -83,6 +83,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{name}/stop", post(stop_job))
         .route("/jobs/{name}/start", post(start_job))
         .route("/jobs/{name}/restart", post(restart_job))
+        .route("/jobs/{name}/batches", post(run_batch))
         .route("/jobs/{name}/versions", get(list_versions))
         .route("/jobs/{name}/versions/{version}", get(show_version))
         .route("/jobs/{name}/versions/{a}/diff/{b}", get(diff_versions))
@@ -195,6 +196,7 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
     ))]
 async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
     let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
+    no_cycle(&api, &spec).await?;
     let record = JobRecord {
         name: spec.name.clone(),
         version: 1,
@@ -204,6 +206,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         updated_at: timestamp(),
         backfill: None,
         schedule: spec.schedule.clone(),
+        after: spec.after.clone(),
         priority: spec.priority,
         batches: None,
         revision: 0,
@@ -289,6 +292,54 @@ async fn next_version(
     Ok(VersionCreated { name: job.name.clone(), version: number })
 }
 
+/// Refuses a job whose `after:` would close a cycle through the jobs on the server.
+async fn no_cycle(api: &Api, spec: &sluice_core::spec::JobSpec) -> Result<(), Failure> {
+    if spec.after.is_empty() {
+        return Ok(());
+    }
+    let jobs = load_all::<JobRecord>(&*api.node.store, &format!("{ROOT}jobs/")).await?;
+    let graph = jobs
+        .into_iter()
+        .map(|(name, job, _)| (name, job.after.into_iter().map(|dependency| dependency.job).collect()))
+        .collect();
+    let after: Vec<String> = spec.after.iter().map(|dependency| dependency.job.clone()).collect();
+    match crate::cluster::schedule::cycle(&spec.name, &after, &graph) {
+        Some(path) => Err(Failure(
+            StatusCode::BAD_REQUEST,
+            ErrorBody {
+                error: "the job is invalid".into(),
+                errors: vec![FieldError {
+                    path: "after".into(),
+                    line: None,
+                    message: format!("the jobs would wait for each other forever: {}", path.join(" → ")),
+                }],
+            },
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Runs the next batch of a job with `schedule:` or `after:` now, or as soon as its running
+/// batch ends.
+#[utoipa::path(post, path = "/jobs/{name}/batches", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 202, description = "the batch is queued; the leader fires it", body = BatchQueued),
+        (status = 400, description = "the job has no schedule", body = ErrorBody), (status = 404, description = "no such job", body = ErrorBody)))]
+async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
+    let mut job = job(&api, &name).await?;
+    if !job.batched() {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("job {name} has no `schedule` or `after`; POST /api/v1/jobs/{name}/restart runs it again"),
+        ));
+    }
+    let batches = job.batches.get_or_insert_with(Default::default);
+    batches.queued = true;
+    let next = batches.batch + 1;
+    save_job(&api, &job).await?;
+    log::info!("job {name}: batch {next} asked for");
+    Ok((StatusCode::ACCEPTED, Json(BatchQueued { name, batch: next })).into_response())
+}
+
 /// A version with another schedule counts its firings from now; its batch numbers go on.
 fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleSpec>) {
     if job.schedule != schedule {
@@ -319,7 +370,9 @@ async fn update_job(State(api): Shared, Path(name): Path<String>, headers: Heade
         ));
     }
     job.mode = spec.mode.to_string();
+    no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
+    job.after = spec.after;
     reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, document, format, "updated".into()).await?).into_response())
 }
@@ -353,7 +406,9 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
     let (spec, _, _) = validate(old.document.as_bytes(), &format_header(&old.format), api.node.config.fencing)?;
     job.mode = spec.mode.to_string();
+    no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
+    job.after = spec.after;
     reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, old.document, &old.format, format!("rollback to {version}")).await?)
         .into_response())

@@ -19,6 +19,7 @@ use super::views::*;
         super::stop_job,
         super::start_job,
         super::restart_job,
+        super::run_batch,
         super::list_versions,
         super::show_version,
         super::diff_versions,
@@ -29,7 +30,7 @@ use super::views::*;
         super::show_leader,
     ),
     components(schemas(
-        JobView, JobState, ScheduleView, BatchView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
+        JobView, JobState, ScheduleView, BatchView, BatchQueued, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
         VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError
     )),
     modifiers(&Bearer),
@@ -73,12 +74,13 @@ mod tests {
             "/jobs/{name}/rollback",
             "/jobs/{name}/runs",
             "/jobs/{name}/tables",
+            "/jobs/{name}/batches",
             "/workers",
             "/leader",
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
-        assert_eq!(paths.len(), 13, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 14, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         assert!(job["schedule"].is_object(), "{job}");

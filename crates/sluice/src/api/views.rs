@@ -105,10 +105,19 @@ pub struct JobView {
     pub updated_at: String,
 }
 
+/// A batch asked for (`POST /jobs/{name}/batches`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct BatchQueued {
+    pub name: String,
+    /// The number it will run as.
+    pub batch: u64,
+}
+
 /// A scheduled job's batches.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ScheduleView {
-    /// The schedule, e.g. `every 60 s` or ``cron `0 2 * * *` (Europe/Paris)``.
+    /// The schedule, e.g. `every 60 s`, ``cron `0 2 * * *` (Europe/Paris)`` or
+    /// `after load-orders (on failure: skip)`.
     pub schedule: String,
     /// The last batch fired; 0 before the first.
     pub batch: u64,
@@ -138,7 +147,20 @@ fn time_of(seconds: i64) -> Option<String> {
 }
 
 fn schedule_view(job: &JobRecord, state: JobState) -> Option<ScheduleView> {
-    let schedule = job.schedule.as_ref()?;
+    if !job.batched() {
+        return None;
+    }
+    let schedule = match &job.schedule {
+        Some(schedule) => schedule.to_string(),
+        None => {
+            let jobs: Vec<String> = job
+                .after
+                .iter()
+                .map(|dependency| format!("{} (on failure: {})", dependency.job, dependency.on_failure))
+                .collect();
+            format!("after {}", jobs.join(", "))
+        }
+    };
     let batches = job.batches.clone().unwrap_or_default();
     let history = batches
         .history
@@ -159,7 +181,7 @@ fn schedule_view(job: &JobRecord, state: JobState) -> Option<ScheduleView> {
         })
         .collect();
     Some(ScheduleView {
-        schedule: schedule.to_string(),
+        schedule,
         batch: batches.batch,
         next_at: batches.due_at.and_then(time_of),
         queued: batches.queued,
@@ -337,7 +359,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         });
     }
     let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));
-    let waiting = job.schedule.is_some() && job.batches.as_ref().is_none_or(|batches| batches.batch == 0);
+    let waiting = job.waiting_for_first_batch();
     let state = match (&job.desired, &plan) {
         (Desired::Stopped, _) => JobState::Stopped,
         _ if waiting => JobState::Scheduled,

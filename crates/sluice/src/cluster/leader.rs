@@ -25,7 +25,7 @@ impl Node {
                 continue;
             }
             // A scheduled job waits for its first firing.
-            if job.schedule.is_some() && job.batches.as_ref().is_none_or(|batches| batches.batch == 0) {
+            if job.waiting_for_first_batch() {
                 continue;
             }
             let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
@@ -231,6 +231,7 @@ impl Node {
                 tables: Vec::new(),
                 splits: None,
                 after: Vec::new(),
+                estimated_rows: 0,
             });
             record.stream_version = Some(request.stream_version);
             record.backfill = Some(BackfillPlan {

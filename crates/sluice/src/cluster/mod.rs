@@ -5,6 +5,9 @@ pub mod etcd;
 mod leader;
 pub mod model;
 pub mod node;
+/// The claim rule's model and simulation, measured against the best possible placement.
+#[cfg(test)]
+mod placement;
 pub mod schedule;
 pub mod store;
 mod worker;

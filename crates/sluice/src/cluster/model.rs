@@ -85,6 +85,9 @@ pub struct JobRecord {
     /// The version in force's `schedule:`: the leader runs the job again by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<sluice_core::spec::ScheduleSpec>,
+    /// The version in force's `after:`: the jobs whose batch N this job's batch N waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<sluice_core::spec::Dependency>,
     /// The version in force's `priority:`: when workers lack room, higher goes first.
     #[serde(default)]
     pub priority: u32,
@@ -131,6 +134,18 @@ pub struct BatchRecord {
     /// `succeeded` or `failed` once the batch ended, or why the firing was skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+}
+
+impl JobRecord {
+    /// Whether the job runs in batches fired by the leader (`schedule:` or `after:`).
+    pub fn batched(&self) -> bool {
+        self.schedule.is_some() || !self.after.is_empty()
+    }
+
+    /// Whether it waits for its first batch.
+    pub fn waiting_for_first_batch(&self) -> bool {
+        self.batched() && self.batches.as_ref().is_none_or(|batches| batches.batch == 0)
+    }
 }
 
 /// Reads a job record with its revision.
@@ -203,6 +218,10 @@ pub struct TaskPlan {
     /// Tasks that must have succeeded (in the same generation) before this one may start.
     #[serde(default)]
     pub after: Vec<String>,
+    /// The rows it copies, as the plan estimates them: a job's larger tasks are claimed first
+    /// (`placement.rs`). 0 for the stream and for a table task whose groups copy its rows.
+    #[serde(default)]
+    pub estimated_rows: u64,
 }
 
 /// The leader's plan of one generation of a job.
@@ -620,15 +639,19 @@ pub fn snapshot_tasks(plan: &Plan, tables: &[TableName]) -> Vec<TaskPlan> {
                     tables: vec![source.clone()],
                     splits: Some(SplitRange { first: position, count: group.len() }),
                     after: Vec::new(),
+                    estimated_rows: group.iter().map(|split| split.estimated_rows).sum(),
                 });
             }
         }
+        let estimated_rows =
+            if groups.is_empty() { table.splits.iter().map(|split| split.estimated_rows).sum() } else { 0 };
         tasks.push(TaskPlan {
             id: format!("snapshot:{source}"),
             kind: TaskKind::Snapshot,
             tables: vec![source],
             splits: None,
             after: groups,
+            estimated_rows,
         });
     }
     tasks
@@ -652,6 +675,7 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
             tables: Vec::new(),
             splits: None,
             after,
+            estimated_rows: 0,
         });
     }
     tasks
@@ -672,7 +696,7 @@ mod tests {
                     id: format!("{name}#{index}"),
                     table: std::sync::Arc::new(sluice_core::TableSchema::named(TableName::parse(name))),
                     descriptor: serde_json::Value::Null,
-                    estimated_rows: 0,
+                    estimated_rows: 100,
                     whole: false,
                 })
                 .collect(),
@@ -698,6 +722,12 @@ mod tests {
         }
         let expected: Vec<String> = (0..2500).map(|index| format!("d.huge#{index}")).collect();
         assert_eq!(covered, expected, "every split is in exactly one group, in order");
+        // The rows each task copies, for the longest-first claim order: a group its splits', a
+        // table task without groups its table's, one with groups none.
+        let rows = |id: &str| tasks.iter().find(|task| task.id == id).unwrap().estimated_rows;
+        assert_eq!((rows("snapshot:d.small"), rows("snapshot:d.huge")), (400, 0));
+        let grouped: u64 = tasks.iter().filter(|task| task.splits.is_some()).map(|task| task.estimated_rows).sum();
+        assert_eq!(grouped, (20 + 2500) * 100);
         let beyond = SplitRange { first: 2499, count: 2 };
         assert!(beyond.ids(&plan, &TableName::parse("d.huge")).is_err(), "a range past the plan is an error");
     }

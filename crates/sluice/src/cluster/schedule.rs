@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::spec::{Missed, Overlap, ScheduleSpec};
+use sluice_core::spec::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
 
 use super::model::*;
 use super::node::{Node, View};
@@ -24,6 +24,8 @@ pub enum Decision {
     Record(Batches),
     /// Batch `batches.batch` runs now.
     Fire(Batches),
+    /// The job stops (a job it runs after failed, `on_failure: stop`); the batches say why.
+    Stop(Batches),
 }
 
 /// How the job's current batch stands.
@@ -43,16 +45,7 @@ pub fn decide(schedule: &ScheduleSpec, batches: Option<&Batches>, state: BatchSt
         return Decision::Record(Batches { anchor: first.unwrap_or(now), due_at: first, ..Batches::default() });
     };
     let mut next = batches.clone();
-    let mut changed = false;
-    // The outcome of a batch that ended is recorded once.
-    if let BatchState::Ended(outcome) = state {
-        if let Some(record) = next.history.iter_mut().rev().find(|record| record.batch == Some(batches.batch)) {
-            if record.outcome.is_none() {
-                record.outcome = Some(outcome.to_owned());
-                changed = true;
-            }
-        }
-    }
+    let changed = record_outcome(&mut next, state);
     let running = state == BatchState::Running;
     let due = next.due_at.is_some_and(|due| due <= now);
     if due {
@@ -92,6 +85,75 @@ pub fn decide(schedule: &ScheduleSpec, batches: Option<&Batches>, state: BatchSt
         Decision::Record(next)
     } else {
         Decision::Wait
+    }
+}
+
+/// Decides a tick for a job that runs `after` others: its batch N + 1 fires once batch N + 1 of
+/// each of them ended, by the policy of each that did not succeed. `dependencies` are their
+/// batches, `None` for a job not (yet) on the server or that never fired.
+pub fn decide_after(
+    after: &[Dependency],
+    batches: Option<&Batches>,
+    state: BatchState,
+    dependencies: &[Option<&Batches>],
+    now: i64,
+) -> Decision {
+    let Some(batches) = batches else {
+        // A job made after its dependencies ran goes along from their current batch.
+        let current = dependencies.iter().map(|batches| batches.map_or(0, |batches| batches.batch)).min().unwrap_or(0);
+        return Decision::Record(Batches { batch: current.saturating_sub(1), anchor: now, ..Batches::default() });
+    };
+    let mut next = batches.clone();
+    let changed = record_outcome(&mut next, state);
+    if state == BatchState::Running {
+        return if changed { Decision::Record(next) } else { Decision::Wait };
+    }
+    if next.queued {
+        next.queued = false;
+        return Decision::Fire(fire(next, now));
+    }
+    let number = batches.batch + 1;
+    let mut failures = Vec::new();
+    for (dependency, theirs) in after.iter().zip(dependencies) {
+        let outcome = theirs
+            .and_then(|theirs| theirs.history.iter().rev().find(|record| record.batch == Some(number)))
+            .map(|record| record.outcome.clone());
+        match outcome {
+            // Not fired yet, or running.
+            None | Some(None) => return if changed { Decision::Record(next) } else { Decision::Wait },
+            Some(Some(outcome)) if outcome == "succeeded" => {}
+            Some(Some(outcome)) => failures.push((dependency, outcome)),
+        }
+    }
+    let failed = |policy: OnFailure| failures.iter().find(|(dependency, _)| dependency.on_failure == policy);
+    let reason = |(dependency, outcome): &(&Dependency, String)| {
+        format!("job {} batch {number} ended {outcome} (on_failure: {})", dependency.job, dependency.on_failure)
+    };
+    if let Some(failure) = failed(OnFailure::Stop) {
+        next.batch = number;
+        let outcome = Some(format!("stopped: {}", reason(failure)));
+        push(&mut next, BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome });
+        return Decision::Stop(next);
+    }
+    if let Some(failure) = failed(OnFailure::Skip) {
+        next.batch = number;
+        let outcome = Some(format!("skipped: {}", reason(failure)));
+        push(&mut next, BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome });
+        return Decision::Record(next);
+    }
+    Decision::Fire(fire(next, now))
+}
+
+/// Records the outcome of the batch that ended, once; whether it did.
+fn record_outcome(batches: &mut Batches, state: BatchState) -> bool {
+    let BatchState::Ended(outcome) = state else { return false };
+    let current = batches.batch;
+    match batches.history.iter_mut().rev().find(|record| record.batch == Some(current)) {
+        Some(record) if record.outcome.is_none() => {
+            record.outcome = Some(outcome.to_owned());
+            true
+        }
+        _ => false,
     }
 }
 
@@ -152,14 +214,33 @@ impl Node {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_secs() as i64);
         for (name, job, _) in &view.jobs {
-            let Some(schedule) = &job.schedule else { continue };
-            if job.desired != Desired::Running {
+            if job.desired != Desired::Running || !job.batched() {
                 continue;
             }
-            let decision = decide(schedule, job.batches.as_ref(), batch_state(view, job), now);
+            let state = batch_state(view, job);
+            let decision = match &job.schedule {
+                Some(schedule) => decide(schedule, job.batches.as_ref(), state, now),
+                None => {
+                    let dependencies: Vec<Option<&Batches>> = job
+                        .after
+                        .iter()
+                        .map(|dependency| {
+                            let theirs = view.jobs.iter().find(|(other, _, _)| *other == dependency.job);
+                            theirs.and_then(|(_, other, _)| other.batches.as_ref())
+                        })
+                        .collect();
+                    decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
+                }
+            };
             let updated = match decision {
                 Decision::Wait => continue,
                 Decision::Record(batches) => JobRecord { batches: Some(batches), ..job.clone() },
+                Decision::Stop(batches) => JobRecord {
+                    batches: Some(batches),
+                    desired: Desired::Stopped,
+                    updated_at: timestamp(),
+                    ..job.clone()
+                },
                 Decision::Fire(mut batches) => {
                     let generation = next_generation(job.generation);
                     if let Some(record) = batches.history.last_mut() {
@@ -173,7 +254,11 @@ impl Node {
                     let batches = updated.batches.as_ref().expect("set above");
                     let before = job.batches.as_ref().and_then(|old| old.history.last());
                     if updated.generation != job.generation {
-                        log::info!("job {name}: batch {} fires ({schedule})", batches.batch);
+                        let trigger = job
+                            .schedule
+                            .as_ref()
+                            .map_or_else(|| "after its dependencies".to_owned(), ToString::to_string);
+                        log::info!("job {name}: batch {} fires ({trigger})", batches.batch);
                     } else if let Some(record) = batches.history.last().filter(|record| before != Some(*record)) {
                         log::info!("job {name}: {}", describe(record));
                     }
@@ -194,9 +279,125 @@ fn describe(record: &BatchRecord) -> String {
     }
 }
 
+/// The first cycle `after` would close through the jobs on the server (`graph`: each job's
+/// `after` names), as the path from `name` back to it.
+pub fn cycle(
+    name: &str,
+    after: &[String],
+    graph: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Option<Vec<String>> {
+    fn visit(
+        at: &str,
+        target: &str,
+        graph: &std::collections::BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        seen: &mut std::collections::BTreeSet<String>,
+    ) -> bool {
+        if at == target {
+            return true;
+        }
+        if !seen.insert(at.to_owned()) {
+            return false;
+        }
+        path.push(at.to_owned());
+        for next in graph.get(at).into_iter().flatten() {
+            if visit(next, target, graph, path, seen) {
+                return true;
+            }
+        }
+        path.pop();
+        false
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for first in after {
+        let mut path = vec![name.to_owned()];
+        if visit(first, name, graph, &mut path, &mut seen) {
+            path.push(name.to_owned());
+            return Some(path);
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dependency(job: &str, on_failure: OnFailure) -> Dependency {
+        Dependency { job: job.into(), on_failure }
+    }
+
+    fn ended(batch: u64, outcome: &str) -> Batches {
+        let record = BatchRecord {
+            batch: Some(batch),
+            due_at: 0,
+            fired_at: None,
+            generation: Some(batch),
+            outcome: Some(outcome.into()),
+        };
+        Batches { batch, history: vec![record], ..Batches::default() }
+    }
+
+    #[test]
+    fn a_dependant_batch_waits_for_the_same_batch_of_every_job_it_runs_after() {
+        let after = [dependency("a", OnFailure::Skip), dependency("b", OnFailure::Skip)];
+        let (a1, b0) = (ended(1, "succeeded"), Batches::default());
+        let mine = recorded(decide_after(&after, None, BatchState::None, &[Some(&a1), Some(&b0)], 5));
+        assert_eq!(mine.batch, 0);
+        assert_eq!(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b0)], 6), Decision::Wait);
+        assert_eq!(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), None], 6), Decision::Wait);
+        let b1 = ended(1, "succeeded");
+        let one = fired(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b1)], 7));
+        assert_eq!(one.batch, 1);
+        assert_eq!(decide_after(&after, Some(&one), BatchState::Running, &[Some(&a1), Some(&b1)], 8), Decision::Wait);
+    }
+
+    #[test]
+    fn a_failed_dependency_skips_stops_or_continues_by_its_policy() {
+        let failed = ended(1, "failed");
+        let none = Batches::default();
+        let skip = recorded(decide_after(
+            &[dependency("a", OnFailure::Skip)],
+            Some(&none),
+            BatchState::None,
+            &[Some(&failed)],
+            9,
+        ));
+        assert_eq!(skip.batch, 1);
+        assert!(
+            skip.history[0].outcome.as_deref().unwrap().starts_with("skipped: job a batch 1 ended failed"),
+            "{skip:?}"
+        );
+        // Its own dependants see batch 1 skipped, and skip in turn.
+        let after_skip = recorded(decide_after(
+            &[dependency("b", OnFailure::Skip)],
+            Some(&none),
+            BatchState::None,
+            &[Some(&skip)],
+            9,
+        ));
+        assert!(after_skip.history[0].outcome.as_deref().unwrap().starts_with("skipped: job b batch 1 ended skipped"));
+        match decide_after(&[dependency("a", OnFailure::Stop)], Some(&none), BatchState::None, &[Some(&failed)], 9) {
+            Decision::Stop(batches) => assert!(batches.history[0].outcome.as_deref().unwrap().starts_with("stopped:")),
+            other => panic!("expected a stop, got {other:?}"),
+        }
+        let run = fired(decide_after(
+            &[dependency("a", OnFailure::Continue)],
+            Some(&none),
+            BatchState::None,
+            &[Some(&failed)],
+            9,
+        ));
+        assert_eq!(run.batch, 1);
+    }
+
+    #[test]
+    fn cycles_through_after_are_found() {
+        let graph: std::collections::BTreeMap<String, Vec<String>> =
+            [("b".to_owned(), vec!["c".to_owned()]), ("c".to_owned(), vec!["a".to_owned()])].into();
+        assert_eq!(cycle("a", &["b".to_owned()], &graph), Some(vec!["a".into(), "b".into(), "c".into(), "a".into()]));
+        assert_eq!(cycle("d", &["b".to_owned()], &graph), None);
+    }
 
     fn every(seconds: u64, overlap: Overlap, missed: Missed) -> ScheduleSpec {
         ScheduleSpec { every_secs: Some(seconds), cron: None, timezone: "UTC".into(), overlap, missed }

@@ -69,12 +69,14 @@ impl Node {
                 candidates.push(Candidate { rank, name, index, job, plan, task, status: status(&task.id) });
             }
         }
-        // Highest rank first; among equals the job that waits longest, then the plan's order.
+        // Highest rank first; among equals the job that waits longest, then its largest task
+        // (longest first: `placement.rs`), then the plan's order.
         candidates.sort_by(|a, b| {
             b.rank
                 .total_cmp(&a.rank)
                 .then(a.job.generation.cmp(&b.job.generation))
                 .then(a.name.cmp(b.name))
+                .then(b.task.estimated_rows.cmp(&a.task.estimated_rows))
                 .then(a.index.cmp(&b.index))
         });
         for Candidate { name, job, plan, task, status, .. } in candidates {
