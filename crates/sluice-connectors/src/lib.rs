@@ -168,7 +168,9 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
             }
         };
         for (field, line) in &endpoint.present {
-            if !fields.contains(&field.as_str()) {
+            // `cursor` is every cursor source's, and checked with the mode below.
+            let allowed = fields.contains(&field.as_str()) || (is_source && field == "cursor");
+            if !allowed {
                 errors.push(SpecError {
                     path: endpoint.path_of(field),
                     line: *line,
@@ -198,7 +200,7 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
             ));
         }
         let capabilities = &connector.capabilities;
-        if is_source && job.mode != Mode::Snapshot && !capabilities.change_source {
+        if is_source && job.mode.streams() && !capabilities.change_source {
             errors.push(SpecError {
                 path: "mode".into(),
                 line: None,
@@ -218,7 +220,7 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ),
             });
         }
-        if !is_source && job.mode != Mode::Snapshot && !(capabilities.change_sink || capabilities.event_sink) {
+        if !is_source && job.mode.streams() && !(capabilities.change_sink || capabilities.event_sink) {
             let able: Vec<&str> = CONNECTORS
                 .iter()
                 .filter(|other| {
@@ -237,7 +239,29 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                 ),
             });
         }
-        if !is_source && endpoint.write_mode == WriteMode::Upsert && !capabilities.upsert {
+        let incremental = job.mode == Mode::IncrementalCursor;
+        if is_source && incremental && !capabilities.cursor_source {
+            let able: Vec<&str> =
+                CONNECTORS.iter().filter(|other| other.capabilities.cursor_source).map(|other| other.name).collect();
+            errors.push(SpecError {
+                path: "mode".into(),
+                line: None,
+                message: format!(
+                    "mode incremental-cursor reads tables by a cursor column ({}); a `{}` source cannot",
+                    able.join(", "),
+                    connector.name
+                ),
+            });
+        }
+        if !is_source && incremental && !capabilities.upsert {
+            errors.push(endpoint.error(
+                "type",
+                format!(
+                    "mode incremental-cursor upserts changed rows by key; a `{}` target only appends",
+                    connector.name
+                ),
+            ));
+        } else if !is_source && endpoint.write_mode == WriteMode::Upsert && !capabilities.upsert {
             errors.push(endpoint.error(
                 "write_mode",
                 format!("a `{}` target appends; it supports write_mode: insert only", connector.name),

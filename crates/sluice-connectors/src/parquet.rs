@@ -363,6 +363,7 @@ pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
     capabilities: sluice_core::connector::Capabilities {
         snapshot_source: false,
         change_source: false,
+        cursor_source: false,
         table_sink: true,
         change_sink: false,
         event_sink: false,

@@ -7,8 +7,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::change::{Batch, Change, Position, Rejected, Row};
+use crate::cursor::CursorWindow;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::{TableName, TableSchema};
+use crate::spec::CursorSpec;
 
 /// A task's self-contained slice of the source: a key range of a table, a file, a log stream.
 /// A task resumes from its split and its checkpoint alone.
@@ -26,13 +28,16 @@ pub struct Split {
     /// target replaces them (`Writer::replace_all`) as it copies the split again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole: bool,
+    /// `incremental-cursor` jobs: only the rows whose cursor lies in this window are read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<CursorWindow>,
 }
 
 impl Split {
     /// A split of `table` with the connector's typed descriptor.
     pub fn new(id: String, table: Arc<TableSchema>, descriptor: &impl Serialize, estimated_rows: u64) -> Split {
         let descriptor = serde_json::to_value(descriptor).expect("split descriptors serialize");
-        Split { id, table, descriptor, estimated_rows, whole: false }
+        Split { id, table, descriptor, estimated_rows, whole: false, window: None }
     }
 
     /// The same split, read in one pass and copied again whole after a failure.
@@ -105,6 +110,8 @@ pub struct Capabilities {
     pub snapshot_source: bool,
     /// Follows a change log (`cdc`, `snapshot+cdc`).
     pub change_source: bool,
+    /// Reads the rows of a cursor window (`incremental-cursor`, `Source::cursor_window`).
+    pub cursor_source: bool,
     /// Writes the rows of a snapshot.
     pub table_sink: bool,
     /// Applies a change stream folded per key (`ChangeShape::Folded`: updates and deletes).
@@ -179,6 +186,23 @@ pub trait Source: Send + Sync {
     /// Whether `position` is at or past `mark` in the source's log. Both come from this source.
     fn reached(&self, _position: &Position, _mark: &Position) -> bool {
         true
+    }
+
+    /// The window of a cursor-incremental batch of `table` (`crate::cursor`): from `mark` (the
+    /// previous batch's, in this source's JSON form; `None` on the first batch) lowered by
+    /// `cursor.lookback_secs`, through the column's highest value now. A column the table lacks,
+    /// or a lookback on a column that is not a time, is an error naming the table and column.
+    /// Called once per table and batch, at planning; `Source::open` then reads only the rows of
+    /// `Split::window`.
+    async fn cursor_window(
+        &self,
+        table: &TableSchema,
+        _cursor: &CursorSpec,
+        _mark: Option<&serde_json::Value>,
+    ) -> Result<CursorWindow> {
+        Err(Error::new(ErrorKind::Config, format!("this source cannot read table {} by a cursor column", table.name))
+            .on(Side::Source)
+            .hint("use mode snapshot, or a MySQL or SQLite source"))
     }
 }
 
@@ -443,6 +467,18 @@ pub trait Sink: Send + Sync {
     /// fence does nothing.
     async fn claim(&self, _job: &str) -> Result<()> {
         Ok(())
+    }
+
+    /// The checkpoints the target holds for these tasks (missing ones left out). The default
+    /// asks a change writer per task.
+    async fn checkpoints(&self, job: &str, tasks: &[String]) -> Result<Vec<Checkpoint>> {
+        let mut found = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            if let Some(checkpoint) = self.open_changes(job, task).await?.recover().await? {
+                found.push(checkpoint);
+            }
+        }
+        Ok(found)
     }
 
     /// Opens the writer of one task. `table` carries the target name.

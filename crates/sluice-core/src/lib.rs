@@ -3,6 +3,7 @@
 
 pub mod change;
 pub mod connector;
+pub mod cursor;
 pub mod error;
 pub mod failpoint;
 pub mod filter;

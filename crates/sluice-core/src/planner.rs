@@ -33,6 +33,8 @@ pub struct Planner {
     transforms: Transforms,
     /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
     split_also: Vec<TableName>,
+    /// `incremental-cursor` jobs: where each table's window starts (`crate::cursor::marks`).
+    marks: BTreeMap<TableName, Option<serde_json::Value>>,
     stop: Option<watch::Receiver<bool>>,
 }
 
@@ -45,13 +47,20 @@ impl std::fmt::Debug for Planner {
 impl Planner {
     pub fn new(job: Arc<JobSpec>, source: Arc<dyn Source>, sink: Arc<dyn Sink>) -> Planner {
         let transforms = Transforms::of(&job);
-        Planner { job, source, sink, transforms, split_also: Vec::new(), stop: None }
+        Planner { job, source, sink, transforms, split_also: Vec::new(), marks: BTreeMap::new(), stop: None }
     }
 
     /// Splits these tables even when the job copies nothing (a `cdc` job to which they are
     /// added, backfilled by a copy).
     pub fn splitting(mut self, tables: Vec<TableName>) -> Planner {
         self.split_also = tables;
+        self
+    }
+
+    /// Starts each table's cursor window at its mark (a cursor-incremental batch after the
+    /// first; tables without one start from their first row).
+    pub fn from_marks(mut self, marks: BTreeMap<TableName, Option<serde_json::Value>>) -> Planner {
+        self.marks = marks;
         self
     }
 
@@ -69,7 +78,7 @@ impl Planner {
         let split = self.job.mode != Mode::Cdc;
         let tables = self.with_retry("discover the source tables", || self.source.discover()).await?;
         if tables.is_empty() {
-            if self.job.mode == Mode::Snapshot {
+            if !self.job.mode.streams() {
                 return Err(Error::new(ErrorKind::Schema, "no table matches `source.tables`")
                     .on(Side::Source)
                     .hint("check the include and exclude globs and that the tables exist"));
@@ -100,7 +109,7 @@ impl Planner {
         // A streaming job planned again leaves it to the stream, which creates it from the
         // source's CREATE TABLE (a copy of it now would hold rows the stream applies again);
         // tables that existed before are added to a running job by name (`splitting`).
-        let copy_new = self.job.mode == Mode::Snapshot || first;
+        let copy_new = !self.job.mode.streams() || first;
         let mappings = self.transforms.map_all(tables, &|name| self.sink.target_name(name))?;
         let targets = transform::target_tables(&mappings);
         let mut plan = Plan { tables: Vec::with_capacity(mappings.len()), source_position, hidden: previous.hidden };
@@ -116,11 +125,29 @@ impl Planner {
                     PlannedTable { target, splits: Vec::new() }
                 }
                 None => {
-                    let splits = self
+                    let mut splits = self
                         .with_retry("split the source table", || {
                             self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
                         })
                         .await?;
+                    if let Some(cursor) = &self.job.source.cursor {
+                        let mark = self.marks.get(&table.name).cloned().flatten();
+                        let window = self
+                            .with_retry("read the cursor's highest value", || {
+                                self.source.cursor_window(&table, cursor, mark.as_ref())
+                            })
+                            .await?;
+                        log::info!(
+                            "table {}: cursor {} in ({}, {}]",
+                            table.name,
+                            window.column,
+                            window.after.as_ref().map_or_else(|| "the first row".to_owned(), ToString::to_string),
+                            window.through.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string)
+                        );
+                        for split in &mut splits {
+                            split.window = Some(window.clone());
+                        }
+                    }
                     PlannedTable { target, splits }
                 }
             };
@@ -198,7 +225,7 @@ fn refuse_whole_merges(plan: &Plan) -> Result<()> {
 /// describe them: nothing is judged, and a target changed outside the job shows as rows the
 /// stream finds missing or present.
 pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {
-    if job.mode != Mode::Snapshot {
+    if job.mode.streams() {
         let mut writer = sink.open_changes(&job.name, crate::runner::STREAM_TASK).await?;
         if writer.recover().await?.is_some() {
             return Ok(());

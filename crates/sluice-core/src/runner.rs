@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::change::{Batch, Position};
 use crate::connector::{Checkpoint, Sink, Source, Split, TableTasks};
+use crate::cursor;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::planner::Planner;
@@ -205,9 +206,23 @@ impl Runner {
             None => {
                 // A restart plans afresh, and keeps the new plan only once the target is reset:
                 // until then the stored plan still matches the target's checkpoints.
-                let previous = if self.still_restarting() { None } else { self.state.load_plan(&self.job.name)? };
+                let mut previous = if self.still_restarting() { None } else { self.state.load_plan(&self.job.name)? };
+                let mut marks = Default::default();
+                if let Some(plan) = previous.as_ref().filter(|_| self.job.mode == Mode::IncrementalCursor) {
+                    let found = cursor::marks(&self.job.name, &*self.sink, plan).await?;
+                    if found.complete {
+                        // The last batch completed: this run is the next one. Its checkpoints go
+                        // first, so no new split can be taken for done; a crash before the new
+                        // plan is kept reads the last window again.
+                        log::info!("the last batch completed: this run copies the rows changed since");
+                        self.sink.forget_checkpoints(&self.job.name, &TableTasks::of(plan)).await?;
+                        previous = None;
+                        marks = found.tables;
+                    }
+                }
                 let planned = Planner::new(self.job.clone(), self.source.clone(), self.sink.clone())
                     .stopping_on(self.stop.clone())
+                    .from_marks(marks)
                     .plan(previous)
                     .await?;
                 if !self.still_restarting() {
@@ -271,7 +286,7 @@ impl Runner {
             let build_indexes = !matches!(self.scope, Scope::Splits(_));
             self.copy_snapshot(&plan, &targets, build_indexes).await?;
         }
-        if self.job.mode == Mode::Snapshot || copy_only {
+        if !self.job.mode.streams() || copy_only {
             return Ok(());
         }
         // A cdc job starts where the job says, else where the source stood when the job was
@@ -677,6 +692,7 @@ mod tests {
                     descriptor: json!([from, to]),
                     estimated_rows: (to - from + 1) as u64,
                     whole: false,
+                    window: None,
                 })
                 .collect())
         }

@@ -438,6 +438,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         tables: Vec::new(),
         write_mode: WriteMode::Insert,
         create_tables: false,
+        cursor: None,
         present: vec![("type".into(), None), ("format".into(), None)],
         options: [("format".to_owned(), scalar(&format))].into_iter().collect(),
         line: None,
@@ -582,7 +583,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
     match error {
         None => 0,
         // A change stream runs until it is stopped: that is its normal end.
-        Some(_) if summary.status == "stopped" && job.mode != sluice_core::spec::Mode::Snapshot => {
+        Some(_) if summary.status == "stopped" && job.mode.streams() => {
             eprintln!("stopped; run the job again to continue from the last checkpoint");
             0
         }

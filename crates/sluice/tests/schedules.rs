@@ -333,8 +333,230 @@ fn jobs_run_after_others_batch_by_batch_and_follow_each_dependency_policy() {
     );
     let (status, body) = server.call("POST", "/jobs/manual/batches", None, None);
     assert_eq!((status, body["batch"].as_u64()), (202, Some(1)), "{body}");
-    wait_batch_after(&[&server], "manual", 0, || server.output());
+    let manual = wait_batch_after(&[&server], "manual", 0, || server.output());
+    // Asked for right after submission: the yearly schedule still fires on 1 January.
+    assert!(manual["schedule"]["next_at"].as_str().is_some_and(|at| at.ends_with("-01-01T00:00:00Z")), "{manual:#}");
     assert_same_rows(&workspace.path("manual.db"), &workspace.path("source.db"), "items");
     let (status, _) = server.call("POST", "/jobs/x/batches", None, None);
     assert_eq!(status, 202);
+}
+
+/// The rows of a summary's run, read and written.
+fn rows_read(workspace: &Workspace, file: &str) -> u64 {
+    support::summary(&workspace.path(file))["rows_read"].as_u64().unwrap()
+}
+
+#[test]
+fn incremental_cursor_batches_copy_the_rows_changed_since_the_mark_and_late_ones_within_the_lookback() {
+    let database = unique_name("cursor");
+    // 1,000 orders a second apart from 2026-01-01 00:00:01 (the last, id 1000, at 00:16:40),
+    // and one without a cursor value.
+    mariadb(&format!(
+        "CREATE DATABASE {database};
+         CREATE TABLE {database}.orders (id INT PRIMARY KEY, note VARCHAR(40), updated_at DATETIME(3) NULL, KEY (updated_at));
+         INSERT INTO {database}.orders SELECT seq, CONCAT('n', seq), '2026-01-01 00:00:00' + INTERVAL seq SECOND FROM {database}.seq_1_to_1000;
+         INSERT INTO {database}.orders VALUES (5000, 'no cursor', NULL)"
+    ));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: cursor\nmode: incremental-cursor\nsource:\n  type: mysql\n  url: {}\n  tables: [{database}.orders]\n  \
+             cursor: {{column: updated_at, lookback_secs: 60}}\ntarget:\n  type: postgres\n  url: {}\n  namespace: {database}\n",
+            mysql_url(),
+            postgres_url()
+        ),
+    );
+    let run = |summary: &str| {
+        workspace.sluice(&["run", job.to_str().unwrap(), "--summary-json", summary]).assert_code(0);
+    };
+    let compare = || {
+        let source = rows("mysql", &format!("{database}.orders"), &["id", "note"]);
+        let target = rows("postgres", &format!("{database}.orders"), &["id", "note"]);
+        (source, target)
+    };
+    run("first.json");
+    let (source, target) = compare();
+    assert_same("orders", &source, &target);
+    assert_eq!(rows_read(&workspace, "first.json"), 1_001);
+
+    // Ten rows changed, five added, one committed late 30 s below the mark (caught by the
+    // lookback) and one an hour below (not), one deleted and one changed without its cursor
+    // (neither visible to this mode).
+    mariadb(&format!(
+        "UPDATE {database}.orders SET note = CONCAT(note, ' changed'), updated_at = '2026-01-02 00:00:00' WHERE id <= 10;
+         INSERT INTO {database}.orders SELECT seq, 'new', '2026-01-02 00:00:01' FROM {database}.seq_2001_to_2005;
+         INSERT INTO {database}.orders VALUES (3001, 'late', '2026-01-01 00:16:10'), (3002, 'too late', '2026-01-01 00:10:00');
+         DELETE FROM {database}.orders WHERE id = 500;
+         UPDATE {database}.orders SET note = 'silent' WHERE id = 600"
+    ));
+    run("second.json");
+    // The window (00:15:40, 2026-01-02 00:00:01]: ids 941 to 1000, the ten changed, the five
+    // new and the late one.
+    assert_eq!(rows_read(&workspace, "second.json"), 60 + 10 + 5 + 1);
+    let (source, target) = compare();
+    let expected: Vec<String> = source
+        .iter()
+        .filter(|row| !row.starts_with("3002|"))
+        .map(|row| if row.starts_with("600|") { "600|n600".to_owned() } else { row.clone() })
+        .chain(std::iter::once("500|n500".to_owned()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let target_sorted: Vec<String> = target.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect();
+    assert_eq!(target_sorted, expected, "changed, new and late rows copied; deletes and silent changes not seen");
+
+    // Nothing changed: the next batch reads only its lookback window again.
+    run("third.json");
+    assert_eq!(rows_read(&workspace, "third.json"), 15);
+
+    // Bad cursors are named with their table and column.
+    mariadb(&format!("CREATE TABLE {database}.plain (id INT PRIMARY KEY)"));
+    let bad = workspace.write(
+        "bad.yaml",
+        &format!(
+            "name: bad\nmode: incremental-cursor\nsource:\n  type: mysql\n  url: {}\n  tables: [\"{database}.*\"]\n  \
+             cursor: {{column: updated_at}}\ntarget:\n  type: postgres\n  url: {}\n  namespace: {database}_bad\n",
+            mysql_url(),
+            postgres_url()
+        ),
+    );
+    let failed = workspace.sluice(&["run", bad.to_str().unwrap()]);
+    assert!(failed.all().contains(&format!("table {database}.plain has no column updated_at")), "{}", failed.all());
+    let refused = workspace.write(
+        "refused.yaml",
+        "name: refused\nmode: incremental-cursor\nsource: {type: sqlite, path: s.db}\n\
+         target: {type: jsonl, path: out, write_mode: insert}\n",
+    );
+    let refused = workspace.sluice(&["run", refused.to_str().unwrap()]);
+    for expected in ["source.cursor", "target.write_mode", "a `jsonl` target only appends"] {
+        assert!(refused.all().contains(expected), "{expected}: {}", refused.all());
+    }
+}
+
+/// When each batch of a job was fired and seen to end, by batch number.
+fn batch_times(job: &Value) -> std::collections::BTreeMap<u64, (String, Option<String>)> {
+    job["schedule"]["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|record| {
+            let batch = record["batch"].as_u64()?;
+            Some((batch, (record["fired_at"].as_str()?.to_owned(), record["ended_at"].as_str().map(str::to_owned))))
+        })
+        .collect()
+}
+
+/// The unit of the issue: two snapshots into a staging database feed a cursor-incremental job
+/// into PostgreSQL, every 3 s, on a 3-node cluster whose leader is killed between batches.
+#[test]
+fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_through_a_leader_kill() {
+    let database = unique_name("unit");
+    let stage = format!("{database}_stage");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE DATABASE {stage};
+         CREATE TABLE {database}.customers (id INT PRIMARY KEY, name VARCHAR(40), updated_at DATETIME(3) NOT NULL);
+         CREATE TABLE {database}.orders (id INT PRIMARY KEY, customer_id INT, amount INT, updated_at DATETIME(3) NOT NULL);
+         INSERT INTO {database}.customers SELECT seq, CONCAT('c', seq), NOW(3) FROM {database}.seq_1_to_300;
+         INSERT INTO {database}.orders SELECT seq, seq % 300 + 1, seq, NOW(3) FROM {database}.seq_1_to_3000"
+    ));
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let mut nodes: Vec<Option<Server>> = (0..3)
+        .map(|index| Some(start_server(&workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)))
+        .collect();
+    let prefix = database.replace('_', "-");
+    let [customers, orders, load] = ["customers", "orders", "load"].map(|job| format!("{prefix}-{job}"));
+    let snapshot = |table: &str| {
+        format!(
+            "mode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [{database}.{table}]\n\
+             target:\n  type: mysql\n  url: ${{SOURCE}}\n  namespace: {stage}\n"
+        )
+    };
+    let jobs = [
+        format!("name: {customers}\n{}schedule: {{every_secs: 3, overlap: queue}}\n", snapshot("customers")),
+        format!("name: {orders}\n{}after: [{customers}]\n", snapshot("orders")),
+        format!(
+            "name: {load}\nmode: incremental-cursor\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{stage}.*\"]\n  \
+             cursor: {{column: updated_at, lookback_secs: 5}}\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  \
+             namespace: {database}\nafter: [{customers}, {orders}]\n"
+        ),
+    ];
+    for job in &jobs {
+        let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", job)));
+        assert_eq!(status, 201, "{body}");
+    }
+    let logs = || -> String {
+        (0..3)
+            .map(|index| {
+                let log = std::fs::read_to_string(workspace.path(&format!("node{index}.log"))).unwrap_or_default();
+                format!("--- node{index}\n{log}")
+            })
+            .collect()
+    };
+    let change = |round: u64| {
+        mariadb(&format!(
+            "UPDATE {database}.customers SET name = CONCAT(name, '+{round}'), updated_at = NOW(3) WHERE id % 7 = {round};
+             UPDATE {database}.orders SET amount = amount + {round}, updated_at = NOW(3) WHERE id % 11 = {round};
+             INSERT INTO {database}.orders SELECT 10000 * {round} + seq, seq, seq, NOW(3) FROM {database}.seq_1_to_50"
+        ));
+    };
+    let servers: Vec<&Server> = nodes.iter().flatten().collect();
+    wait_batch_after(&servers, &load, 0, logs);
+    change(1);
+    let second = wait_batch_after(&servers, &load, 1, logs);
+    change(2);
+    drop(servers);
+
+    // The leader dies between batches; the source changes once more.
+    let (_, leader) = nodes[0].as_ref().unwrap().call("GET", "/leader", None, None);
+    let leader = leader["leader"].as_str().expect("a leader").to_owned();
+    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == leader)).unwrap();
+    let mut killed = nodes[index].take().unwrap();
+    support::kill(&mut killed.child);
+    change(3);
+    let servers: Vec<&Server> = nodes.iter().flatten().collect();
+    let changed_at =
+        servers.iter().map(|server| show(server, &customers)["schedule"]["batch"].as_u64().unwrap_or(0)).max();
+    let last = wait_batch_after(
+        &servers,
+        &load,
+        changed_at.unwrap().max(4).max(second["schedule"]["batch"].as_u64().unwrap()),
+        logs,
+    );
+
+    // Targets equal their sources (the cursor job cannot see deletes, and there are none).
+    for (table, columns) in [("customers", &["id", "name"][..]), ("orders", &["id", "customer_id", "amount"][..])] {
+        let source = rows("mysql", &format!("{database}.{table}"), columns);
+        assert!(source.len() > 100, "{table}: {} rows", source.len());
+        assert_same(table, &source, &rows("postgres", &format!("{database}.{table}"), columns));
+    }
+    // Five batches or more, none fired twice, each one's dependencies ended first.
+    let [customers_job, orders_job] = [&customers, &orders].map(|name| show(servers[0], name));
+    for job in [&customers_job, &orders_job, &last] {
+        assert_batches_fired_once(job);
+    }
+    let all_logs = logs();
+    let (first_batches, order_batches, load_batches) =
+        (batch_times(&customers_job), batch_times(&orders_job), batch_times(&last));
+    assert!(load_batches.len() >= 5, "{last:#}");
+    for (batch, (fired, _)) in &load_batches {
+        for (name, upstream) in [(&customers, &first_batches), (&orders, &order_batches)] {
+            let ended = upstream.get(batch).and_then(|(_, ended)| ended.as_ref());
+            let ended = ended.unwrap_or_else(|| panic!("{name} has no ended batch {batch}: {upstream:?}"));
+            assert!(fired > ended, "{load} batch {batch} fired at {fired}, before {name} ended it at {ended}");
+        }
+        assert_eq!(
+            last["schedule"]["history"].as_array().unwrap().iter().find(|record| record["batch"] == *batch).unwrap()
+                ["outcome"],
+            "succeeded"
+        );
+        for name in [&customers, &orders, &load] {
+            let firings = all_logs.matches(&format!("job {name}: batch {batch} fires")).count();
+            assert_eq!(firings, 1, "{name} batch {batch} fired {firings} times:\n{all_logs}");
+        }
+    }
+    drop(servers);
+    drop(nodes);
 }

@@ -13,6 +13,7 @@ use crate::{Connector, SourceSide, TargetSide};
 const CAPABILITIES: Capabilities = Capabilities {
     snapshot_source: true,
     change_source: false,
+    cursor_source: false,
     table_sink: true,
     change_sink: false,
     event_sink: false,

@@ -19,6 +19,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         snapshot_source: false,
         // Topics of change events, read back (`source.rs`).
         change_source: true,
+        cursor_source: false,
         table_sink: true,
         change_sink: false,
         event_sink: true,

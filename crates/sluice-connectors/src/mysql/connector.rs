@@ -17,6 +17,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     capabilities: Capabilities {
         snapshot_source: true,
         change_source: true,
+        cursor_source: true,
         table_sink: true,
         change_sink: true,
         event_sink: false,

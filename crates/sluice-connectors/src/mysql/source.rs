@@ -11,9 +11,11 @@ use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
 use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::schema::{ColumnDetails, TableDetails};
 use sluice_core::secret::Secret;
+use sluice_core::spec::CursorSpec;
 use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
@@ -136,7 +138,7 @@ impl Source for MysqlSource {
             ok: true,
             detail: format!("{} (server {})", self.server, version.unwrap_or_default()),
         }];
-        if self.mode != Mode::Snapshot {
+        if self.mode.streams() {
             items.push(self.check_binlog(&mut connection).await?);
             items.push(self.probe_binlog().await);
         }
@@ -231,7 +233,7 @@ impl Source for MysqlSource {
                 );
                 return Ok(None);
             }
-            Err(error) if self.mode == Mode::Snapshot => {
+            Err(error) if !self.mode.streams() => {
                 log::warn!("cannot read the source's binlog position ({error}); a snapshot does not need it");
                 return Ok(None);
             }
@@ -285,7 +287,7 @@ impl Source for MysqlSource {
         }
         // The binlog names a row by its PRIMARY KEY only, so a job that streams lets no unique
         // key stand in for one: such a table is keyless to the stream, and copied as keyless.
-        let stand_in = self.mode == Mode::Snapshot;
+        let stand_in = !self.mode.streams();
         let version: Option<String> =
             connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
         let mariadb = version.unwrap_or_default().contains("MariaDB");
@@ -373,7 +375,7 @@ impl Source for MysqlSource {
         if split.whole {
             let connection = self.connection().await?;
             // A job that streams applies the table's changes from the copy's position on.
-            let position_needed = self.mode != Mode::Snapshot;
+            let position_needed = self.mode.streams();
             let table = split.table.clone();
             return Ok(Box::new(KeylessReader::start(
                 connection,
@@ -397,15 +399,67 @@ impl Source for MysqlSource {
                 _ => Ok(None),
             }
         };
+        let window = match &split.window {
+            Some(window) => {
+                let (condition, values) = window.condition(&quote(&window.column), |_| "?".to_owned());
+                Some((condition, keys_from_json(&serde_json::Value::Array(values.into_iter().cloned().collect()))?))
+            }
+            None => None,
+        };
         Ok(Box::new(MysqlReader {
             connection,
             server: self.server.clone(),
             table: split.table.clone(),
             after: after.or(bound(&range.after)?),
             through: bound(&range.through)?,
+            window,
             batch_rows,
             finished: false,
         }))
+    }
+
+    async fn cursor_window(
+        &self,
+        table: &TableSchema,
+        cursor: &CursorSpec,
+        mark: Option<&serde_json::Value>,
+    ) -> Result<CursorWindow> {
+        let column = cursor::column(table, cursor)?;
+        let doing = format!("read the highest {} of table {}", cursor.column, table.name);
+        let mut connection = self.connection().await?;
+        let highest: Option<Row> = connection
+            .query_first(format!("SELECT MAX({}) FROM {}", quote(&column.name), qualified(&table.name)))
+            .await
+            .map_err(self.error(&doing))?;
+        let as_json = |row: Option<Row>, data_type: &DataType| -> Result<Option<serde_json::Value>> {
+            let Some(value) = row.and_then(|mut row| row.take::<mysql_async::Value, _>(0)) else { return Ok(None) };
+            match decode(value, data_type) {
+                Ok(Value::Null) => Ok(None),
+                // Bound again as text, which the server reads in the session's zone.
+                Ok(Value::Timestamp(instant)) => Ok(Some(json!(instant.to_string()))),
+                Ok(value) => Ok(Some(key_to_json(&value))),
+                Err(reason) => Err(Error::new(ErrorKind::Read, format!("{doing}: {reason}")).on(Side::Source)),
+            }
+        };
+        let through = as_json(highest, &column.data_type)?;
+        // A time's lookback is taken by the server, in its own types.
+        let after = match mark {
+            Some(mark) if cursor.lookback_secs > 0 => {
+                let mark = keys_from_json(&serde_json::Value::Array(vec![mark.clone()]))?.remove(0);
+                let lowered: Option<Row> = connection
+                    .exec_first("SELECT CAST(? AS DATETIME(6)) - INTERVAL ? SECOND", (mark, cursor.lookback_secs))
+                    .await
+                    .map_err(self.error(&doing))?;
+                as_json(lowered, &DataType::DateTime { precision: 6 })?
+            }
+            _ => mark.cloned(),
+        };
+        Ok(CursorWindow {
+            column: column.name.clone(),
+            through: through.or_else(|| mark.cloned()),
+            after,
+            mark: mark.cloned(),
+        })
     }
 }
 
@@ -916,6 +970,8 @@ struct MysqlReader {
     after: Option<Vec<mysql_async::Value>>,
     /// The split's last key, included; `None` for the last split.
     through: Option<Vec<mysql_async::Value>>,
+    /// A cursor-incremental batch's condition on the rows read, and its values.
+    window: Option<(String, Vec<mysql_async::Value>)>,
     batch_rows: usize,
     finished: bool,
 }
@@ -934,6 +990,10 @@ impl MysqlReader {
         }
         if let Some(through) = &self.through {
             conditions.push(key_condition(&key, through, false, &mut parameters));
+        }
+        if let Some((condition, values)) = &self.window {
+            conditions.push(condition.clone());
+            parameters.extend(values.iter().cloned());
         }
         let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
         let sql = format!(

@@ -21,6 +21,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         snapshot_source: false,
         // Streams of change events, read back (`source.rs`).
         change_source: true,
+        cursor_source: false,
         table_sink: true,
         change_sink: false,
         event_sink: true,

@@ -15,6 +15,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     capabilities: Capabilities {
         snapshot_source: false,
         change_source: false,
+        cursor_source: false,
         table_sink: true,
         change_sink: true,
         event_sink: false,

@@ -15,6 +15,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     capabilities: Capabilities {
         snapshot_source: true,
         change_source: false,
+        cursor_source: true,
         table_sink: true,
         change_sink: false,
         event_sink: false,

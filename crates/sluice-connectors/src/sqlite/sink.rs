@@ -142,6 +142,34 @@ impl Sink for SqliteSink {
         .await
     }
 
+    async fn checkpoints(&self, job: &str, tasks: &[String]) -> Result<Vec<Checkpoint>> {
+        let (job, tasks) = (job.to_owned(), tasks.to_vec());
+        self.blocking(move |connection| {
+            let mut found = Vec::with_capacity(tasks.len());
+            if !table_exists(&connection, &TableName::new(None, CHECKPOINTS))? {
+                return Ok(found);
+            }
+            for task in tasks {
+                let row = connection
+                    .query_row(
+                        &format!("SELECT position, done, rows_written FROM {CHECKPOINTS} WHERE job = ?1 AND task = ?2"),
+                        [&job, &task],
+                        |row| Ok((row.get::<_, Option<String>>(0)?, row.get::<_, bool>(1)?, row.get::<_, u64>(2)?)),
+                    )
+                    .optional()
+                    .map_err(|error| {
+                        sqlite_error(error, Side::Target, &format!("read the checkpoint of task {task}"))
+                    })?;
+                if let Some((position, done, rows_written)) = row {
+                    let position = position.and_then(|text| serde_json::from_str(&text).ok().map(Position));
+                    found.push(Checkpoint { task, position, done, rows_written });
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
     async fn forget_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
         let (job, tables) = (job.to_owned(), tables.to_vec());
         self.blocking(move |connection| {

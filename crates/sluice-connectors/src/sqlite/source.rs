@@ -10,7 +10,9 @@ use rusqlite::Connection;
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
 use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
+use sluice_core::spec::CursorSpec;
 use sluice_core::{Column, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
 use super::{data_type, open, quote, read_value, sqlite_error};
@@ -119,6 +121,40 @@ impl Source for SqliteSource {
         .map_err(|error| Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source))??;
         Ok(Box::new(SqliteReader { state: Some(state) }))
     }
+
+    async fn cursor_window(
+        &self,
+        table: &TableSchema,
+        cursor: &CursorSpec,
+        mark: Option<&serde_json::Value>,
+    ) -> Result<CursorWindow> {
+        cursor::column(table, cursor)?;
+        let (name, column, lookback) = (table.name.clone(), cursor.column.clone(), cursor.lookback_secs);
+        let mark = mark.cloned();
+        self.blocking(move |connection| {
+            let doing = format!("read the highest {column} of table {name}");
+            let column_quoted = quote(&column);
+            let through = connection
+                .query_row(&format!("SELECT max({column_quoted}) FROM {}", quote(&name.name)), [], |row| {
+                    sql_to_json(row.get_ref(0))
+                })
+                .map_err(|error| sqlite_error(error, Side::Source, &doing))?;
+            // Times are text in SQLite: the lookback is taken in SQLite's own format.
+            let after = match &mark {
+                Some(mark) if lookback > 0 => connection
+                    .query_row(
+                        "SELECT datetime(?1, ?2)",
+                        rusqlite::params![json_to_sql(mark), format!("-{lookback} seconds")],
+                        |row| sql_to_json(row.get_ref(0)),
+                    )
+                    .map_err(|error| sqlite_error(error, Side::Source, &doing))?,
+                _ => mark.clone().unwrap_or(serde_json::Value::Null),
+            };
+            let through = if through.is_null() { mark.clone() } else { Some(through) };
+            Ok(CursorWindow { column, after: (!after.is_null()).then_some(after), through, mark })
+        })
+        .await
+    }
 }
 
 fn table_names(connection: &Connection) -> Result<Vec<TableName>> {
@@ -202,6 +238,8 @@ struct ChunkReader {
     connection: Connection,
     table: Arc<TableSchema>,
     cursor: Cursor,
+    /// A cursor-incremental batch's condition on the rows read, and its values.
+    window: Option<(String, Vec<rusqlite::types::Value>)>,
     batch_rows: usize,
     finished: bool,
 }
@@ -251,7 +289,11 @@ impl ChunkReader {
                 Cursor::Rowid { after: resume.or(rowid_from.map(|from| from - 1)), to: rowid_to }
             }
         };
-        Ok(ChunkReader { connection, table: split.table.clone(), cursor, batch_rows, finished: false })
+        let window = split.window.as_ref().map(|window| {
+            let (condition, values) = window.condition(&quote(&window.column), |_| "?".to_owned());
+            (condition, values.into_iter().map(json_to_sql).collect())
+        });
+        Ok(ChunkReader { connection, table: split.table.clone(), cursor, window, batch_rows, finished: false })
     }
 
     fn next_batch(&mut self) -> Result<Option<Batch>> {
@@ -261,9 +303,9 @@ impl ChunkReader {
         let columns: Vec<String> = self.table.columns.iter().map(|column| quote(&column.name)).collect();
         let table = quote(&self.table.name.name);
         let mut parameters: Vec<rusqlite::types::Value> = Vec::new();
+        let mut conditions = Vec::new();
         let sql = match &self.cursor {
             Cursor::Rowid { after, to } => {
-                let mut conditions = Vec::new();
                 if let Some(after) = after {
                     conditions.push("rowid > ?".to_owned());
                     parameters.push((*after).into());
@@ -272,8 +314,7 @@ impl ChunkReader {
                     conditions.push("rowid < ?".to_owned());
                     parameters.push((*to).into());
                 }
-                let filter =
-                    if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
+                let filter = where_clause(&mut conditions, &mut parameters, &self.window);
                 format!(
                     "SELECT rowid, {} FROM {table}{filter} ORDER BY rowid LIMIT {}",
                     columns.join(", "),
@@ -283,14 +324,12 @@ impl ChunkReader {
             Cursor::Key { after } => {
                 let key: Vec<String> =
                     self.table.primary_key.iter().map(|&index| quote(&self.table.columns[index].name)).collect();
-                let filter = match after {
-                    Some(values) => {
-                        parameters.extend(values.iter().map(json_to_sql));
-                        let placeholders = vec!["?"; values.len()].join(", ");
-                        format!(" WHERE ({}) > ({placeholders})", key.join(", "))
-                    }
-                    None => String::new(),
-                };
+                if let Some(values) = after {
+                    parameters.extend(values.iter().map(json_to_sql));
+                    let placeholders = vec!["?"; values.len()].join(", ");
+                    conditions.push(format!("({}) > ({placeholders})", key.join(", ")));
+                }
+                let filter = where_clause(&mut conditions, &mut parameters, &self.window);
                 format!(
                     "SELECT NULL, {} FROM {table}{filter} ORDER BY {} LIMIT {}",
                     columns.join(", "),
@@ -366,6 +405,23 @@ impl ChunkReader {
         let mut batch = Batch::new(changes, position);
         batch.rejected = rejected;
         Ok(Some(batch))
+    }
+}
+
+/// ` WHERE a AND b ...` of the split's conditions and the batch's cursor window, or nothing.
+fn where_clause(
+    conditions: &mut Vec<String>,
+    parameters: &mut Vec<rusqlite::types::Value>,
+    window: &Option<(String, Vec<rusqlite::types::Value>)>,
+) -> String {
+    if let Some((condition, values)) = window {
+        conditions.push(condition.clone());
+        parameters.extend(values.iter().cloned());
+    }
+    if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
     }
 }
 

@@ -20,6 +20,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     capabilities: Capabilities {
         snapshot_source: false,
         change_source: false,
+        cursor_source: false,
         table_sink: true,
         change_sink: false,
         event_sink: true,

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::cursor::{self, CursorSpec};
 use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
 use super::schedule::{self, Dependency, ScheduleSpec};
@@ -44,6 +45,17 @@ pub enum Mode {
     Cdc,
     #[serde(rename = "snapshot+cdc")]
     SnapshotAndCdc,
+    /// A copy of the rows whose `source.cursor` column passed the last batch's mark, upserted
+    /// by key: a batch job for sources without a change log.
+    #[serde(rename = "incremental-cursor")]
+    IncrementalCursor,
+}
+
+impl Mode {
+    /// Whether the job follows the source's change log (and so runs without end).
+    pub fn streams(self) -> bool {
+        matches!(self, Mode::Cdc | Mode::SnapshotAndCdc)
+    }
 }
 
 impl fmt::Display for Mode {
@@ -52,6 +64,7 @@ impl fmt::Display for Mode {
             Mode::Snapshot => "snapshot",
             Mode::Cdc => "cdc",
             Mode::SnapshotAndCdc => "snapshot+cdc",
+            Mode::IncrementalCursor => "incremental-cursor",
         })
     }
 }
@@ -78,6 +91,8 @@ pub struct EndpointSpec {
     pub tables: Vec<String>,
     pub write_mode: WriteMode,
     pub create_tables: bool,
+    /// `cursor:` (sources of `incremental-cursor` jobs): the column that says which rows changed.
+    pub cursor: Option<CursorSpec>,
     /// The fields present, with their lines, so the registry can reject the ones its connector
     /// does not take.
     pub present: Vec<(String, Option<usize>)>,
@@ -177,7 +192,7 @@ impl Default for RestartPolicy {
     }
 }
 
-const ENDPOINT_FIELDS: [&str; 6] = ["type", "url", "path", "tables", "write_mode", "create_tables"];
+const ENDPOINT_FIELDS: [&str; 7] = ["type", "url", "path", "tables", "write_mode", "create_tables", "cursor"];
 
 /// Parses a job document (YAML, or JSON when `json` is set) and validates its structure,
 /// returning every error found. Connector-specific checks are the registry's.
@@ -257,10 +272,11 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
                 "snapshot" | "full" => Some(Mode::Snapshot),
                 "cdc" | "incremental" => Some(Mode::Cdc),
                 "snapshot+cdc" | "full+incremental" => Some(Mode::SnapshotAndCdc),
+                "incremental-cursor" => Some(Mode::IncrementalCursor),
                 _ => None,
             };
             if mode.is_none() {
-                decoder.error("mode", node.line, format!("unknown mode {}; expected snapshot, cdc or snapshot+cdc (aliases: full, incremental, full+incremental)", decode::describe(node)));
+                decoder.error("mode", node.line, format!("unknown mode {}; expected snapshot, cdc, snapshot+cdc or incremental-cursor (aliases: full, incremental, full+incremental)", decode::describe(node)));
             }
             mode
         }),
@@ -298,10 +314,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         ("after", after.as_ref().is_some_and(|after| !after.is_empty())),
     ] {
         match mode {
-            Some(mode) if present && mode != Mode::Snapshot => decoder.error(
+            Some(mode) if present && mode.streams() => decoder.error(
                 field,
                 fields.get(field).and_then(|node| node.line),
-                format!("a {mode} job runs without end and cannot be scheduled; only a snapshot job runs again by `schedule` or `after`"),
+                format!("a {mode} job runs without end and cannot be scheduled; only snapshot and incremental-cursor jobs run again by `schedule` or `after`"),
             ),
             _ => {}
         }
@@ -312,6 +328,13 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             fields.get("after").and_then(|node| node.line),
             "a job with `after` runs when those jobs' batches end; it takes no `schedule` of its own",
         );
+    }
+    let mut target = target;
+    if let (Some(mode), Some(source), Some(target)) = (mode, &source, &mut target) {
+        check_cursor(decoder, mode, source, target);
+        if mode == Mode::IncrementalCursor {
+            target.write_mode = WriteMode::Upsert;
+        }
     }
     Some(JobSpec {
         name: name?,
@@ -329,6 +352,42 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         priority: priority?,
         after: after?,
     })
+}
+
+/// An `incremental-cursor` job needs `source.cursor` and upserts; no other job takes a cursor.
+fn check_cursor(decoder: &mut Decoder, mode: Mode, source: &EndpointSpec, target: &EndpointSpec) {
+    let incremental = mode == Mode::IncrementalCursor;
+    if incremental && source.cursor.is_none() {
+        decoder.error(
+            &source.path_of("cursor"),
+            source.line,
+            "an incremental-cursor job needs `source.cursor: {column: ..., lookback_secs: ...}`: the column that tells which rows changed",
+        );
+    }
+    if !incremental && source.cursor.is_some() {
+        decoder.error(
+            &source.path_of("cursor"),
+            source.line_of("cursor"),
+            format!("a {mode} job reads no cursor; `source.cursor` belongs to `mode: incremental-cursor`"),
+        );
+    }
+    if target.cursor.is_some() {
+        decoder.error(
+            &target.path_of("cursor"),
+            target.line_of("cursor"),
+            "a cursor is read from the source; remove it from the target",
+        );
+    }
+    if incremental
+        && target.present.iter().any(|(field, _)| field == "write_mode")
+        && target.write_mode == WriteMode::Insert
+    {
+        decoder.error(
+            &target.path_of("write_mode"),
+            target.line_of("write_mode"),
+            "an incremental-cursor job reads changed rows again and upserts them by key; remove `write_mode: insert`",
+        );
+    }
 }
 
 fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Option<EndpointSpec> {
@@ -370,6 +429,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
         None => Some(true),
         Some(node) => decoder.boolean(node, &fields.path("create_tables")),
     };
+    let cursor = cursor::decode_cursor(decoder, &fields);
     let options = entries
         .iter()
         .filter(|(key, value)| !ENDPOINT_FIELDS.contains(&key.as_str()) && !value.is_null())
@@ -383,6 +443,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
         tables,
         write_mode: write_mode?,
         create_tables: create_tables?,
+        cursor: cursor?,
         present: fields.keys().map(|(key, line)| (key.to_owned(), line)).collect(),
         options,
         line: node.line,

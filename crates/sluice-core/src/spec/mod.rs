@@ -1,12 +1,14 @@
 //! The job file: parsed from YAML or JSON into nodes that remember their lines, then decoded into
 //! a typed `JobSpec` while every error is collected.
 
+mod cursor;
 mod decode;
 mod document;
 mod job;
 mod schedule;
 mod transform;
 
+pub use cursor::CursorSpec;
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{

@@ -332,7 +332,14 @@ async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
             format!("job {name} has no `schedule` or `after`; POST /api/v1/jobs/{name}/restart runs it again"),
         ));
     }
-    let batches = job.batches.get_or_insert_with(Default::default);
+    // Asked for before the leader first saw the job: its schedule still starts from now.
+    let now = unix_seconds();
+    let first = job.schedule.as_ref().and_then(|schedule| schedule.first(now));
+    let batches = job.batches.get_or_insert_with(|| Batches {
+        anchor: first.unwrap_or(now),
+        due_at: first,
+        ..Default::default()
+    });
     batches.queued = true;
     let next = batches.batch + 1;
     save_job(&api, &job).await?;
@@ -340,13 +347,15 @@ async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
     Ok((StatusCode::ACCEPTED, Json(BatchQueued { name, batch: next })).into_response())
 }
 
+fn unix_seconds() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs() as i64)
+}
+
 /// A version with another schedule counts its firings from now; its batch numbers go on.
 fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleSpec>) {
     if job.schedule != schedule {
         if let (Some(batches), Some(schedule)) = (&mut job.batches, &schedule) {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |elapsed| elapsed.as_secs() as i64);
+            let now = unix_seconds();
             batches.due_at = schedule.first(now);
             batches.anchor = batches.due_at.unwrap_or(now);
         }

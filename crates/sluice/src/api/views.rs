@@ -137,6 +137,8 @@ pub struct BatchView {
     /// When it was due (RFC 3339, UTC).
     pub due_at: Option<String>,
     pub fired_at: Option<String>,
+    /// When the batch was seen to end (RFC 3339, UTC).
+    pub ended_at: Option<String>,
     pub generation: Option<u64>,
     /// `running` (the current batch), `succeeded`, `failed`, or `skipped: why`.
     pub outcome: String,
@@ -169,6 +171,7 @@ fn schedule_view(job: &JobRecord, state: JobState) -> Option<ScheduleView> {
             batch: record.batch,
             due_at: time_of(record.due_at),
             fired_at: record.fired_at.clone(),
+            ended_at: record.ended_at.clone(),
             generation: record.generation,
             outcome: match &record.outcome {
                 Some(outcome) => outcome.clone(),

@@ -161,11 +161,25 @@ impl Node {
     /// only them while the stream runs on with the version before.
     ///
     /// A schedule's new batch plans afresh (a new snapshot position) and starts the copy over:
-    /// the job's target tables are emptied and their checkpoints forgotten first.
+    /// the job's target tables are emptied and their checkpoints forgotten first; a
+    /// cursor-incremental job's keeps its rows and copies the window above its marks.
     async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
         let spec = Arc::new(load_spec(&*self.store, &job.name, job.version).await?);
         let batch = batch_of(job);
         let fresh = previous.as_ref().is_some_and(|previous| previous.batch < batch);
+        let incremental = spec.mode == sluice_core::spec::Mode::IncrementalCursor;
+        let source = sluice_connectors::source(&spec)?;
+        let sink = sluice_connectors::sink(&spec)?;
+        // A cursor-incremental batch starts each table where the last one's checkpoints in the
+        // target say it got to, and forgets them first, so a crash before the new plan is stored
+        // reads the last window again rather than skipping the new one.
+        let mut marks = Default::default();
+        if let (true, true, Some(previous)) = (fresh, incremental, &previous) {
+            if let Some(plan) = load_plan(&*self.store, &job.name, previous).await? {
+                marks = sluice_core::cursor::marks(&spec.name, &*sink, &plan).await?.tables;
+                sink.forget_checkpoints(&spec.name, &TableTasks::of(&plan)).await?;
+            }
+        }
         let previous = if fresh { None } else { previous };
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
         let previous_plan = match &previous {
@@ -180,8 +194,6 @@ impl Node {
                 Err(error) => return Err(error),
             },
         };
-        let source = sluice_connectors::source(&spec)?;
-        let sink = sluice_connectors::sink(&spec)?;
         let added: Vec<TableName> =
             job.backfill.iter().flat_map(|request| &request.tables).map(|table| TableName::parse(table)).collect();
         // The stream goes back here for the added tables: before any of their rows is read.
@@ -195,8 +207,11 @@ impl Node {
             })?),
             _ => None,
         };
-        let planned =
-            Planner::new(spec.clone(), source, sink.clone()).splitting(added.clone()).plan(previous_plan).await?;
+        let planned = Planner::new(spec.clone(), source, sink.clone())
+            .splitting(added.clone())
+            .from_marks(marks)
+            .plan(previous_plan)
+            .await?;
         // Workers run their tasks on this plan without discovering again: the target tables are
         // made once, here.
         // Copies still hidden are made and judged under their hidden names.
@@ -204,7 +219,9 @@ impl Node {
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
         let tables = hidden.tasks(TableTasks::of(&plan));
-        if fresh {
+        if fresh && incremental {
+            log::info!("job {}: batch {batch} copies the rows changed since batch {}", job.name, batch - 1);
+        } else if fresh {
             log::info!("job {}: batch {batch} copies afresh: emptying its {} target tables", job.name, tables.len());
             sink.reset(&spec.name, &tables).await?;
         } else {

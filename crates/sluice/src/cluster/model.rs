@@ -134,6 +134,9 @@ pub struct BatchRecord {
     /// `succeeded` or `failed` once the batch ended, or why the firing was skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// When the leader saw the batch end (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
 }
 
 impl JobRecord {
@@ -314,6 +317,8 @@ struct PieceSplit {
     estimated_rows: u64,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     whole: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    window: Option<sluice_core::cursor::CursorWindow>,
     /// Only for a split whose schema is not its table's in this piece.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     schema: Option<std::sync::Arc<sluice_core::TableSchema>>,
@@ -338,7 +343,8 @@ fn pieces_of(plan: &Plan, limit: usize) -> Vec<PlanPiece> {
         let mut open = false;
         let mut continued = false;
         for split in &table.splits {
-            let split_size = split.id.len() + split.descriptor.to_string().len() + 64;
+            let window_size = split.window.as_ref().map_or(0, |window| encode(window).len());
+            let split_size = split.id.len() + split.descriptor.to_string().len() + window_size + 64;
             if size > 0 && size + split_size > limit {
                 pieces.push(std::mem::replace(&mut piece, PlanPiece { tables: Vec::new() }));
                 size = 0;
@@ -363,6 +369,7 @@ fn pieces_of(plan: &Plan, limit: usize) -> Vec<PlanPiece> {
                 descriptor: split.descriptor.clone(),
                 estimated_rows: split.estimated_rows,
                 whole: split.whole,
+                window: split.window.clone(),
                 schema,
             });
         }
@@ -383,6 +390,7 @@ fn join_pieces(mut plan: Plan, pieces: Vec<PlanPiece>) -> Plan {
                     descriptor: split.descriptor,
                     estimated_rows: split.estimated_rows,
                     whole: split.whole,
+                    window: split.window,
                 })
             });
             match plan.tables.last_mut() {
@@ -667,7 +675,7 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
             plan.tables.iter().filter_map(|table| Some(table.splits.first()?.table.name.clone())).collect();
         tasks = snapshot_tasks(plan, &every);
     }
-    if mode != Mode::Snapshot {
+    if mode.streams() {
         let after = tasks.iter().map(|task| task.id.clone()).collect();
         tasks.push(TaskPlan {
             id: sluice_core::runner::STREAM_TASK.to_owned(),
@@ -698,6 +706,7 @@ mod tests {
                     descriptor: serde_json::Value::Null,
                     estimated_rows: 100,
                     whole: false,
+                    window: None,
                 })
                 .collect(),
         };
@@ -755,6 +764,13 @@ mod tests {
                     descriptor: serde_json::json!({ "from": index * 100, "to": index * 100 + 100 }),
                     estimated_rows: 100,
                     whole: false,
+                    // Cursor windows ride along with their splits.
+                    window: (index % 2 == 1).then(|| sluice_core::cursor::CursorWindow {
+                        column: "updated_at".into(),
+                        mark: Some(serde_json::json!("2026-12-01 00:00:00")),
+                        after: Some(serde_json::json!("2026-12-01 00:00:00")),
+                        through: Some(serde_json::json!("2026-12-02 00:00:00")),
+                    }),
                 })
                 .collect(),
         };

@@ -38,15 +38,27 @@ pub enum BatchState {
     Ended(&'static str),
 }
 
-/// Decides a tick for one scheduled job, at `now` (Unix seconds).
-pub fn decide(schedule: &ScheduleSpec, batches: Option<&Batches>, state: BatchState, now: i64) -> Decision {
+/// Decides a tick for one scheduled job, at `now` (Unix seconds). `downstream` names a job of
+/// its unit (one that runs after it, directly or not) still busy with the current batch: until
+/// it ends, the batch counts as running, so a new batch never rewrites what that job reads.
+pub fn decide(
+    schedule: &ScheduleSpec,
+    batches: Option<&Batches>,
+    state: BatchState,
+    downstream: Option<&str>,
+    now: i64,
+) -> Decision {
     let Some(batches) = batches else {
         let first = schedule.first(now);
         return Decision::Record(Batches { anchor: first.unwrap_or(now), due_at: first, ..Batches::default() });
     };
     let mut next = batches.clone();
     let changed = record_outcome(&mut next, state);
-    let running = state == BatchState::Running;
+    let running = state == BatchState::Running || downstream.is_some();
+    let running_now = |batch: u64| match downstream {
+        Some(job) if state != BatchState::Running => format!("batch {batch} of job {job}, which runs after it,"),
+        _ => format!("batch {batch}"),
+    };
     let due = next.due_at.is_some_and(|due| due <= now);
     if due {
         let due_at = next.due_at.expect("due");
@@ -61,13 +73,13 @@ pub fn decide(schedule: &ScheduleSpec, batches: Option<&Batches>, state: BatchSt
         if running {
             match schedule.overlap {
                 Overlap::Skip => {
-                    let reason = format!("batch {} was still running (overlap: skip)", batches.batch);
+                    let reason = format!("{} was still running (overlap: skip)", running_now(batches.batch));
                     push(&mut next, skipped(due_at, &reason));
                 }
                 Overlap::Queue if next.queued => {
                     let reason = format!(
-                        "batch {} was still running and a firing already waits (overlap: queue)",
-                        batches.batch
+                        "{} was still running and a firing already waits (overlap: queue)",
+                        running_now(batches.batch)
                     );
                     push(&mut next, skipped(due_at, &reason));
                 }
@@ -132,13 +144,19 @@ pub fn decide_after(
     if let Some(failure) = failed(OnFailure::Stop) {
         next.batch = number;
         let outcome = Some(format!("stopped: {}", reason(failure)));
-        push(&mut next, BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome });
+        push(
+            &mut next,
+            BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome, ended_at: None },
+        );
         return Decision::Stop(next);
     }
     if let Some(failure) = failed(OnFailure::Skip) {
         next.batch = number;
         let outcome = Some(format!("skipped: {}", reason(failure)));
-        push(&mut next, BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome });
+        push(
+            &mut next,
+            BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome, ended_at: None },
+        );
         return Decision::Record(next);
     }
     Decision::Fire(fire(next, now))
@@ -151,6 +169,7 @@ fn record_outcome(batches: &mut Batches, state: BatchState) -> bool {
     match batches.history.iter_mut().rev().find(|record| record.batch == Some(current)) {
         Some(record) if record.outcome.is_none() => {
             record.outcome = Some(outcome.to_owned());
+            record.ended_at = Some(timestamp());
             true
         }
         _ => false,
@@ -165,13 +184,21 @@ fn fire(mut batches: Batches, due_at: i64) -> Batches {
         fired_at: Some(timestamp()),
         generation: None,
         outcome: None,
+        ended_at: None,
     };
     push(&mut batches, record);
     batches
 }
 
 fn skipped(due_at: i64, reason: &str) -> BatchRecord {
-    BatchRecord { batch: None, due_at, fired_at: None, generation: None, outcome: Some(format!("skipped: {reason}")) }
+    BatchRecord {
+        batch: None,
+        due_at,
+        fired_at: None,
+        generation: None,
+        outcome: Some(format!("skipped: {reason}")),
+        ended_at: None,
+    }
 }
 
 fn push(batches: &mut Batches, record: BatchRecord) {
@@ -207,6 +234,34 @@ pub(super) fn batch_state(view: &View, job: &JobRecord) -> BatchState {
     BatchState::Ended(if failed { "failed" } else { "succeeded" })
 }
 
+/// A running job of `root`'s unit (one that runs after it, directly or through others) that
+/// has not ended batch `batch` yet, if any.
+fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str> {
+    if batch == 0 {
+        return None;
+    }
+    let mut unit = vec![root];
+    let mut index = 0;
+    while index < unit.len() {
+        let upstream = unit[index];
+        index += 1;
+        for (name, job, _) in &view.jobs {
+            if unit.contains(&name.as_str()) || !job.after.iter().any(|dependency| dependency.job == upstream) {
+                continue;
+            }
+            unit.push(name);
+            if job.desired != Desired::Running {
+                continue;
+            }
+            let theirs = job.batches.as_ref().map_or(0, |batches| batches.batch);
+            if theirs < batch || (theirs == batch && batch_state(view, job) == BatchState::Running) {
+                return Some(name);
+            }
+        }
+    }
+    None
+}
+
 impl Node {
     /// As leader: fires the schedules that are due.
     pub(super) async fn fire_schedules(self: &Arc<Self>, view: &View) {
@@ -219,7 +274,10 @@ impl Node {
             }
             let state = batch_state(view, job);
             let decision = match &job.schedule {
-                Some(schedule) => decide(schedule, job.batches.as_ref(), state, now),
+                Some(schedule) => {
+                    let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
+                    decide(schedule, job.batches.as_ref(), state, busy_downstream(view, name, current), now)
+                }
                 None => {
                     let dependencies: Vec<Option<&Batches>> = job
                         .after
@@ -334,6 +392,7 @@ mod tests {
             fired_at: None,
             generation: Some(batch),
             outcome: Some(outcome.into()),
+            ended_at: None,
         };
         Batches { batch, history: vec![record], ..Batches::default() }
     }
@@ -420,15 +479,15 @@ mod tests {
     #[test]
     fn batches_fire_on_the_period_and_record_their_outcome() {
         let schedule = every(60, Overlap::Skip, Missed::RunOnce);
-        let first = recorded(decide(&schedule, None, BatchState::None, 1_000));
+        let first = recorded(decide(&schedule, None, BatchState::None, None, 1_000));
         assert_eq!((first.batch, first.due_at), (0, Some(1_000)));
-        let one = fired(decide(&schedule, Some(&first), BatchState::None, 1_000));
+        let one = fired(decide(&schedule, Some(&first), BatchState::None, None, 1_000));
         assert_eq!((one.batch, one.due_at), (1, Some(1_060)));
-        assert_eq!(decide(&schedule, Some(&one), BatchState::Running, 1_030), Decision::Wait);
-        let ended = recorded(decide(&schedule, Some(&one), BatchState::Ended("succeeded"), 1_040));
+        assert_eq!(decide(&schedule, Some(&one), BatchState::Running, None, 1_030), Decision::Wait);
+        let ended = recorded(decide(&schedule, Some(&one), BatchState::Ended("succeeded"), None, 1_040));
         assert_eq!(ended.history[0].outcome.as_deref(), Some("succeeded"));
-        assert_eq!(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), 1_050), Decision::Wait);
-        let two = fired(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), 1_061));
+        assert_eq!(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), None, 1_050), Decision::Wait);
+        let two = fired(decide(&schedule, Some(&ended), BatchState::Ended("succeeded"), None, 1_061));
         assert_eq!((two.batch, two.due_at), (2, Some(1_120)));
     }
 
@@ -436,26 +495,42 @@ mod tests {
     fn a_firing_while_the_batch_runs_is_skipped_or_queued_once() {
         let skip = every(60, Overlap::Skip, Missed::RunOnce);
         let one = Batches { batch: 1, anchor: 0, due_at: Some(60), ..Batches::default() };
-        let skipped = recorded(decide(&skip, Some(&one), BatchState::Running, 60));
+        let skipped = recorded(decide(&skip, Some(&one), BatchState::Running, None, 60));
         assert_eq!((skipped.batch, skipped.due_at), (1, Some(120)));
         assert!(skipped.history[0].outcome.as_deref().unwrap().contains("batch 1 was still running"));
 
         let queue = every(60, Overlap::Queue, Missed::RunOnce);
-        let queued = recorded(decide(&queue, Some(&one), BatchState::Running, 60));
+        let queued = recorded(decide(&queue, Some(&one), BatchState::Running, None, 60));
         assert!(queued.queued && queued.history.is_empty());
-        let again = recorded(decide(&queue, Some(&queued), BatchState::Running, 120));
+        let again = recorded(decide(&queue, Some(&queued), BatchState::Running, None, 120));
         assert!(again.queued && again.history.len() == 1, "a second firing beyond the one queued is skipped");
-        let two = fired(decide(&queue, Some(&again), BatchState::Ended("succeeded"), 130));
+        let two = fired(decide(&queue, Some(&again), BatchState::Ended("succeeded"), None, 130));
         assert_eq!((two.batch, two.queued, two.due_at), (2, false, Some(180)));
+    }
+
+    #[test]
+    fn a_unit_batch_counts_as_running_until_the_jobs_after_it_end_it() {
+        let queue = every(60, Overlap::Queue, Missed::RunOnce);
+        let one = Batches { batch: 1, anchor: 0, due_at: Some(60), ..Batches::default() };
+        // The root's own batch ended, but a job reading what it wrote still runs batch 1.
+        let queued = recorded(decide(&queue, Some(&one), BatchState::Ended("succeeded"), Some("load"), 60));
+        assert!(queued.queued, "{queued:?}");
+        let skip = every(60, Overlap::Skip, Missed::RunOnce);
+        let skipped = recorded(decide(&skip, Some(&one), BatchState::Ended("succeeded"), Some("load"), 60));
+        let reason = skipped.history.last().unwrap().outcome.clone().unwrap();
+        assert!(reason.contains("batch 1 of job load, which runs after it, was still running"), "{reason}");
+        // Once it ended, the queued firing runs.
+        let two = fired(decide(&queue, Some(&queued), BatchState::Ended("succeeded"), None, 70));
+        assert_eq!(two.batch, 2);
     }
 
     #[test]
     fn firings_missed_while_down_run_once_or_are_skipped() {
         let one = Batches { batch: 1, anchor: 0, due_at: Some(60), ..Batches::default() };
         // Down from 50 to 400: the firings at 60 … 360 passed.
-        let once = fired(decide(&every(60, Overlap::Skip, Missed::RunOnce), Some(&one), BatchState::None, 400));
+        let once = fired(decide(&every(60, Overlap::Skip, Missed::RunOnce), Some(&one), BatchState::None, None, 400));
         assert_eq!((once.batch, once.due_at), (2, Some(420)));
-        let skip = recorded(decide(&every(60, Overlap::Skip, Missed::Skip), Some(&one), BatchState::None, 400));
+        let skip = recorded(decide(&every(60, Overlap::Skip, Missed::Skip), Some(&one), BatchState::None, None, 400));
         assert_eq!((skip.batch, skip.due_at), (1, Some(420)));
         assert!(skip.history[0].outcome.as_deref().unwrap().contains("missed"));
     }
@@ -465,7 +540,7 @@ mod tests {
         let schedule = every(1, Overlap::Skip, Missed::RunOnce);
         let mut batches = Batches { anchor: 0, due_at: Some(0), ..Batches::default() };
         for now in 0..(BATCH_HISTORY as i64 + 10) {
-            batches = fired(decide(&schedule, Some(&batches), BatchState::None, now));
+            batches = fired(decide(&schedule, Some(&batches), BatchState::None, None, now));
         }
         assert_eq!(batches.history.len(), BATCH_HISTORY);
         assert_eq!(batches.history.last().unwrap().batch, Some(batches.batch));
