@@ -1,6 +1,8 @@
 //! Sluice's connectors, one module per external system, each behind a cargo feature, and the
 //! registry: the one place that maps a job's `type` to a connector.
 
+#[cfg(feature = "file")]
+pub mod directory;
 pub mod events;
 #[cfg(feature = "file")]
 pub mod file;
@@ -18,6 +20,8 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod stdout;
+#[cfg(feature = "tcp")]
+pub mod tcp;
 pub mod tls;
 
 use std::path::PathBuf;
@@ -100,6 +104,10 @@ pub const CONNECTORS: &[&Connector] = &[
     &parquet::CONNECTOR,
     #[cfg(feature = "file")]
     &file::connector::JSONL,
+    #[cfg(feature = "file")]
+    &directory::connector::CONNECTOR,
+    #[cfg(feature = "tcp")]
+    &tcp::connector::CONNECTOR,
     &stdout::CONNECTOR,
     #[cfg(feature = "nats")]
     &nats::connector::CONNECTOR,
@@ -115,6 +123,8 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("csv", "file"),
     ("parquet", "parquet"),
     ("jsonl", "file"),
+    ("directory", "file"),
+    ("tcp", "tcp"),
     ("stdout", "default"),
     ("nats", "nats"),
     ("kafka", "kafka"),
@@ -186,11 +196,11 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
         if fields.contains(&"path") && endpoint.path.is_none() {
             errors.push(endpoint.error(
                 "path",
-                format!(
-                    "missing required field `path` (the {} {})",
-                    connector.name,
-                    if connector.name == "sqlite" { "database file" } else { "directory" }
-                ),
+                match connector.name {
+                    "sqlite" => "missing required field `path` (the sqlite database file)".to_owned(),
+                    "directory" => "missing required field `path` (the directory files arrive in)".to_owned(),
+                    name => format!("missing required field `path` (the {name} directory)"),
+                },
             ));
         }
         if fields.contains(&"url") && endpoint.url.is_none() {

@@ -78,6 +78,12 @@ impl Position {
         Position(serde_json::to_value(position).expect("positions serialize"))
     }
 
+    /// The position as text for a log line: whole when short, else its first 120 characters
+    /// and its length (a watched directory's position lists every file it loaded).
+    pub fn brief(&self) -> String {
+        brief_json(&self.0)
+    }
+
     /// The position as the connector's type; one that does not read is an error naming `what`
     /// (e.g. the task whose checkpoint holds it).
     pub fn read<T: serde::de::DeserializeOwned>(&self, what: &str) -> crate::error::Result<T> {
@@ -88,6 +94,19 @@ impl Position {
             )
         })
     }
+}
+
+/// JSON text for a log line: whole when short, else its start and its length.
+pub fn brief_json(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    if text.len() <= 160 {
+        return text;
+    }
+    let mut end = 120;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 /// A record that could not be read or written, kept for inspection instead of being dropped.

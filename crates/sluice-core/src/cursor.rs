@@ -60,6 +60,10 @@ pub struct CursorWindow {
     /// Rows whose cursor is at most this are read: the column's highest value when the batch
     /// was planned. `None`: no row had a cursor then, and only NULL cursors are read.
     pub through: Option<serde_json::Value>,
+    /// The window of earlier batches read again (a rerun): the next batch starts at `mark`
+    /// whatever this one did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rerun: bool,
 }
 
 impl CursorWindow {
@@ -126,6 +130,7 @@ mod tests {
             mark: None,
             after: after.map(|v| json!(v)),
             through: through.map(|v| json!(v)),
+            rerun: false,
         }
     }
 

@@ -35,6 +35,8 @@ pub struct Planner {
     split_also: Vec<TableName>,
     /// `incremental-cursor` jobs: where each table's window starts (`crate::cursor::marks`).
     marks: BTreeMap<TableName, Option<serde_json::Value>>,
+    /// Windows given whole (a rerun of earlier batches), by source table.
+    windows: BTreeMap<TableName, crate::cursor::CursorWindow>,
     stop: Option<watch::Receiver<bool>>,
 }
 
@@ -47,7 +49,16 @@ impl std::fmt::Debug for Planner {
 impl Planner {
     pub fn new(job: Arc<JobSpec>, source: Arc<dyn Source>, sink: Arc<dyn Sink>) -> Planner {
         let transforms = Transforms::of(&job);
-        Planner { job, source, sink, transforms, split_also: Vec::new(), marks: BTreeMap::new(), stop: None }
+        Planner {
+            job,
+            source,
+            sink,
+            transforms,
+            split_also: Vec::new(),
+            marks: BTreeMap::new(),
+            windows: BTreeMap::new(),
+            stop: None,
+        }
     }
 
     /// Splits these tables even when the job copies nothing (a `cdc` job to which they are
@@ -61,6 +72,12 @@ impl Planner {
     /// first; tables without one start from their first row).
     pub fn from_marks(mut self, marks: BTreeMap<TableName, Option<serde_json::Value>>) -> Planner {
         self.marks = marks;
+        self
+    }
+
+    /// Reads these tables' windows as given instead of from their marks (a rerun).
+    pub fn with_windows(mut self, windows: BTreeMap<TableName, crate::cursor::CursorWindow>) -> Planner {
+        self.windows = windows;
         self
     }
 
@@ -98,7 +115,7 @@ impl Planner {
         };
         if let Some(position) = &source_position {
             let when = if split { "snapshot start" } else { "the job's first run" };
-            log::info!("source log position at {when}: {}", position.0);
+            log::info!("source log position at {when}: {}", position.brief());
         }
         let stored: BTreeMap<_, _> = previous
             .tables
@@ -132,11 +149,15 @@ impl Planner {
                         .await?;
                     if let Some(cursor) = &self.job.source.cursor {
                         let mark = self.marks.get(&table.name).cloned().flatten();
-                        let window = self
-                            .with_retry("read the cursor's highest value", || {
-                                self.source.cursor_window(&table, cursor, mark.as_ref())
-                            })
-                            .await?;
+                        let window = match self.windows.get(&table.name) {
+                            Some(given) => given.clone(),
+                            None => {
+                                self.with_retry("read the cursor's highest value", || {
+                                    self.source.cursor_window(&table, cursor, mark.as_ref())
+                                })
+                                .await?
+                            }
+                        };
                         log::info!(
                             "table {}: cursor {} in ({}, {}]",
                             table.name,

@@ -13,7 +13,7 @@ use crate::client::{self, Connection};
 pub enum JobAction {
     /// Create a job from a job file (YAML, or JSON when it ends in .json).
     Submit {
-        /// The job file.
+        /// The job file; a unit file holds several jobs, separated by `---` lines.
         file: std::path::PathBuf,
     },
     /// Make a job file the next version of the job it names.
@@ -42,6 +42,9 @@ pub enum JobAction {
     Batch {
         /// The job's name.
         name: String,
+        /// Run these batches again instead (a backfill): `3` or `3-5`.
+        #[arg(long, value_name = "A[-B]")]
+        rerun: Option<String>,
     },
     /// Stop and start a job (a new generation of its tasks).
     Restart {
@@ -83,8 +86,89 @@ fn job_file(file: &Path) -> Result<(String, &'static str), String> {
     Ok((text, if json { "application/json" } else { "application/yaml" }))
 }
 
+/// The documents of a YAML file separated by `---` lines, empty ones left out.
+fn documents(text: &str) -> Vec<String> {
+    let mut documents = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" || line.starts_with("--- ") {
+            documents.push(String::new());
+        } else {
+            let current = documents.last_mut().expect("one document at least");
+            current.push_str(line);
+            current.push('\n');
+        }
+    }
+    documents
+        .retain(|document| document.lines().any(|line| !line.trim().is_empty() && !line.trim_start().starts_with('#')));
+    documents
+}
+
+/// A unit file: several job documents, checked together first (none is sent while one is
+/// invalid), then each submitted (or updated) in order.
+async fn submit_unit(connection: &Connection, json: bool, update: bool, file: &Path, documents: Vec<String>) -> u8 {
+    let mut names = Vec::new();
+    let mut invalid = false;
+    for (index, document) in documents.iter().enumerate() {
+        // `${VAR}` is the server's to resolve: any value stands in for it here.
+        let (job, errors) = sluice_core::spec::parse_job_partially(document, false, |_| Some("1".to_owned()));
+        let name = job.map(|job| job.name).unwrap_or_default();
+        for error in &errors {
+            eprintln!(
+                "error: {} document {} ({}): {error}",
+                file.display(),
+                index + 1,
+                if name.is_empty() { "no name" } else { &name }
+            );
+        }
+        invalid |= !errors.is_empty() || name.is_empty();
+        names.push(name);
+    }
+    if invalid {
+        eprintln!("error: {}: nothing was submitted", file.display());
+        return 2;
+    }
+    let mut code = 0;
+    for (name, document) in names.iter().zip(&documents) {
+        let (method, path) =
+            if update { (Method::PUT, format!("/jobs/{name}")) } else { (Method::POST, "/jobs".to_owned()) };
+        match client::request(connection, method, &path, Some(("application/yaml", document))).await {
+            Ok(response) if (200..300).contains(&response.status) => {
+                if json {
+                    out!("{}", response.body);
+                } else {
+                    let value: Value = serde_json::from_str(&response.body).unwrap_or(Value::Null);
+                    out!("{name}: version {}", cell(value.get("version")));
+                }
+            }
+            Ok(response) => {
+                let value: Value = serde_json::from_str(&response.body).unwrap_or(Value::String(response.body.clone()));
+                let message = value.get("error").map(describe_error).unwrap_or_else(|| response.body.clone());
+                eprintln!("error: {name}: {message} (HTTP {})", response.status);
+                for error in value.get("errors").and_then(Value::as_array).into_iter().flatten() {
+                    eprintln!("  {}", describe_error(error));
+                }
+                code = code.max(if response.status == 400 { 2 } else { 1 });
+            }
+            Err(error) => {
+                eprintln!("error: {name}: {error}");
+                code = 1;
+            }
+        }
+    }
+    code
+}
+
 /// Runs one `sluice job` action; the exit code (0 done, 1 refused or failed, 2 bad input).
 pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
+    if let JobAction::Submit { file } | JobAction::Update { file } = &action {
+        if let Ok((text, "application/yaml")) = job_file(file) {
+            let documents = documents(&text);
+            if documents.len() > 1 {
+                return submit_unit(connection, json, matches!(action, JobAction::Update { .. }), file, documents)
+                    .await;
+            }
+        }
+    }
     let (method, path, body) = match &action {
         JobAction::Submit { file } | JobAction::Update { file } => match job_file(file) {
             Ok(body) => {
@@ -112,7 +196,17 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
         JobAction::Stop { name } => (Method::POST, format!("/jobs/{name}/stop"), None),
         JobAction::Start { name } => (Method::POST, format!("/jobs/{name}/start"), None),
         JobAction::Restart { name } => (Method::POST, format!("/jobs/{name}/restart"), None),
-        JobAction::Batch { name } => (Method::POST, format!("/jobs/{name}/batches"), None),
+        JobAction::Batch { name, rerun } => {
+            let body = match rerun.as_deref().map(batch_range) {
+                None => None,
+                Some(Some((from, to))) => Some((format!("{{\"from\": {from}, \"to\": {to}}}"), "application/json")),
+                Some(None) => {
+                    eprintln!("error: --rerun takes a batch number or a range such as 3-5");
+                    return 2;
+                }
+            };
+            (Method::POST, format!("/jobs/{name}/batches"), body)
+        }
         JobAction::Versions { name } => (Method::GET, format!("/jobs/{name}/versions"), None),
         JobAction::Diff { name, from, to } => (Method::GET, format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
         JobAction::Rollback { name, version } => (
@@ -250,7 +344,29 @@ fn print_job(job: &Value) {
         job.pointer("/schedule/history").and_then(Value::as_array).filter(|history| !history.is_empty())
     {
         out!("");
-        print_table(&["batch", "due_at", "fired_at", "outcome"], Some(history));
+        let rows: Vec<Value> = history
+            .iter()
+            .map(|record| {
+                let mut record = record.clone();
+                let written = record.pointer("/rows/written").cloned().unwrap_or(Value::Null);
+                let rerun = match (record.pointer("/rerun_of/from"), record.pointer("/rerun_of/to")) {
+                    (Some(from), Some(to)) => Value::String(format!("{from}-{to}")),
+                    _ => Value::Null,
+                };
+                record["rows_written"] = written;
+                record["rerun_of"] = rerun;
+                record
+            })
+            .collect();
+        print_table(&["batch", "due_at", "fired_at", "ended_at", "rows_written", "rerun_of", "outcome"], Some(&rows));
+    }
+}
+
+/// `3` or `3-5`, as (from, to).
+fn batch_range(text: &str) -> Option<(u64, u64)> {
+    match text.split_once('-') {
+        Some((from, to)) => Some((from.trim().parse().ok()?, to.trim().parse().ok()?)),
+        None => text.trim().parse().ok().map(|batch| (batch, batch)),
     }
 }
 
@@ -264,5 +380,22 @@ fn print_fields(value: &Value) {
         }
         None if !value.is_null() => out!("{}", cell(Some(value))),
         None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_unit_file_is_cut_at_its_document_lines_and_empty_documents_are_left_out() {
+        let text = "# a unit\n---\nname: a\n---\n\nname: b\nafter: [a]\n--- # last\nname: c\n---\n";
+        assert_eq!(documents(text), ["name: a\n", "\nname: b\nafter: [a]\n", "name: c\n"]);
+        assert_eq!(documents("name: alone\n").len(), 1);
+    }
+
+    #[test]
+    fn a_rerun_is_one_batch_or_a_range() {
+        assert_eq!((batch_range("3"), batch_range("3-5"), batch_range("x")), (Some((3, 3)), Some((3, 5)), None));
     }
 }

@@ -148,7 +148,7 @@ pub fn stream_line(stream: &StreamSummary, rate: f64) -> String {
     let position = stream.position.as_ref().map_or_else(String::new, |position| {
         match (position.get("file").and_then(|file| file.as_str()), position.get("position")) {
             (Some(file), Some(offset)) => format!(", at {file}:{offset}"),
-            _ => format!(", at {position}"),
+            _ => format!(", at {}", sluice_core::change::brief_json(position)),
         }
     });
     format!(

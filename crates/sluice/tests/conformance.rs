@@ -207,10 +207,12 @@ fn fixture(name: &str) -> Fixture {
     fixtures().into_iter().find(|fixture| fixture.name == name).expect("a fixture")
 }
 
+/// A fixture describes writing into a connector; a source-only one (`directory`, `tcp`) is
+/// held here to its options and capabilities, and to exactly once by `file_inputs.rs`.
 #[test]
 fn every_connector_of_the_build_has_a_fixture() {
     let names: Vec<&str> = fixtures().iter().map(|fixture| fixture.name).collect();
-    for connector in sluice_connectors::CONNECTORS {
+    for connector in sluice_connectors::CONNECTORS.iter().filter(|connector| connector.target.is_some()) {
         assert!(
             names.contains(&connector.name),
             "connector `{}` has no conformance fixture: add one to tests/conformance.rs",

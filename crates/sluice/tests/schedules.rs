@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde_json::Value;
 use support::cluster::{start_server, Etcd, Server};
 use support::workload::{assert_same, create_tables, rows};
-use support::{assert_same_rows, make_source, mariadb, mysql_url, postgres_url, unique_name, wait_for, Workspace};
+use support::{
+    assert_same_rows, make_source, mariadb, mysql_url, postgres_url, psql, unique_name, wait_for, Workspace,
+};
 
 fn show(server: &Server, name: &str) -> Value {
     server.call("GET", &format!("/jobs/{name}"), None, None).1
@@ -114,7 +116,8 @@ fn a_scheduled_snapshot_runs_again_as_numbered_batches_each_a_fresh_copy() {
     for path in ["schedule.cron", "schedule.timezone", "schedule.overlap", "schedule.every"] {
         assert!(paths.contains(path), "{path} is reported: {body:#}");
     }
-    let both = "name: both\nmode: cdc\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: x.db}\n\
+    let both =
+        "name: both\nmode: snapshot+cdc\nsource: {type: sqlite, path: source.db}\ntarget: {type: sqlite, path: x.db}\n\
                 schedule: {every_secs: 5}\n";
     let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", both)));
     assert_eq!(status, 400, "{body}");
@@ -483,10 +486,22 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
              namespace: {database}\nafter: [{customers}, {orders}]\n"
         ),
     ];
-    for job in &jobs {
-        let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", job)));
-        assert_eq!(status, 201, "{body}");
-    }
+    // One unit file, its jobs separated by `---`; one bad document and none is submitted.
+    let url = nodes[0].as_ref().unwrap().url.clone();
+    let submit = |file: &str, text: &str| {
+        workspace.write(file, text);
+        support::Run::from(workspace.command(&["job", "--server", &url, "submit", file]).output().unwrap())
+    };
+    let broken = format!("{}---\n{}  bogus: 1\n", jobs[0], jobs[1]);
+    let refused = submit("broken-unit.yaml", &broken);
+    refused.assert_code(2);
+    assert!(
+        refused.all().contains("document 2") && refused.all().contains("nothing was submitted"),
+        "{}",
+        refused.all()
+    );
+    assert_eq!(nodes[0].as_ref().unwrap().call("GET", &format!("/jobs/{customers}"), None, None).0, 404);
+    submit("unit.yaml", &format!("# the unit\n---\n{}", jobs.join("---\n"))).assert_code(0);
     let logs = || -> String {
         (0..3)
             .map(|index| {
@@ -557,6 +572,47 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
             assert_eq!(firings, 1, "{name} batch {batch} fired {firings} times:\n{all_logs}");
         }
     }
+
+    // A backfill: rows lost in the target come back when every batch so far runs again, and the
+    // batch after it goes on from the marks.
+    psql(&format!("DELETE FROM {database}.orders WHERE id % 3 = 0; DELETE FROM {database}.customers WHERE id < 50"));
+    let current = last["schedule"]["batch"].as_u64().unwrap();
+    wait_for("the leader records the last batch's end", Duration::from_secs(30), || {
+        let job = show(servers[0], &load);
+        job["schedule"]["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|record| record["batch"] == current && record["ended_at"].is_string())
+    });
+    for bad in [r#"{"from": 0}"#.to_owned(), format!(r#"{{"from": 1, "to": {}}}"#, current + 5), "[]".to_owned()] {
+        let (status, body) =
+            servers[0].call("POST", &format!("/jobs/{load}/batches"), None, Some(("application/json", &bad)));
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let rerun = format!(r#"{{"from": 1, "to": {current}}}"#);
+    let (status, body) =
+        servers[0].call("POST", &format!("/jobs/{load}/batches"), None, Some(("application/json", &rerun)));
+    assert_eq!(status, 202, "{body}");
+    let asked = body["batch"].as_u64().unwrap();
+    wait_batch_after(&servers, &load, asked, logs);
+    for (table, columns) in [("customers", &["id", "name"][..]), ("orders", &["id", "customer_id", "amount"][..])] {
+        let source = rows("mysql", &format!("{database}.{table}"), columns);
+        assert_same(table, &source, &rows("postgres", &format!("{database}.{table}"), columns));
+    }
+    let mut history = Vec::new();
+    wait_for("the leader records both batches' rows", Duration::from_secs(30), || {
+        history = show(servers[0], &load)["schedule"]["history"].as_array().unwrap().clone();
+        [asked, asked + 1]
+            .iter()
+            .all(|batch| history.iter().any(|record| record["batch"] == *batch && record["rows"].is_object()))
+    });
+    let record = |batch: u64| history.iter().find(|record| record["batch"] == batch).unwrap().clone();
+    let (again, next) = (record(asked), record(asked + 1));
+    assert_eq!(again["rerun_of"], serde_json::json!({"from": 1, "to": current}), "{again}");
+    let (read_again, read_next) = (again["rows"]["read"].as_u64().unwrap(), next["rows"]["read"].as_u64().unwrap());
+    assert!(read_again >= 3_000 + 300, "the rerun read every row: {again}");
+    assert!(read_next < read_again / 2, "the batch after it reads from the marks: {next}");
     drop(servers);
     drop(nodes);
 }

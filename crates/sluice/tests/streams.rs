@@ -230,7 +230,7 @@ fn mysql_to_nats_to_postgres_ends_equal_to_the_source_across_kills_of_the_consum
     split_across(Bus::Nats(NatsServer::start()), "debezium");
 }
 
-fn split_across(bus: Bus, format: &str) {
+fn split_across(mut bus: Bus, format: &str) {
     use support::workload::{committed, create_tables, rows, ACCOUNTS};
 
     let database = unique_name("split");
@@ -274,10 +274,21 @@ fn split_across(bus: Bus, format: &str) {
     });
     let load = Load::start(&database, Random::from_environment("split"), 300);
     let mut consuming = run(&consumer, "consumer-state");
+    // tansu 0.6's last stable offset at times stops moving under load, and then no
+    // read_committed reader gets past it (see `one_at_a_time`): once per run, a stalled Kafka
+    // broker is restarted, a fault the consumer has to take anyway.
+    let mut restarted = false;
     for round in 0..KILLS {
         let before = committed("postgres", &consumer_name);
-        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        let started = std::time::Instant::now();
+        let mut deadline = started + Duration::from_secs(90);
         while committed("postgres", &consumer_name) <= before {
+            if !restarted && matches!(bus, Bus::Kafka(_)) && started.elapsed() > Duration::from_secs(45) {
+                eprintln!("round {round}: the test broker made nothing readable for 45 s; restarting it once");
+                bus.restart();
+                restarted = true;
+                deadline = std::time::Instant::now() + Duration::from_secs(90);
+            }
             assert!(
                 std::time::Instant::now() < deadline,
                 "no rows in PostgreSQL after kill {round}; the consumer says:\n{}\nthe producer says:\n{}",

@@ -123,6 +123,26 @@ pub(crate) fn text_option(endpoint: &EndpointSpec, field: &str) -> Option<String
     }
 }
 
+/// A list of names (`[a, b]`, or one name alone), or the error naming the field.
+pub(crate) fn names_option(endpoint: &EndpointSpec, field: &str) -> std::result::Result<Vec<String>, SpecError> {
+    let name = |node: &sluice_core::spec::Node| match &node.kind {
+        NodeKind::Scalar { text, .. } => Some(text.clone()),
+        _ => None,
+    };
+    match endpoint.options.get(field) {
+        None => Ok(Vec::new()),
+        Some(node) => match &node.kind {
+            NodeKind::Sequence(items) => items
+                .iter()
+                .map(|item| name(item).ok_or_else(|| endpoint.error(field, "expected a list of column names")))
+                .collect(),
+            _ => {
+                name(node).map(|one| vec![one]).ok_or_else(|| endpoint.error(field, "expected a list of column names"))
+            }
+        },
+    }
+}
+
 /// A positive integer option, its default when absent, or the error naming the field.
 pub(crate) fn count_option(endpoint: &EndpointSpec, field: &str, default: u64) -> std::result::Result<u64, SpecError> {
     match endpoint.options.get(field).map(|node| &node.kind) {

@@ -21,6 +21,7 @@ use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split,
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
+pub(crate) use format::decode_json;
 pub use format::Format;
 pub(crate) use part::{check_directory, Part};
 
@@ -289,67 +290,70 @@ impl FileSource {
         }
         Ok(tables)
     }
+}
 
-    /// A table's schema: its `_schema.json` when present, otherwise the CSV header (all text) or
-    /// the first JSON object's keys (types from its values).
-    fn schema(&self, name: &TableName, files: &[PathBuf], schema_file: Option<&Path>) -> Result<TableSchema> {
-        if let Some(schema_file) = schema_file {
-            let text = fs::read_to_string(schema_file)
-                .map_err(|error| io_error(Side::Source, format!("read {}", schema_file.display()), error))?;
-            let mut schema: TableSchema = serde_json::from_str(&text).map_err(|error| {
-                Error::new(ErrorKind::Schema, format!("{} is not a valid table schema: {error}", schema_file.display()))
-                    .on(Side::Source)
-            })?;
-            schema.name = name.clone();
-            let problems = schema.problems();
-            if !problems.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("{} is not a usable table schema: {}", schema_file.display(), problems.join("; ")),
-                )
+/// A table's schema: its `_schema.json` when present, otherwise the CSV header (all text) or
+/// the first JSON object's keys (types from its values).
+pub(crate) fn table_schema(
+    format: Format,
+    name: &TableName,
+    files: &[PathBuf],
+    schema_file: Option<&Path>,
+) -> Result<TableSchema> {
+    if let Some(schema_file) = schema_file {
+        let text = fs::read_to_string(schema_file)
+            .map_err(|error| io_error(Side::Source, format!("read {}", schema_file.display()), error))?;
+        let mut schema: TableSchema = serde_json::from_str(&text).map_err(|error| {
+            Error::new(ErrorKind::Schema, format!("{} is not a valid table schema: {error}", schema_file.display()))
                 .on(Side::Source)
-                .hint("fix the file (keys and indexes name columns by their 0-based position) or remove it"));
-            }
-            return Ok(schema);
+        })?;
+        schema.name = name.clone();
+        let problems = schema.problems();
+        if !problems.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!("{} is not a usable table schema: {}", schema_file.display(), problems.join("; ")),
+            )
+            .on(Side::Source)
+            .hint("fix the file (keys and indexes name columns by their 0-based position) or remove it"));
         }
-        let mut columns = Vec::new();
-        if let Some(first) = files.first() {
-            let file = File::open(first)
-                .map_err(|error| io_error(Side::Source, format!("open {}", first.display()), error))?;
-            let mut input = BufReader::new(file);
-            match self.format {
-                Format::Csv { delimiter } => {
-                    let header = format::read_csv_record(&mut input, delimiter).map_err(|error| {
-                        io_error(Side::Source, format!("read the header of {}", first.display()), error)
-                    })?;
-                    columns = header
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|field| Column::new(field.text, DataType::Text { length: None, fixed: false }, true))
-                        .collect();
-                }
-                Format::Jsonl => {
-                    let mut line = String::new();
-                    input
-                        .read_line(&mut line)
-                        .map_err(|error| io_error(Side::Source, format!("read {}", first.display()), error))?;
-                    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(&line) {
-                        columns = object
-                            .into_iter()
-                            .map(|(key, value)| Column::new(key, inferred_type(&value), true))
-                            .collect();
-                    }
-                }
-            }
-        }
-        Ok(TableSchema {
-            name: name.clone(),
-            columns,
-            primary_key: Vec::new(),
-            indexes: Vec::new(),
-            details: Default::default(),
-        })
+        return Ok(schema);
     }
+    let mut columns = Vec::new();
+    if let Some(first) = files.first() {
+        let file =
+            File::open(first).map_err(|error| io_error(Side::Source, format!("open {}", first.display()), error))?;
+        let mut input = BufReader::new(file);
+        match format {
+            Format::Csv { delimiter } => {
+                let header = format::read_csv_record(&mut input, delimiter).map_err(|error| {
+                    io_error(Side::Source, format!("read the header of {}", first.display()), error)
+                })?;
+                columns = header
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|field| Column::new(field.text, DataType::Text { length: None, fixed: false }, true))
+                    .collect();
+            }
+            Format::Jsonl => {
+                let mut line = String::new();
+                input
+                    .read_line(&mut line)
+                    .map_err(|error| io_error(Side::Source, format!("read {}", first.display()), error))?;
+                if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(&line) {
+                    columns =
+                        object.into_iter().map(|(key, value)| Column::new(key, inferred_type(&value), true)).collect();
+                }
+            }
+        }
+    }
+    Ok(TableSchema {
+        name: name.clone(),
+        columns,
+        primary_key: Vec::new(),
+        indexes: Vec::new(),
+        details: Default::default(),
+    })
 }
 
 #[async_trait]
@@ -375,7 +379,7 @@ impl Source for FileSource {
         tables
             .iter()
             .filter(|table| selected.contains(&table.name))
-            .map(|table| self.schema(&table.name, &table.files, table.schema_file.as_deref()))
+            .map(|table| table_schema(self.format, &table.name, &table.files, table.schema_file.as_deref()))
             .collect()
     }
 
@@ -395,22 +399,7 @@ impl Source for FileSource {
 
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
         let path = split.read_descriptor::<FileSplit>()?.file;
-        let file =
-            File::open(&path).map_err(|error| io_error(Side::Source, format!("open {}", path.display()), error))?;
-        let mut reader = FileReader {
-            input: BufReader::with_capacity(1 << 20, file),
-            path,
-            format: self.format,
-            table: split.table.clone(),
-            records: 0,
-            batch_rows,
-            line: String::new(),
-        };
-        if let Format::Csv { delimiter } = self.format {
-            format::read_csv_record(&mut reader.input, delimiter).map_err(|error| {
-                io_error(Side::Source, format!("read the header of {}", reader.path.display()), error)
-            })?;
-        }
+        let mut reader = FileReader::open(path, self.format, split.table.clone(), batch_rows)?;
         let skip = match resume_after {
             Some(position) => position.read::<RecordsPosition>(&split.id)?.records,
             None => 0,
@@ -424,20 +413,47 @@ impl Source for FileSource {
     }
 }
 
-struct FileReader {
+/// Reads one file's records in order.
+pub(crate) struct FileReader {
     input: BufReader<File>,
     path: PathBuf,
     format: Format,
     table: Arc<TableSchema>,
     /// Records consumed so far: the position.
-    records: u64,
+    pub(crate) records: u64,
     batch_rows: usize,
     line: String,
 }
 
 impl FileReader {
+    /// Opens a file of `table`'s records, past its CSV header.
+    pub(crate) fn open(
+        path: PathBuf,
+        format: Format,
+        table: Arc<TableSchema>,
+        batch_rows: usize,
+    ) -> Result<FileReader> {
+        let file =
+            File::open(&path).map_err(|error| io_error(Side::Source, format!("open {}", path.display()), error))?;
+        let mut reader = FileReader {
+            input: BufReader::with_capacity(1 << 20, file),
+            path,
+            format,
+            table,
+            records: 0,
+            batch_rows,
+            line: String::new(),
+        };
+        if let Format::Csv { delimiter } = format {
+            format::read_csv_record(&mut reader.input, delimiter).map_err(|error| {
+                io_error(Side::Source, format!("read the header of {}", reader.path.display()), error)
+            })?;
+        }
+        Ok(reader)
+    }
+
     /// The next record decoded, or the reason it cannot be; `None` at the end of the file.
-    fn next_record(&mut self) -> Result<Option<Result<sluice_core::Row, String>>> {
+    pub(crate) fn next_record(&mut self) -> Result<Option<Result<sluice_core::Row, String>>> {
         let read_error = |error| io_error(Side::Source, format!("read {}", self.path.display()), error);
         let record = match self.format {
             Format::Csv { delimiter } => {

@@ -459,6 +459,7 @@ impl Source for MysqlSource {
             through: through.or_else(|| mark.cloned()),
             after,
             mark: mark.cloned(),
+            rerun: false,
         })
     }
 }

@@ -151,7 +151,7 @@ impl Source for SqliteSource {
                 _ => mark.clone().unwrap_or(serde_json::Value::Null),
             };
             let through = if through.is_null() { mark.clone() } else { Some(through) };
-            Ok(CursorWindow { column, after: (!after.is_null()).then_some(after), through, mark })
+            Ok(CursorWindow { column, after: (!after.is_null()).then_some(after), through, mark, rerun: false })
         })
         .await
     }

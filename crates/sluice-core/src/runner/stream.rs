@@ -189,7 +189,7 @@ impl Runner {
             stats.set_phase(if caught_up { StreamPhase::Streaming } else { StreamPhase::CatchingUp });
         }
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
-        log::info!("change stream starts after {}", checkpoint.at.0);
+        log::info!("change stream starts after {}", checkpoint.at.brief());
 
         // Read before the stream opens, so a failure here leaves no replica connection behind.
         let copied_at = self.copy_positions().await?;
@@ -264,7 +264,19 @@ impl Runner {
                 // MySQL's commit and its rename): publish before anything else.
                 applier.commit().await?;
             }
+            let batch = self.job.mode == crate::spec::Mode::Cdc && self.job.batched();
             loop {
+                // A batch of a scheduled `cdc` job ends once everything up to where the source
+                // stood at its start is committed.
+                if batch
+                    && !applier.open_transaction
+                    && applier.arrivals.is_empty()
+                    && !applier.moved
+                    && applier.head.as_ref().is_some_and(|head| self.source.reached(&applier.checkpoint.at, head))
+                {
+                    log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
+                    return Ok(());
+                }
                 // Whole transactions wait a moment for more; the position alone commits at most
                 // once a second.
                 let deadline = if applier.open_transaction {

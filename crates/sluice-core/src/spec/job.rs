@@ -51,8 +51,15 @@ pub enum Mode {
     IncrementalCursor,
 }
 
+impl JobSpec {
+    /// Whether the job runs as numbered batches on a server (`schedule` or `after`).
+    pub fn batched(&self) -> bool {
+        self.schedule.is_some() || !self.after.is_empty()
+    }
+}
+
 impl Mode {
-    /// Whether the job follows the source's change log (and so runs without end).
+    /// Whether the job follows the source's change log (and so runs without end, unless batched).
     pub fn streams(self) -> bool {
         matches!(self, Mode::Cdc | Mode::SnapshotAndCdc)
     }
@@ -314,10 +321,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         ("after", after.as_ref().is_some_and(|after| !after.is_empty())),
     ] {
         match mode {
-            Some(mode) if present && mode.streams() => decoder.error(
+            Some(mode) if present && mode == Mode::SnapshotAndCdc => decoder.error(
                 field,
                 fields.get(field).and_then(|node| node.line),
-                format!("a {mode} job runs without end and cannot be scheduled; only snapshot and incremental-cursor jobs run again by `schedule` or `after`"),
+                format!("a {mode} job runs without end and cannot be scheduled; snapshot, incremental-cursor and cdc jobs run again by `schedule` or `after` (a cdc batch applies the changes up to where the source stood at its start)"),
             ),
             _ => {}
         }

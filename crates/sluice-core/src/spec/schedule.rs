@@ -334,7 +334,7 @@ mod decode_tests {
         }
         let both = errors(&format!("{BASE}after: [x]\nschedule: {{every_secs: 5}}\n")).join("\n");
         assert!(both.contains("takes no `schedule`"), "{both}");
-        let streaming = errors(&format!("{BASE}mode: cdc\nafter: [x]\n")).join("\n");
+        let streaming = errors(&format!("{BASE}mode: snapshot+cdc\nafter: [x]\n")).join("\n");
         assert!(streaming.contains("cannot be scheduled"), "{streaming}");
     }
 }

@@ -320,11 +320,14 @@ async fn no_cycle(api: &Api, spec: &sluice_core::spec::JobSpec) -> Result<(), Fa
 }
 
 /// Runs the next batch of a job with `schedule:` or `after:` now, or as soon as its running
-/// batch ends.
+/// batch ends; with `{"from": A, "to": B}`, that batch runs batches A to B again instead (a
+/// backfill: an incremental-cursor job reads their cursor windows again, a snapshot copies
+/// afresh).
 #[utoipa::path(post, path = "/jobs/{name}/batches", tag = "jobs", params(("name" = String, Path)),
+    request_body(content = Object, description = "optional: {\"from\": 3, \"to\": 5} to run batches 3 to 5 again", content_type = "application/json"),
     responses((status = 202, description = "the batch is queued; the leader fires it", body = BatchQueued),
-        (status = 400, description = "the job has no schedule", body = ErrorBody), (status = 404, description = "no such job", body = ErrorBody)))]
-async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
+        (status = 400, description = "the job has no schedule, or the batches cannot run again", body = ErrorBody), (status = 404, description = "no such job", body = ErrorBody)))]
+async fn run_batch(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     if !job.batched() {
         return Err(failure(
@@ -332,6 +335,7 @@ async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
             format!("job {name} has no `schedule` or `after`; POST /api/v1/jobs/{name}/restart runs it again"),
         ));
     }
+    let rerun = rerun_range(&job, &body)?;
     // Asked for before the leader first saw the job: its schedule still starts from now.
     let now = unix_seconds();
     let first = job.schedule.as_ref().and_then(|schedule| schedule.first(now));
@@ -340,11 +344,66 @@ async fn run_batch(State(api): Shared, Path(name): Path<String>) -> Reply {
         due_at: first,
         ..Default::default()
     });
-    batches.queued = true;
-    let next = batches.batch + 1;
+    match rerun {
+        Some(range) => batches.rerun = Some(range),
+        None => batches.queued = true,
+    }
+    let next = batches.batch + 1 + u64::from(rerun.is_none() && batches.rerun.is_some());
     save_job(&api, &job).await?;
-    log::info!("job {name}: batch {next} asked for");
-    Ok((StatusCode::ACCEPTED, Json(BatchQueued { name, batch: next })).into_response())
+    match rerun {
+        Some(range) => {
+            log::info!("job {name}: batches {} to {} asked to run again, as batch {next}", range.from, range.to)
+        }
+        None => log::info!("job {name}: batch {next} asked for"),
+    }
+    Ok((StatusCode::ACCEPTED, Json(BatchQueued { name, batch: next, rerun_of: rerun.map(Into::into) })).into_response())
+}
+
+/// The batches a request asks to run again, checked against the job, or `None` for the next one.
+fn rerun_range(job: &JobRecord, body: &[u8]) -> Result<Option<BatchRange>, Failure> {
+    let text = std::str::from_utf8(body).unwrap_or_default().trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let expected = "expected no body, or {\"from\": A, \"to\": B}: the batches to run again";
+    let request: Value =
+        serde_json::from_str(text).map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
+    let number = |field: &str| request.get(field).and_then(Value::as_u64);
+    let Some(from) = number("from") else {
+        return Err(failure(StatusCode::BAD_REQUEST, format!("{expected}; `from` is missing or not a batch number")));
+    };
+    let to = number("to").unwrap_or(from);
+    let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
+    if from == 0 || from > to || to > current {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("batches {from} to {to} cannot run again: job {} ran batches 1 to {current}", job.name),
+        ));
+    }
+    if job.mode == "cdc" {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            format!("job {} is a cdc job: its batches applied their changes once, and cannot run again; a new batch applies what came since", job.name),
+        ));
+    }
+    if job.mode == "incremental-cursor" {
+        let history = job.batches.as_ref().map(|batches| batches.history.as_slice()).unwrap_or_default();
+        let missing: Vec<u64> = [from, to]
+            .into_iter()
+            .filter(|number| !history.iter().any(|record| record.batch == Some(*number) && !record.windows.is_empty()))
+            .collect();
+        if !missing.is_empty() {
+            return Err(failure(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "job {}: the cursor windows of batch {} are not in its history (it keeps the latest {BATCH_HISTORY} firings, and a batch that did not end has none)",
+                    job.name,
+                    missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(" and ")
+                ),
+            ));
+        }
+    }
+    Ok(Some(BatchRange { from, to }))
 }
 
 fn unix_seconds() -> i64 {

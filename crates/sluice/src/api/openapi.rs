@@ -30,7 +30,7 @@ use super::views::*;
         super::show_leader,
     ),
     components(schemas(
-        JobView, JobState, ScheduleView, BatchView, BatchQueued, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
+        JobView, JobState, ScheduleView, BatchView, BatchQueued, BatchRangeView, BatchRowsView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
         VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError
     )),
     modifiers(&Bearer),

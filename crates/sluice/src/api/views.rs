@@ -111,6 +111,30 @@ pub struct BatchQueued {
     pub name: String,
     /// The number it will run as.
     pub batch: u64,
+    /// The batches it runs again, for a rerun.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<BatchRangeView>,
+}
+
+/// Batches `from` to `to`, both included.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct BatchRangeView {
+    pub from: u64,
+    pub to: u64,
+}
+
+impl From<BatchRange> for BatchRangeView {
+    fn from(range: BatchRange) -> BatchRangeView {
+        BatchRangeView { from: range.from, to: range.to }
+    }
+}
+
+/// Rows a batch read, wrote and skipped.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct BatchRowsView {
+    pub read: u64,
+    pub written: u64,
+    pub skipped: u64,
 }
 
 /// A scheduled job's batches.
@@ -139,6 +163,10 @@ pub struct BatchView {
     pub fired_at: Option<String>,
     /// When the batch was seen to end (RFC 3339, UTC).
     pub ended_at: Option<String>,
+    /// The batches it ran again, for a rerun.
+    pub rerun_of: Option<BatchRangeView>,
+    /// What it did, once it ended.
+    pub rows: Option<BatchRowsView>,
     pub generation: Option<u64>,
     /// `running` (the current batch), `succeeded`, `failed`, or `skipped: why`.
     pub outcome: String,
@@ -172,6 +200,12 @@ fn schedule_view(job: &JobRecord, state: JobState) -> Option<ScheduleView> {
             due_at: time_of(record.due_at),
             fired_at: record.fired_at.clone(),
             ended_at: record.ended_at.clone(),
+            rerun_of: record.rerun_of.map(BatchRangeView::from),
+            rows: record.rows.map(|rows| BatchRowsView {
+                read: rows.read,
+                written: rows.written,
+                skipped: rows.skipped,
+            }),
             generation: record.generation,
             outcome: match &record.outcome {
                 Some(outcome) => outcome.clone(),

@@ -78,6 +78,7 @@ impl Node {
                     stream_version: None,
                     backfill: carried,
                     batch: batch_of(job),
+                    windows: Default::default(),
                 }
             }
         };
@@ -138,6 +139,7 @@ impl Node {
             stream_version: None,
             backfill: plan.backfill.map(|backfill| BackfillPlan { copied: true, ..backfill }),
             batch: plan.batch,
+            windows: plan.windows,
         };
         let moved = async {
             if !self.store.put_guarded(&plan_key(&job.name), &encode(&record), guard).await? {
@@ -180,6 +182,20 @@ impl Node {
                 sink.forget_checkpoints(&spec.name, &TableTasks::of(&plan)).await?;
             }
         }
+        // A rerun of earlier batches reads their windows again, then the next batch goes on from
+        // the marks.
+        let rerun = job
+            .batches
+            .as_ref()
+            .and_then(|batches| batches.history.iter().rev().find(|record| record.batch == Some(batch)))
+            .and_then(|record| record.rerun_of);
+        let windows = match (fresh && incremental, rerun, spec.source.cursor.as_ref()) {
+            (true, Some(range), Some(cursor)) => rerun_windows(job, range, &cursor.column, &marks),
+            _ => Default::default(),
+        };
+        if let Some(range) = rerun {
+            log::info!("job {}: batch {batch} runs batches {} to {} again", job.name, range.from, range.to);
+        }
         let previous = if fresh { None } else { previous };
         let previous_backfill = previous.as_ref().and_then(|previous| previous.backfill.clone());
         let previous_plan = match &previous {
@@ -210,6 +226,7 @@ impl Node {
         let planned = Planner::new(spec.clone(), source, sink.clone())
             .splitting(added.clone())
             .from_marks(marks)
+            .with_windows(windows)
             .plan(previous_plan)
             .await?;
         // Workers run their tasks on this plan without discovering again: the target tables are
@@ -219,13 +236,22 @@ impl Node {
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
         let tables = hidden.tasks(TableTasks::of(&plan));
-        if fresh && incremental {
-            log::info!("job {}: batch {batch} copies the rows changed since batch {}", job.name, batch - 1);
-        } else if fresh {
-            log::info!("job {}: batch {batch} copies afresh: emptying its {} target tables", job.name, tables.len());
-            sink.reset(&spec.name, &tables).await?;
-        } else {
-            sluice_core::planner::verify_checkpoints(&spec, &*sink, &tables).await?;
+        match (fresh, spec.mode) {
+            (true, sluice_core::spec::Mode::IncrementalCursor) => {
+                log::info!("job {}: batch {batch} copies the rows changed since batch {}", job.name, batch - 1)
+            }
+            (true, sluice_core::spec::Mode::Cdc) => {
+                log::info!("job {}: batch {batch} applies the changes up to where the source stands now", job.name)
+            }
+            (true, _) => {
+                log::info!(
+                    "job {}: batch {batch} copies afresh: emptying its {} target tables",
+                    job.name,
+                    tables.len()
+                );
+                sink.reset(&spec.name, &tables).await?;
+            }
+            (false, _) => sluice_core::planner::verify_checkpoints(&spec, &*sink, &tables).await?,
         }
         let mut record = PlanRecord {
             generation: job.generation,
@@ -239,6 +265,7 @@ impl Node {
             // took it in.
             backfill: previous_backfill.filter(|backfill| backfill.copied),
             batch,
+            windows: windows_of(&plan),
         };
         if let (Some(request), Some(from)) = (&job.backfill, from) {
             record.tasks = snapshot_tasks(&plan, &added);
@@ -259,6 +286,58 @@ impl Node {
         record.plan = Some(plan);
         Ok(record)
     }
+}
+
+/// The cursor windows of a plan's tables, as a batch's history keeps them.
+fn windows_of(plan: &sluice_core::state::Plan) -> std::collections::BTreeMap<String, WindowBounds> {
+    plan.tables
+        .iter()
+        .filter_map(|planned| {
+            let split = planned.splits.first()?;
+            let window = split.window.as_ref()?;
+            Some((
+                split.table.name.to_string(),
+                WindowBounds { after: window.after.clone(), through: window.through.clone() },
+            ))
+        })
+        .collect()
+}
+
+/// The windows that read batches `range.from` to `range.to` again: from the first one's start to
+/// the last one's end, per table both name, marked as a rerun so the next batch starts at `marks`.
+fn rerun_windows(
+    job: &JobRecord,
+    range: BatchRange,
+    column: &str,
+    marks: &std::collections::BTreeMap<TableName, Option<serde_json::Value>>,
+) -> std::collections::BTreeMap<TableName, sluice_core::cursor::CursorWindow> {
+    let history = job.batches.as_ref().map(|batches| batches.history.as_slice()).unwrap_or_default();
+    let windows_of =
+        |number: u64| history.iter().find(|record| record.batch == Some(number)).map(|record| &record.windows);
+    let (Some(first), Some(last)) = (windows_of(range.from), windows_of(range.to)) else {
+        log::warn!(
+            "job {}: batches {} to {} are no longer in the history; this batch reads from the marks",
+            job.name,
+            range.from,
+            range.to
+        );
+        return Default::default();
+    };
+    first
+        .iter()
+        .filter_map(|(table, start)| {
+            let end = last.get(table)?;
+            let name = TableName::parse(table);
+            let window = sluice_core::cursor::CursorWindow {
+                column: column.to_owned(),
+                mark: marks.get(&name).cloned().flatten(),
+                after: start.after.clone(),
+                through: end.through.clone(),
+                rerun: true,
+            };
+            Some((name, window))
+        })
+        .collect()
 }
 
 /// The schedule's batch a job is at (0 without a schedule).

@@ -111,15 +111,41 @@ pub struct Batches {
     pub due_at: Option<i64>,
     /// A firing came while the batch ran, and runs when it ends (`overlap: queue`).
     pub queued: bool,
+    /// Batches asked to run again (`POST /jobs/{job}/batches` with `from` and `to`): the next
+    /// batch fired does that instead, and a firing due meanwhile waits for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<BatchRange>,
     /// The latest firings, fired or skipped, oldest first (at most `BATCH_HISTORY`).
     pub history: Vec<BatchRecord>,
+}
+
+/// Batches `from` to `to`, both included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRange {
+    pub from: u64,
+    pub to: u64,
+}
+
+/// What a batch did, summed over its tasks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchRows {
+    pub read: u64,
+    pub written: u64,
+    pub skipped: u64,
+}
+
+/// The cursor window a table's batch read (`incremental-cursor`), kept so the batch can run again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowBounds {
+    pub after: Option<serde_json::Value>,
+    pub through: Option<serde_json::Value>,
 }
 
 /// How many firings a job keeps in its history.
 pub const BATCH_HISTORY: usize = 100;
 
 /// One firing of a schedule.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BatchRecord {
     /// The batch it ran as; `None` for a skipped firing.
     pub batch: Option<u64>,
@@ -137,6 +163,15 @@ pub struct BatchRecord {
     /// When the leader saw the batch end (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
+    /// The batches this one ran again, for a rerun.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun_of: Option<BatchRange>,
+    /// Rows read, written and skipped, once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<BatchRows>,
+    /// Each table's cursor window (`incremental-cursor`), by source table name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub windows: std::collections::BTreeMap<String, WindowBounds>,
 }
 
 impl JobRecord {
@@ -250,6 +285,10 @@ pub struct PlanRecord {
     /// batch starts the copy over.
     #[serde(default)]
     pub batch: u64,
+    /// Each table's cursor window (`incremental-cursor`), by source table name: the batch's
+    /// history keeps them once it ended, so the batch can run again.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub windows: std::collections::BTreeMap<String, WindowBounds>,
 }
 
 /// Where a plan's splits are kept: `count` pieces under `plan-pieces/{job}/{id}/`. A plan
@@ -770,6 +809,7 @@ mod tests {
                         mark: Some(serde_json::json!("2026-12-01 00:00:00")),
                         after: Some(serde_json::json!("2026-12-01 00:00:00")),
                         through: Some(serde_json::json!("2026-12-02 00:00:00")),
+                        rerun: false,
                     }),
                 })
                 .collect(),

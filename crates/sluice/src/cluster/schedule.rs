@@ -87,7 +87,14 @@ pub fn decide(
             }
             return Decision::Record(next);
         }
+        if next.rerun.is_some() {
+            // The rerun goes first; this firing runs right after it.
+            next.queued = true;
+        }
         return Decision::Fire(fire(next, due_at));
+    }
+    if next.rerun.is_some() && !running {
+        return Decision::Fire(fire(next, now));
     }
     if next.queued && !running {
         next.queued = false;
@@ -120,6 +127,9 @@ pub fn decide_after(
     if state == BatchState::Running {
         return if changed { Decision::Record(next) } else { Decision::Wait };
     }
+    if next.rerun.is_some() {
+        return Decision::Fire(fire(next, now));
+    }
     if next.queued {
         next.queued = false;
         return Decision::Fire(fire(next, now));
@@ -144,19 +154,13 @@ pub fn decide_after(
     if let Some(failure) = failed(OnFailure::Stop) {
         next.batch = number;
         let outcome = Some(format!("stopped: {}", reason(failure)));
-        push(
-            &mut next,
-            BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome, ended_at: None },
-        );
+        push(&mut next, BatchRecord { batch: Some(number), due_at: now, outcome, ..BatchRecord::default() });
         return Decision::Stop(next);
     }
     if let Some(failure) = failed(OnFailure::Skip) {
         next.batch = number;
         let outcome = Some(format!("skipped: {}", reason(failure)));
-        push(
-            &mut next,
-            BatchRecord { batch: Some(number), due_at: now, fired_at: None, generation: None, outcome, ended_at: None },
-        );
+        push(&mut next, BatchRecord { batch: Some(number), due_at: now, outcome, ..BatchRecord::default() });
         return Decision::Record(next);
     }
     Decision::Fire(fire(next, now))
@@ -176,29 +180,22 @@ fn record_outcome(batches: &mut Batches, state: BatchState) -> bool {
     }
 }
 
+/// Fires the next batch: the rerun asked for, if any, else the schedule's next one.
 fn fire(mut batches: Batches, due_at: i64) -> Batches {
     batches.batch += 1;
     let record = BatchRecord {
         batch: Some(batches.batch),
         due_at,
         fired_at: Some(timestamp()),
-        generation: None,
-        outcome: None,
-        ended_at: None,
+        rerun_of: batches.rerun.take(),
+        ..BatchRecord::default()
     };
     push(&mut batches, record);
     batches
 }
 
 fn skipped(due_at: i64, reason: &str) -> BatchRecord {
-    BatchRecord {
-        batch: None,
-        due_at,
-        fired_at: None,
-        generation: None,
-        outcome: Some(format!("skipped: {reason}")),
-        ended_at: None,
-    }
+    BatchRecord { batch: None, due_at, outcome: Some(format!("skipped: {reason}")), ..BatchRecord::default() }
 }
 
 fn push(batches: &mut Batches, record: BatchRecord) {
@@ -232,6 +229,31 @@ pub(super) fn batch_state(view: &View, job: &JobRecord) -> BatchState {
         }
     }
     BatchState::Ended(if failed { "failed" } else { "succeeded" })
+}
+
+/// Gives the batch that just ended its rows, summed over its tasks, and the cursor windows it
+/// read, from the plan and statuses of its generation.
+fn summarize(view: &View, job: &JobRecord, batches: &mut Batches) {
+    let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
+    let Some(record) = batches.history.iter_mut().rev().find(|record| record.batch == Some(current)) else { return };
+    if record.outcome.is_none() || record.rows.is_some() {
+        return;
+    }
+    let Some(plan) = view.plans.get(&job.name).filter(|plan| plan.generation == job.generation) else { return };
+    let mut rows = BatchRows::default();
+    for task in &plan.tasks {
+        let status = view
+            .statuses
+            .get(&format!("{}/{}", job.name, task.id))
+            .filter(|status| status.generation == job.generation);
+        if let Some(status) = status {
+            rows.read += status.rows_read;
+            rows.written += status.rows_written;
+            rows.skipped += status.rows_skipped;
+        }
+    }
+    record.rows = Some(rows);
+    record.windows = plan.windows.clone();
 }
 
 /// A running job of `root`'s unit (one that runs after it, directly or through others) that
@@ -290,6 +312,10 @@ impl Node {
                     decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
                 }
             };
+            let mut decision = decision;
+            if let Decision::Record(batches) | Decision::Fire(batches) | Decision::Stop(batches) = &mut decision {
+                summarize(view, job, batches);
+            }
             let updated = match decision {
                 Decision::Wait => continue,
                 Decision::Record(batches) => JobRecord { batches: Some(batches), ..job.clone() },
@@ -388,11 +414,9 @@ mod tests {
     fn ended(batch: u64, outcome: &str) -> Batches {
         let record = BatchRecord {
             batch: Some(batch),
-            due_at: 0,
-            fired_at: None,
             generation: Some(batch),
             outcome: Some(outcome.into()),
-            ended_at: None,
+            ..BatchRecord::default()
         };
         Batches { batch, history: vec![record], ..Batches::default() }
     }
@@ -506,6 +530,20 @@ mod tests {
         assert!(again.queued && again.history.len() == 1, "a second firing beyond the one queued is skipped");
         let two = fired(decide(&queue, Some(&again), BatchState::Ended("succeeded"), None, 130));
         assert_eq!((two.batch, two.queued, two.due_at), (2, false, Some(180)));
+    }
+
+    #[test]
+    fn a_rerun_fires_as_the_next_batch_and_a_firing_due_meanwhile_follows_it() {
+        let schedule = every(60, Overlap::Skip, Missed::RunOnce);
+        let range = BatchRange { from: 2, to: 3 };
+        let waiting = Batches { batch: 4, anchor: 0, due_at: Some(300), rerun: Some(range), ..Batches::default() };
+        let rerun = fired(decide(&schedule, Some(&waiting), BatchState::Ended("succeeded"), None, 250));
+        assert_eq!((rerun.batch, rerun.history.last().unwrap().rerun_of, rerun.rerun), (5, Some(range), None));
+        // Due at the same time: the rerun goes first, the regular batch right after.
+        let both = fired(decide(&schedule, Some(&waiting), BatchState::Ended("succeeded"), None, 300));
+        assert_eq!((both.batch, both.queued, both.history.last().unwrap().rerun_of), (5, true, Some(range)));
+        let regular = fired(decide(&schedule, Some(&both), BatchState::Ended("succeeded"), None, 310));
+        assert_eq!((regular.batch, regular.history.last().unwrap().rerun_of), (6, None));
     }
 
     #[test]

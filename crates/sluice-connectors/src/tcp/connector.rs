@@ -1,0 +1,110 @@
+//! The `tcp` connector: a line input of JSON Lines, as a change source.
+
+use std::sync::Arc;
+
+use sluice_core::connector::{Capabilities, Source};
+use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
+use sluice_core::{Column, Result, TableName, TableSchema};
+
+use super::{column_type, TcpOptions, TcpSource};
+use crate::events::{names_option, text_option};
+use crate::{Connector, SourceSide};
+
+pub(crate) const CONNECTOR: Connector = Connector {
+    name: "tcp",
+    feature: "tcp",
+    capabilities: Capabilities {
+        snapshot_source: false,
+        change_source: true,
+        cursor_source: false,
+        table_sink: false,
+        change_sink: false,
+        event_sink: false,
+        upsert: false,
+        fencing: false,
+        transactions: false,
+    },
+    source: Some(SourceSide { fields: &["type", "listen", "table", "columns", "key"], validate, build }),
+    target: None,
+};
+
+fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecError>> {
+    let mut errors = Vec::new();
+    let listen = match text_option(endpoint, "listen") {
+        None => {
+            errors.push(
+                endpoint
+                    .error("listen", "missing required field `listen` (the address to listen on, e.g. 127.0.0.1:9000)"),
+            );
+            None
+        }
+        Some(text) => match text.parse() {
+            Ok(address) => Some(address),
+            Err(_) => {
+                errors.push(
+                    endpoint.error("listen", format!("`{text}` is not an address and port such as 127.0.0.1:9000")),
+                );
+                None
+            }
+        },
+    };
+    let table = text_option(endpoint, "table");
+    if table.is_none() {
+        errors.push(endpoint.error("table", "missing required field `table` (the table every line is a row of)"));
+    }
+    let mut columns = Vec::new();
+    match endpoint.options.get("columns").map(|node| &node.kind) {
+        Some(NodeKind::Mapping(entries)) if !entries.is_empty() => {
+            for (name, node) in entries {
+                let type_name = match &node.kind {
+                    NodeKind::Scalar { text, .. } => text.as_str(),
+                    _ => "",
+                };
+                match column_type(type_name) {
+                    Some(data_type) => columns.push(Column::new(name.clone(), data_type, true)),
+                    None => errors.push(SpecError {
+                        path: format!("{}.columns.{name}", endpoint.role),
+                        line: node.line,
+                        message: format!("unknown type `{type_name}`; expected boolean, integer, bigint, float, decimal, text, bytes, date, datetime, timestamp or json"),
+                    }),
+                }
+            }
+        }
+        _ => errors.push(endpoint.error(
+            "columns",
+            "missing required field `columns`: a mapping of column name to type, e.g. {id: bigint, name: text}",
+        )),
+    }
+    let mut primary_key = Vec::new();
+    let names = names_option(endpoint, "key").map_err(|error| errors.push(error)).unwrap_or_default();
+    for name in names {
+        match columns.iter().position(|column| column.name == name) {
+            Some(index) => {
+                columns[index].nullable = false;
+                primary_key.push(index);
+            }
+            None => errors.push(endpoint.error("key", format!("`{name}` is not one of `columns`"))),
+        }
+    }
+    match (listen, table) {
+        (Some(listen), Some(table)) if errors.is_empty() => Ok(TcpOptions {
+            listen,
+            table: Arc::new(TableSchema {
+                name: TableName::parse(&table),
+                columns,
+                primary_key,
+                indexes: Vec::new(),
+                details: Default::default(),
+            }),
+        }),
+        _ => Err(errors),
+    }
+}
+
+fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+    options(endpoint).err().unwrap_or_default()
+}
+
+fn build(job: &JobSpec) -> Result<Arc<dyn Source>> {
+    Ok(Arc::new(TcpSource::new(options(&job.source).map_err(crate::invalid)?)))
+}
