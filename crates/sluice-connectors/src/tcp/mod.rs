@@ -158,7 +158,15 @@ async fn accept(
     // Dropped with this task when the stream goes: every connection is closed with it.
     let mut readers = tokio::task::JoinSet::new();
     loop {
-        let Ok((socket, peer)) = listener.accept().await else { continue };
+        let (socket, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, say: wait a moment rather than spin.
+                log::warn!("line input: cannot accept a connection: {error}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         next_id += 1;
         let (replies, outgoing) = mpsc::unbounded_channel();
         connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(next_id, replies.clone());

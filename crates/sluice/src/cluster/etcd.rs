@@ -191,7 +191,15 @@ impl EtcdStore {
                     failures.push(format!("{member}: {cause}"));
                     attempt += 1;
                 }
-                Err(error) => return Err(store_error(doing, format!("{member}: {}", describe(&error)))),
+                Err(error) => {
+                    if error.is_timeout() {
+                        // A member that takes the request and never answers (cut off from its
+                        // peers, overloaded): the next call goes to another one. This call is not
+                        // sent again, as it may have been applied.
+                        self.current.store((index + 1) % self.members.len(), Ordering::Relaxed);
+                    }
+                    return Err(store_error(doing, format!("{member}: {}", describe(&error))));
+                }
             }
         }
         Err(Error::new(ErrorKind::Unavailable, format!("coordination store: cannot {doing}: {}", failures.join("; ")))
