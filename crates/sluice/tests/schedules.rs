@@ -124,32 +124,47 @@ fn a_scheduled_snapshot_runs_again_as_numbered_batches_each_a_fresh_copy() {
     assert!(body.to_string().contains("cannot be scheduled"), "{body:#}");
 }
 
+/// Three `sluice server` nodes on one etcd, with the source and target URLs in their environment.
+fn three_nodes(workspace: &Workspace, etcd: &Etcd) -> Vec<Option<Server>> {
+    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    (0..3)
+        .map(|index| Some(start_server(workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)))
+        .collect()
+}
+
+/// The logs of the three nodes, one after the other.
+fn node_logs(workspace: &Workspace) -> String {
+    (0..3)
+        .map(|index| {
+            let log = std::fs::read_to_string(workspace.path(&format!("node{index}.log"))).unwrap_or_default();
+            format!("--- node{index}\n{log}")
+        })
+        .collect()
+}
+
+/// SIGKILLs the node that leads the cluster.
+fn kill_leader(nodes: &mut [Option<Server>]) {
+    let (_, leader) = nodes.iter().flatten().next().expect("a live node").call("GET", "/leader", None, None);
+    let leader = leader["leader"].as_str().expect("a leader").to_owned();
+    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == leader)).unwrap();
+    let mut killed = nodes[index].take().unwrap();
+    support::kill(&mut killed.child);
+}
+
 #[test]
 fn batches_go_on_after_the_leader_is_killed_and_none_is_fired_twice() {
     let database = unique_name("scheduled");
     create_tables(&database);
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
-    let mut nodes: Vec<Option<Server>> = (0..3)
-        .map(|index| Some(start_server(&workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)))
-        .collect();
+    let mut nodes = three_nodes(&workspace, &etcd);
     let name = database.replace('_', "-");
     let job = format!(
         "name: {name}\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
          target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\n\
          schedule: {{every_secs: 3, overlap: queue}}\n"
     );
-    let logs = || -> String {
-        (0..3)
-            .map(|index| {
-                format!(
-                    "--- node{index}\n{}",
-                    std::fs::read_to_string(workspace.path(&format!("node{index}.log"))).unwrap_or_default()
-                )
-            })
-            .collect()
-    };
+    let logs = || node_logs(&workspace);
     let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &job)));
     assert_eq!(status, 201, "{body}");
     let servers: Vec<&Server> = nodes.iter().flatten().collect();
@@ -157,11 +172,7 @@ fn batches_go_on_after_the_leader_is_killed_and_none_is_fired_twice() {
     let before_kill = first["schedule"]["batch"].as_u64().unwrap();
 
     // The leader dies; the source changes; a later batch copies the change.
-    let (_, leader) = nodes[0].as_ref().unwrap().call("GET", "/leader", None, None);
-    let leader = leader["leader"].as_str().expect("a leader").to_owned();
-    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == leader)).unwrap();
-    let mut killed = nodes[index].take().unwrap();
-    support::kill(&mut killed.child);
+    kill_leader(&mut nodes);
     mariadb(&format!(
         "DELETE FROM {database}.items WHERE id % 4 = 0; UPDATE {database}.accounts SET balance = balance + id;
          INSERT INTO {database}.items VALUES (900001, 1, 'after the kill')"
@@ -465,10 +476,7 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
     ));
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
-    let mut nodes: Vec<Option<Server>> = (0..3)
-        .map(|index| Some(start_server(&workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)))
-        .collect();
+    let mut nodes = three_nodes(&workspace, &etcd);
     let prefix = database.replace('_', "-");
     let [customers, orders, load] = ["customers", "orders", "load"].map(|job| format!("{prefix}-{job}"));
     let snapshot = |table: &str| {
@@ -502,14 +510,7 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
     );
     assert_eq!(nodes[0].as_ref().unwrap().call("GET", &format!("/jobs/{customers}"), None, None).0, 404);
     submit("unit.yaml", &format!("# the unit\n---\n{}", jobs.join("---\n"))).assert_code(0);
-    let logs = || -> String {
-        (0..3)
-            .map(|index| {
-                let log = std::fs::read_to_string(workspace.path(&format!("node{index}.log"))).unwrap_or_default();
-                format!("--- node{index}\n{log}")
-            })
-            .collect()
-    };
+    let logs = || node_logs(&workspace);
     let change = |round: u64| {
         mariadb(&format!(
             "UPDATE {database}.customers SET name = CONCAT(name, '+{round}'), updated_at = NOW(3) WHERE id % 7 = {round};
@@ -525,11 +526,7 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
     drop(servers);
 
     // The leader dies between batches; the source changes once more.
-    let (_, leader) = nodes[0].as_ref().unwrap().call("GET", "/leader", None, None);
-    let leader = leader["leader"].as_str().expect("a leader").to_owned();
-    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == leader)).unwrap();
-    let mut killed = nodes[index].take().unwrap();
-    support::kill(&mut killed.child);
+    kill_leader(&mut nodes);
     change(3);
     let servers: Vec<&Server> = nodes.iter().flatten().collect();
     let changed_at =
