@@ -109,13 +109,16 @@ pub struct StreamStats {
     pub schema_changes: AtomicU64,
     /// Row changes a transform's `filter` left out (both images outside it).
     pub changes_filtered: AtomicU64,
-    /// Seconds between now and the source commit of the last transaction applied; 0 when idle
-    /// and caught up.
-    pub lag_seconds: AtomicU64,
+    /// Unix seconds before which the target holds every change the source committed: the
+    /// source commit time of the last transaction applied, or the time of the last heartbeat
+    /// seen with nothing left to apply. 0 before the stream applied or saw anything.
+    pub fresh_through: AtomicU64,
     /// The last position committed in the target.
     pub position: Mutex<Option<crate::change::Position>>,
     /// Source commit → target commit, per source transaction.
     latency: [AtomicU64; LATENCY_BOUNDS_MS.len() + 1],
+    /// The sum of those latencies, in milliseconds.
+    pub latency_sum_ms: AtomicU64,
 }
 
 impl StreamStats {
@@ -136,11 +139,32 @@ impl StreamStats {
         self.phase.store(value, Ordering::Relaxed);
     }
 
+    /// Seconds the target is behind the source: now minus `fresh_through` (0 before the
+    /// stream knows). It grows while nothing is applied, whatever the reason (a target down,
+    /// a stalled stream), so a lag alarm sees a stuck stream.
+    pub fn lag_seconds(&self) -> u64 {
+        match self.fresh_through.load(Ordering::Relaxed) {
+            0 => 0,
+            through => crate::retry::unix_now().saturating_sub(through),
+        }
+    }
+
+    /// Marks the target fresh through `unix_seconds` (never backwards).
+    pub fn fresh_through(&self, unix_seconds: u64) {
+        self.fresh_through.fetch_max(unix_seconds, Ordering::Relaxed);
+    }
+
+    /// Transactions per latency bucket, the last one open (`LATENCY_BOUNDS_MS`).
+    pub fn latency_counts(&self) -> Vec<u64> {
+        self.latency.iter().map(|count| count.load(Ordering::Relaxed)).collect()
+    }
+
     /// Counts `transactions` source transactions applied `latency` after their source commit.
     pub fn record_latency(&self, latency: Duration, transactions: u64) {
         let millis = latency.as_millis() as u64;
         let bucket = LATENCY_BOUNDS_MS.iter().position(|&bound| millis <= bound).unwrap_or(LATENCY_BOUNDS_MS.len());
         self.latency[bucket].fetch_add(transactions, Ordering::Relaxed);
+        self.latency_sum_ms.fetch_add(millis.saturating_mul(transactions), Ordering::Relaxed);
     }
 
     /// The bucket bound under which `quantile` (0..=1) of the transactions were applied, in
@@ -170,7 +194,7 @@ impl StreamStats {
             transactions_applied: load(&self.transactions_applied),
             schema_changes: load(&self.schema_changes),
             changes_filtered: load(&self.changes_filtered),
-            lag_seconds: load(&self.lag_seconds),
+            lag_seconds: self.lag_seconds(),
             position: self
                 .position
                 .lock()

@@ -141,6 +141,11 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
     assert_eq!(support::cluster::request(&server.url, "GET", "/metrics", None, None).unwrap().0, 401);
     let metrics = support::cluster::request(&server.url, "GET", "/metrics", Some(READ), None).unwrap().1;
     assert!(metrics.contains("sluice_workers 1"), "{metrics}");
+    // The finished copy's counters, per task of its current generation, and the worker's.
+    assert!(metrics.contains("sluice_task_rows_written_total{job=\"copy-more\""), "{metrics}");
+    assert!(metrics.contains("sluice_job_running{job=\"copy-more\",state=\"succeeded\"} 0"), "{metrics}");
+    assert!(metrics.contains("sluice_worker_leader{worker=\"solo\"} 1"), "{metrics}");
+    assert!(metrics.contains("# TYPE sluice_task_apply_latency_seconds histogram"), "{metrics}");
 }
 
 #[test]

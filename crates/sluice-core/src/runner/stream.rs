@@ -696,8 +696,9 @@ impl Applier<'_> {
         self.moved = true;
         self.end_catch_up();
         if self.arrivals.is_empty() && !self.open_transaction {
-            let lag = if committed_at == 0 { 0 } else { unix_now().saturating_sub(committed_at) };
-            self.runner.stats.stream.lag_seconds.store(lag, std::sync::atomic::Ordering::Relaxed);
+            // A heartbeat (no commit time) says the source had nothing more up to now.
+            let through = if committed_at == 0 { unix_now() } else { committed_at };
+            self.runner.stats.stream.fresh_through(through);
         }
     }
 
@@ -835,7 +836,7 @@ impl Applier<'_> {
             stats.record_latency(now.duration_since(committed).unwrap_or_default(), 1);
         }
         if let Some(last) = self.arrivals.last() {
-            stats.lag_seconds.store(unix_now().saturating_sub(last.committed_at), relaxed);
+            stats.fresh_through(last.committed_at);
         }
         if stats.phase() == StreamPhase::CatchingUp
             && self.head.as_ref().is_none_or(|head| runner.source.reached(&checkpoint.at, head))

@@ -4,6 +4,7 @@
 
 mod auth;
 mod diff;
+mod metrics;
 mod openapi;
 mod views;
 
@@ -698,5 +699,5 @@ async fn show_leader(State(api): Shared) -> Reply {
 }
 
 async fn metrics(State(api): Shared) -> Reply {
-    Ok(views::metrics(&*api.node.store).await?.into_response())
+    Ok(([("content-type", "text/plain; version=0.0.4")], metrics::render(&*api.node.store).await?).into_response())
 }

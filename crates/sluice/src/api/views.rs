@@ -343,6 +343,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             .find(|(id, status, _)| id == task && status.generation == job.generation)
             .map(|(_, status, _)| status)
     };
+    let now = sluice_core::retry::unix_now();
     let mut tasks = Vec::new();
     let mut stats = JobStatsView { rows_read: 0, rows_written: 0, rows_skipped: 0, rows_per_sec: 0.0, lag_secs: None };
     let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
@@ -369,7 +370,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
                     phase = status.phase.clone();
                 }
             }
-            if let Some(task_lag) = status.lag_secs {
+            if let Some(task_lag) = status.lag_at(now) {
                 stats.lag_secs = Some(stats.lag_secs.unwrap_or(0).max(task_lag));
             }
             if status.state == TaskState::Failed && failed.is_none() {
@@ -387,7 +388,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             worker: owner.map(|owner| owner.worker.clone()).or(status.map(|status| status.worker.clone())),
             epoch: status.map(|status| status.epoch),
             position: status.and_then(|status| status.position.clone()),
-            lag_secs: status.and_then(|status| status.lag_secs),
+            lag_secs: status.and_then(|status| status.lag_at(now)),
             rows_read: status.map_or(0, |status| status.rows_read),
             rows_written: status.map_or(0, |status| status.rows_written),
             updated_at: status.map(|status| status.updated_at.clone()),
@@ -427,38 +428,4 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
 /// The serde name of a unit enum value (`TaskState::Succeeded` → `succeeded`).
 pub(super) fn serde_name(value: &impl Serialize) -> String {
     serde_json::to_value(value).ok().and_then(|value| value.as_str().map(str::to_owned)).unwrap_or_default()
-}
-
-/// Prometheus text: per task rows and lag, per job state, and the live workers.
-pub async fn metrics(store: &dyn Store) -> Result<String> {
-    let mut text = String::new();
-    text.push_str("# HELP sluice_task_rows_written Rows a task wrote (snapshot) or applied (cdc) in its generation.\n# TYPE sluice_task_rows_written gauge\n");
-    let statuses: Vec<(String, TaskStatus, _)> = load_all(store, &format!("{ROOT}tasks/")).await?;
-    for (key, status, _) in &statuses {
-        let (job, task) = key.split_once('/').unwrap_or((key, ""));
-        text.push_str(&format!("sluice_task_rows_written{{job=\"{job}\",task=\"{task}\"}} {}\n", status.rows_written));
-    }
-    text.push_str("# HELP sluice_task_lag_seconds Seconds behind the source of a change stream.\n# TYPE sluice_task_lag_seconds gauge\n");
-    for (key, status, _) in &statuses {
-        let (job, task) = key.split_once('/').unwrap_or((key, ""));
-        if let Some(lag) = status.lag_secs {
-            text.push_str(&format!("sluice_task_lag_seconds{{job=\"{job}\",task=\"{task}\"}} {lag}\n"));
-        }
-    }
-    text.push_str(
-        "# HELP sluice_job_running Whether the job is running (1) or not (0).\n# TYPE sluice_job_running gauge\n",
-    );
-    for (name, job, _) in load_all::<JobRecord>(store, &format!("{ROOT}jobs/")).await? {
-        let state = job_view(store, &job).await?.state;
-        let label = serde_name(&state);
-        text.push_str(&format!(
-            "sluice_job_running{{job=\"{name}\",state=\"{label}\"}} {}\n",
-            u8::from(state == JobState::Running)
-        ));
-    }
-    let workers = store.list(&format!("{ROOT}workers/")).await?.len();
-    text.push_str(&format!(
-        "# HELP sluice_workers Live workers.\n# TYPE sluice_workers gauge\nsluice_workers {workers}\n"
-    ));
-    Ok(text)
 }

@@ -558,6 +558,35 @@ pub struct TaskStatus {
     /// other live worker has room.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub avoid: Vec<String>,
+    #[serde(default)]
+    pub bytes_read: u64,
+    /// Source transactions a change stream applied in this generation.
+    #[serde(default)]
+    pub transactions_applied: u64,
+    /// Unix seconds before which the target holds every change of the source (a change
+    /// stream); carried from attempt to attempt, so the lag keeps growing while it restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh_through: Option<u64>,
+    /// Transactions per apply-latency bucket (`sluice_core::stats::LATENCY_BOUNDS_MS`, then an
+    /// open bucket), source commit to target commit.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency: Vec<u64>,
+    /// The sum of those latencies, in milliseconds.
+    #[serde(default)]
+    pub latency_sum_ms: u64,
+}
+
+impl TaskStatus {
+    /// Seconds the target is behind the source at `now` (Unix seconds): since `fresh_through`,
+    /// or the last reported lag when there is none yet.
+    pub fn lag_at(&self, now: u64) -> Option<u64> {
+        match self.fresh_through {
+            Some(through) if matches!(self.state, TaskState::Running | TaskState::Restarting) => {
+                Some(now.saturating_sub(through))
+            }
+            _ => self.lag_secs,
+        }
+    }
 }
 
 /// A waiting task gains one priority level per this many seconds: a low-priority task waits
@@ -585,6 +614,9 @@ pub struct WorkerRecord {
     /// `job/task` of the tasks it runs.
     pub tasks: Vec<String>,
     pub started_at: String,
+    /// Writes its tasks' targets refused since it started: another worker had taken the task.
+    #[serde(default)]
+    pub fence_refusals: u64,
 }
 
 fn one() -> f64 {
@@ -838,6 +870,7 @@ mod tests {
             weight,
             tasks: (0..tasks).map(|task| format!("job/{task}")).collect(),
             started_at: String::new(),
+            fence_refusals: 0,
         }
     }
 

@@ -58,6 +58,8 @@ pub struct Node {
     pub(super) planning: Mutex<BTreeSet<String>>,
     pub(super) state: Arc<SqliteStateStore>,
     started_at: String,
+    /// Task writes refused by a fence since this node started (`WorkerRecord::fence_refusals`).
+    pub(super) fence_refusals: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Node {
@@ -101,6 +103,7 @@ impl Node {
             planning: Mutex::new(BTreeSet::new()),
             state,
             started_at: crate::logger::timestamp(),
+            fence_refusals: Default::default(),
         }))
     }
 
@@ -242,6 +245,7 @@ impl Node {
             weight: self.config.weight,
             tasks: lock(&self.running).keys().cloned().collect(),
             started_at: self.started_at.clone(),
+            fence_refusals: self.fence_refusals.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

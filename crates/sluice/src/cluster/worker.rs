@@ -154,6 +154,11 @@ impl Node {
             updated_at: timestamp(),
             restarts,
             avoid: Vec::new(),
+            bytes_read: 0,
+            transactions_applied: 0,
+            fresh_through: None,
+            latency: Vec::new(),
+            latency_sum_ms: 0,
         };
         let mut avoid = avoid;
         let mut failed_here = 0;
@@ -262,6 +267,7 @@ impl Node {
         let deleted = matches!(load_job(&*self.store, &job.name).await, Ok(None));
         match &outcome {
             Some(error) if error.kind() == ErrorKind::Fenced => {
+                self.fence_refusals.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 log::warn!("node {}: task {name} stopped: {error}", self.config.id);
             }
             _ if deleted => log::info!("node {}: task {name} stopped: its job was deleted", self.config.id),
@@ -391,8 +397,18 @@ fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows
     let tables = stats.snapshot();
     let stream = stats.stream.summary();
     let streaming = stream.phase != sluice_core::stats::StreamPhase::NotStarted;
+    let fresh_through = match stats.stream.fresh_through.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => base.fresh_through,
+        through => Some(base.fresh_through.unwrap_or(0).max(through)),
+    };
+    let now = sluice_core::retry::unix_now();
     TaskStatus {
         rows_read: tables.iter().map(|table| table.rows_read).sum(),
+        bytes_read: tables.iter().map(|table| table.bytes_read).sum(),
+        transactions_applied: stream.transactions_applied,
+        fresh_through,
+        latency: if streaming { stats.stream.latency_counts() } else { Vec::new() },
+        latency_sum_ms: stats.stream.latency_sum_ms.load(std::sync::atomic::Ordering::Relaxed),
         rows_written: tables.iter().map(|table| table.rows_written).sum::<u64>() + stream.rows_applied,
         rows_skipped: tables.iter().map(|table| table.rows_skipped).sum(),
         rows_per_sec,
@@ -404,7 +420,10 @@ fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows
         } else {
             "snapshotting".into()
         }),
-        lag_secs: streaming.then_some(stream.lag_seconds),
+        lag_secs: match fresh_through {
+            Some(through) => Some(now.saturating_sub(through)),
+            None => streaming.then_some(0),
+        },
         position: stream.position.clone(),
         updated_at: timestamp(),
         ..base.clone()
