@@ -1,6 +1,10 @@
 //! Sluice's connectors, one module per external system, each behind a cargo feature, and the
 //! registry: the one place that maps a job's `type` to a connector.
 
+#[cfg(any(feature = "parquet", feature = "delta"))]
+mod columnar;
+#[cfg(feature = "delta")]
+pub mod delta;
 #[cfg(feature = "file")]
 pub mod directory;
 pub mod events;
@@ -113,6 +117,8 @@ pub const CONNECTORS: &[&Connector] = &[
     &nats::connector::CONNECTOR,
     #[cfg(feature = "kafka")]
     &kafka::connector::CONNECTOR,
+    #[cfg(feature = "delta")]
+    &delta::connector::CONNECTOR,
 ];
 
 /// Every connector type with the cargo feature that builds it, built here or not, for messages.
@@ -128,6 +134,7 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("stdout", "default"),
     ("nats", "nats"),
     ("kafka", "kafka"),
+    ("delta", "delta"),
 ];
 
 /// The connector types a job may name, for messages.

@@ -6,11 +6,6 @@ use std::fs::{self, File};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use arrow_array::builder::{
-    ArrayBuilder, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Decimal256Builder, Float32Builder,
-    Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, StringBuilder, TimestampMicrosecondBuilder,
-    UInt16Builder, UInt32Builder, UInt64Builder, UInt8Builder,
-};
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType as Arrow, Field, Schema, TimeUnit};
 use async_trait::async_trait;
@@ -20,8 +15,9 @@ use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Sink, TableTasks, Writer};
 
+use crate::columnar::ColumnBuilder;
 use crate::file::{check_directory, Part};
-use sluice_core::{DataType, DateTime, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
+use sluice_core::{DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 /// Rows per row group: large enough for good compression and scans, small enough to bound the
 /// writer's memory.
@@ -72,144 +68,10 @@ fn arrow_schema(table: &TableSchema) -> Arc<Schema> {
             .map(|column| {
                 let field = Field::new(&column.name, arrow_type(&column.data_type), column.nullable);
                 // The source type travels as field metadata, so a reader can tell TIME from INT.
-                field.with_metadata([("sluice.native_type", column.native_type.as_str())])
+                field.with_metadata([("sluice.native_type".to_owned(), column.native_type.clone())].into())
             })
             .collect::<Vec<_>>(),
     ))
-}
-
-fn microseconds(value: &DateTime) -> i64 {
-    let seconds = value.date.days_since_epoch() * 86_400
-        + i64::from(value.hour) * 3_600
-        + i64::from(value.minute) * 60
-        + i64::from(value.second);
-    seconds * 1_000_000 + i64::from(value.microsecond)
-}
-
-/// The unscaled digits of a decimal at `scale` (`1.5` at scale 2 is `150`).
-fn unscaled(value: &sluice_core::Decimal, scale: usize) -> String {
-    let text = value.as_str();
-    let (integer, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let mut digits = format!("{integer}{fraction}");
-    digits.push_str(&"0".repeat(scale.saturating_sub(fraction.len())));
-    digits
-}
-
-/// One column being filled for a record batch.
-struct ColumnBuilder {
-    data_type: DataType,
-    builder: Box<dyn ArrayBuilder>,
-}
-
-impl ColumnBuilder {
-    fn new(data_type: &DataType, capacity: usize) -> ColumnBuilder {
-        let builder: Box<dyn ArrayBuilder> = match arrow_type(data_type) {
-            Arrow::Boolean => Box::new(BooleanBuilder::with_capacity(capacity)),
-            Arrow::Int8 => Box::new(Int8Builder::with_capacity(capacity)),
-            Arrow::Int16 => Box::new(Int16Builder::with_capacity(capacity)),
-            Arrow::Int32 => Box::new(Int32Builder::with_capacity(capacity)),
-            Arrow::Int64 => Box::new(Int64Builder::with_capacity(capacity)),
-            Arrow::UInt8 => Box::new(UInt8Builder::with_capacity(capacity)),
-            Arrow::UInt16 => Box::new(UInt16Builder::with_capacity(capacity)),
-            Arrow::UInt32 => Box::new(UInt32Builder::with_capacity(capacity)),
-            Arrow::UInt64 => Box::new(UInt64Builder::with_capacity(capacity)),
-            Arrow::Float32 => Box::new(Float32Builder::with_capacity(capacity)),
-            Arrow::Float64 => Box::new(Float64Builder::with_capacity(capacity)),
-            arrow @ Arrow::Decimal128(..) => Box::new(Decimal128Builder::with_capacity(capacity).with_data_type(arrow)),
-            arrow @ Arrow::Decimal256(..) => Box::new(Decimal256Builder::with_capacity(capacity).with_data_type(arrow)),
-            Arrow::Binary => Box::new(BinaryBuilder::with_capacity(capacity, capacity * 16)),
-            Arrow::Date32 => Box::new(Date32Builder::with_capacity(capacity)),
-            Arrow::Timestamp(_, None) => Box::new(TimestampMicrosecondBuilder::with_capacity(capacity)),
-            Arrow::Timestamp(_, Some(_)) => {
-                Box::new(TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone("UTC"))
-            }
-            _ => Box::new(StringBuilder::with_capacity(capacity, capacity * 16)),
-        };
-        ColumnBuilder { data_type: data_type.clone(), builder }
-    }
-
-    /// Appends a value, or says why it does not fit the column's Arrow type.
-    fn append(&mut self, value: &Value) -> std::result::Result<(), String> {
-        macro_rules! builder {
-            ($type:ty) => {
-                self.builder.as_any_mut().downcast_mut::<$type>().expect("the builder matches the column type")
-            };
-        }
-        let out_of_range = || format!("{value} is out of range for {:?}", arrow_type(&self.data_type));
-        match (arrow_type(&self.data_type), value) {
-            (Arrow::Boolean, Value::Null) => builder!(BooleanBuilder).append_null(),
-            (Arrow::Boolean, Value::Bool(value)) => builder!(BooleanBuilder).append_value(*value),
-            (Arrow::Int8, Value::Null) => builder!(Int8Builder).append_null(),
-            (Arrow::Int8, Value::Int(value)) => {
-                builder!(Int8Builder).append_value(i8::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::Int16, Value::Null) => builder!(Int16Builder).append_null(),
-            (Arrow::Int16, Value::Int(value)) => {
-                builder!(Int16Builder).append_value(i16::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::Int32, Value::Null) => builder!(Int32Builder).append_null(),
-            (Arrow::Int32, Value::Int(value)) => {
-                builder!(Int32Builder).append_value(i32::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::Int64, Value::Null) => builder!(Int64Builder).append_null(),
-            (Arrow::Int64, Value::Int(value)) => builder!(Int64Builder).append_value(*value),
-            (Arrow::Int64, Value::Time(time)) => {
-                let magnitude = ((i64::from(time.hours) * 60 + i64::from(time.minutes)) * 60 + i64::from(time.seconds))
-                    * 1_000_000
-                    + i64::from(time.microseconds);
-                builder!(Int64Builder).append_value(if time.negative { -magnitude } else { magnitude })
-            }
-            (Arrow::UInt8, Value::Null) => builder!(UInt8Builder).append_null(),
-            (Arrow::UInt8, Value::UInt(value)) => {
-                builder!(UInt8Builder).append_value(u8::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::UInt16, Value::Null) => builder!(UInt16Builder).append_null(),
-            (Arrow::UInt16, Value::UInt(value)) => {
-                builder!(UInt16Builder).append_value(u16::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::UInt32, Value::Null) => builder!(UInt32Builder).append_null(),
-            (Arrow::UInt32, Value::UInt(value)) => {
-                builder!(UInt32Builder).append_value(u32::try_from(*value).map_err(|_| out_of_range())?)
-            }
-            (Arrow::UInt64, Value::Null) => builder!(UInt64Builder).append_null(),
-            (Arrow::UInt64, Value::UInt(value)) | (Arrow::UInt64, Value::Bits { value, .. }) => {
-                builder!(UInt64Builder).append_value(*value)
-            }
-            (Arrow::Float32, Value::Null) => builder!(Float32Builder).append_null(),
-            (Arrow::Float32, Value::Float32(value)) => builder!(Float32Builder).append_value(*value),
-            (Arrow::Float64, Value::Null) => builder!(Float64Builder).append_null(),
-            (Arrow::Float64, Value::Float64(value)) => builder!(Float64Builder).append_value(*value),
-            (Arrow::Float64, Value::Float32(value)) => builder!(Float64Builder).append_value(f64::from(*value)),
-            (Arrow::Decimal128(..), Value::Null) => builder!(Decimal128Builder).append_null(),
-            (Arrow::Decimal128(_, scale), Value::Decimal(value)) => {
-                let digits = unscaled(value, scale as usize);
-                builder!(Decimal128Builder).append_value(digits.parse::<i128>().map_err(|_| out_of_range())?)
-            }
-            (Arrow::Decimal256(..), Value::Null) => builder!(Decimal256Builder).append_null(),
-            (Arrow::Decimal256(_, scale), Value::Decimal(value)) => {
-                let digits = unscaled(value, scale as usize);
-                let parsed = arrow_buffer::i256::from_string(&digits).ok_or_else(out_of_range)?;
-                builder!(Decimal256Builder).append_value(parsed)
-            }
-            (Arrow::Binary, Value::Null) => builder!(BinaryBuilder).append_null(),
-            (Arrow::Binary, Value::Bytes(bytes)) => builder!(BinaryBuilder).append_value(bytes),
-            (Arrow::Date32, Value::Null) => builder!(Date32Builder).append_null(),
-            (Arrow::Date32, Value::Date(date)) if !date.is_zero_or_partial() => {
-                builder!(Date32Builder).append_value(date.days_since_epoch() as i32)
-            }
-            (Arrow::Timestamp(..), Value::Null) => builder!(TimestampMicrosecondBuilder).append_null(),
-            (Arrow::Timestamp(..), Value::DateTime(value) | Value::Timestamp(value))
-                if !value.date.is_zero_or_partial() =>
-            {
-                builder!(TimestampMicrosecondBuilder).append_value(microseconds(value))
-            }
-            (Arrow::Utf8, Value::Null) => builder!(StringBuilder).append_null(),
-            (Arrow::Utf8, Value::Text(text) | Value::Json(text)) => builder!(StringBuilder).append_value(text),
-            (Arrow::Utf8, Value::Decimal(value)) => builder!(StringBuilder).append_value(value.as_str()),
-            (arrow, value) => return Err(format!("{value} cannot be written as {arrow:?}")),
-        }
-        Ok(())
-    }
 }
 
 /// Writes each table as a directory of Parquet parts.
@@ -302,7 +164,7 @@ impl Writer for ParquetWriter {
             .table
             .columns
             .iter()
-            .map(|column| ColumnBuilder::new(&column.data_type, batch.changes.len()))
+            .map(|column| ColumnBuilder::new(&arrow_type(&column.data_type), batch.changes.len()))
             .collect();
         let mut rejected = Vec::new();
         for change in &batch.changes {
@@ -312,8 +174,9 @@ impl Writer for ParquetWriter {
             };
             // Check the whole row first, so a refused row leaves no value behind in any column.
             let problem = after.iter().zip(&self.table.columns).find_map(|(value, column)| {
-                let mut probe = ColumnBuilder::new(&column.data_type, 1);
-                probe.append(value).err().map(|reason| format!("column {}: {reason}", column.name))
+                ColumnBuilder::fits(&arrow_type(&column.data_type), value)
+                    .err()
+                    .map(|reason| format!("column {}: {reason}", column.name))
             });
             if let Some(reason) = problem {
                 rejected.push(Rejected {
@@ -328,7 +191,7 @@ impl Writer for ParquetWriter {
                 builder.append(value).expect("checked above");
             }
         }
-        let arrays: Vec<ArrayRef> = columns.iter_mut().map(|column| column.builder.finish()).collect();
+        let arrays: Vec<ArrayRef> = columns.iter_mut().map(ColumnBuilder::finish).collect();
         let record_batch = RecordBatch::try_new(arrow_schema(&self.table), arrays)
             .map_err(|error| io_error(format!("assemble a batch of {}", self.table.name), error))?;
         let path = self.part.temporary_path().display().to_string();
@@ -378,16 +241,3 @@ pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
         build: |job, _fence| Ok(Arc::new(ParquetSink::new(crate::path(&job.target)?))),
     }),
 };
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decimals_are_scaled_to_their_column() {
-        let decimal = |text| sluice_core::Decimal::parse(text).unwrap();
-        assert_eq!(unscaled(&decimal("1.5"), 2), "150");
-        assert_eq!(unscaled(&decimal("-0.01"), 2), "-001");
-        assert_eq!(unscaled(&decimal("42"), 0), "42");
-    }
-}

@@ -297,6 +297,17 @@ pub enum ChangeShape {
     Raw,
 }
 
+/// When a change writer wants the stream's groups committed, if not at every pause of the
+/// stream: a lake table takes a commit every few seconds (each one rewrites the files holding the
+/// keys it changes), not one per source transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCadence {
+    /// A group commits this long after its first transaction...
+    pub every: std::time::Duration,
+    /// ...or once it holds this many row changes, whichever comes first.
+    pub rows: u64,
+}
+
 /// The end of one source transaction, as a raw change sink sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransactionEnd {
@@ -520,6 +531,13 @@ pub trait ChangeWriter: Send {
     /// How this writer takes the stream: folded per key (the default) or as raw row events.
     fn shape(&self) -> ChangeShape {
         ChangeShape::Folded
+    }
+
+    /// When groups commit. `None` (the default): as soon as no more transactions wait, a group
+    /// of `limits.batch_rows` changes at most, 50 ms after its first transaction at the latest.
+    /// Either way a group ends only at a source commit.
+    fn cadence(&self) -> Option<CommitCadence> {
+        None
     }
 
     /// Raw writers: the next row events of the open source transaction, in source order (an

@@ -20,6 +20,10 @@ pub const POINTS: &[&str] = &[
     // A stream target's broker acknowledged every event of a commit; its checkpoint is not
     // written yet.
     "events.acknowledged",
+    // A Delta target decided a group in its journal; no table has it yet.
+    "delta.group.decided",
+    // A Delta target committed one table of a decided group.
+    "delta.table.committed",
 ];
 
 /// Aborts the process when `SLUICE_FAILPOINT` selects `point` (and this is its n-th pass).

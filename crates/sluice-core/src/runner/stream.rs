@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use super::{interrupted, lock, Runner, Scope};
 use crate::change::{Batch, Change, Position};
 use crate::connector::{
-    ChangeShape, ChangeWriter, Checkpoint, SchemaChange, SourceSchemaChange, StreamEvent, TransactionEnd,
+    ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, StreamEvent, TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
@@ -230,6 +230,8 @@ impl Runner {
         });
 
         let raw = writer.shape() == ChangeShape::Raw;
+        // When the writer wants groups committed, if not as soon as the stream pauses.
+        let cadence: Option<CommitCadence> = writer.cadence();
         let mut applier = Applier {
             runner: self,
             raw,
@@ -282,9 +284,12 @@ impl Runner {
                 let deadline = if applier.open_transaction {
                     None
                 } else if !applier.arrivals.is_empty() {
-                    Some(applier.started + GROUP_LINGER)
+                    Some(applier.started + cadence.map_or(GROUP_LINGER, |cadence| cadence.every))
                 } else if applier.moved {
-                    Some(applier.last_commit + IDLE_CHECKPOINT_INTERVAL)
+                    let every = cadence.map_or(IDLE_CHECKPOINT_INTERVAL, |cadence| {
+                        cadence.every.max(IDLE_CHECKPOINT_INTERVAL)
+                    });
+                    Some(applier.last_commit + every)
                 } else {
                     None
                 };
@@ -321,8 +326,11 @@ impl Runner {
                 // Whole transactions commit as soon as nothing more is waiting (the events in
                 // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
                 // when the group is full; the deadline above caps how long they linger.
-                let full = applier.staged_rows + applier.pending() as u64 >= self.job.limits.batch_rows as u64;
-                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || received.is_empty()) {
+                let group_rows = cadence.map_or(self.job.limits.batch_rows as u64, |cadence| cadence.rows);
+                let full = applier.staged_rows + applier.pending() as u64 >= group_rows;
+                // A writer with a cadence of its own commits by it alone.
+                let paused = received.is_empty() && cadence.is_none();
+                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || paused) {
                     applier.commit().await?;
                 }
             }
