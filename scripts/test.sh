@@ -39,5 +39,5 @@ echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on p
   "TLS only: MariaDB on port $(cat "$base/mariadb-tls/port"), PostgreSQL on port $(cat "$base/postgres-tls/port")"
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --features sluice/failpoints,sluice/kafka -- -D warnings
-cargo test --workspace --features sluice/failpoints,sluice/kafka
+cargo clippy --workspace --all-targets --features sluice/failpoints,sluice/kafka,sluice/delta -- -D warnings
+cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta

@@ -186,6 +186,18 @@ fn fixtures() -> Vec<Fixture> {
             },
             source: None,
         },
+        #[cfg(feature = "delta")]
+        Fixture {
+            name: "delta",
+            target: |_| "  type: delta\n  path: out-delta\n".into(),
+            target_url: no_url,
+            // Read by an independent reader, Python's deltalake.
+            item_ids: |workspace, _| {
+                let rows = support::lake::rows(&workspace.path("out-delta/items"), &["id"]);
+                sorted(rows.iter().map(|line| line.parse().expect("an id")).collect())
+            },
+            source: None,
+        },
         Fixture {
             name: "postgres",
             target: |unique| format!("  type: postgres\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
@@ -468,6 +480,12 @@ fn a_snapshot_into_kafka_is_exact_through_a_kill() {
     let workspace = Workspace::new();
     workspace.write("broker", &broker.bootstrap());
     exactly_once_through_a_kill_at("kafka", &workspace);
+}
+
+#[cfg(feature = "delta")]
+#[test]
+fn a_snapshot_into_delta_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("delta");
 }
 
 #[test]

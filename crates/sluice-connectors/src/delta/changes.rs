@@ -278,7 +278,17 @@ impl DeltaChanges {
                     }
                 }
             }
-            let (protocol, metadata) = table.protocol_and_metadata();
+            let (mut protocol, mut metadata) = table.protocol_and_metadata();
+            // Columns the group adds to the copy are the table's from its first version.
+            for action in
+                commits.iter().filter(|commit| commit.table == hidden_location).flat_map(|commit| &commit.actions)
+            {
+                match action {
+                    Action::Metadata(_) => metadata = action.clone(),
+                    Action::Protocol(_) => protocol = action.clone(),
+                    _ => {}
+                }
+            }
             let prefix =
                 hidden_location.strip_prefix(&format!("{own_location}/")).unwrap_or(super::COPY_DIRECTORY).to_owned();
             let mut actions = vec![protocol, metadata];

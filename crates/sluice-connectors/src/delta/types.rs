@@ -77,6 +77,20 @@ pub(super) fn batch<'a>(
     rows: impl Iterator<Item = &'a Row>,
 ) -> Result<RecordBatch> {
     let rows: Vec<&Row> = rows.collect();
+    let missing: Vec<&str> = table
+        .columns
+        .iter()
+        .filter(|column| schema.field_with_name(&column.name).is_err())
+        .map(|column| column.name.as_str())
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!("Delta table {} has no column {}, which its rows carry", table.name, missing.join(", ")),
+        )
+        .on(Side::Target)
+        .hint("the source table changed since the Delta table was made; copy it again with run --restart"));
+    }
     let mut columns = Vec::with_capacity(schema.fields().len());
     for field in schema.fields() {
         let array: ArrayRef = match table.columns.iter().position(|column| column.name == *field.name()) {

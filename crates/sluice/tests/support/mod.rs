@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod kafka;
+pub mod lake;
 pub mod nats;
 pub mod workload;
 
