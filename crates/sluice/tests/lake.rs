@@ -52,6 +52,14 @@ impl LakeJob {
         self.workspace.start_run(&self.file, &mysql_url(), "", &[])
     }
 
+    /// Waits until the stream has committed once.
+    fn wait_streaming(&self, child: &mut Guard) {
+        wait_for("the stream to start", Duration::from_secs(60), || {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
+            lake::stream_position(&self.lake(), &self.name).is_some()
+        });
+    }
+
     /// Waits until the lake holds everything the source committed up to now.
     fn wait_converged(&self, child: &mut Guard) {
         let source = source_position();
@@ -168,4 +176,206 @@ fn a_lake_table_follows_the_source_through_kills_compactions_and_an_added_column
         .count();
     assert!(compactions > 0, "no compaction ran: {versions:?}");
     eprintln!("{} versions of accounts, {compactions} compactions", versions.len());
+}
+
+/// The same job on a two-node cluster sharing the lake directory: the node running the stream is
+/// SIGKILLed, then the next one is paused past its lease and woken once the stream moved (a
+/// zombie, which must not commit); the lake ends equal to the source, and every version of the
+/// accounts table is a state the source had.
+#[test]
+fn a_lake_job_on_a_cluster_survives_a_killed_and_a_paused_node() {
+    use serde_json::Value;
+    use support::cluster::{start_server, Etcd, Server};
+
+    let database = unique_name("lake_cluster");
+    create_tables(&database);
+    let etcd = Etcd::start(1);
+    let job = LakeJob::new(
+        &database,
+        "  commit_interval_secs: 1\n  compact_every_secs: 3\n",
+        "batch_rows: 200, split_rows: 500",
+    );
+    let start_node = |index: usize| -> Server {
+        start_server(&job.workspace, &format!("node{index}"), Some(&etcd.endpoints), &[("SOURCE", mysql_url())])
+    };
+    let mut nodes: Vec<Option<Server>> = (0..2).map(|index| Some(start_node(index))).collect();
+    let text = std::fs::read_to_string(&job.file).unwrap();
+    let any = |nodes: &[Option<Server>]| -> Value {
+        let node = nodes.iter().flatten().next().expect("a live node");
+        node.call("GET", &format!("/jobs/{}", job.name), None, None).1
+    };
+    let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &text)));
+    assert_eq!(status, 201, "{body}");
+    let logs = |nodes: &[Option<Server>]| -> String {
+        nodes.iter().flatten().map(|node| format!("--- {}\n{}", node.id, node.output())).collect()
+    };
+    let stream_task = |nodes: &[Option<Server>]| -> Value {
+        any(nodes)["tasks"]
+            .as_array()
+            .and_then(|tasks| tasks.iter().find(|task| task["kind"] == "cdc").cloned())
+            .unwrap_or_default()
+    };
+    let streaming_node = |nodes: &[Option<Server>]| -> usize {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let task = stream_task(nodes);
+            if task["state"] == "running"
+                && task["epoch"].is_u64()
+                && lake::stream_position(&job.lake(), &job.name).is_some()
+            {
+                let worker = task["worker"].as_str().unwrap().to_owned();
+                if let Some(index) = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == worker)) {
+                    return index;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "the stream does not run: {task:#}\n{}", logs(nodes));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let load = Load::start(&database, Random::from_environment("a_lake_job_on_a_cluster"), 200);
+
+    // A SIGKILL of the stream's node: the other node takes the stream over.
+    let victim = streaming_node(&nodes);
+    let before = lake::commits(&job.lake(), &job.name);
+    let mut killed = nodes[victim].take().unwrap();
+    kill(&mut killed.child);
+    wait_for("the stream to move after the kill", Duration::from_secs(60), || {
+        stream_task(&nodes)["worker"].as_str().is_some_and(|worker| worker != killed.id)
+            && lake::commits(&job.lake(), &job.name) > before + 2
+    });
+    nodes[victim] = Some(start_node(victim));
+
+    // A pause past the lease: the woken worker must not commit after the new owner's claim.
+    let victim = streaming_node(&nodes);
+    let epoch = stream_task(&nodes)["epoch"].as_u64().unwrap();
+    let zombie = nodes[victim].take().unwrap();
+    signal(&zombie.child, "STOP");
+    wait_for("the stream to move after the pause", Duration::from_secs(60), || {
+        let task = stream_task(&nodes);
+        task["worker"].as_str().is_some_and(|worker| worker != zombie.id)
+            && task["epoch"].as_u64().is_some_and(|new| new > epoch)
+    });
+    let moved = lake::commits(&job.lake(), &job.name);
+    wait_for("the new owner to commit", Duration::from_secs(60), || lake::commits(&job.lake(), &job.name) > moved + 2);
+    signal(&zombie.child, "CONT");
+    wait_for("the woken worker to stop its task", Duration::from_secs(30), || {
+        let output = zombie.output();
+        output.contains("lease ended") || output.contains("FENCED")
+    });
+    nodes[victim] = Some(zombie);
+    load.stop();
+    let source = source_position();
+    wait_for("the lake to reach the source", Duration::from_secs(120), || {
+        lake::stream_position(&job.lake(), &job.name).is_some_and(|at| at >= source)
+    });
+
+    let accounts = ["id", "balance"];
+    assert_eq!(
+        lake::rows(&job.table("accounts"), &accounts),
+        job.source_rows("accounts", &accounts),
+        "{}",
+        logs(&nodes)
+    );
+    let items = ["id", "v", "note"];
+    assert_eq!(lake::rows(&job.table("items"), &items), job.source_rows("items", &items));
+    let total = (ACCOUNTS * 1000) as i64;
+    for version in lake::versions(&job.table("accounts"), "id", "balance") {
+        assert_eq!((version.rows, version.sum), (ACCOUNTS, total), "version {} of accounts", version.version);
+    }
+}
+
+/// DDL a Delta table can take (a created table, an added column, a TRUNCATE) is carried; any
+/// other (a dropped column) stops the job naming the statement and what to do.
+#[test]
+fn ddl_beyond_added_columns_stops_the_stream_precisely() {
+    let database = unique_name("lake_ddl");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, a VARCHAR(20), b INT);
+         INSERT INTO {database}.t VALUES (1, 'a', 1)"
+    ));
+    let job = LakeJob::new(&database, "  commit_interval_secs: 1\n", "");
+    let mut child = job.start();
+    job.wait_streaming(&mut child);
+    mariadb(&format!(
+        "USE {database};
+         INSERT INTO t VALUES (2, 'b', 2);
+         ALTER TABLE t ADD COLUMN c VARCHAR(10) NULL;
+         INSERT INTO t VALUES (3, 'c', 3, 'x'); UPDATE t SET c = 'y' WHERE id = 1;
+         CREATE TABLE t2 (id INT PRIMARY KEY, v VARCHAR(10));
+         INSERT INTO t2 VALUES (1, 'one'), (2, 'two');
+         TRUNCATE TABLE t2;
+         INSERT INTO t2 VALUES (3, 'three');"
+    ));
+    job.wait_converged(&mut child);
+    assert_eq!(lake::rows(&job.table("t"), &["id", "a", "b", "c"]), job.source_rows("t", &["id", "a", "b", "c"]));
+    assert_eq!(lake::rows(&job.table("t2"), &["id", "v"]), job.source_rows("t2", &["id", "v"]));
+
+    mariadb(&format!("ALTER TABLE {database}.t DROP COLUMN b; INSERT INTO {database}.t VALUES (4, 'd', 'z')"));
+    let output = child.into_inner().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("column b is gone; a Delta target takes added columns only"), "{stderr}");
+    assert!(stderr.contains("--restart"), "{stderr}");
+    // The table is as it was before the statement.
+    assert_eq!(lake::rows(&job.table("t"), &["id"]), ["1", "2", "3"]);
+}
+
+/// Edge values of the MySQL types, copied and streamed into a Delta table partitioned by a date
+/// column, as Python's deltalake reads them (docs/types.md lists the mapping).
+#[test]
+fn every_type_reaches_a_partitioned_delta_table_as_readers_expect() {
+    let database = unique_name("lake_types");
+    let columns = "id INT PRIMARY KEY, tiny TINYINT UNSIGNED, big BIGINT UNSIGNED, money DECIMAL(10,2), \
+                   wide DECIMAL(65,30), at DATETIME(6), stamp TIMESTAMP(3) NULL, d DATE, t TIME(6), \
+                   name VARCHAR(20), raw VARBINARY(8), doc JSON, color ENUM('red','green'), tags SET('a','b'), \
+                   bits BIT(64), y YEAR, f FLOAT, g DOUBLE";
+    let row = |id: u32| {
+        format!(
+            "({id}, 255, 18446744073709551615, -12.5, '-99999999999999999999999999999999999.999999999999999999999999999999', \
+             '2024-02-29 23:59:59.999999', '2024-03-01 10:00:00.250', '2024-02-{:02}', '-838:59:59.000001', 'ñandú ☃', \
+             x'00ff', '{{\"a\": [1, 2]}}', 'green', 'a,b', b'1111111111111111111111111111111111111111111111111111111111111111', \
+             2155, 1.5, -2.25)",
+            id
+        )
+    };
+    mariadb(&format!(
+        "SET time_zone = '+00:00'; CREATE DATABASE {database}; CREATE TABLE {database}.types ({columns});
+         INSERT INTO {database}.types VALUES {}, {}; INSERT INTO {database}.types (id, d) VALUES (3, '2024-02-03')",
+        row(1),
+        row(2)
+    ));
+    let job = LakeJob::new(&database, &format!("  partition_by: {{\"{database}.types\": [d]}}\n"), "");
+    let mut child = job.start();
+    job.wait_streaming(&mut child);
+    mariadb(&format!("SET time_zone = '+00:00'; INSERT INTO {database}.types VALUES {}; UPDATE {database}.types SET name = 'changed' WHERE id = 2", row(4)));
+    job.wait_converged(&mut child);
+    signal(&child, "TERM");
+    child.into_inner().wait_with_output().unwrap();
+
+    let names = [
+        "id", "tiny", "big", "money", "wide", "at", "stamp", "d", "t", "name", "raw", "doc", "color", "tags", "bits",
+        "y", "f", "g",
+    ];
+    let rows = lake::rows(&job.table("types"), &names);
+    let full = |id: u32, name: &str| {
+        format!(
+            "{id}\t255\t18446744073709551615\t-12.50\t-99999999999999999999999999999999999.999999999999999999999999999999\t\
+             2024-02-29 23:59:59.999999\t2024-03-01 10:00:00.250000+00:00\t2024-02-{id:02}\t-3020399000001\t{name}\t\
+             b'\\x00\\xff'\t{{\"a\": [1, 2]}}\tgreen\ta,b\t18446744073709551615\t2155\t1.5\t-2.25"
+        )
+    };
+    let empty =
+        "3\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL\t2024-02-03\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL\tNULL";
+    assert_eq!(rows, [full(1, "ñandú ☃"), full(2, "changed"), empty.to_owned(), full(4, "ñandú ☃")]);
+    // Partitioned by the date: a directory per day (the published copy's under sluice_copy/).
+    let mut days = std::collections::BTreeSet::new();
+    for directory in [job.table("types"), job.table("types").join("sluice_copy")] {
+        for entry in std::fs::read_dir(directory).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("d=") {
+                days.insert(name);
+            }
+        }
+    }
+    assert_eq!(days.len(), 4, "{days:?}");
 }
