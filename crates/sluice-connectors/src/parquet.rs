@@ -1,6 +1,8 @@
 //! Parquet files as a target: one dataset (directory) per table, one `part-N.parquet` per split,
 //! typed columns, snappy-compressed row groups. Like the other file targets, a part is written
-//! to `*.tmp` and renamed when its split is done, so a part that exists is whole.
+//! to `*.tmp` and renamed when its split is done, so a part that exists is whole. Once every
+//! split is done the dataset is made whole by `_manifest.json`, written last, which lists its
+//! parts; on a cluster each task's claim is a fence file, checked before its part is renamed.
 
 use std::fs::{self, File};
 use std::path::PathBuf;
@@ -13,10 +15,11 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Sink, TableTasks, Writer};
+use sluice_core::connector::{CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
 
 use crate::columnar::ColumnBuilder;
-use crate::file::{check_directory, Part};
+use crate::file::fence::Fences;
+use crate::file::{check_directory, write_manifest, Part};
 use sluice_core::{DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 /// Rows per row group: large enough for good compression and scans, small enough to bound the
@@ -78,11 +81,13 @@ fn arrow_schema(table: &TableSchema) -> Arc<Schema> {
 #[derive(Debug)]
 pub struct ParquetSink {
     directory: PathBuf,
+    /// A cluster task's claim.
+    fence: Option<Fence>,
 }
 
 impl ParquetSink {
-    pub fn new(directory: PathBuf) -> ParquetSink {
-        ParquetSink { directory }
+    pub fn new(directory: PathBuf, fence: Option<Fence>) -> ParquetSink {
+        ParquetSink { directory, fence }
     }
 
     fn table_directory(&self, table: &TableName) -> PathBuf {
@@ -124,9 +129,30 @@ impl Sink for ParquetSink {
         Ok(())
     }
 
-    async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn claim(&self, job: &str) -> Result<()> {
+        match &self.fence {
+            Some(fence) => Fences::new(&self.directory, job).claim(job, fence),
+            None => Ok(()),
+        }
+    }
+
+    /// Every split of the tables is done: their manifests list the parts.
+    async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
+        for table in tables {
+            write_manifest(&self.directory, &table.name, "parquet", |path| {
+                let file = File::open(path).ok()?;
+                let reader = parquet::file::reader::SerializedFileReader::new(file).ok()?;
+                use parquet::file::reader::FileReader;
+                Some(reader.metadata().file_metadata().num_rows() as u64)
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
         let part = Part::new(&self.directory, &table.name, task, "parquet");
-        Ok(Box::new(ParquetWriter { table, part, writer: None }))
+        let fence = self.fence.clone().map(|fence| (Fences::new(&self.directory, job), job.to_owned(), fence));
+        Ok(Box::new(ParquetWriter { table, part, writer: None, fence }))
     }
 }
 
@@ -134,6 +160,8 @@ struct ParquetWriter {
     table: Arc<TableSchema>,
     part: Part,
     writer: Option<ArrowWriter<File>>,
+    /// A cluster task's claim, checked before the part is renamed (the job's name with it).
+    fence: Option<(Fences, String, Fence)>,
 }
 
 impl ParquetWriter {
@@ -205,6 +233,9 @@ impl Writer for ParquetWriter {
         if !checkpoint.done {
             return Ok(());
         }
+        if let Some((fences, job, fence)) = &self.fence {
+            fences.check(job, fence)?;
+        }
         self.writer()?;
         let writer = self.writer.take().expect("opened above");
         let path = self.part.temporary_path().display().to_string();
@@ -231,13 +262,15 @@ pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
         change_sink: false,
         event_sink: false,
         upsert: false,
-        fencing: false,
+        // A moved task's part is refused by its fence file, or is a whole copy of the same split
+        // under its own name; the manifest lists one part per split.
+        fencing: true,
         transactions: false,
     },
     source: None,
     target: Some(crate::TargetSide {
         fields: &["type", "path", "write_mode", "create_tables"],
         validate: |_, _| Vec::new(),
-        build: |job, _fence| Ok(Arc::new(ParquetSink::new(crate::path(&job.target)?))),
+        build: |job, fence| Ok(Arc::new(ParquetSink::new(crate::path(&job.target)?, fence))),
     }),
 };

@@ -535,3 +535,77 @@ fn one_large_table_is_copied_by_every_node_and_survives_a_kill() {
     let builds = (logs + &victim_log).matches("building secondary indexes").count();
     assert_eq!(builds, 1, "indexes are built once, by the table's task, after every group");
 }
+
+/// A Parquet dataset copied by two nodes, one of them killed while it copies a group of
+/// splits: the manifest written last lists one whole part per split, and the parts it lists
+/// hold every row once.
+#[test]
+fn a_parquet_dataset_on_a_cluster_is_whole_by_its_manifest_through_a_kill() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+
+    const ROWS: u64 = 300_000;
+    let database = unique_name("dataset");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.big (id INT PRIMARY KEY, v INT NOT NULL); \
+         USE {database}; INSERT INTO big SELECT seq, seq % 1000 FROM seq_1_to_{ROWS};"
+    ));
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SOURCE", mysql_url())];
+    let mut nodes: Vec<Option<Server>> = (0..2)
+        .map(|index| Some(start_server(&workspace, &format!("files{index}"), Some(&etcd.endpoints), &environment)))
+        .collect();
+    let name = database.replace('_', "-");
+    let job = format!(
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: parquet\n  path: dataset\nparallelism: 2\nlimits: {{ split_rows: 20000, rows_per_sec: 60000 }}\n"
+    );
+    let any = |nodes: &[Option<Server>]| -> Value {
+        nodes.iter().flatten().next().expect("a live node").call("GET", &format!("/jobs/{name}"), None, None).1
+    };
+    let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &job)));
+    assert_eq!(status, 201, "{body}");
+    let mut victim = None;
+    let mut view = Value::Null;
+    wait_for("a node copying a group", Duration::from_secs(60), || {
+        view = any(&nodes);
+        victim = view["tasks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|task| task["id"].as_str().unwrap_or("").contains("..") && task["state"] == "running")
+            .and_then(|task| task["worker"].as_str().map(str::to_owned));
+        victim.is_some() || view["state"] == "succeeded"
+    });
+    let victim = victim.unwrap_or_else(|| panic!("the copy ended before a node could be killed in it: {view:#}"));
+    let index = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == victim)).unwrap();
+    let mut node = nodes[index].take().unwrap();
+    support::kill(&mut node.child);
+    assert!(!workspace.path(&format!("dataset/{database}.big/_manifest.json")).exists(), "a manifest before the end");
+    wait_for("the job to end", Duration::from_secs(180), || {
+        view = any(&nodes);
+        view["state"] == "succeeded" || view["state"] == "failed"
+    });
+    assert_eq!(view["state"], "succeeded", "{view:#}");
+    let directory = workspace.path(&format!("dataset/{database}.big"));
+    let manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(directory.join("_manifest.json")).expect("a manifest")).unwrap();
+    let parts = manifest["parts"].as_array().expect("parts");
+    assert_eq!(parts.len(), 15, "one part per split: {manifest:#}");
+    assert_eq!(manifest["rows"], ROWS, "{manifest:#}");
+    let mut ids = Vec::new();
+    for part in parts {
+        let file = std::fs::File::open(directory.join(part["path"].as_str().unwrap())).unwrap();
+        for batch in
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap()
+        {
+            ids.extend(
+                batch.unwrap().column_by_name("id").unwrap().as_primitive::<Int32Type>().values().iter().copied(),
+            );
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len() as u64, ROWS, "every row once in the listed parts");
+}

@@ -123,9 +123,20 @@ fn fixtures() -> Vec<Fixture> {
             name: "parquet",
             target: |_| "  type: parquet\n  path: out-parquet\n".into(),
             target_url: no_url,
+            // Through the manifest, which lists the dataset's parts once the copy is done.
             item_ids: |workspace, _| {
+                let directory = workspace.path("out-parquet/items");
+                let manifest: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(directory.join("_manifest.json")).unwrap()).unwrap();
+                let listed: Vec<std::path::PathBuf> = manifest["parts"]
+                    .as_array()
+                    .expect("a list of parts")
+                    .iter()
+                    .map(|part| directory.join(part["path"].as_str().unwrap()))
+                    .collect();
+                assert_eq!(listed, parts(&directory, "parquet"), "the manifest lists every whole part");
                 let mut ids = Vec::new();
-                for part in parts(&workspace.path("out-parquet/items"), "parquet") {
+                for part in listed {
                     let reader = ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part).unwrap())
                         .unwrap()
                         .build()

@@ -13,13 +13,14 @@
 //! - `fences/<task>/<epoch>`: the cluster claims of each task; the largest epoch owns it.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use deltalake_core::kernel::Action;
 use serde::{Deserialize, Serialize};
 use sluice_core::connector::{Checkpoint, Fence};
 use sluice_core::{Error, ErrorKind, Result, Side};
+
+use crate::file::fence::{file_name, job_directory, numbered, write_whole, Fences};
 
 /// The checkpoint of one commit of a copy task.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -63,59 +64,6 @@ fn state_error(doing: impl std::fmt::Display, error: impl std::fmt::Display) -> 
         .hint("check target.path and its permissions")
 }
 
-/// A task id as a file name.
-fn file_name(task: &str) -> String {
-    task.replace('%', "%25").replace('/', "%2F").replace('\\', "%5C").replace(':', "%3A")
-}
-
-/// Writes `bytes` to `path` whole: a temporary file, synced, then renamed (or linked, when
-/// `exclusive`: then an existing `path` is left alone and the answer is `false`).
-fn write_whole(path: &Path, bytes: &[u8], exclusive: bool) -> Result<bool> {
-    let directory = path.parent().expect("journal files live in a directory");
-    fs::create_dir_all(directory).map_err(|error| state_error(format!("create {}", directory.display()), error))?;
-    let temporary = directory.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|name| name.to_str()).unwrap_or("entry"),
-        std::process::id()
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&temporary)?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    };
-    write().map_err(|error| state_error(format!("write {}", temporary.display()), error))?;
-    let placed = if exclusive {
-        match fs::hard_link(&temporary, path) {
-            Ok(()) => true,
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => false,
-            Err(error) => return Err(state_error(format!("write {}", path.display()), error)),
-        }
-    } else {
-        fs::rename(&temporary, path).map_err(|error| state_error(format!("write {}", path.display()), error))?;
-        true
-    };
-    let _ = fs::remove_file(&temporary);
-    if let Ok(directory) = fs::File::open(directory) {
-        let _ = directory.sync_all();
-    }
-    Ok(placed)
-}
-
-/// The numbered JSON files of a directory (`<n>.json`), in order.
-fn numbered(directory: &Path) -> Result<Vec<i64>> {
-    let entries = match fs::read_dir(directory) {
-        Ok(entries) => entries,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(error) => return Err(state_error(format!("list {}", directory.display()), error)),
-    };
-    let mut numbers: Vec<i64> = entries
-        .filter_map(|entry| entry.ok())
-        .filter_map(|entry| entry.file_name().to_str()?.strip_suffix(".json")?.parse().ok())
-        .collect();
-    numbers.sort_unstable();
-    Ok(numbers)
-}
-
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     match fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|error| {
@@ -132,11 +80,12 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 #[derive(Debug, Clone)]
 pub(super) struct Journal {
     root: PathBuf,
+    fences: Fences,
 }
 
 impl Journal {
     pub(super) fn new(path: &Path, job: &str) -> Journal {
-        Journal { root: path.join(".sluice").join(file_name(job)) }
+        Journal { root: job_directory(path, job), fences: Fences::new(path, job) }
     }
 
     /// Every job's bookkeeping under `path`, for `reset`.
@@ -222,24 +171,14 @@ impl Journal {
         }
     }
 
-    fn fence_directory(&self, fence: &Fence) -> PathBuf {
-        self.root.join("fences").join(file_name(&fence.task))
-    }
-
     /// Takes a task for `fence`'s epoch; `Fenced` when a later claim holds it.
     pub(super) fn claim(&self, job: &str, fence: &Fence) -> Result<()> {
-        self.check(job, fence)?;
-        let path = self.fence_directory(fence).join(format!("{}.json", fence.epoch));
-        write_whole(&path, b"{}", true)?;
-        Ok(())
+        self.fences.claim(job, fence)
     }
 
     /// `Fenced` when a later claim than `fence`'s holds its task.
     pub(super) fn check(&self, job: &str, fence: &Fence) -> Result<()> {
-        match numbered(&self.fence_directory(fence))?.last() {
-            Some(&held) if held > fence.epoch as i64 => Err(fence.moved(job, held as u64)),
-            _ => Ok(()),
-        }
+        self.fences.check(job, fence)
     }
 }
 
@@ -248,7 +187,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_group_is_decided_once_and_a_later_claim_fences_the_earlier() {
+    fn a_group_is_decided_once() {
         let directory = tempfile::tempdir().unwrap();
         let journal = Journal::new(directory.path(), "job");
         let checkpoint = Checkpoint { task: "stream".into(), position: None, done: false, rows_written: 0 };
@@ -259,12 +198,5 @@ mod tests {
         journal.decide(&Entry { group: 2, ..entry.clone() }).unwrap();
         journal.prune_entries(2);
         assert!(journal.read_entry(1).unwrap().is_none());
-
-        let (old, new) = (Fence { task: "stream".into(), epoch: 5 }, Fence { task: "stream".into(), epoch: 7 });
-        journal.claim("job", &old).unwrap();
-        journal.claim("job", &new).unwrap();
-        assert_eq!(journal.check("job", &old).unwrap_err().kind(), ErrorKind::Fenced);
-        assert!(journal.claim("job", &old).is_err());
-        journal.check("job", &new).unwrap();
     }
 }

@@ -6,6 +6,7 @@
 //! checkpoint. A source directory may hold such table directories or plain `<table>.<ext>` files.
 
 pub(crate) mod connector;
+pub(crate) mod fence;
 mod format;
 mod part;
 
@@ -23,7 +24,7 @@ use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, T
 
 pub(crate) use format::decode_json;
 pub use format::Format;
-pub(crate) use part::{check_directory, Part};
+pub(crate) use part::{check_directory, write_manifest, Part};
 
 const SCHEMA_FILE: &str = "_schema.json";
 
