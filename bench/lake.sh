@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# Lake benchmark (performance.md's protocol): MySQL → Delta Lake, in one run on the same rows.
+#
+#   bench/lake.sh [--rows 1000000] [--backlog-seconds 60] [--rate 1250] [--latency-seconds 60]
+#                 [--commit-interval 5] [--out bench/results]
+#
+# 1. Snapshot of --rows sysbench rows (one table) from a hermetic MariaDB, side by side with the
+#    physical limit of the read (`mariadb --quick` to /dev/null), a plain Arrow → Parquet write
+#    of the same rows (pyarrow reading their TSV export and writing one snappy Parquet file: no
+#    database, no log), sluice into Parquet, and sluice into Delta (data files, statistics, log).
+# 2. CDC backlog: a snapshot+cdc job into Delta is brought to the source's position and stopped;
+#    sysbench oltp_write_only runs at saturation for --backlog-seconds; the job is started again
+#    and timed until its journal reaches the source's position (rows applied from its summary).
+# 3. Freshness: with the job caught up, sysbench runs at --rate transactions/s (4 row changes
+#    each: 5,000 rows/s at the default) for --latency-seconds; p50/p99 from source commit to the
+#    Delta commit come from sluice's summary (histogram bucket bounds).
+# Each run is checked: the Delta table read by Python's deltalake has the source's count and
+# sum(k). CPU is user+sys of the tool's process tree (/usr/bin/time), servers excluded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rows=1000000
+backlog_seconds=60
+rate=1250
+latency_seconds=60
+commit_interval=5
+out=bench/results
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --rows) rows=$2; shift 2 ;;
+    --backlog-seconds) backlog_seconds=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --latency-seconds) latency_seconds=$2; shift 2 ;;
+    --commit-interval) commit_interval=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "usage: $0 [--rows N] [--backlog-seconds S] [--rate TPS] [--latency-seconds S] [--commit-interval S] [--out DIR]" >&2; exit 2 ;;
+  esac
+done
+
+command -v sysbench >/dev/null && command -v /usr/bin/time >/dev/null || {
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sysbench time >/dev/null
+}
+# MariaDB and the Python reader (deltalake, pyarrow) come from the project's installer.
+scripts/testdb install >/dev/null
+python=${SLUICE_TEST_LAKE_VENV:-/tmp/sluice-lake-venv}/bin/python
+export SLUICE_TEST_PASSWORD=bench-pw
+cargo build --release --quiet --features delta -p sluice --bin sluice
+sluice=$PWD/target/release/sluice
+
+base=$(mktemp -d /dev/shm/sluice-lake.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  scripts/testdb stop mariadb "$base/mariadb" >/dev/null 2>&1 || true
+  rm -rf "$base"
+}
+trap cleanup EXIT
+mysql_url=$(scripts/testdb start mariadb "$base/mariadb"); mysql_url=${mysql_url#URL=}
+my="mariadb --no-defaults -uroot -S $base/mariadb/mysql.sock"
+$my -e "SET GLOBAL innodb_buffer_pool_size = 1073741824; CREATE DATABASE sbtest"
+echo "preparing $rows sysbench rows" >&2
+sysbench oltp_read_write --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
+  --mysql-db=sbtest --tables=1 --table-size="$rows" prepare >/dev/null
+$my -N -e "SELECT count(*), sum(length(c)) FROM sbtest.sbtest1" >/dev/null
+
+mkdir -p "$out"
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+results="$out/lake-$stamp.jsonl"
+: > "$results"
+log() { echo "$(date -u +%H:%M:%S) $*" >&2; }
+
+# measure NAME COMMAND...: times the command; appends a JSON line with wall, CPU and peak RSS.
+measure() {
+  local name=$1 timing
+  shift
+  log "running $name"
+  timing=$(mktemp)
+  /usr/bin/time -f "%e %U %S %M" -o "$timing" "$@" >"$base/run.log" 2>&1 || { tail -5 "$base/run.log" >&2; exit 1; }
+  read -r wall user system rss < <(tail -1 "$timing")
+  rm -f "$timing"
+  printf '{"name":"%s","rows":%d,"wall":%s,"cpu":%s,"rss_kb":%d}\n' \
+    "$name" "$rows" "$wall" "$(awk "BEGIN{print $user + $system}")" "$rss" >> "$results"
+}
+
+# job NAME MODE TYPE PATH [TARGET LINES]: a job file.
+job() {
+  cat > "$base/$1.yaml" <<EOF
+name: $1
+mode: $2
+source:
+  type: mysql
+  url: $mysql_url
+  tables: ["sbtest.*"]
+target:
+  type: $3
+  path: $4
+${5:-}parallelism: 4
+EOF
+  echo "$base/$1.yaml"
+}
+
+# delta_check TABLE: "count sum(k)" of a Delta table, read by Python's deltalake.
+delta_check() {
+  "$python" -c '
+import sys, os, deltalake, pyarrow.compute as pc
+t = deltalake.DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["k"])
+print(t.num_rows, pc.sum(t.column("k")).as_py()); sys.stdout.flush(); os._exit(0)' "$1"
+}
+source_check() { $my -N -e "SELECT count(*), sum(k) FROM sbtest.sbtest1" | tr '\t' ' '; }
+
+# --- 1. snapshot -----------------------------------------------------------------------------
+measure "limit: source full read (mariadb --quick)" bash -c "$my --quick -N -e 'SELECT * FROM sbtest.sbtest1' >/dev/null"
+export_dir="$base/export"; mkdir -p "$export_dir"; chmod 777 "$export_dir"
+$my -e "SELECT * FROM sbtest.sbtest1 INTO OUTFILE '$export_dir/rows.tsv'"
+measure "plain Arrow → Parquet (pyarrow, TSV file → Parquet)" "$python" -c '
+import sys, pyarrow as pa, pyarrow.csv as csv, pyarrow.parquet as pq
+schema = pa.schema([("id", pa.int32()), ("k", pa.int32()), ("c", pa.string()), ("pad", pa.string())])
+table = csv.read_csv(sys.argv[1], read_options=csv.ReadOptions(column_names=schema.names),
+    parse_options=csv.ParseOptions(delimiter="\t", quote_char=False), convert_options=csv.ConvertOptions(column_types=schema))
+pq.write_table(table, sys.argv[2], compression="snappy", row_group_size=131072)' "$export_dir/rows.tsv" "$base/plain.parquet"
+rm -rf "$export_dir"
+measure "sluice MySQL→Parquet" "$sluice" run "$(job bench-parquet snapshot parquet "$base/parquet")" --state-dir "$base/state-parquet"
+measure "sluice MySQL→Delta" "$sluice" run "$(job bench-delta snapshot delta "$base/delta")" --state-dir "$base/state-delta"
+[[ $(delta_check "$base/delta/sbtest.sbtest1") == "$(source_check)" ]] || { log "the Delta copy differs from the source"; exit 1; }
+rm -rf "$base/parquet" "$base/delta" "$base/plain.parquet"
+
+# --- 2. cdc backlog ------------------------------------------------------------------------------
+lake="$base/lake"
+cdc_job=$(job bench-cdc snapshot+cdc delta "$lake" "  commit_interval_secs: $commit_interval
+")
+# journal_position: "sequence offset" of the stream's last decided group.
+journal_position() {
+  python3 -c '
+import json, os, sys
+d = sys.argv[1]
+names = [int(n[:-5]) for n in os.listdir(d) if n.endswith(".json") and n[:-5].isdigit()] if os.path.isdir(d) else []
+if names:
+    at = json.load(open(os.path.join(d, "%d.json" % max(names))))["checkpoint"]["position"]["at"]
+    print(int(at["file"].rsplit(".", 1)[1]), at["position"])' "$lake/.sluice/bench-cdc/stream"
+}
+master_position() { $my -N -e "SHOW MASTER STATUS" | awk '{ split($1, f, "."); print f[2] + 0, $2 }'; }
+run_pid=""
+start_job() {
+  "$sluice" run "$cdc_job" --state-dir "$base/state-cdc" --summary-json "$base/$1.json" >"$base/$1.log" 2>&1 &
+  run_pid=$!
+  pids+=("$run_pid")
+}
+stop_job() { kill -TERM "$run_pid"; wait "$run_pid" || true; }
+# wait_caught_up: until the journal reaches the source's position now.
+wait_caught_up() {
+  local target at
+  target=$(master_position)
+  while :; do
+    at=$(journal_position)
+    if [[ -n "$at" ]] && python3 -c 'import sys; a = sys.argv[1].split(); b = sys.argv[2].split(); sys.exit(0 if (int(a[0]), int(a[1])) >= (int(b[0]), int(b[1])) else 1)' "$at" "$target"; then
+      return 0
+    fi
+    kill -0 "$run_pid" 2>/dev/null || { log "sluice exited"; tail -5 "$base"/*.log >&2; exit 1; }
+    sleep 0.1
+  done
+}
+log "cdc: snapshot+cdc into Delta to the starting state"
+start_job setup
+$my -e "CREATE DATABASE IF NOT EXISTS bench_marker"
+wait_caught_up
+stop_job
+log "cdc: $backlog_seconds s of sysbench oltp_write_only at saturation with the job stopped"
+sysbench oltp_write_only --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
+  --mysql-db=sbtest --tables=1 --table-size="$rows" --threads=4 --time="$backlog_seconds" --report-interval=0 run >"$base/backlog-sysbench.log"
+started=$(date +%s.%N)
+start_job backlog
+wait_caught_up
+caught_up=$(date +%s.%N)
+stop_job
+applied=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stream"]["rows_applied"])' "$base/backlog.json")
+seconds=$(awk "BEGIN{print $caught_up - $started}")
+printf '{"name":"sluice MySQL→Delta, backlog catch-up","row_changes":%d,"seconds":%s,"rows_per_sec":%s}\n' \
+  "$applied" "$seconds" "$(awk "BEGIN{printf \"%.0f\", $applied / $seconds}")" >> "$results"
+[[ $(delta_check "$lake/sbtest.sbtest1") == "$(source_check)" ]] || { log "Delta differs from the source after the backlog"; exit 1; }
+
+# --- 3. freshness at a fixed rate ------------------------------------------------------------
+log "cdc: $latency_seconds s at $rate transactions/s (4 row changes each)"
+start_job latency
+wait_caught_up
+sysbench oltp_write_only --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
+  --mysql-db=sbtest --tables=1 --table-size="$rows" --threads=4 --rate="$rate" --time="$latency_seconds" \
+  --report-interval=0 run >"$base/latency-sysbench.log"
+wait_caught_up
+stop_job
+python3 -c '
+import json, sys
+s = json.load(open(sys.argv[1]))["stream"]
+print(json.dumps({"name": "sluice MySQL→Delta, freshness at a fixed rate", "rate": int(sys.argv[2]), "interval_secs": int(sys.argv[3]),
+  "row_changes": s["rows_applied"], "p50_ms": s["latency_p50_ms"], "p99_ms": s["latency_p99_ms"]}, ensure_ascii=False))' \
+  "$base/latency.json" "$rate" "$commit_interval" >> "$results"
+[[ $(delta_check "$lake/sbtest.sbtest1") == "$(source_check)" ]] || { log "Delta differs from the source after the rate run"; exit 1; }
+cp "$base/backlog.log" "$out/lake-$stamp-backlog.log"
+
+python3 - "$results" <<'PY' | tee "${results%.jsonl}.md"
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1])]
+snapshots = [r for r in records if "wall" in r]
+read = next(r for r in snapshots if r["name"].startswith("limit"))
+plain = next(r for r in snapshots if r["name"].startswith("plain"))
+print("| snapshot | wall s | ×(read + plain Arrow→Parquet) | rows/s | rows per CPU-s | peak RSS MB |")
+print("|---|---:|---:|---:|---:|---:|")
+for r in snapshots:
+    print(f"| {r['name']} | {r['wall']:.2f} | {r['wall'] / (read['wall'] + plain['wall']):.2f} | {r['rows'] / r['wall']:,.0f} | "
+          f"{r['rows'] / max(r['cpu'], 0.01):,.0f} | {r['rss_kb'] // 1024} |")
+for r in records:
+    if "rows_per_sec" in r:
+        print(f"\nbacklog: {r['row_changes']:,} row changes applied in {r['seconds']:.1f} s: **{r['rows_per_sec']:,} rows/s**")
+    if "p99_ms" in r:
+        print(f"\nfreshness at {r['rate'] * 4:,} rows/s ({r['rate']} tx/s), commit every {r['interval_secs']} s: "
+              f"p50 ≤ {r['p50_ms']} ms, **p99 ≤ {r['p99_ms']} ms** over {r['row_changes']:,} row changes")
+PY
