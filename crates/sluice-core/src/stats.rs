@@ -96,8 +96,8 @@ pub enum StreamPhase {
 }
 
 /// Upper bounds of the latency histogram's buckets, in milliseconds; a last bucket takes the rest.
-pub const LATENCY_BOUNDS_MS: [u64; 14] =
-    [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000];
+pub const LATENCY_BOUNDS_MS: [u64; 16] =
+    [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 6_000, 7_500, 10_000, 30_000, 60_000, 300_000];
 
 /// Live counters of the change stream.
 #[derive(Debug, Default)]

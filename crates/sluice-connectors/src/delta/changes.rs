@@ -227,11 +227,13 @@ impl DeltaChanges {
             }
             if !changes.is_empty() {
                 let (removed, added) = changes.counts();
+                let started = std::time::Instant::now();
                 let merged = merge(table, &schema, changes, file_bytes).await?;
                 log::debug!(
-                    "delta {name}: {removed} rows out, {added} in; {} files rewritten ({} rows kept)",
+                    "delta {name}: {removed} rows out, {added} in; {} files rewritten ({} rows kept) in {:?}",
                     merged.files_rewritten,
-                    merged.rows_rewritten
+                    merged.rows_rewritten,
+                    started.elapsed()
                 );
                 actions.extend(merged.actions);
             }

@@ -48,7 +48,7 @@ const FIELDS: &[&str] = &[
 
 const DEFAULT_COMMIT_INTERVAL_SECS: u64 = 5;
 const DEFAULT_COMMIT_ROWS: u64 = 200_000;
-const DEFAULT_TARGET_FILE_MB: u64 = 64;
+const DEFAULT_TARGET_FILE_MB: u64 = 16;
 const DEFAULT_COMPACT_EVERY_SECS: u64 = 60;
 /// Delta's own default.
 const DEFAULT_CHECKPOINT_EVERY: u64 = 100;

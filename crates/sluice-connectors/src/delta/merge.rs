@@ -292,6 +292,8 @@ pub(super) fn data_writer(table: &LakeTable, schema: &SchemaRef, file_bytes: u64
     let properties = deltalake_core::parquet::file::properties::WriterProperties::builder()
         .set_compression(deltalake_core::parquet::basic::Compression::SNAPPY)
         .set_max_row_group_row_count(Some(128 * 1024))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(deltalake_core::parquet::file::properties::EnabledStatistics::Chunk)
         .build();
     Ok(RecordBatchWriter::try_new(url.as_str(), schema.clone(), (!partitions.is_empty()).then_some(partitions), None)
         .map_err(|error| delta_error(format!("write to Delta table {}", table.name), error))?

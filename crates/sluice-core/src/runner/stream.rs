@@ -235,6 +235,7 @@ impl Runner {
         let mut applier = Applier {
             runner: self,
             raw,
+            cadence,
             events: Vec::new(),
             transaction_events: 0,
             acks,
@@ -247,6 +248,7 @@ impl Runner {
             arrivals: Vec::new(),
             staged_rows: 0,
             started: Instant::now(),
+            opened: Instant::now(),
             moved: false,
             open_transaction: false,
             last_commit: Instant::now(),
@@ -284,7 +286,14 @@ impl Runner {
                 let deadline = if applier.open_transaction {
                     None
                 } else if !applier.arrivals.is_empty() {
-                    Some(applier.started + cadence.map_or(GROUP_LINGER, |cadence| cadence.every))
+                    Some(match cadence {
+                        None => applier.started + GROUP_LINGER,
+                        // When the group is due by its first transaction's source commit, else
+                        // (a backlog, where that is long past) by how long it has been open.
+                        Some(cadence) => Some(applier.started + cadence.every)
+                            .filter(|due| *due > Instant::now())
+                            .unwrap_or(applier.opened + cadence.every),
+                    })
                 } else if applier.moved {
                     let every = cadence.map_or(IDLE_CHECKPOINT_INTERVAL, |cadence| {
                         cadence.every.max(IDLE_CHECKPOINT_INTERVAL)
@@ -309,9 +318,11 @@ impl Runner {
                     return Err(interrupted());
                 };
                 match event.transpose()? {
-                    // The group waited long enough.
+                    // The group waited long enough (with a cadence: if it is due).
                     None => {
-                        applier.commit().await?;
+                        if cadence.is_none_or(|cadence| applier.due(cadence, received.is_empty())) {
+                            applier.commit().await?;
+                        }
                         continue;
                     }
                     Some(StreamEvent::Changes(changes)) => applier.changes(changes).await?,
@@ -328,9 +339,11 @@ impl Runner {
                 // when the group is full; the deadline above caps how long they linger.
                 let group_rows = cadence.map_or(self.job.limits.batch_rows as u64, |cadence| cadence.rows);
                 let full = applier.staged_rows + applier.pending() as u64 >= group_rows;
-                // A writer with a cadence of its own commits by it alone.
-                let paused = received.is_empty() && cadence.is_none();
-                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || paused) {
+                let ready = match cadence {
+                    None => received.is_empty(),
+                    Some(cadence) => applier.due(cadence, received.is_empty()),
+                };
+                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || ready) {
                     applier.commit().await?;
                 }
             }
@@ -473,6 +486,8 @@ struct Applier<'a> {
     runner: &'a Runner,
     /// The writer takes raw row events (`ChangeShape::Raw`), not folds.
     raw: bool,
+    /// When the writer wants groups committed, if not as soon as the stream pauses.
+    cadence: Option<CommitCadence>,
     /// Raw row events of the open transaction not yet handed to the writer.
     events: Vec<Change>,
     /// Raw row events of the open transaction so far.
@@ -492,8 +507,11 @@ struct Applier<'a> {
     arrivals: Vec<Arrival>,
     /// Changes of the group already written into the open target transaction.
     staged_rows: u64,
-    /// When the group's first transaction arrived.
+    /// When the group's first transaction arrived, or with a cadence, when it was committed at
+    /// the source (to a second).
     started: Instant,
+    /// When the applier took the group's first transaction.
+    opened: Instant,
     /// The position moved past transactions of other tables since the last commit.
     moved: bool,
     /// A source transaction's changes are folded or written, its commit not seen yet.
@@ -524,6 +542,20 @@ fn mapping_of(
 }
 
 impl Applier<'_> {
+    /// Whether a group of a writer with a cadence commits now: due by its first transaction's
+    /// source commit once the stream has caught up (nothing more waits and the group's last
+    /// transaction is younger than the cadence), or open for the cadence's time whatever waits.
+    /// While a backlog is read, a pause of the reader does not commit, so groups fill up to the
+    /// cadence's rows instead of committing a few rows at a time.
+    fn due(&self, cadence: CommitCadence, paused: bool) -> bool {
+        let now = Instant::now();
+        let caught_up = self.arrivals.last().is_some_and(|last| {
+            let committed = UNIX_EPOCH + Duration::from_secs(last.committed_at);
+            SystemTime::now().duration_since(committed).unwrap_or_default() <= cadence.every
+        });
+        (paused && caught_up && now >= self.started + cadence.every) || now >= self.opened + cadence.every
+    }
+
     /// Changes taken in and not yet written into the open target transaction.
     fn pending(&self) -> usize {
         if self.raw {
@@ -676,7 +708,20 @@ impl Applier<'_> {
             self.writer.transaction_end(&end).await?;
         }
         if self.arrivals.is_empty() {
+            self.opened = Instant::now();
+        }
+        if self.arrivals.is_empty() && self.cadence.is_none() {
             self.started = Instant::now();
+        } else if self.arrivals.is_empty() {
+            // With a cadence of seconds, the group's clock starts when its first transaction was
+            // committed at the source, not when the applier got to it: a transaction that waited
+            // behind the last commit has used up that much of the group's time already (whole
+            // seconds: it may start up to a second early, never late).
+            let waited = SystemTime::now()
+                .duration_since(UNIX_EPOCH + Duration::from_secs(committed_at))
+                .unwrap_or_default()
+                .min(Duration::from_secs(3_600));
+            self.started = Instant::now().checked_sub(waited).unwrap_or_else(Instant::now);
         }
         self.arrivals.push(Arrival { received: SystemTime::now(), committed_at });
         self.checkpoint.at = position;
