@@ -40,4 +40,6 @@ echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on p
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --features sluice/failpoints,sluice/kafka,sluice/delta -- -D warnings
+# The Grafana dashboard against Grafana's schema and the code's metric names (node and npm).
+ops/grafana/check.sh
 cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::change::{Batch, Position};
+use crate::change::{Batch, Position, Rejected};
 use crate::connector::{Checkpoint, Sink, Source, Split, TableTasks};
 use crate::cursor;
 use crate::error::{Error, ErrorKind, Result, Side};
@@ -22,7 +22,10 @@ use crate::throttle::Throttle;
 use crate::transform::{self, TableMapping, Transforms};
 use crate::zero_dates;
 
+mod replay;
 mod stream;
+
+pub use replay::Replayed;
 
 pub use stream::STREAM_TASK;
 
@@ -506,28 +509,14 @@ impl Runner {
         stats: &TableStats,
         mapping: &TableMapping,
         writer: &mut dyn crate::connector::Writer,
-        mut batch: Batch,
+        batch: Batch,
         rows_written: &mut u64,
     ) -> Result<Position> {
         let rows = batch.changes.len() as u64;
         TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
         TableStats::add(&stats.bytes_read, batch.bytes);
         self.throttle.admit(rows, batch.bytes).await;
-        let mut rejects = std::mem::take(&mut batch.rejected);
-        if !mapping.is_identity() {
-            let transformed = mapping.batch(batch);
-            TableStats::add(&stats.rows_filtered, transformed.filtered);
-            batch = transformed.batch;
-            rejects.append(&mut batch.rejected);
-        }
-        // The zero-date policy judges the rows as the target gets them.
-        if !self.sink.holds_zero_dates() {
-            if let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) {
-                TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
-                rejects.extend(outcome.rejected);
-                batch = Batch { rejected: Vec::new(), ..outcome.batch };
-            }
-        }
+        let (batch, mut rejects) = self.as_written(mapping, batch, stats);
         let to_write = &batch;
         let target_rejects = writer.write(to_write).await?;
         let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
@@ -550,7 +539,8 @@ impl Runner {
                     ),
                 )
                 .hint(
-                    "fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory",
+                    "fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory \
+                     (on a server: GET /api/v1/jobs/NAME/dirty, `sluice job dirty NAME`)",
                 ));
             }
         }
@@ -566,6 +556,27 @@ impl Runner {
         TableStats::add(&stats.rows_written, written);
         self.state.save_checkpoint(&self.job.name, &checkpoint)?;
         Ok(batch.position)
+    }
+
+    /// A batch as the target gets it: transformed, and judged by the zero-date policy; with the
+    /// rows the source, the transform or the policy refused.
+    fn as_written(&self, mapping: &TableMapping, mut batch: Batch, stats: &TableStats) -> (Batch, Vec<Rejected>) {
+        let mut rejects = std::mem::take(&mut batch.rejected);
+        if !mapping.is_identity() {
+            let transformed = mapping.batch(batch);
+            TableStats::add(&stats.rows_filtered, transformed.filtered);
+            batch = transformed.batch;
+            rejects.append(&mut batch.rejected);
+        }
+        // The zero-date policy judges the rows as the target gets them.
+        if !self.sink.holds_zero_dates() {
+            if let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) {
+                TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
+                rejects.extend(outcome.rejected);
+                batch = Batch { rejected: Vec::new(), ..outcome.batch };
+            }
+        }
+        (batch, rejects)
     }
 
     /// The mapping of a source table as planned, or, for a schema the plan does not have (a

@@ -77,6 +77,30 @@ pub enum JobAction {
         /// The job's name.
         name: String,
     },
+    /// The job's dirty records, from every node: table, key, reason, node.
+    Dirty {
+        /// The job's name.
+        name: String,
+    },
+    /// Write dirty records again after a fix (a new version of the job, a change to the target):
+    /// the splits that hold them are copied again by key with the job as it is now.
+    Replay {
+        /// The job's name.
+        name: String,
+        /// The records' ids (as `sluice job dirty` lists them); every record of the job when
+        /// none is given.
+        ids: Vec<String>,
+    },
+    /// Forget dirty records after dealing with them (kept in the server's audit log).
+    Discard {
+        /// The job's name.
+        name: String,
+        /// The records' ids (as `sluice job dirty` lists them); every record of the job when
+        /// none is given.
+        ids: Vec<String>,
+    },
+    /// Every alarm rule's state, per job, and the latest firings and resolutions.
+    Alarms,
 }
 
 /// Reads a job file: its text and content type.
@@ -215,6 +239,13 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
             Some((format!("{{\"version\": {version}}}"), "application/json")),
         ),
         JobAction::Delete { name } => (Method::DELETE, format!("/jobs/{name}"), None),
+        JobAction::Dirty { name } => (Method::GET, format!("/jobs/{name}/dirty"), None),
+        JobAction::Discard { name, ids } | JobAction::Replay { name, ids } => {
+            let body = if ids.is_empty() { serde_json::json!({}) } else { serde_json::json!({ "ids": ids }) };
+            let verb = if matches!(action, JobAction::Replay { .. }) { "replay" } else { "discard" };
+            (Method::POST, format!("/jobs/{name}/dirty/{verb}"), Some((body.to_string(), "application/json")))
+        }
+        JobAction::Alarms => (Method::GET, "/alarms".to_owned(), None),
     };
     let body = body.as_ref().map(|(text, content_type)| (*content_type, text.as_str()));
     let response = match client::request(connection, method, &path, body).await {
@@ -243,6 +274,28 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
                 print_table(&["version", "current", "created_at", "origin"], value.as_array());
             }
             JobAction::Show { .. } => print_job(&value),
+            JobAction::Dirty { .. } => {
+                out!("{} dirty records (budget: {})", cell(value.get("total")), cell(value.get("limit")));
+                print_table(&["id", "table", "key", "reason", "node", "created_at"], value["records"].as_array());
+            }
+            JobAction::Replay { .. } => {
+                out!(
+                    "replayed {} ({} rows written again)",
+                    cell(value.get("replayed")),
+                    cell(value.get("rows_written"))
+                );
+                for failure in value["failed"].as_array().into_iter().flatten() {
+                    out!("refused again: {}: {}", cell(failure.get("id")), cell(failure.get("error")));
+                }
+            }
+            JobAction::Alarms => {
+                print_table(&["job", "name", "when", "for_secs", "state", "value", "since"], value["rules"].as_array());
+                let history: Vec<Value> = value["history"].as_array().into_iter().flatten().take(20).cloned().collect();
+                if !history.is_empty() {
+                    out!("");
+                    print_table(&["at", "job", "name", "event", "value", "delivered"], Some(&history));
+                }
+            }
             JobAction::Diff { .. } => match value.get("diff").and_then(Value::as_str) {
                 Some(diff) => out!("{}", diff.trim_end_matches('\n')),
                 None => out!("{value:#}"),

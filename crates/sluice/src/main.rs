@@ -11,6 +11,7 @@ macro_rules! out {
     }};
 }
 
+mod alarms;
 mod api;
 mod client;
 mod cluster;
@@ -111,7 +112,8 @@ enum Command {
     /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
     /// a cluster; without it, one node runs on embedded state.
     Server(ServerArguments),
-    /// Manage the jobs of a server: submit, list, show, stop, start, update, roll back, delete.
+    /// Manage the jobs of a server: submit, list, show, stop, start, update, roll back, delete;
+    /// their dirty records and alarms.
     Job {
         #[command(flatten)]
         connection: ConnectionArguments,

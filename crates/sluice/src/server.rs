@@ -117,7 +117,9 @@ async fn run(options: Options) -> Result<()> {
         if options.etcd.is_some() { "cluster on etcd" } else { "single node" },
         if tokens.is_empty() { "no" } else { "with" }
     );
-    let api = Arc::new(Api { node, tokens, open_metrics: options.open_metrics });
+    let series = Arc::new(crate::api::series::Series::default());
+    series.start(node.store.clone());
+    let api = Arc::new(Api { node, tokens, open_metrics: options.open_metrics, series });
     let handle = axum_server::Handle::new();
     let mut shutdown = stopped.clone();
     let stopping = handle.clone();

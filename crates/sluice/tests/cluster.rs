@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sluice_faults::{Fault, Proxy};
 use support::cluster::{start_server, Etcd, Server};
+use support::webhook::Webhook;
 use support::workload::{assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random};
 use support::{address_of, mariadb, mysql_url, postgres_url, psql, signal, through, unique_name, wait_for, Workspace};
 
@@ -37,6 +38,11 @@ impl Cluster {
 
     /// A cluster whose nodes reach the target PostgreSQL at `target`.
     fn start_into(etcd_members: usize, nodes: usize, tables: &str, target: String) -> Cluster {
+        Cluster::start_job(etcd_members, nodes, tables, target, "")
+    }
+
+    /// A cluster whose job file ends with `more` (its own lines of YAML).
+    fn start_job(etcd_members: usize, nodes: usize, tables: &str, target: String, more: &str) -> Cluster {
         let database = unique_name("cluster");
         create_tables(&database);
         let etcd = Etcd::start(etcd_members);
@@ -49,7 +55,7 @@ impl Cluster {
         }
         let job = format!(
             "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{}.{tables}\"]\n\
-             target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {}\nparallelism: 2\n",
+             target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {}\nparallelism: 2\n{more}",
             cluster.job, cluster.database, cluster.database
         );
         let (status, body) = cluster.any().call("POST", "/jobs", None, Some(("application/yaml", &job)));
@@ -592,7 +598,14 @@ fn a_parquet_dataset_on_a_cluster_is_whole_by_its_manifest_through_a_kill() {
     let manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(directory.join("_manifest.json")).expect("a manifest")).unwrap();
     let parts = manifest["parts"].as_array().expect("parts");
-    assert_eq!(parts.len(), 15, "one part per split: {manifest:#}");
+    let splits = view["tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|task| task["id"].as_str().is_some_and(|id| id.contains("..")));
+    let splits = splits.count();
+    assert!(splits as u64 >= ROWS / 20_000, "the table is copied in splits of at most 20000 rows: {view:#}");
+    assert_eq!(parts.len(), splits, "one part per split: {manifest:#}");
     assert_eq!(manifest["rows"], ROWS, "{manifest:#}");
     let mut ids = Vec::new();
     for part in parts {
@@ -608,4 +621,169 @@ fn a_parquet_dataset_on_a_cluster_is_whole_by_its_manifest_through_a_kill() {
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len() as u64, ROWS, "every row once in the listed parts");
+}
+
+/// A lag alarm on a three-node cluster: it fires when the target goes down, its leader is killed
+/// while it fires and the next leader carries its state on, and it resolves when the target is
+/// back; the webhook hears each of the two exactly once.
+#[test]
+fn an_alarm_fires_and_resolves_once_on_three_nodes_through_a_leader_kill() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let proxy = runtime.block_on(Proxy::start(address_of(&postgres_url()))).expect("a proxy");
+    let webhook = Webhook::start();
+    let alarms = format!(
+        "alarms:\n  - {{name: lag, when: \"lag_seconds > 4\", for_secs: 2, notify: [{{webhook: \"{}\"}}]}}\n",
+        webhook.url
+    );
+    let mut cluster = Cluster::start_job(1, 3, "*", through(&postgres_url(), &proxy), &alarms);
+    let load = Load::start(&cluster.database, Random::from_environment("alarm"), 100);
+    cluster.wait_streaming();
+    let before = committed("postgres", &cluster.job);
+    cluster.wait_applying("the stream to apply", before, 20);
+    let rule = |cluster: &Cluster| -> Value {
+        let (_, alarms) = cluster.any().call("GET", "/alarms", None, None);
+        alarms["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|rule| rule["job"] == cluster.job.as_str())
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_for("the leader to evaluate the rule", Duration::from_secs(30), || rule(&cluster)["state"] == "ok");
+    assert!(webhook.received().is_empty(), "an alarm while the stream keeps up: {:?}", webhook.received());
+
+    proxy.set(Fault::Down);
+    wait_for("the lag alarm to fire", Duration::from_secs(90), || !webhook.events("lag").is_empty());
+    let fired = webhook.received()[0].clone();
+    assert_eq!(fired["job"], cluster.job.as_str(), "{fired:#}");
+    assert!(fired["value"].as_f64().is_some_and(|lag| lag > 4.0), "{fired:#}");
+    let (_, leader) = cluster.any().call("GET", "/leader", None, None);
+    let leader = leader["leader"].as_str().expect("a leader").to_owned();
+    let index = cluster.nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == leader)).unwrap();
+    let mut killed = cluster.nodes[index].take().unwrap();
+    signal(&killed.child, "KILL");
+    let _ = killed.child.wait();
+    let lag_at_kill = rule(&cluster)["value"].as_f64().unwrap_or(0.0);
+    // Another node leads and evaluates the firing rule: its lag moved on, still firing.
+    wait_for("a new leader to evaluate the firing alarm", Duration::from_secs(60), || {
+        let (_, now) = cluster.any().call("GET", "/leader", None, None);
+        let state = rule(&cluster);
+        now["leader"].as_str().is_some_and(|now| now != leader)
+            && state["state"] == "firing"
+            && state["value"].as_f64().is_some_and(|lag| lag > lag_at_kill + 2.0)
+    });
+    assert_eq!(webhook.events("lag"), ["firing"], "the new leader did not fire it again");
+
+    proxy.set(Fault::None);
+    wait_for("the lag alarm to resolve", Duration::from_secs(120), || webhook.events("lag").len() >= 2);
+    load.stop();
+    cluster.wait_converged();
+    wait_for("the history to show both", Duration::from_secs(30), || {
+        let (_, alarms) = cluster.any().call("GET", "/alarms", None, None);
+        let events: Vec<&str> =
+            alarms["history"].as_array().into_iter().flatten().filter_map(|event| event["event"].as_str()).collect();
+        events == ["resolved", "firing"] && rule(&cluster)["state"] == "ok"
+    });
+    assert_eq!(webhook.events("lag"), ["firing", "resolved"], "each once: {:#?}", webhook.received());
+    let logs = cluster.logs();
+    assert!(!logs.contains(&webhook.url) || !webhook.url.contains('@'), "a webhook URL's secret in the logs");
+}
+
+/// A table whose rows two nodes copy, with zero dates the default policy refuses on both: the
+/// dirty records of both nodes are in one list, and together they exceed the job's budget,
+/// which neither node's share does alone: the job fails. One is discarded (audited); after the
+/// fix (version 2 stores zero dates as NULL) the others are replayed through the CLI.
+#[test]
+fn dirty_records_of_two_nodes_are_one_list_and_one_budget() {
+    const ROWS: u64 = 100_000;
+    let database = unique_name("dirty");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.events (id INT PRIMARY KEY, day DATE NULL); \
+         SET SESSION sql_mode = ''; USE {database}; \
+         INSERT INTO events SELECT seq, IF(seq % 5000 = 0, '0000-00-00', '2024-01-01') FROM seq_1_to_{ROWS};"
+    ));
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let nodes: Vec<Server> = (0..2)
+        .map(|index| start_server(&workspace, &format!("dirty{index}"), Some(&etcd.endpoints), &environment))
+        .collect();
+    let name = database.replace('_', "-");
+    let job = format!(
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\n\
+         limits: {{ split_rows: 5000, rows_per_sec: 20000 }}\nerrors: {{ max_dirty_records: 15 }}\n"
+    );
+    let (status, body) = nodes[0].call("POST", "/jobs", None, Some(("application/yaml", &job)));
+    assert_eq!(status, 201, "{body}");
+    let mut view = Value::Null;
+    wait_for("the job to end", Duration::from_secs(120), || {
+        view = nodes[1].call("GET", &format!("/jobs/{name}"), None, None).1;
+        view["state"] == "failed" || view["state"] == "succeeded"
+    });
+    let logs = || nodes.iter().map(|node| format!("--- {}\n{}", node.id, node.output())).collect::<String>();
+    assert_eq!(view["state"], "failed", "20 dirty records exceed a budget of 15: {view:#}\n{}", logs());
+    assert!(
+        view["error"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("exceed errors.max_dirty_records = 15")),
+        "{view:#}"
+    );
+    let (status, dirty) = nodes[1].call("GET", &format!("/jobs/{name}/dirty"), None, None);
+    assert_eq!(status, 200, "{dirty}");
+    let records = dirty["records"].as_array().expect("records");
+    assert!(records.len() > 15 && dirty["total"].as_u64() == Some(records.len() as u64), "{dirty:#}");
+    assert_eq!(dirty["limit"], 15, "{dirty:#}");
+    let from: std::collections::BTreeSet<&str> = records.iter().filter_map(|record| record["node"].as_str()).collect();
+    assert_eq!(from.len(), 2, "both nodes' records, in one list: {dirty:#}\n{}", logs());
+    for node in &from {
+        let share = records.iter().filter(|record| record["node"] == *node).count();
+        assert!(share <= 15, "node {node} alone exceeds the budget ({share}): the test proves nothing: {dirty:#}");
+    }
+    for record in records {
+        let id: u64 =
+            record["key"].as_str().and_then(|key| key.strip_prefix("id=")).and_then(|id| id.parse().ok()).unwrap_or(0);
+        assert_eq!(id % 5000, 0, "only zero-date rows are dirty: {record:#}");
+        assert!(
+            record["reason"].as_str().is_some_and(|reason| reason.contains("day")),
+            "the reason names the column: {record:#}"
+        );
+    }
+    // One is discarded through the CLI, kept in the audit log.
+    let discarded = records[0]["id"].as_str().unwrap().to_owned();
+    let discarded_key = records[0]["key"].as_str().unwrap().to_owned();
+    workspace.sluice(&["job", "--server", &nodes[0].url, "discard", &name, &discarded]).assert_code(0);
+    let audit = etcd.etcdctl().args(["get", "--prefix", "/sluice/audit/", "--print-value-only"]).output().unwrap();
+    let audit = String::from_utf8_lossy(&audit.stdout);
+    assert!(audit.contains("\"action\":\"discard\"") && audit.contains(&discarded), "{audit}");
+
+    // The fix: zero dates are stored as NULL from version 2 on, which finishes the copy.
+    let fixed = job.replace("max_dirty_records: 15 }", "max_dirty_records: 100, zero_dates: \"null\" }");
+    let (status, body) = nodes[0].call("PUT", &format!("/jobs/{name}"), None, Some(("application/yaml", &fixed)));
+    assert_eq!(status, 200, "{body}");
+    wait_for("version 2 to finish the copy", Duration::from_secs(120), || {
+        view = nodes[0].call("GET", &format!("/jobs/{name}"), None, None).1;
+        view["version"] == 2 && (view["state"] == "succeeded" || view["state"] == "failed")
+    });
+    assert_eq!(view["state"], "succeeded", "{view:#}\n{}", logs());
+    let (_, dirty) = nodes[0].call("GET", &format!("/jobs/{name}/dirty"), None, None);
+    let left = dirty["total"].as_u64().unwrap();
+    assert!(left > 0, "records of splits that version 1 committed stay dirty until replayed: {dirty:#}");
+
+    // Replayed through the CLI: written by key with version 2's policy, none left.
+    let run = workspace.sluice(&["job", "--server", &nodes[1].url, "replay", &name]);
+    run.assert_code(0);
+    assert!(run.stdout.contains(&format!("replayed {left} ")), "{}", run.all());
+    let (_, dirty) = nodes[0].call("GET", &format!("/jobs/{name}/dirty"), None, None);
+    assert_eq!(dirty["total"], 0, "{dirty:#}");
+    let nulls = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {database}.events WHERE day IS NULL"));
+    let nulls: Vec<u64> = nulls.trim().split(',').filter_map(|id| id.parse().ok()).collect();
+    let expected: Vec<u64> = (1..=ROWS / 5000)
+        .map(|n| n * 5000)
+        .filter(|id| format!("id={id}") != discarded_key || nulls.contains(id))
+        .collect();
+    assert_eq!(nulls, expected, "every zero-date row but the discarded one is in the target, its day NULL");
+    let total: u64 = psql(&format!("SELECT count(*) FROM {database}.events")).trim().parse().unwrap();
+    assert!(total >= ROWS - 1, "{total} rows");
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::alarm::{self, AlarmSpec};
 use super::cursor::{self, CursorSpec};
 use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
@@ -35,6 +36,8 @@ pub struct JobSpec {
     /// `priority:` (0 to 1,000, default 0): when a cluster lacks room, the tasks of higher
     /// priorities are claimed first.
     pub priority: u32,
+    /// `alarms:`: rules a server evaluates against the job's figures.
+    pub alarms: Vec<AlarmSpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -254,6 +257,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "schedule",
             "priority",
             "after",
+            "alarms",
         ],
     )?;
     let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
@@ -314,6 +318,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         None => Some(0),
         Some(node) => decoder.unsigned(node, "priority", 1_000).map(|priority| priority as u32),
     };
+    let alarms = match fields.get("alarms") {
+        None => Some(Vec::new()),
+        Some(node) => alarm::decode_alarms(decoder, node, "alarms"),
+    };
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
     for (field, present) in [
@@ -358,6 +366,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         schedule: schedule?,
         priority: priority?,
         after: after?,
+        alarms: alarms?,
     })
 }
 

@@ -1,6 +1,7 @@
 //! The job file: parsed from YAML or JSON into nodes that remember their lines, then decoded into
 //! a typed `JobSpec` while every error is collected.
 
+mod alarm;
 mod cursor;
 mod decode;
 mod document;
@@ -8,6 +9,7 @@ mod job;
 mod schedule;
 mod transform;
 
+pub use alarm::{decode_alarms, AlarmMetric, AlarmSpec, Condition, Notify, Operator};
 pub use cursor::CursorSpec;
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};

@@ -102,7 +102,7 @@ fn equal(a: &[u8], b: &[u8]) -> bool {
 
 /// Lets a request through when its token's role allows its method: 401 without a valid token,
 /// 403 when a read token asks to change something.
-pub async fn authorize(State(api): State<Arc<Api>>, request: Request, next: Next) -> Response {
+pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
     if api.tokens.is_empty() {
         return next.run(request).await;
     }
@@ -128,6 +128,7 @@ pub async fn authorize(State(api): State<Arc<Api>>, request: Request, next: Next
         )
             .into_response();
     }
+    request.extensions_mut().insert(role);
     next.run(request).await
 }
 

@@ -165,6 +165,19 @@ pub async fn render(store: &dyn Store) -> Result<String> {
         }
     }
 
+    let (rules, _) = crate::alarms::overview(store).await?;
+    let mut family = Family::new(
+        &mut text,
+        "sluice_job_alarms_firing",
+        "gauge",
+        "Alarm rules of the job firing now (its own `alarms:` and the global rules).",
+    );
+    for (name, _) in &views {
+        let firing =
+            rules.iter().filter(|rule| rule.job == **name && rule.phase == crate::alarms::Phase::Firing).count();
+        family.sample("", &[("job", name)], firing);
+    }
+
     let workers: Vec<(String, WorkerRecord, _)> = load_all(store, &format!("{ROOT}workers/")).await?;
     let leader = store.get(LEADER).await?.map(|entry| entry.value).unwrap_or_default();
     let _ = writeln!(

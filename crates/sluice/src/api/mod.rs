@@ -3,10 +3,12 @@
 //! passes job documents and errors through the secret scrubber.
 
 mod auth;
+mod console;
 mod diff;
 mod metrics;
 mod openapi;
-mod views;
+pub mod series;
+pub(crate) mod views;
 
 use std::sync::Arc;
 
@@ -37,6 +39,8 @@ pub struct Api {
     pub tokens: Tokens,
     /// `/metrics` answers without a token even when tokens are set (`--open-metrics`).
     pub open_metrics: bool,
+    /// Each job's throughput and lag over the last hours.
+    pub series: Arc<series::Series>,
 }
 
 /// The largest request body the API reads: a job document is a few kilobytes.
@@ -91,6 +95,11 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{name}/rollback", post(rollback_job))
         .route("/jobs/{name}/runs", get(list_runs))
         .route("/jobs/{name}/tables", post(add_tables))
+        .route("/jobs/{name}/series", get(job_series))
+        .route("/jobs/{name}/dirty", get(list_dirty))
+        .route("/jobs/{name}/dirty/discard", post(discard_dirty))
+        .route("/jobs/{name}/dirty/replay", post(replay_dirty))
+        .route("/alarms", get(show_alarms).put(set_alarms))
         .route("/workers", get(list_workers))
         .route("/leader", get(show_leader))
         .layer(axum::middleware::from_fn_with_state(api.clone(), auth::authorize));
@@ -105,6 +114,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .merge(metrics)
         .route("/api/v1/openapi.json", get(|| async { ([("content-type", "application/json")], openapi::document()) }))
         .route("/healthz", get(|| async { "ok\n" }))
+        .merge(console::routes())
         .layer(axum::middleware::from_fn_with_state(api.clone(), auth::same_site))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(api)
@@ -128,6 +138,26 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
                               ${VARIABLE} and set that variable in the environment of every node"
                         .into(),
                 });
+            }
+        }
+        for (index, alarm) in written.alarms.iter().enumerate() {
+            for (target, notify) in alarm.notify.iter().enumerate() {
+                let (field, literal) = match notify {
+                    // A Slack webhook's path is its secret.
+                    sluice_core::spec::Notify::Slack(url) => ("slack", !url.contains("${")),
+                    sluice_core::spec::Notify::Webhook(url) => {
+                        ("webhook", sluice_core::secret::has_literal_password(url))
+                    }
+                };
+                if literal {
+                    errors.push(SpecError {
+                        path: format!("alarms[{index}].notify[{target}].{field}"),
+                        line: None,
+                        message: "holds a secret in plain text, which the server would keep at rest; write it as \
+                                  ${VARIABLE} and set that variable in the environment of every node"
+                            .into(),
+                    });
+                }
             }
         }
     }
@@ -243,7 +273,16 @@ async fn list_jobs(State(api): Shared) -> Reply {
     let mut listed = Vec::new();
     for (name, job, _) in jobs {
         let view = views::job_view(&*api.node.store, &job).await?;
-        listed.push(JobSummary { name, state: view.state, version: job.version, mode: job.mode });
+        listed.push(JobSummary {
+            name,
+            state: view.state,
+            version: job.version,
+            mode: job.mode,
+            phase: view.phase,
+            rows_per_sec: view.stats.rows_per_sec,
+            lag_secs: view.stats.lag_secs,
+            error: view.error,
+        });
     }
     Ok(Json(listed).into_response())
 }
@@ -700,4 +739,139 @@ async fn show_leader(State(api): Shared) -> Reply {
 
 async fn metrics(State(api): Shared) -> Reply {
     Ok(([("content-type", "text/plain; version=0.0.4")], metrics::render(&*api.node.store).await?).into_response())
+}
+
+/// A job's throughput and lag over the last hours, as this node sampled them every 5 s.
+#[utoipa::path(get, path = "/jobs/{name}/series", tag = "jobs", params(("name" = String, Path)),
+    responses((status = 200, description = "samples, oldest first", body = series::SeriesView),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn job_series(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    Ok(Json(api.series.of(&name)).into_response())
+}
+
+/// The job's dirty records, from every node, oldest first, with the budget they count against.
+#[utoipa::path(get, path = "/jobs/{name}/dirty", tag = "dirty records", params(("name" = String, Path)),
+    responses((status = 200, description = "{total, limit, records: [{id, task, table, key, reason, record, truncated, node, created_at}]}", body = Object),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
+    let job = job(&api, &name).await?;
+    let limit = crate::cluster::worker::load_spec(&*api.node.store, &name, job.version)
+        .await
+        .map(|spec| spec.errors.max_dirty_records)
+        .ok();
+    let records = crate::cluster::dirty::list(&*api.node.store, &name).await?;
+    let records: Vec<Value> = records
+        .into_iter()
+        .map(|(id, record)| {
+            // Shown as JSON when it is (a cut row as the text it was cut to).
+            let row = record.record.as_deref().map(|text| {
+                let text = sluice_core::secret::scrub(text);
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text))
+            });
+            serde_json::json!({
+                "id": id, "task": record.task, "table": record.table, "key": record.key,
+                "reason": sluice_core::secret::scrub(&record.reason), "record": row,
+                "truncated": record.truncated, "node": record.node, "created_at": record.created_at,
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "total": records.len(), "limit": limit, "records": records })).into_response())
+}
+
+/// Forgets dirty records (`{"ids": [...]}`, or all of the job's without ids); kept in the audit
+/// log with the role of the token that did it.
+#[utoipa::path(post, path = "/jobs/{name}/dirty/discard", tag = "dirty records", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"ids\": [\"…\"]} (omitted: every record of the job)", content_type = "application/json"),
+    responses((status = 200, description = "{discarded: N}", body = Object), (status = 404, description = "no such job", body = ErrorBody)))]
+async fn discard_dirty(
+    State(api): Shared,
+    Path(name): Path<String>,
+    role: Option<axum::Extension<auth::Role>>,
+    body: Bytes,
+) -> Reply {
+    job(&api, &name).await?;
+    let ids = ids_of(&body)?;
+    let by =
+        role.map_or(
+            "open server (no tokens)",
+            |role| if role.0 == auth::Role::Admin { "admin token" } else { "read token" },
+        );
+    let discarded = crate::cluster::dirty::discard(&*api.node.store, &name, ids.as_deref(), by).await?;
+    Ok(Json(serde_json::json!({ "discarded": discarded })).into_response())
+}
+
+/// Replays dirty records after a fix (`{"ids": [...]}`, or all of the job's without ids): the
+/// splits that hold them are copied again, by key, with the job's current version.
+#[utoipa::path(post, path = "/jobs/{name}/dirty/replay", tag = "dirty records", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"ids\": [\"…\"]} (omitted: every record of the job)", content_type = "application/json"),
+    responses((status = 200, description = "{replayed: N, failed: [{id, error}], rows_written: N}", body = Object),
+        (status = 400, description = "the target cannot write rows again by key", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
+    let job = job(&api, &name).await?;
+    let ids = ids_of(&body)?;
+    let outcome = crate::cluster::dirty::replay(&api.node.store, &job, ids.as_deref(), &api.node.config.id).await?;
+    Ok(Json(outcome).into_response())
+}
+
+/// `{"ids": [...]}` of a request body; `None` for an empty body or no `ids`.
+fn ids_of(body: &[u8]) -> Result<Option<Vec<String>>, Failure> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("expected {{\"ids\": [\"…\"]}}: {error}")))?;
+    match request.get("ids") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .map(|id| id.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .map(Some)
+            .ok_or_else(|| failure(StatusCode::BAD_REQUEST, "expected {\"ids\": [\"…\"]}: ids are strings")),
+        Some(_) => Err(failure(StatusCode::BAD_REQUEST, "expected {\"ids\": [\"…\"]}")),
+    }
+}
+
+/// Every alarm rule's state per job and the history of firings and resolutions, newest first.
+#[utoipa::path(get, path = "/alarms", tag = "alarms",
+    responses((status = 200, description = "{rules: [{job, scope, name, when, for_secs, state, value, since}], history: [...], global: DOCUMENT|null}", body = Object)))]
+async fn show_alarms(State(api): Shared) -> Reply {
+    let (states, history) = crate::alarms::overview(&*api.node.store).await?;
+    let rules: Vec<Value> = states
+        .iter()
+        .map(|state| {
+            serde_json::json!({
+                "job": state.job, "scope": state.scope, "name": state.name, "when": state.when,
+                "for_secs": state.for_secs, "state": state.phase, "value": state.value,
+                "since": views::time_of(state.since as i64),
+            })
+        })
+        .collect();
+    let global = api.node.store.get(crate::alarms::GLOBAL_RULES).await?.map(|entry| entry.value);
+    Ok(Json(serde_json::json!({ "rules": rules, "history": history, "global": global })).into_response())
+}
+
+/// Replaces the global alarm rules, evaluated for every job: a list of rules (or `{alarms:
+/// [...]}`) in YAML or JSON, kept as written (`${VAR}` resolved by each node).
+#[utoipa::path(put, path = "/alarms", tag = "alarms",
+    request_body(content = String, description = "the rules, as in a job's `alarms:`", content_type = "application/yaml"),
+    responses((status = 200, description = "{rules: N}", body = Object), (status = 400, description = "every error, with its line", body = ErrorBody)))]
+async fn set_alarms(State(api): Shared, body: Bytes) -> Reply {
+    let text = std::str::from_utf8(&body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the rules are not UTF-8"))?;
+    let rules = crate::alarms::parse_rules(text, |name| std::env::var(name).ok()).map_err(|errors| {
+        Failure(
+            StatusCode::BAD_REQUEST,
+            ErrorBody {
+                error: "the alarm rules are not valid".into(),
+                errors: errors
+                    .into_iter()
+                    .map(|message| FieldError { path: String::new(), line: None, message })
+                    .collect(),
+            },
+        )
+    })?;
+    api.node.store.put(crate::alarms::GLOBAL_RULES, text, None).await?;
+    Ok(Json(serde_json::json!({ "rules": rules.len() })).into_response())
 }

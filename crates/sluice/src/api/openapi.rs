@@ -8,7 +8,7 @@ use super::views::*;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Sluice server API", version = "1", description = "Jobs, their versions and lifecycle, the cluster's workers and leader. Every route needs a bearer token when the server has tokens (a read token may only GET)."),
+    info(title = "Sluice server API", version = "1", description = "Jobs, their versions and lifecycle, their series and dirty records, alarms, the cluster's workers and leader. Every route needs a bearer token when the server has tokens (a read token may only GET)."),
     servers((url = "/api/v1")),
     paths(
         super::list_jobs,
@@ -28,10 +28,17 @@ use super::views::*;
         super::add_tables,
         super::list_workers,
         super::show_leader,
+        super::job_series,
+        super::list_dirty,
+        super::discard_dirty,
+        super::replay_dirty,
+        super::show_alarms,
+        super::set_alarms,
     ),
     components(schemas(
         JobView, JobState, ScheduleView, BatchView, BatchQueued, BatchRangeView, BatchRowsView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
-        VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError
+        VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError,
+        super::series::SeriesView, super::series::Point
     )),
     modifiers(&Bearer),
     security(("bearer" = [])),
@@ -75,12 +82,17 @@ mod tests {
             "/jobs/{name}/runs",
             "/jobs/{name}/tables",
             "/jobs/{name}/batches",
+            "/jobs/{name}/series",
+            "/jobs/{name}/dirty",
+            "/jobs/{name}/dirty/discard",
+            "/jobs/{name}/dirty/replay",
+            "/alarms",
             "/workers",
             "/leader",
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
-        assert_eq!(paths.len(), 14, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 19, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         assert!(job["schedule"].is_object(), "{job}");

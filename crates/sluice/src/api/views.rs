@@ -172,7 +172,7 @@ pub struct BatchView {
     pub outcome: String,
 }
 
-fn time_of(seconds: i64) -> Option<String> {
+pub fn time_of(seconds: i64) -> Option<String> {
     chrono::DateTime::from_timestamp(seconds, 0).map(|time| time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
@@ -233,6 +233,12 @@ pub struct JobSummary {
     pub state: JobState,
     pub version: u32,
     pub mode: String,
+    /// What a running job does now.
+    pub phase: Option<String>,
+    pub rows_per_sec: f64,
+    pub lag_secs: Option<u64>,
+    /// The last error, with its side.
+    pub error: Option<ErrorView>,
 }
 
 /// A job made or given a new version.

@@ -406,6 +406,13 @@ impl Store for EtcdStore {
         entries(&self.call("list", "/v3/kv/range", &body).await?)
     }
 
+    async fn count(&self, prefix: &str) -> Result<u64> {
+        let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix), "count_only": true });
+        let answer = self.call("count", "/v3/kv/range", &body).await?;
+        // The gateway writes 64-bit integers as strings, and leaves out zeros.
+        Ok(answer.get("count").and_then(|count| count.as_str()?.parse().ok()).unwrap_or(0))
+    }
+
     async fn put(&self, key: &str, value: &str, lease: Option<i64>) -> Result<u64> {
         let answer = self.call("write", "/v3/kv/put", &put_request(key, value, lease)).await?;
         Ok(revision(&answer))

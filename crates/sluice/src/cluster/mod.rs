@@ -1,6 +1,7 @@
 //! The cluster: the coordination store (etcd, or in memory for a single node), what is kept in
 //! it, and the node that leads, places and runs tasks. Only `etcd.rs` knows etcd.
 
+pub mod dirty;
 pub mod etcd;
 mod leader;
 pub mod model;
@@ -10,4 +11,4 @@ pub mod node;
 mod placement;
 pub mod schedule;
 pub mod store;
-mod worker;
+pub mod worker;

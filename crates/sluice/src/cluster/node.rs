@@ -23,6 +23,26 @@ use crate::state_store::SqliteStateStore;
 /// How often a node looks at the cluster.
 const TICK: Duration = Duration::from_millis(500);
 
+/// How often the leader evaluates the alarms.
+const ALARMS_EVERY: Duration = Duration::from_secs(2);
+
+/// The HTTP client of alarm notifications: short timeouts, no proxy from the environment.
+fn webhook_client() -> Result<reqwest::Client> {
+    let tls = sluice_connectors::tls::ClientTls {
+        verification: sluice_connectors::tls::Verification::Full,
+        ca: None,
+        cert: None,
+        key: None,
+    };
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .tls_backend_preconfigured(tls.config().map_err(sluice_core::Error::config)?)
+        .build()
+        .map_err(|error| sluice_core::Error::config(format!("cannot make the HTTP client of alarm webhooks: {error}")))
+}
+
 /// What a node is told at start.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
@@ -60,6 +80,11 @@ pub struct Node {
     started_at: String,
     /// Task writes refused by a fence since this node started (`WorkerRecord::fence_refusals`).
     pub(super) fence_refusals: std::sync::atomic::AtomicU64,
+    /// Whether an evaluation of the alarms (as leader) is under way, and when the last began.
+    alarming: Arc<std::sync::atomic::AtomicBool>,
+    last_alarms: Mutex<Option<Instant>>,
+    /// Sends alarm notifications.
+    webhooks: reqwest::Client,
 }
 
 impl std::fmt::Debug for Node {
@@ -104,6 +129,9 @@ impl Node {
             state,
             started_at: crate::logger::timestamp(),
             fence_refusals: Default::default(),
+            alarming: Default::default(),
+            last_alarms: Mutex::new(None),
+            webhooks: webhook_client()?,
         }))
     }
 
@@ -267,10 +295,30 @@ impl Node {
         let view = self.view().await?;
         if let Some(revision) = leader {
             self.fire_schedules(&view).await;
-            self.lead(&view, Guard { key: LEADER.to_owned(), create_revision: revision });
+            let guard = Guard { key: LEADER.to_owned(), create_revision: revision };
+            self.evaluate_alarms(&guard);
+            self.lead(&view, guard);
         }
         self.stop_what_moved(&view);
         self.claim(&view, lease).await
+    }
+
+    /// As leader: starts an evaluation of the alarms every `ALARMS_EVERY`, one at a time.
+    fn evaluate_alarms(&self, guard: &Guard) {
+        use std::sync::atomic::Ordering;
+        let mut last = lock(&self.last_alarms);
+        if last.is_some_and(|last| last.elapsed() < ALARMS_EVERY) || self.alarming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let (store, guard, client, alarming) =
+            (self.store.clone(), guard.clone(), self.webhooks.clone(), self.alarming.clone());
+        tokio::spawn(async move {
+            if let Err(error) = crate::alarms::evaluate(store, guard, client).await {
+                log::warn!("alarms: cannot evaluate them now: {error}");
+            }
+            alarming.store(false, Ordering::Release);
+        });
     }
 
     /// Stops the tasks here whose job stopped, changed generation, or moved to another owner.

@@ -50,6 +50,9 @@ pub trait Store: Send + Sync {
     /// Every key starting with `prefix`, in key order.
     async fn list(&self, prefix: &str) -> Result<Vec<Entry>>;
 
+    /// How many keys start with `prefix` (without reading them).
+    async fn count(&self, prefix: &str) -> Result<u64>;
+
     /// Writes a key (attached to `lease` when given) and returns the revision of the write.
     async fn put(&self, key: &str, value: &str, lease: Option<i64>) -> Result<u64>;
 
@@ -232,6 +235,12 @@ impl Store for MemoryStore {
                 .take_while(|(key, _)| key.starts_with(prefix))
                 .map(|(_, entry)| entry.clone())
                 .collect()
+        }))
+    }
+
+    async fn count(&self, prefix: &str) -> Result<u64> {
+        Ok(self.read(|memory| {
+            memory.keys.range(prefix.to_owned()..).take_while(|(key, _)| key.starts_with(prefix)).count() as u64
         }))
     }
 

@@ -375,7 +375,11 @@ impl Node {
                 plan.backfill.as_ref().filter(|backfill| backfill.copied).map(|backfill| backfill.backfill.clone()),
             ),
         };
-        let state: Arc<dyn StateStore> = self.state.clone();
+        let state: Arc<dyn StateStore> = Arc::new(super::dirty::SharedState {
+            local: self.state.clone(),
+            store: self.store.clone(),
+            node: self.config.id.clone(),
+        });
         let runner = Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole);
         Ok((spec, Arc::new(runner)))
     }

@@ -3,10 +3,12 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod cluster;
 pub mod kafka;
 pub mod lake;
 pub mod nats;
+pub mod webhook;
 pub mod workload;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,397 @@
+//! Alarms. The leader evaluates, every few seconds, each running job's rules (its `alarms:` and
+//! the global rules of `PUT /api/v1/alarms`) against the job's figures as the API shows them.
+//! A rule whose condition holds becomes `pending`, then `firing` once it held `for_secs`; it
+//! `resolves` when the condition no longer holds (or the job stops).
+//!
+//! Each rule's state is kept in the coordination store and written under the leader's key
+//! before anyone is told: a new leader carries on from it, so a transition is announced once
+//! for the cluster, not once per node. Notifications (webhooks: the event as JSON, or Slack's
+//! `{"text": …}`) are retried for about a minute; one that still fails is logged and kept in
+//! the history as undelivered. The history keeps the last `HISTORY_KEPT` events.
+//!
+//! ```text
+//! /sluice/alarms/rules                     the global rules, as the document was written
+//! /sluice/alarms/state/{job}/{scope}.{name} RuleState
+//! /sluice/alarms/history/{millis}-{n}      AlarmEvent
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sluice_core::spec::{AlarmMetric, AlarmSpec, Notify};
+use sluice_core::{Error, Result};
+
+use crate::api::views::{job_view, JobState, JobView};
+use crate::cluster::model::*;
+use crate::cluster::store::{Guard, Store};
+
+pub const GLOBAL_RULES: &str = "/sluice/alarms/rules";
+const STATES: &str = "/sluice/alarms/state/";
+pub const HISTORY: &str = "/sluice/alarms/history/";
+/// How many events the history keeps.
+const HISTORY_KEPT: usize = 1_000;
+/// How long a notification is retried.
+const NOTIFY_ATTEMPTS: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(5),
+    Duration::from_secs(15),
+    Duration::from_secs(30),
+];
+
+/// Where a rule comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// The job's own `alarms:`.
+    Job,
+    /// A global rule, evaluated for every job.
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Ok,
+    /// The condition holds, for less than `for_secs` so far.
+    Pending,
+    Firing,
+}
+
+/// A rule's state for one job, as stored.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuleState {
+    pub job: String,
+    pub scope: Scope,
+    pub name: String,
+    pub when: String,
+    pub for_secs: u64,
+    pub phase: Phase,
+    /// Unix seconds since the phase began.
+    pub since: u64,
+    /// The metric's value at the last evaluation.
+    pub value: Option<f64>,
+}
+
+/// A rule firing or resolving.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AlarmEvent {
+    pub job: String,
+    pub scope: Scope,
+    pub name: String,
+    /// `firing` or `resolved`.
+    pub event: String,
+    /// RFC 3339.
+    pub at: String,
+    pub when: String,
+    pub value: Option<f64>,
+    pub message: String,
+    /// Whether every notification target took it (`null` while being sent).
+    pub delivered: Option<bool>,
+}
+
+fn state_key(job: &str, scope: Scope, name: &str) -> String {
+    let scope = if scope == Scope::Job { "job" } else { "global" };
+    format!("{STATES}{job}/{scope}.{name}")
+}
+
+/// A metric's value for a job, from the figures the API shows.
+pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
+    let running = view.state == JobState::Running;
+    Some(match metric {
+        AlarmMetric::LagSeconds => view.stats.lag_secs? as f64,
+        AlarmMetric::RowsPerSec => view.stats.rows_per_sec,
+        // The target is behind and nothing is being applied: the stream is not moving.
+        AlarmMetric::StalledSeconds => match view.stats.lag_secs {
+            Some(lag) if view.stats.rows_per_sec == 0.0 && view.state != JobState::Stopped => lag as f64,
+            _ => 0.0,
+        },
+        AlarmMetric::Restarts => f64::from(view.restarts),
+        AlarmMetric::Failed => f64::from(u8::from(view.state == JobState::Failed)),
+        AlarmMetric::Restarting => f64::from(u8::from(view.state == JobState::Restarting)),
+        AlarmMetric::DirtyRecords => view.stats.rows_skipped as f64,
+    })
+    .filter(|_| running || !matches!(metric, AlarmMetric::RowsPerSec))
+}
+
+/// The global rules, parsed with this node's environment.
+pub async fn global_rules(store: &dyn Store) -> Result<Vec<AlarmSpec>> {
+    let Some(entry) = store.get(GLOBAL_RULES).await? else {
+        return Ok(Vec::new());
+    };
+    parse_rules(&entry.value, |name| std::env::var(name).ok()).map_err(|errors| {
+        Error::config(format!("the global alarm rules are not valid on this node: {}", errors.join("; ")))
+            .hint("an environment variable the rules name may be missing on this node")
+    })
+}
+
+/// Parses a rule document: a list of rules, or `{alarms: [...]}`, in YAML or JSON.
+pub fn parse_rules(
+    text: &str,
+    environment: fn(&str) -> Option<String>,
+) -> std::result::Result<Vec<AlarmSpec>, Vec<String>> {
+    let node = sluice_core::spec::parse_yaml(text).map_err(|error| vec![error.message])?;
+    let node = match &node.kind {
+        sluice_core::spec::NodeKind::Mapping(entries) if entries.len() == 1 && entries[0].0 == "alarms" => {
+            entries[0].1.clone()
+        }
+        _ => node,
+    };
+    let mut decoder = sluice_core::spec::Decoder::new(environment);
+    let rules = sluice_core::spec::decode_alarms(&mut decoder, &node, "alarms");
+    let errors: Vec<String> = decoder.into_errors().iter().map(ToString::to_string).collect();
+    match rules {
+        Some(rules) if errors.is_empty() => Ok(rules),
+        _ => Err(errors),
+    }
+}
+
+/// One evaluation of every running job's rules, as leader (`guard`).
+pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Client) -> Result<()> {
+    let global = global_rules(&*store).await.unwrap_or_else(|error| {
+        log::warn!("alarms: {error}");
+        Vec::new()
+    });
+    let jobs: Vec<(String, JobRecord, _)> = load_all(&*store, &format!("{ROOT}jobs/")).await?;
+    let mut states: BTreeMap<String, (RuleState, u64)> = load_all::<RuleState>(&*store, STATES)
+        .await?
+        .into_iter()
+        .map(|(_, state, entry)| (entry.key, (state, entry.mod_revision)))
+        .collect();
+    let now = sluice_core::retry::unix_now();
+    for (name, job, _) in &jobs {
+        let view = job_view(&*store, job).await?;
+        let own = match crate::cluster::worker::load_spec(&*store, name, job.version).await {
+            Ok(spec) => spec.alarms,
+            Err(error) => {
+                log::warn!("alarms of job {name}: {error}");
+                Vec::new()
+            }
+        };
+        let rules = own.iter().map(|rule| (Scope::Job, rule)).chain(global.iter().map(|rule| (Scope::Global, rule)));
+        for (scope, rule) in rules {
+            let key = state_key(name, scope, &rule.name);
+            let previous = states.remove(&key);
+            let value = value_of(rule.condition.metric, &view);
+            let holds = job.desired == Desired::Running && value.is_some_and(|value| rule.condition.holds(value));
+            let (phase, since) = match (previous.as_ref().map(|(state, _)| (state.phase, state.since)), holds) {
+                (Some((Phase::Firing, since)), true) => (Phase::Firing, since),
+                (Some((Phase::Pending, since)), true) if now >= since + rule.for_secs => (Phase::Firing, now),
+                (Some((Phase::Pending, since)), true) => (Phase::Pending, since),
+                (_, true) if rule.for_secs == 0 => (Phase::Firing, now),
+                (_, true) => (Phase::Pending, now),
+                (Some((Phase::Ok, since)), false) => (Phase::Ok, since),
+                (_, false) => (Phase::Ok, now),
+            };
+            let was = previous.as_ref().map_or(Phase::Ok, |(state, _)| state.phase);
+            let state = RuleState {
+                job: name.clone(),
+                scope,
+                name: rule.name.clone(),
+                when: rule.condition.to_string(),
+                for_secs: rule.for_secs,
+                phase,
+                since,
+                value,
+            };
+            let changed = previous
+                .as_ref()
+                .is_none_or(|(stored, _)| stored.phase != phase || stored.value != value || stored.when != state.when);
+            if changed && !store.put_guarded(&key, &encode(&state), &guard).await? {
+                return Ok(()); // no longer the leader: the next one carries on
+            }
+            let event = match (was, phase) {
+                (Phase::Firing, Phase::Ok) => "resolved",
+                (Phase::Ok | Phase::Pending, Phase::Firing) => "firing",
+                _ => continue,
+            };
+            let message = match event {
+                "firing" if job.desired == Desired::Running => {
+                    format!("job {name}: alarm {} fires: {} (now {})", rule.name, state.when, shown(value))
+                }
+                _ if job.desired != Desired::Running => {
+                    format!("job {name}: alarm {} resolved: the job stopped", rule.name)
+                }
+                _ => format!(
+                    "job {name}: alarm {} resolved: {} no longer holds (now {})",
+                    rule.name,
+                    state.when,
+                    shown(value)
+                ),
+            };
+            log::warn!("{message}");
+            let event = AlarmEvent {
+                job: name.clone(),
+                scope,
+                name: rule.name.clone(),
+                event: event.to_owned(),
+                at: crate::logger::timestamp(),
+                when: state.when.clone(),
+                value,
+                message,
+                delivered: None,
+            };
+            let key = record(&*store, &event, &guard).await?;
+            tokio::spawn(deliver(store.clone(), key, event, rule.notify.clone(), client.clone()));
+        }
+    }
+    // Rules that are gone (the job or the rule was removed): forget them, resolving a firing one.
+    for (key, (state, _)) in states {
+        if state.phase == Phase::Firing {
+            let event = AlarmEvent {
+                job: state.job.clone(),
+                scope: state.scope,
+                name: state.name.clone(),
+                event: "resolved".into(),
+                at: crate::logger::timestamp(),
+                when: state.when.clone(),
+                value: None,
+                message: format!("job {}: alarm {} resolved: the rule or the job was removed", state.job, state.name),
+                delivered: Some(true),
+            };
+            record(&*store, &event, &guard).await?;
+        }
+        store.delete(&key).await?;
+    }
+    Ok(())
+}
+
+fn shown(value: Option<f64>) -> String {
+    value.map_or_else(|| "unknown".into(), |value| format!("{value}"))
+}
+
+/// Appends an event to the history (dropping the oldest past `HISTORY_KEPT`); its key.
+async fn record(store: &dyn Store, event: &AlarmEvent, guard: &Guard) -> Result<String> {
+    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
+    let mut key = format!("{HISTORY}{millis:020}-0");
+    for attempt in 1.. {
+        if store.get(&key).await?.is_none() {
+            break;
+        }
+        key = format!("{HISTORY}{millis:020}-{attempt}");
+    }
+    store.put_guarded(&key, &encode(event), guard).await?;
+    let history = store.list(HISTORY).await?;
+    for old in history.iter().take(history.len().saturating_sub(HISTORY_KEPT)) {
+        store.delete(&old.key).await?;
+    }
+    Ok(key)
+}
+
+/// Sends an event to every target of its rule, with retries; records whether all took it.
+async fn deliver(
+    store: Arc<dyn Store>,
+    key: String,
+    mut event: AlarmEvent,
+    targets: Vec<Notify>,
+    client: reqwest::Client,
+) {
+    let mut delivered = true;
+    for target in &targets {
+        let body = match target {
+            Notify::Webhook(_) => serde_json::to_value(&event).expect("events serialize"),
+            Notify::Slack(_) => {
+                let icon = if event.event == "firing" { ":rotating_light:" } else { ":white_check_mark:" };
+                serde_json::json!({ "text": format!("{icon} {}", event.message) })
+            }
+        };
+        let mut sent = false;
+        for (attempt, pause) in NOTIFY_ATTEMPTS.iter().enumerate() {
+            match client.post(target.url()).json(&body).send().await {
+                Ok(response) if response.status().is_success() => {
+                    sent = true;
+                    break;
+                }
+                Ok(response) => log::warn!(
+                    "alarm {} of job {}: the webhook at {} answered {} (attempt {})",
+                    event.name,
+                    event.job,
+                    host_of(target.url()),
+                    response.status(),
+                    attempt + 1
+                ),
+                Err(error) => log::warn!(
+                    "alarm {} of job {}: cannot reach the webhook at {} (attempt {}): {}",
+                    event.name,
+                    event.job,
+                    host_of(target.url()),
+                    attempt + 1,
+                    sluice_core::secret::scrub(&error.without_url().to_string())
+                ),
+            }
+            tokio::time::sleep(*pause).await;
+        }
+        delivered &= sent;
+    }
+    event.delivered = Some(delivered);
+    if let Err(error) = store.put(&key, &encode(&event), None).await {
+        log::warn!("alarm {} of job {}: cannot record its delivery: {error}", event.name, event.job);
+    }
+}
+
+/// The host of a webhook URL, for logs: its path and query may hold a token (Slack's do).
+pub fn host_of(url: &str) -> String {
+    reqwest::Url::parse(url)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_owned))
+        .unwrap_or_else(|| "(bad URL)".into())
+}
+
+/// What `GET /alarms` shows: every rule's state and the history, newest first.
+pub async fn overview(store: &dyn Store) -> Result<(Vec<RuleState>, Vec<AlarmEvent>)> {
+    let states = load_all::<RuleState>(store, STATES).await?.into_iter().map(|(_, state, _)| state).collect();
+    let mut history: Vec<AlarmEvent> =
+        load_all::<AlarmEvent>(store, HISTORY).await?.into_iter().map(|(_, event, _)| event).collect();
+    history.reverse();
+    Ok((states, history))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::store::MemoryStore;
+
+    #[test]
+    fn rule_documents_parse_as_a_list_or_under_alarms() {
+        let rules = parse_rules("- {name: lag, when: \"lag_seconds > 5\"}\n", |_| None).unwrap();
+        assert_eq!(rules[0].name, "lag");
+        let rules = parse_rules(
+            "{\"alarms\": [{\"name\": \"stall\", \"when\": \"stalled_seconds >= 60\", \"for_secs\": 5}]}",
+            |_| None,
+        )
+        .unwrap();
+        assert_eq!((rules[0].name.as_str(), rules[0].for_secs), ("stall", 5));
+        let errors = parse_rules("- {name: x, when: \"nope > 1\"}\n", |_| None).unwrap_err();
+        assert!(errors[0].contains("alarms[0].when"), "{errors:?}");
+    }
+
+    #[test]
+    fn hosts_are_shown_without_paths() {
+        assert_eq!(host_of("https://hooks.slack.com/services/T000/B000/XXXX"), "hooks.slack.com");
+    }
+
+    #[tokio::test]
+    async fn history_keeps_the_newest_events() {
+        let store = MemoryStore::open(None).unwrap();
+        store.put(LEADER, "me", None).await.unwrap();
+        let guard =
+            Guard { key: LEADER.into(), create_revision: store.get(LEADER).await.unwrap().unwrap().create_revision };
+        let event = AlarmEvent {
+            job: "j".into(),
+            scope: Scope::Job,
+            name: "lag".into(),
+            event: "firing".into(),
+            at: String::new(),
+            when: "lag_seconds > 5".into(),
+            value: Some(6.0),
+            message: "m".into(),
+            delivered: None,
+        };
+        let first = record(&store, &event, &guard).await.unwrap();
+        let second = record(&store, &event, &guard).await.unwrap();
+        assert_ne!(first, second, "two events in one millisecond keep their own keys");
+        assert_eq!(overview(&store).await.unwrap().1.len(), 2);
+    }
+}
