@@ -134,6 +134,18 @@ pub struct CheckItem {
     pub detail: String,
 }
 
+/// The source's change log around a stream's checkpoint (`Source::log_backlog`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogBacklog {
+    /// Log files from the checkpoint's on (its own included) the stream has yet to read.
+    pub files_behind: u64,
+    /// Bytes of log past the checkpoint.
+    pub bytes_behind: u64,
+    /// Older log files the server still keeps before the checkpoint's: the margin before a
+    /// purge reaches the stream's position (0: the next purge may lose it).
+    pub files_to_spare: u64,
+}
+
 /// A place data is read from.
 #[async_trait]
 pub trait Source: Send + Sync {
@@ -145,6 +157,13 @@ pub trait Source: Send + Sync {
     /// or `None` for sources without a log. Called once, when a job is first planned and before
     /// any split is read, so a change stream started from it misses nothing the snapshot missed.
     async fn log_position(&self) -> Result<Option<Position>> {
+        Ok(None)
+    }
+
+    /// How much of the source's change log lies past `position` (the stream's checkpoint), and
+    /// how much the server keeps before it: what the source may purge before the stream loses
+    /// its place. `None` for sources without a log. Called by the stream every few seconds.
+    async fn log_backlog(&self, _position: &Position) -> Result<Option<LogBacklog>> {
         Ok(None)
     }
 

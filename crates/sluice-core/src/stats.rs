@@ -115,6 +115,8 @@ pub struct StreamStats {
     pub fresh_through: AtomicU64,
     /// The last position committed in the target.
     pub position: Mutex<Option<crate::change::Position>>,
+    /// The source's log past that position, as last measured.
+    pub log_backlog: Mutex<Option<crate::connector::LogBacklog>>,
     /// Source commit → target commit, per source transaction.
     latency: [AtomicU64; LATENCY_BOUNDS_MS.len() + 1],
     /// The sum of those latencies, in milliseconds.

@@ -71,13 +71,19 @@ pub struct RuleState {
     pub phase: Phase,
     /// Unix seconds since the phase began.
     pub since: u64,
-    /// The metric's value at the last evaluation.
+    /// The metric's value when last written.
     pub value: Option<f64>,
+    /// Unix seconds of the last write.
+    #[serde(default)]
+    pub written: u64,
 }
 
 /// A rule firing or resolving.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AlarmEvent {
+    /// Unique and ordered: a receiver drops an event it has seen.
+    #[serde(default)]
+    pub id: String,
     pub job: String,
     pub scope: Scope,
     pub name: String,
@@ -112,6 +118,8 @@ pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
         AlarmMetric::Failed => f64::from(u8::from(view.state == JobState::Failed)),
         AlarmMetric::Restarting => f64::from(u8::from(view.state == JobState::Restarting)),
         AlarmMetric::DirtyRecords => view.stats.rows_skipped as f64,
+        AlarmMetric::LogBehindBytes => view.stats.log_behind_bytes? as f64,
+        AlarmMetric::LogFilesToSpare => view.stats.log_files_to_spare? as f64,
     })
     .filter(|_| running || !matches!(metric, AlarmMetric::RowsPerSec))
 }
@@ -148,35 +156,81 @@ pub fn parse_rules(
     }
 }
 
-/// One evaluation of every running job's rules, as leader (`guard`).
-pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Client) -> Result<()> {
-    let global = global_rules(&*store).await.unwrap_or_else(|error| {
+/// Each job version's own rules, parsed once (with this node's environment).
+#[derive(Debug, Default)]
+pub struct RulesCache(std::sync::Mutex<RulesByVersion>);
+
+/// A job's rules by (job, version).
+type RulesByVersion = BTreeMap<(String, u32), Arc<Vec<AlarmSpec>>>;
+
+impl RulesCache {
+    async fn rules(&self, store: &dyn Store, job: &JobRecord) -> Result<Arc<Vec<AlarmSpec>>> {
+        let key = (job.name.clone(), job.version);
+        if let Some(rules) = self.lock().get(&key) {
+            return Ok(rules.clone());
+        }
+        let rules = Arc::new(crate::cluster::worker::load_spec(store, &job.name, job.version).await?.alarms);
+        let mut cache = self.lock();
+        cache.retain(|(name, _), _| *name != job.name);
+        cache.insert(key, rules.clone());
+        Ok(rules)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RulesByVersion> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A stored state is rewritten when its phase or rule changes, or its value moved and it was
+/// last written this long ago: a value for the console, without a write per rule every 2 s.
+const VALUE_REFRESH_SECS: u64 = 10;
+
+/// One evaluation of every job's rules, as leader (`guard`). A job whose rules or figures
+/// cannot be read now keeps its states as they are until the next evaluation.
+pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Client, cache: &RulesCache) -> Result<()> {
+    let global = global_rules(&*store).await;
+    if let Err(error) = &global {
         log::warn!("alarms: {error}");
-        Vec::new()
-    });
+    }
     let jobs: Vec<(String, JobRecord, _)> = load_all(&*store, &format!("{ROOT}jobs/")).await?;
-    let mut states: BTreeMap<String, (RuleState, u64)> = load_all::<RuleState>(&*store, STATES)
-        .await?
-        .into_iter()
-        .map(|(_, state, entry)| (entry.key, (state, entry.mod_revision)))
-        .collect();
+    let mut states: BTreeMap<String, RuleState> =
+        load_all::<RuleState>(&*store, STATES).await?.into_iter().map(|(_, state, entry)| (entry.key, state)).collect();
     let now = sluice_core::retry::unix_now();
+    let mut recorded = false;
     for (name, job, _) in &jobs {
-        let view = job_view(&*store, job).await?;
-        let own = match crate::cluster::worker::load_spec(&*store, name, job.version).await {
-            Ok(spec) => spec.alarms,
+        let figures = async {
+            let view = job_view(&*store, job).await?;
+            let dirty = store.count(&crate::cluster::dirty::dirty_prefix(name)).await?;
+            let own = cache.rules(&*store, job).await?;
+            Ok::<_, Error>((view, dirty, own))
+        };
+        let (view, dirty, own) = match figures.await {
+            Ok(figures) => figures,
             Err(error) => {
-                log::warn!("alarms of job {name}: {error}");
-                Vec::new()
+                log::debug!("alarms of job {name}: not evaluated now: {error}");
+                states.retain(|key, _| !key.starts_with(&format!("{STATES}{name}/")));
+                continue;
+            }
+        };
+        let global = match &global {
+            Ok(global) => global.as_slice(),
+            Err(_) => {
+                states.retain(|key, state| {
+                    !(key.starts_with(&format!("{STATES}{name}/")) && state.scope == Scope::Global)
+                });
+                &[]
             }
         };
         let rules = own.iter().map(|rule| (Scope::Job, rule)).chain(global.iter().map(|rule| (Scope::Global, rule)));
         for (scope, rule) in rules {
             let key = state_key(name, scope, &rule.name);
             let previous = states.remove(&key);
-            let value = value_of(rule.condition.metric, &view);
+            let value = match rule.condition.metric {
+                AlarmMetric::DirtyRecords => Some(dirty as f64),
+                metric => value_of(metric, &view),
+            };
             let holds = job.desired == Desired::Running && value.is_some_and(|value| rule.condition.holds(value));
-            let (phase, since) = match (previous.as_ref().map(|(state, _)| (state.phase, state.since)), holds) {
+            let (phase, since) = match (previous.as_ref().map(|state| (state.phase, state.since)), holds) {
                 (Some((Phase::Firing, since)), true) => (Phase::Firing, since),
                 (Some((Phase::Pending, since)), true) if now >= since + rule.for_secs => (Phase::Firing, now),
                 (Some((Phase::Pending, since)), true) => (Phase::Pending, since),
@@ -185,7 +239,7 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
                 (Some((Phase::Ok, since)), false) => (Phase::Ok, since),
                 (_, false) => (Phase::Ok, now),
             };
-            let was = previous.as_ref().map_or(Phase::Ok, |(state, _)| state.phase);
+            let was = previous.as_ref().map_or(Phase::Ok, |state| state.phase);
             let state = RuleState {
                 job: name.clone(),
                 scope,
@@ -195,10 +249,13 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
                 phase,
                 since,
                 value,
+                written: now,
             };
-            let changed = previous
-                .as_ref()
-                .is_none_or(|(stored, _)| stored.phase != phase || stored.value != value || stored.when != state.when);
+            let changed = previous.as_ref().is_none_or(|stored| {
+                stored.phase != phase
+                    || stored.when != state.when
+                    || (stored.value != value && now >= stored.written + VALUE_REFRESH_SECS)
+            });
             if changed && !store.put_guarded(&key, &encode(&state), &guard).await? {
                 return Ok(()); // no longer the leader: the next one carries on
             }
@@ -208,9 +265,7 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
                 _ => continue,
             };
             let message = match event {
-                "firing" if job.desired == Desired::Running => {
-                    format!("job {name}: alarm {} fires: {} (now {})", rule.name, state.when, shown(value))
-                }
+                "firing" => format!("job {name}: alarm {} fires: {} (now {})", rule.name, state.when, shown(value)),
                 _ if job.desired != Desired::Running => {
                     format!("job {name}: alarm {} resolved: the job stopped", rule.name)
                 }
@@ -223,6 +278,7 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
             };
             log::warn!("{message}");
             let event = AlarmEvent {
+                id: String::new(),
                 job: name.clone(),
                 scope,
                 name: rule.name.clone(),
@@ -233,14 +289,17 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
                 message,
                 delivered: None,
             };
-            let key = record(&*store, &event, &guard).await?;
-            tokio::spawn(deliver(store.clone(), key, event, rule.notify.clone(), client.clone()));
+            let event = record(&*store, event, &guard).await?;
+            recorded = true;
+            tokio::spawn(deliver(store.clone(), event, rule.notify.clone(), client.clone(), guard.clone()));
         }
     }
-    // Rules that are gone (the job or the rule was removed): forget them, resolving a firing one.
-    for (key, (state, _)) in states {
+    // Rules that are gone (the job or the rule was removed): forgotten; a firing one is recorded
+    // as resolved, though nobody can be told (its targets went with the rule).
+    for (key, state) in states {
         if state.phase == Phase::Firing {
             let event = AlarmEvent {
+                id: String::new(),
                 job: state.job.clone(),
                 scope: state.scope,
                 name: state.name.clone(),
@@ -248,12 +307,24 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
                 at: crate::logger::timestamp(),
                 when: state.when.clone(),
                 value: None,
-                message: format!("job {}: alarm {} resolved: the rule or the job was removed", state.job, state.name),
-                delivered: Some(true),
+                message: format!(
+                    "job {}: alarm {} resolved: the rule or the job was removed (not sent: its targets went with it)",
+                    state.job, state.name
+                ),
+                delivered: Some(false),
             };
-            record(&*store, &event, &guard).await?;
+            record(&*store, event, &guard).await?;
+            recorded = true;
         }
-        store.delete(&key).await?;
+        if !store.delete_while(&key, &guard).await? {
+            return Ok(());
+        }
+    }
+    if recorded {
+        let history = store.list(HISTORY).await?;
+        for old in history.iter().take(history.len().saturating_sub(HISTORY_KEPT)) {
+            store.delete(&old.key).await?;
+        }
     }
     Ok(())
 }
@@ -262,73 +333,83 @@ fn shown(value: Option<f64>) -> String {
     value.map_or_else(|| "unknown".into(), |value| format!("{value}"))
 }
 
-/// Appends an event to the history (dropping the oldest past `HISTORY_KEPT`); its key.
-async fn record(store: &dyn Store, event: &AlarmEvent, guard: &Guard) -> Result<String> {
-    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    let mut key = format!("{HISTORY}{millis:020}-0");
-    for attempt in 1.. {
+/// Appends an event to the history under a new key, which becomes its id.
+async fn record(store: &dyn Store, mut event: AlarmEvent, guard: &Guard) -> Result<AlarmEvent> {
+    let millis = crate::logger::unix_millis();
+    for attempt in 0..1_000 {
+        let key = format!("{HISTORY}{millis:020}-{attempt:03}");
+        event.id = key[HISTORY.len()..].to_owned();
         if store.get(&key).await?.is_none() {
-            break;
+            store.put_guarded(&key, &encode(&event), guard).await?;
+            return Ok(event);
         }
-        key = format!("{HISTORY}{millis:020}-{attempt}");
     }
-    store.put_guarded(&key, &encode(event), guard).await?;
-    let history = store.list(HISTORY).await?;
-    for old in history.iter().take(history.len().saturating_sub(HISTORY_KEPT)) {
-        store.delete(&old.key).await?;
-    }
-    Ok(key)
+    Err(Error::new(sluice_core::ErrorKind::State, "alarms: a thousand events in one millisecond"))
 }
 
-/// Sends an event to every target of its rule, with retries; records whether all took it.
+/// Sends an event to every target of its rule at once, each with retries; records whether all
+/// took it.
 async fn deliver(
     store: Arc<dyn Store>,
-    key: String,
     mut event: AlarmEvent,
     targets: Vec<Notify>,
     client: reqwest::Client,
+    guard: Guard,
 ) {
+    let mut sending = tokio::task::JoinSet::new();
+    for target in targets {
+        let (event, client) = (event.clone(), client.clone());
+        sending.spawn(async move { send(&client, &target, &event).await });
+    }
     let mut delivered = true;
-    for target in &targets {
-        let body = match target {
-            Notify::Webhook(_) => serde_json::to_value(&event).expect("events serialize"),
-            Notify::Slack(_) => {
-                let icon = if event.event == "firing" { ":rotating_light:" } else { ":white_check_mark:" };
-                serde_json::json!({ "text": format!("{icon} {}", event.message) })
-            }
-        };
-        let mut sent = false;
-        for (attempt, pause) in NOTIFY_ATTEMPTS.iter().enumerate() {
-            match client.post(target.url()).json(&body).send().await {
-                Ok(response) if response.status().is_success() => {
-                    sent = true;
-                    break;
-                }
-                Ok(response) => log::warn!(
-                    "alarm {} of job {}: the webhook at {} answered {} (attempt {})",
-                    event.name,
-                    event.job,
-                    host_of(target.url()),
-                    response.status(),
-                    attempt + 1
-                ),
-                Err(error) => log::warn!(
-                    "alarm {} of job {}: cannot reach the webhook at {} (attempt {}): {}",
-                    event.name,
-                    event.job,
-                    host_of(target.url()),
-                    attempt + 1,
-                    sluice_core::secret::scrub(&error.without_url().to_string())
-                ),
-            }
-            tokio::time::sleep(*pause).await;
-        }
-        delivered &= sent;
+    while let Some(sent) = sending.join_next().await {
+        delivered &= sent.unwrap_or(false);
     }
     event.delivered = Some(delivered);
-    if let Err(error) = store.put(&key, &encode(&event), None).await {
-        log::warn!("alarm {} of job {}: cannot record its delivery: {error}", event.name, event.job);
+    let key = format!("{HISTORY}{}", event.id);
+    // Only while the event is still kept (the history may have been trimmed past it).
+    match store.get(&key).await {
+        Ok(Some(_)) => {
+            if let Err(error) = store.put_guarded(&key, &encode(&event), &guard).await {
+                log::warn!("alarm {} of job {}: cannot record its delivery: {error}", event.name, event.job);
+            }
+        }
+        Ok(None) => {}
+        Err(error) => log::warn!("alarm {} of job {}: cannot record its delivery: {error}", event.name, event.job),
     }
+}
+
+/// Posts an event to one target, retried over about a minute; whether it took it.
+async fn send(client: &reqwest::Client, target: &Notify, event: &AlarmEvent) -> bool {
+    let body = match target {
+        Notify::Webhook(_) => serde_json::to_value(event).expect("events serialize"),
+        Notify::Slack(_) => {
+            let icon = if event.event == "firing" { ":rotating_light:" } else { ":white_check_mark:" };
+            serde_json::json!({ "text": format!("{icon} {}", event.message) })
+        }
+    };
+    for (attempt, pause) in NOTIFY_ATTEMPTS.iter().enumerate() {
+        let problem = match client.post(target.url()).json(&body).send().await {
+            Ok(response) if response.status().is_success() => return true,
+            Ok(response) => format!("answered {}", response.status()),
+            Err(error) => {
+                format!("cannot be reached: {}", sluice_core::secret::scrub(&error.without_url().to_string()))
+            }
+        };
+        log::warn!(
+            "alarm {} of job {}: the {} target at {} {problem} (attempt {} of {})",
+            event.name,
+            event.job,
+            target.field(),
+            host_of(target.url()),
+            attempt + 1,
+            NOTIFY_ATTEMPTS.len()
+        );
+        if attempt + 1 < NOTIFY_ATTEMPTS.len() {
+            tokio::time::sleep(*pause).await;
+        }
+    }
+    false
 }
 
 /// The host of a webhook URL, for logs: its path and query may hold a token (Slack's do).
@@ -339,9 +420,14 @@ pub fn host_of(url: &str) -> String {
         .unwrap_or_else(|| "(bad URL)".into())
 }
 
+/// Every rule's state, per job.
+pub async fn states(store: &dyn Store) -> Result<Vec<RuleState>> {
+    Ok(load_all::<RuleState>(store, STATES).await?.into_iter().map(|(_, state, _)| state).collect())
+}
+
 /// What `GET /alarms` shows: every rule's state and the history, newest first.
 pub async fn overview(store: &dyn Store) -> Result<(Vec<RuleState>, Vec<AlarmEvent>)> {
-    let states = load_all::<RuleState>(store, STATES).await?.into_iter().map(|(_, state, _)| state).collect();
+    let states = states(store).await?;
     let mut history: Vec<AlarmEvent> =
         load_all::<AlarmEvent>(store, HISTORY).await?.into_iter().map(|(_, event, _)| event).collect();
     history.reverse();
@@ -373,12 +459,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn history_keeps_the_newest_events() {
+    async fn events_in_one_millisecond_keep_their_own_ids() {
         let store = MemoryStore::open(None).unwrap();
         store.put(LEADER, "me", None).await.unwrap();
         let guard =
             Guard { key: LEADER.into(), create_revision: store.get(LEADER).await.unwrap().unwrap().create_revision };
         let event = AlarmEvent {
+            id: String::new(),
             job: "j".into(),
             scope: Scope::Job,
             name: "lag".into(),
@@ -389,9 +476,10 @@ mod tests {
             message: "m".into(),
             delivered: None,
         };
-        let first = record(&store, &event, &guard).await.unwrap();
-        let second = record(&store, &event, &guard).await.unwrap();
-        assert_ne!(first, second, "two events in one millisecond keep their own keys");
-        assert_eq!(overview(&store).await.unwrap().1.len(), 2);
+        let first = record(&store, event.clone(), &guard).await.unwrap();
+        let second = record(&store, event, &guard).await.unwrap();
+        assert!(first.id < second.id, "{} then {}", first.id, second.id);
+        let history = overview(&store).await.unwrap().1;
+        assert_eq!(history.iter().map(|event| event.id.clone()).collect::<Vec<_>>(), [second.id, first.id]);
     }
 }

@@ -95,9 +95,12 @@ pub enum JobAction {
     Discard {
         /// The job's name.
         name: String,
-        /// The records' ids (as `sluice job dirty` lists them); every record of the job when
-        /// none is given.
+        /// The records' ids (as `sluice job dirty` lists them).
+        #[arg(required_unless_present = "all")]
         ids: Vec<String>,
+        /// Every record of the job.
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
     },
     /// Every alarm rule's state, per job, and the latest firings and resolutions.
     Alarms,
@@ -240,10 +243,14 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
         ),
         JobAction::Delete { name } => (Method::DELETE, format!("/jobs/{name}"), None),
         JobAction::Dirty { name } => (Method::GET, format!("/jobs/{name}/dirty"), None),
-        JobAction::Discard { name, ids } | JobAction::Replay { name, ids } => {
-            let body = if ids.is_empty() { serde_json::json!({}) } else { serde_json::json!({ "ids": ids }) };
-            let verb = if matches!(action, JobAction::Replay { .. }) { "replay" } else { "discard" };
-            (Method::POST, format!("/jobs/{name}/dirty/{verb}"), Some((body.to_string(), "application/json")))
+        JobAction::Discard { name, ids, all } => {
+            let body = if *all { serde_json::json!({ "all": true }) } else { serde_json::json!({ "ids": ids }) };
+            (Method::POST, format!("/jobs/{name}/dirty/discard"), Some((body.to_string(), "application/json")))
+        }
+        JobAction::Replay { name, ids } => {
+            let body =
+                if ids.is_empty() { serde_json::json!({ "all": true }) } else { serde_json::json!({ "ids": ids }) };
+            (Method::POST, format!("/jobs/{name}/dirty/replay"), Some((body.to_string(), "application/json")))
         }
         JobAction::Alarms => (Method::GET, "/alarms".to_owned(), None),
     };

@@ -34,6 +34,7 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
         ("SLUICE_ADMIN_TOKEN", TOKEN.to_owned()),
         ("SOURCE", mysql_url()),
         ("TARGET", through(&postgres_url(), &proxy)),
+        ("ALARM_HOOK", webhook.url.clone()),
     ];
     let server = start_server(&workspace, "console", None, &environment);
     let name = database.replace('_', "-");
@@ -55,8 +56,7 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
         format!(
             "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
              target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: {parallelism}\n\
-             alarms:\n  - {{name: lag, when: \"lag_seconds > 4\", for_secs: 2, notify: [{{webhook: \"{}\"}}]}}\n",
-            webhook.url
+             alarms:\n  - {{name: lag, when: \"lag_seconds > 8\", for_secs: 3, notify: [{{webhook: \"${{ALARM_HOOK}}\"}}]}}\n"
         )
     };
     browser.click("#nav-new");
@@ -77,18 +77,27 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     let before = committed("postgres", &name);
     wait_for("the stream to apply", Duration::from_secs(90), || committed("postgres", &name) > before + 20);
     browser.wait_text("#tasks", Duration::from_secs(10), |tasks| tasks.contains("cdc"));
+    // The stream measures the source's log past its checkpoint.
+    let backlog = format!("sluice_task_source_log_files_to_spare{{job=\"{name}\",task=\"stream\"");
+    wait_for("the stream to report the source's log", Duration::from_secs(30), || {
+        support::cluster::request(&server.url, "GET", "/metrics", Some(TOKEN), None)
+            .is_some_and(|(_, metrics)| metrics.contains(&backlog))
+    });
     browser.screenshot(&screenshot("03-job"));
     browser.click("#nav-jobs");
     browser.wait_text(&format!("tr[data-job='{name}'] td.state"), Duration::from_secs(10), |state| state == "running");
     browser.screenshot(&screenshot("04-jobs"));
 
     // The target goes down: the lag alarm fires once, on the page and at the webhook.
+    let alarm = format!("tr[data-alarm='{name}/lag'] td.state");
+    browser.click("#nav-alarms");
+    browser.wait_text(&alarm, Duration::from_secs(30), |state| state == "ok");
+    assert!(webhook.received().is_empty(), "an alarm while the stream keeps up: {:?}", webhook.received());
     proxy.set(Fault::Down);
     wait_for("the webhook to hear the alarm fire", Duration::from_secs(90), || !webhook.events("lag").is_empty());
     let (_, metrics) = support::cluster::request(&server.url, "GET", "/metrics", Some(TOKEN), None).unwrap();
     assert!(metrics.contains(&format!("sluice_job_alarms_firing{{job=\"{name}\"}} 1")), "{metrics}");
     browser.click("#nav-alarms");
-    let alarm = format!("tr[data-alarm='{name}/lag'] td.state");
     browser.wait_text(&alarm, Duration::from_secs(10), |state| state == "firing");
     browser.screenshot(&screenshot("05-alarm-firing"));
     browser.click("#nav-jobs");
@@ -97,10 +106,10 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     assert!(!row.contains(&postgres_url()), "no URL with its password on the page: {row}");
     browser.screenshot(&screenshot("06-jobs-target-down"));
 
-    // The target is back: the alarm resolves.
+    // The target is back (the writes done): the alarm resolves.
+    load.stop();
     proxy.set(Fault::None);
     wait_for("the webhook to hear it resolve", Duration::from_secs(120), || webhook.events("lag").len() >= 2);
-    load.stop();
     browser.click("#nav-alarms");
     browser.wait_text(&alarm, Duration::from_secs(10), |state| state == "ok");
     browser.wait_text("table#alarm-history", Duration::from_secs(10), |history| {
@@ -122,4 +131,9 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     browser.screenshot(&screenshot("10-job-after"));
     let output = server.output();
     assert!(!output.contains(TOKEN), "the token in the server's log");
+    assert!(!output.contains(&webhook.token), "the webhook's secret in the server's log");
+    for path in ["/alarms".to_owned(), format!("/jobs/{name}"), format!("/jobs/{name}/versions/1")] {
+        let (_, answer) = server.call("GET", &path, Some(TOKEN), None);
+        assert!(!answer.to_string().contains(&webhook.token), "the webhook's secret in GET {path}: {answer}");
+    }
 }

@@ -10,7 +10,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
-use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{ChangeStream, CheckItem, LogBacklog, Reader, Source, Split, SplitHint};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::schema::{ColumnDetails, TableDetails};
@@ -217,6 +217,15 @@ impl Source for MysqlSource {
             (Ok(position), Ok(mark)) => position.key() >= mark.key(),
             _ => false,
         }
+    }
+
+    async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {
+        let Ok(at) = LogPosition::from_position(position) else { return Ok(None) };
+        let mut connection = self.connection().await?;
+        let rows: Vec<Row> = connection.query("SHOW BINARY LOGS").await.map_err(self.error("list the binary logs"))?;
+        let files: Vec<(String, u64)> =
+            rows.iter().filter_map(|row| Some((row.get::<String, _>(0)?, row.get::<u64, _>(1)?))).collect();
+        Ok(backlog(&files, &at))
     }
 
     async fn log_position(&self) -> Result<Option<Position>> {
@@ -1053,5 +1062,33 @@ impl Reader for MysqlReader {
         let mut batch = Batch::counted(changes, Position::of(&KeyPosition { key: key_json }), bytes);
         batch.rejected = rejected;
         Ok(Some(batch))
+    }
+}
+
+/// The log past `at` among the server's binary logs (name and size, oldest first); `None` when
+/// the server no longer lists `at`'s file (the stream fails on that by itself).
+fn backlog(files: &[(String, u64)], at: &LogPosition) -> Option<LogBacklog> {
+    let index = files.iter().position(|(name, _)| *name == at.file)?;
+    let rest: u64 = files[index + 1..].iter().map(|(_, size)| size).sum();
+    Some(LogBacklog {
+        files_behind: (files.len() - index) as u64,
+        bytes_behind: files[index].1.saturating_sub(at.offset) + rest,
+        files_to_spare: index as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backlog_counts_from_the_checkpoint_and_the_files_kept_before_it() {
+        let files = [("b.000001".to_owned(), 1_000), ("b.000002".to_owned(), 500), ("b.000003".to_owned(), 300)];
+        let at = LogPosition { file: "b.000002".into(), offset: 200 };
+        assert_eq!(backlog(&files, &at), Some(LogBacklog { files_behind: 2, bytes_behind: 600, files_to_spare: 1 }));
+        let at = LogPosition { file: "b.000001".into(), offset: 4 };
+        assert_eq!(backlog(&files, &at).unwrap().files_to_spare, 0, "the oldest file: the next purge loses it");
+        let at = LogPosition { file: "b.000000".into(), offset: 4 };
+        assert_eq!(backlog(&files, &at), None, "purged already");
     }
 }

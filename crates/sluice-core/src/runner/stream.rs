@@ -91,6 +91,38 @@ fn unix_now() -> u64 {
 
 /// A source transaction folded into the open group: when it arrived and when the source
 /// committed it, for the latency histogram.
+/// How often the stream measures the source's log past its checkpoint.
+const BACKLOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Measures the source's log past the stream's checkpoint (`Source::log_backlog`) beside the
+/// stream, every `BACKLOG_EVERY`, until dropped.
+struct BacklogWatch(tokio::task::JoinHandle<()>);
+
+impl BacklogWatch {
+    fn start(source: Arc<dyn crate::connector::Source>, stats: Arc<crate::stats::JobStats>) -> BacklogWatch {
+        BacklogWatch(tokio::spawn(async move {
+            loop {
+                let position = stats.stream.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+                if let Some(position) = position {
+                    match source.log_backlog(&position).await {
+                        Ok(backlog) => {
+                            *stats.stream.log_backlog.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = backlog;
+                        }
+                        Err(error) => log::debug!("cannot measure the source's log past the checkpoint: {error}"),
+                    }
+                }
+                tokio::time::sleep(BACKLOG_EVERY).await;
+            }
+        }))
+    }
+}
+
+impl Drop for BacklogWatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 struct Arrival {
     received: SystemTime,
     committed_at: u64,
@@ -190,6 +222,7 @@ impl Runner {
         }
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
         log::info!("change stream starts after {}", checkpoint.at.brief());
+        let _backlog = BacklogWatch::start(self.source.clone(), self.stats.clone());
 
         // Read before the stream opens, so a failure here leaves no replica connection behind.
         let copied_at = self.copy_positions().await?;

@@ -3,29 +3,31 @@
 //!
 //! ```yaml
 //! alarms:
-//!   - {name: lag, when: "lag_seconds > 5", for_secs: 10, notify: [{webhook: "http://…"}]}
+//!   - {name: lag, when: "lag_seconds > 5", for_secs: 10, notify: [{webhook: "${OPS_WEBHOOK}"}]}
 //!   - {name: stalled, when: "stalled_seconds > 60", notify: [{slack: "${SLACK_WEBHOOK}"}]}
 //! ```
 
 use std::fmt;
 
-use super::decode::{describe, Decoder};
+use super::decode::{describe, Decoder, SpecError};
 use super::document::{Node, NodeKind};
+use crate::secret::Secret;
 
 /// One alarm rule.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AlarmSpec {
     /// Unique within its job (or among the global rules).
     pub name: String,
+    /// `when:`: what is compared with what.
     pub condition: Condition,
     /// How long the condition must hold before the alarm fires (0: at once).
     pub for_secs: u64,
+    /// Where its firing and resolution are sent.
     pub notify: Vec<Notify>,
 }
 
 /// A figure of a job an alarm can watch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AlarmMetric {
     /// Seconds the target is behind the source (the largest task lag).
     LagSeconds,
@@ -41,10 +43,16 @@ pub enum AlarmMetric {
     Restarting,
     /// Dirty records kept for the job.
     DirtyRecords,
+    /// Bytes of the source's log past the change stream's checkpoint.
+    LogBehindBytes,
+    /// Older log files the source keeps before the checkpoint's: the margin before a purge of
+    /// the source's log loses the stream's position (`log_files_to_spare < 1`: at risk).
+    LogFilesToSpare,
 }
 
 impl AlarmMetric {
-    pub const ALL: [(&'static str, AlarmMetric); 7] = [
+    /// Every metric with the name a condition calls it by.
+    pub const ALL: [(&'static str, AlarmMetric); 9] = [
         ("lag_seconds", AlarmMetric::LagSeconds),
         ("rows_per_sec", AlarmMetric::RowsPerSec),
         ("stalled_seconds", AlarmMetric::StalledSeconds),
@@ -52,34 +60,35 @@ impl AlarmMetric {
         ("failed", AlarmMetric::Failed),
         ("restarting", AlarmMetric::Restarting),
         ("dirty_records", AlarmMetric::DirtyRecords),
+        ("log_behind_bytes", AlarmMetric::LogBehindBytes),
+        ("log_files_to_spare", AlarmMetric::LogFilesToSpare),
     ];
 
+    /// The name a condition calls it by.
     pub fn name(self) -> &'static str {
         AlarmMetric::ALL.iter().find(|(_, metric)| *metric == self).map(|(name, _)| *name).unwrap_or("?")
     }
 }
 
 /// A comparison of a metric with a threshold: `lag_seconds > 5`.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Condition {
+    /// The job's figure compared…
     pub metric: AlarmMetric,
+    /// …this way…
     pub operator: Operator,
+    /// …with this number.
     pub threshold: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// How a condition compares: `>`, `>=`, `<`, `<=`, `==`, `!=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operator {
-    #[serde(rename = ">")]
     Above,
-    #[serde(rename = ">=")]
     AtLeast,
-    #[serde(rename = "<")]
     Below,
-    #[serde(rename = "<=")]
     AtMost,
-    #[serde(rename = "==")]
     Equal,
-    #[serde(rename = "!=")]
     NotEqual,
 }
 
@@ -114,6 +123,7 @@ impl Condition {
         Ok(Condition { metric, operator, threshold })
     }
 
+    /// Whether the metric's `value` meets the condition.
     pub fn holds(&self, value: f64) -> bool {
         match self.operator {
             Operator::Above => value > self.threshold,
@@ -134,22 +144,53 @@ impl fmt::Display for Condition {
     }
 }
 
-/// Where an alarm's firing and resolution are sent.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// Where an alarm's firing and resolution are sent. A webhook's URL is a secret (Slack's and
+/// most others carry their token in the path): it never prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Notify {
     /// A POST of the event as JSON.
-    Webhook(String),
+    Webhook(Secret),
     /// A POST of `{"text": …}`, as Slack's incoming webhooks (and Mattermost's, …) take it.
-    Slack(String),
+    Slack(Secret),
 }
 
 impl Notify {
+    /// The URL, for the one place that sends to it.
     pub fn url(&self) -> &str {
         match self {
-            Notify::Webhook(url) | Notify::Slack(url) => url,
+            Notify::Webhook(url) | Notify::Slack(url) => url.expose(),
         }
     }
+
+    /// The field it was written as: `webhook` or `slack`.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Notify::Webhook(_) => "webhook",
+            Notify::Slack(_) => "slack",
+        }
+    }
+}
+
+/// Every notification target of `alarms` (as written, `${VAR}` left in place, at `path`) that
+/// is not a whole `${VARIABLE}`: a URL written out would be kept at rest and shown to readers.
+pub fn written_out_targets(alarms: &[AlarmSpec], path: &str) -> Vec<SpecError> {
+    let mut errors = Vec::new();
+    for (index, alarm) in alarms.iter().enumerate() {
+        for (target, notify) in alarm.notify.iter().enumerate() {
+            let url = notify.url();
+            let placeholder = url.starts_with("${") && url.ends_with('}') && url.matches("${").count() == 1;
+            if !placeholder {
+                errors.push(SpecError {
+                    path: format!("{path}[{index}].notify[{target}].{}", notify.field()),
+                    line: None,
+                    message: "a webhook URL is a secret (most carry a token); write it as ${VARIABLE} and set \
+                              that variable in the environment of every node"
+                        .into(),
+                });
+            }
+        }
+    }
+    errors
 }
 
 /// Decodes a list of alarm rules at `path` (`alarms`), reporting every problem.
@@ -241,6 +282,7 @@ fn decode_notify(decoder: &mut Decoder, node: &Node, path: &str) -> Option<Vec<N
             valid = false;
             continue;
         }
+        let url = Secret::new(url);
         targets.push(if kinds[0] == "slack" { Notify::Slack(url) } else { Notify::Webhook(url) });
     }
     valid.then_some(targets)
@@ -285,6 +327,8 @@ mod tests {
         let mut decoder = Decoder::new(|_| None);
         let alarms = decode_alarms(&mut decoder, &node, "alarms").expect("valid");
         assert_eq!(alarms[0].for_secs, 10);
-        assert_eq!(alarms[0].notify, vec![Notify::Webhook("http://h/x".into())]);
+        assert_eq!(alarms[0].notify, vec![Notify::Webhook(Secret::new("http://h/x"))]);
+        assert!(!format!("{alarms:?}").contains("http://h/x"), "a webhook URL never prints");
+        assert_eq!(written_out_targets(&alarms, "alarms").len(), 1, "written out, not as ${{VARIABLE}}");
     }
 }

@@ -9,7 +9,7 @@ mod job;
 mod schedule;
 mod transform;
 
-pub use alarm::{decode_alarms, AlarmMetric, AlarmSpec, Condition, Notify, Operator};
+pub use alarm::{decode_alarms, written_out_targets, AlarmMetric, AlarmSpec, Condition, Notify, Operator};
 pub use cursor::CursorSpec;
 pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};

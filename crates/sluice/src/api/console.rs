@@ -14,18 +14,20 @@ const STYLE: &str = include_str!("console/style.css");
 
 /// What every console response carries: no caching across versions, no framing by other sites,
 /// scripts and styles from this server only.
-const HEADERS: [(header::HeaderName, &str); 3] = [
+const HEADERS: [(header::HeaderName, &str); 4] = [
     (header::CACHE_CONTROL, "no-cache"),
     (header::X_FRAME_OPTIONS, "DENY"),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
     (
         header::CONTENT_SECURITY_POLICY,
-        "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'",
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
     ),
 ];
 
 fn asset(content_type: &'static str, body: &'static str) -> impl IntoResponse {
-    let [a, b, c] = HEADERS;
-    ([(header::CONTENT_TYPE, content_type), a, b, c], body)
+    let [a, b, c, d] = HEADERS;
+    ([(header::CONTENT_TYPE, content_type), a, b, c, d], body)
 }
 
 pub fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {

@@ -2,7 +2,8 @@
 //! reports to the coordination store: any node answers for the whole cluster.
 //!
 //! Per task (labels `job`, `task`, `worker`): rows and bytes read, rows written and skipped,
-//! source transactions applied, rows per second, lag, restarts, the apply-latency histogram.
+//! source transactions applied, rows per second, lag, restarts, the apply-latency histogram,
+//! the source's log past a stream's checkpoint (bytes, files, files the source keeps before it).
 //! Per job: its state, dirty records, alarms firing. Per worker: tasks, capacity, fence
 //! refusals; and which worker leads.
 
@@ -109,6 +110,30 @@ pub async fn render(store: &dyn Store) -> Result<String> {
             family.sample("", &[("job", job), ("task", task), ("worker", &status.worker)], lag);
         }
     }
+    type Backlog = (&'static str, &'static str, fn(&sluice_core::connector::LogBacklog) -> u64);
+    let backlogs: [Backlog; 3] = [
+        ("sluice_task_source_log_behind_bytes", "Bytes of the source's log past the stream's checkpoint.", |log| {
+            log.bytes_behind
+        }),
+        (
+            "sluice_task_source_log_behind_files",
+            "Source log files from the stream's checkpoint on, its own included.",
+            |log| log.files_behind,
+        ),
+        (
+            "sluice_task_source_log_files_to_spare",
+            "Older log files the source keeps before the checkpoint's: 0 means the next purge may lose the position.",
+            |log| log.files_to_spare,
+        ),
+    ];
+    for (name, help, read) in backlogs {
+        let mut family = Family::new(&mut text, name, "gauge", help);
+        for (job, task, status) in &current {
+            if let Some(log) = &status.log_backlog {
+                family.sample("", &[("job", job), ("task", task), ("worker", &status.worker)], read(log));
+            }
+        }
+    }
     let mut family = Family::new(
         &mut text,
         "sluice_task_state",
@@ -165,7 +190,7 @@ pub async fn render(store: &dyn Store) -> Result<String> {
         }
     }
 
-    let (rules, _) = crate::alarms::overview(store).await?;
+    let rules = crate::alarms::states(store).await?;
     let mut family = Family::new(
         &mut text,
         "sluice_job_alarms_firing",

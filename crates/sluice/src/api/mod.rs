@@ -140,26 +140,7 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
                 });
             }
         }
-        for (index, alarm) in written.alarms.iter().enumerate() {
-            for (target, notify) in alarm.notify.iter().enumerate() {
-                let (field, literal) = match notify {
-                    // A Slack webhook's path is its secret.
-                    sluice_core::spec::Notify::Slack(url) => ("slack", !url.contains("${")),
-                    sluice_core::spec::Notify::Webhook(url) => {
-                        ("webhook", sluice_core::secret::has_literal_password(url))
-                    }
-                };
-                if literal {
-                    errors.push(SpecError {
-                        path: format!("alarms[{index}].notify[{target}].{field}"),
-                        line: None,
-                        message: "holds a secret in plain text, which the server would keep at rest; write it as \
-                                  ${VARIABLE} and set that variable in the environment of every node"
-                            .into(),
-                    });
-                }
-            }
-        }
+        errors.extend(sluice_core::spec::written_out_targets(&written.alarms, "alarms"));
     }
     if let Some(job) = &job {
         errors.extend(sluice_connectors::validate(job));
@@ -186,14 +167,7 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
     match job {
         Some(job) if errors.is_empty() => Ok((job, text.to_owned(), if json { "json" } else { "yaml" })),
         _ => {
-            let errors = errors
-                .iter()
-                .map(|error| FieldError {
-                    path: error.path.clone(),
-                    line: error.line,
-                    message: sluice_core::secret::scrub(&error.message),
-                })
-                .collect();
+            let errors = errors.iter().map(FieldError::from).collect();
             Err(Failure(StatusCode::BAD_REQUEST, ErrorBody { error: "the job is invalid".into(), errors }))
         }
     }
@@ -779,11 +753,13 @@ async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
     Ok(Json(serde_json::json!({ "total": records.len(), "limit": limit, "records": records })).into_response())
 }
 
-/// Forgets dirty records (`{"ids": [...]}`, or all of the job's without ids); kept in the audit
-/// log with the role of the token that did it.
+/// Forgets dirty records (`{"ids": [...]}`, or `{"all": true}`); each discard is kept in the
+/// audit log with the kind of token that did it.
 #[utoipa::path(post, path = "/jobs/{name}/dirty/discard", tag = "dirty records", params(("name" = String, Path)),
-    request_body(content = Object, description = "{\"ids\": [\"…\"]} (omitted: every record of the job)", content_type = "application/json"),
-    responses((status = 200, description = "{discarded: N}", body = Object), (status = 404, description = "no such job", body = ErrorBody)))]
+    request_body(content = Object, description = "{\"ids\": [\"…\"]} or {\"all\": true}", content_type = "application/json"),
+    responses((status = 200, description = "{discarded: N}", body = Object),
+        (status = 400, description = "neither ids nor all", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
 async fn discard_dirty(
     State(api): Shared,
     Path(name): Path<String>,
@@ -791,18 +767,17 @@ async fn discard_dirty(
     body: Bytes,
 ) -> Reply {
     job(&api, &name).await?;
-    let ids = ids_of(&body)?;
-    let by =
-        role.map_or(
-            "open server (no tokens)",
-            |role| if role.0 == auth::Role::Admin { "admin token" } else { "read token" },
-        );
-    let discarded = crate::cluster::dirty::discard(&*api.node.store, &name, ids.as_deref(), by).await?;
+    let chosen = chosen_of(&body)?.ok_or_else(|| {
+        failure(StatusCode::BAD_REQUEST, "name the records to discard: {\"ids\": [\"…\"]}, or {\"all\": true}")
+    })?;
+    let by = if role.is_some() { "admin token" } else { "open server (no tokens)" };
+    let discarded = crate::cluster::dirty::discard(&*api.node.store, &name, &chosen, by).await?;
     Ok(Json(serde_json::json!({ "discarded": discarded })).into_response())
 }
 
-/// Replays dirty records after a fix (`{"ids": [...]}`, or all of the job's without ids): the
-/// splits that hold them are copied again, by key, with the job's current version.
+/// Replays dirty records after a fix (`{"ids": [...]}`, or every record of the job without
+/// ids): their rows are read again from the splits that hold them and written by key with the
+/// job's current version.
 #[utoipa::path(post, path = "/jobs/{name}/dirty/replay", tag = "dirty records", params(("name" = String, Path)),
     request_body(content = Object, description = "{\"ids\": [\"…\"]} (omitted: every record of the job)", content_type = "application/json"),
     responses((status = 200, description = "{replayed: N, failed: [{id, error}], rows_written: N}", body = Object),
@@ -810,27 +785,32 @@ async fn discard_dirty(
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let job = job(&api, &name).await?;
-    let ids = ids_of(&body)?;
-    let outcome = crate::cluster::dirty::replay(&api.node.store, &job, ids.as_deref(), &api.node.config.id).await?;
+    let chosen = chosen_of(&body)?.unwrap_or(crate::cluster::dirty::Chosen::All);
+    let outcome = crate::cluster::dirty::replay(&api.node.store, &job, &chosen, &api.node.config.id).await?;
     Ok(Json(outcome).into_response())
 }
 
-/// `{"ids": [...]}` of a request body; `None` for an empty body or no `ids`.
-fn ids_of(body: &[u8]) -> Result<Option<Vec<String>>, Failure> {
+/// The records a request names: `{"ids": [...]}` or `{"all": true}`; `None` when it names none.
+fn chosen_of(body: &[u8]) -> Result<Option<crate::cluster::dirty::Chosen>, Failure> {
+    use crate::cluster::dirty::Chosen;
+    let expected = "expected {\"ids\": [\"…\"]} or {\"all\": true}";
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
     let request: Value = serde_json::from_slice(body)
-        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("expected {{\"ids\": [\"…\"]}}: {error}")))?;
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
+    if request.get("all") == Some(&Value::Bool(true)) {
+        return Ok(Some(Chosen::All));
+    }
     match request.get("ids") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(ids)) => ids
             .iter()
             .map(|id| id.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .map(Some)
-            .ok_or_else(|| failure(StatusCode::BAD_REQUEST, "expected {\"ids\": [\"…\"]}: ids are strings")),
-        Some(_) => Err(failure(StatusCode::BAD_REQUEST, "expected {\"ids\": [\"…\"]}")),
+            .map(|ids| Some(Chosen::Ids(ids)))
+            .ok_or_else(|| failure(StatusCode::BAD_REQUEST, format!("{expected}: ids are strings"))),
+        Some(_) => Err(failure(StatusCode::BAD_REQUEST, expected)),
     }
 }
 
@@ -849,7 +829,16 @@ async fn show_alarms(State(api): Shared) -> Reply {
             })
         })
         .collect();
-    let global = api.node.store.get(crate::alarms::GLOBAL_RULES).await?.map(|entry| entry.value);
+    // The global rules without their targets (which are secrets, even as variable names).
+    let global: Vec<Value> = crate::alarms::global_rules(&*api.node.store)
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|rule| {
+            serde_json::json!({ "name": rule.name, "when": rule.condition.to_string(), "for_secs": rule.for_secs,
+                "notify": rule.notify.iter().map(|target| target.field()).collect::<Vec<_>>() })
+        })
+        .collect();
     Ok(Json(serde_json::json!({ "rules": rules, "history": history, "global": global })).into_response())
 }
 
@@ -860,6 +849,18 @@ async fn show_alarms(State(api): Shared) -> Reply {
     responses((status = 200, description = "{rules: N}", body = Object), (status = 400, description = "every error, with its line", body = ErrorBody)))]
 async fn set_alarms(State(api): Shared, body: Bytes) -> Reply {
     let text = std::str::from_utf8(&body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the rules are not UTF-8"))?;
+    let written = crate::alarms::parse_rules(text, |name| Some(format!("${{{name}}}")))
+        .map(|rules| sluice_core::spec::written_out_targets(&rules, "alarms"))
+        .unwrap_or_default();
+    if !written.is_empty() {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            ErrorBody {
+                error: "the alarm rules are not valid".into(),
+                errors: written.iter().map(FieldError::from).collect(),
+            },
+        ));
+    }
     let rules = crate::alarms::parse_rules(text, |name| std::env::var(name).ok()).map_err(|errors| {
         Failure(
             StatusCode::BAD_REQUEST,

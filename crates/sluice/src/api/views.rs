@@ -53,6 +53,11 @@ pub struct JobStatsView {
     pub rows_per_sec: f64,
     /// The largest lag of its change stream, in seconds.
     pub lag_secs: Option<u64>,
+    /// Bytes of the source's log past its change stream's checkpoint.
+    pub log_behind_bytes: Option<u64>,
+    /// Older log files the source still keeps before that checkpoint's (0: the next purge of
+    /// the source's log may lose the stream's position).
+    pub log_files_to_spare: Option<u64>,
 }
 
 /// One task of a job's plan: which worker runs it, with what epoch, and how far it is.
@@ -333,6 +338,12 @@ pub struct FieldError {
     pub message: String,
 }
 
+impl From<&sluice_core::spec::SpecError> for FieldError {
+    fn from(error: &sluice_core::spec::SpecError) -> FieldError {
+        FieldError { path: error.path.clone(), line: error.line, message: sluice_core::secret::scrub(&error.message) }
+    }
+}
+
 /// A job as `GET /jobs/{name}` shows it. State: `stopped` when stopped; `pending` until its
 /// plan of this generation exists; `failed` when planning or a task failed; `succeeded` when
 /// every task did; `running` otherwise, with the phase of its most advanced task.
@@ -351,7 +362,15 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
     };
     let now = sluice_core::retry::unix_now();
     let mut tasks = Vec::new();
-    let mut stats = JobStatsView { rows_read: 0, rows_written: 0, rows_skipped: 0, rows_per_sec: 0.0, lag_secs: None };
+    let mut stats = JobStatsView {
+        rows_read: 0,
+        rows_written: 0,
+        rows_skipped: 0,
+        rows_per_sec: 0.0,
+        lag_secs: None,
+        log_behind_bytes: None,
+        log_files_to_spare: None,
+    };
     let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
     let (mut restarting, mut restarts) = (None::<ErrorView>, 0);
     for task in plan.iter().flat_map(|plan| &plan.tasks) {
@@ -375,6 +394,10 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
                 if status.phase.is_some() && (phase.is_none() || task.kind == TaskKind::Cdc) {
                     phase = status.phase.clone();
                 }
+            }
+            if let Some(backlog) = status.log_backlog.filter(|_| task.kind == TaskKind::Cdc) {
+                stats.log_behind_bytes = Some(backlog.bytes_behind);
+                stats.log_files_to_spare = Some(backlog.files_to_spare);
             }
             if let Some(task_lag) = status.lag_at(now) {
                 stats.lag_secs = Some(stats.lag_secs.unwrap_or(0).max(task_lag));

@@ -1,14 +1,16 @@
 //! Dirty records of a server's jobs, kept in the coordination store where every node and the
 //! API see them: one key per rejected row, so `errors.max_dirty_records` is a budget of the job,
 //! not of a node. A record's row is kept with it up to `RECORD_KEPT_BYTES`; a larger one is
-//! kept whole in the state directory of the node that rejected it (the key names that node),
-//! and cut in the shared record.
+//! kept whole in the state directory of the node that rejected it (the record names that node),
+//! and cut in the shared record. A batch keeps at most `KEPT_PER_BATCH` records: past that the
+//! job's budget is exceeded anyway, and the store is not flooded.
 //!
 //! ```text
-//! /sluice/dirty/{job}/{table}/{key}   DirtyRecord
+//! /sluice/dirty/{job}/{table}/{key}   DirtyRecord (a long key by its hash)
 //! /sluice/audit/{millis}-{n}          AuditEntry: who discarded which records
 //! ```
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -18,51 +20,88 @@ use sluice_core::runner::Runner;
 use sluice_core::spec::WriteMode;
 use sluice_core::state::{Plan, StateStore};
 use sluice_core::stats::{RunSummary, StreamSummary};
-use sluice_core::{Error, Result};
+use sluice_core::{Error, ErrorKind, Result};
 
 use super::model::{encode, load, load_all, load_plan, plan_key, JobRecord, PlanRecord, ROOT};
 use super::store::Store;
 use crate::state_store::SqliteStateStore;
 
 /// The largest row text kept in the coordination store with its record.
-const RECORD_KEPT_BYTES: usize = 64 * 1024;
+const RECORD_KEPT_BYTES: usize = 16 * 1024;
+/// The most records one batch keeps in the coordination store.
+const KEPT_PER_BATCH: usize = 1_000;
+/// Keys longer than this (a keyless table's row is its key) are stored by their hash.
+const LONGEST_KEY: usize = 200;
 
+/// Where a job's dirty records are kept.
 pub fn dirty_prefix(job: &str) -> String {
     format!("{ROOT}dirty/{job}/")
 }
 
-/// A row's place in the key space: the table, then its key, with `/` and `%` escaped.
+/// A row's place in the key space: the table, then its key, with `/` and `%` escaped (a long
+/// key by its FNV-1a hash: it is kept whole in the record).
 fn record_key(job: &str, table: &str, key: &str) -> String {
     let escape = |text: &str| text.replace('%', "%25").replace('/', "%2F");
-    format!("{}{}/{}", dirty_prefix(job), escape(table), escape(key))
+    let key = if key.len() > LONGEST_KEY {
+        let hash = key
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3));
+        format!("#{hash:016x}")
+    } else {
+        escape(key)
+    };
+    format!("{}{}/{key}", dirty_prefix(job), escape(table))
 }
 
 /// One rejected row, as every node sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyRecord {
+    /// The task (a snapshot split) that read it.
     pub task: String,
+    /// The table as named on the side that refused it.
     pub table: String,
+    /// The row's key (`id=5`), or the whole row for a table without one.
     pub key: String,
+    /// Why, naming the column and side.
     pub reason: String,
     /// The row as JSON text, when it could be rendered (cut past `RECORD_KEPT_BYTES`).
     pub record: Option<String>,
     /// The row was cut here; the whole of it is in `node`'s state directory.
     #[serde(default)]
     pub truncated: bool,
-    /// The node whose task rejected it.
+    /// The node whose task refused it.
     pub node: String,
     /// RFC 3339.
     pub created_at: String,
 }
 
+impl DirtyRecord {
+    fn of(reject: &Rejected, task: &str, node: &str) -> DirtyRecord {
+        let row = reject.record.as_ref();
+        DirtyRecord {
+            task: task.to_owned(),
+            table: reject.table.clone(),
+            key: reject.key.clone(),
+            reason: reject.reason.clone(),
+            record: row.map(|row| cut_at(row, RECORD_KEPT_BYTES).to_owned()),
+            truncated: row.is_some_and(|row| row.len() > RECORD_KEPT_BYTES),
+            node: node.to_owned(),
+            created_at: crate::logger::timestamp(),
+        }
+    }
+}
+
 /// An operator's action on dirty records, kept for audit.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AuditEntry {
+    /// RFC 3339.
     pub at: String,
     pub job: String,
+    /// `discard`.
     pub action: String,
-    /// Which token's role did it (`admin`, or `open` on a server without tokens).
+    /// Which kind of token did it (`admin token`, or `open server (no tokens)`).
     pub by: String,
+    /// The records' ids.
     pub records: Vec<String>,
 }
 
@@ -74,129 +113,154 @@ pub async fn list(store: &dyn Store, job: &str) -> Result<Vec<(String, DirtyReco
     Ok(records)
 }
 
-/// Forgets dirty records (all of the job's when `ids` is `None`) and audits it; how many went.
-pub async fn discard(store: &dyn Store, job: &str, ids: Option<&[String]>, by: &str) -> Result<usize> {
-    let known = list(store, job).await?;
-    let chosen: Vec<String> =
-        known.into_iter().map(|(id, _)| id).filter(|id| ids.is_none_or(|ids| ids.contains(id))).collect();
-    for id in &chosen {
-        store.delete(&format!("{}{id}", dirty_prefix(job))).await?;
+/// Which records an operator means: these ids, or every record of the job.
+#[derive(Debug, Clone)]
+pub enum Chosen {
+    Ids(Vec<String>),
+    All,
+}
+
+impl Chosen {
+    fn takes(&self, id: &str) -> bool {
+        match self {
+            Chosen::Ids(ids) => ids.iter().any(|wanted| wanted == id),
+            Chosen::All => true,
+        }
+    }
+}
+
+/// Forgets dirty records and audits it (the audit entry first); how many went.
+pub async fn discard(store: &dyn Store, job: &str, chosen: &Chosen, by: &str) -> Result<usize> {
+    let ids: Vec<String> =
+        list(store, job).await?.into_iter().map(|(id, _)| id).filter(|id| chosen.takes(id)).collect();
+    if ids.is_empty() {
+        return Ok(0);
     }
     let entry = AuditEntry {
         at: crate::logger::timestamp(),
         job: job.to_owned(),
         action: "discard".into(),
         by: by.to_owned(),
-        records: chosen.clone(),
+        records: ids.clone(),
     };
-    let millis = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis();
-    store.put(&format!("{ROOT}audit/{millis:020}-{job}"), &encode(&entry), None).await?;
-    log::warn!("job {job}: {} dirty records discarded by {by}", chosen.len());
-    Ok(chosen.len())
+    let millis = crate::logger::unix_millis();
+    let mut attempt = 0;
+    while store.create(&format!("{ROOT}audit/{millis:020}-{attempt:03}"), &encode(&entry), None).await?.is_none() {
+        attempt += 1;
+    }
+    for id in &ids {
+        store.delete(&format!("{}{id}", dirty_prefix(job))).await?;
+    }
+    log::warn!("job {job}: {} dirty records discarded by the {by}", ids.len());
+    Ok(ids.len())
 }
 
-/// What a replay did: the records written this time, and those refused again (id, why).
+/// What a replay did: the records written this time, and those still dirty (id, why).
 #[derive(Debug, Default, Serialize)]
 pub struct ReplayOutcome {
+    /// Records written and forgotten.
     pub replayed: usize,
+    /// Records that stay: refused again, gone from the source, or not replayable.
     pub failed: Vec<ReplayFailure>,
-    /// Rows of the replayed splits written again.
+    /// Rows written again.
     pub rows_written: u64,
 }
 
+/// A record a replay did not write, and why.
 #[derive(Debug, Serialize)]
 pub struct ReplayFailure {
     pub id: String,
     pub error: String,
 }
 
-/// Replays dirty records (all of the job's when `ids` is `None`) after a fix: the splits that
-/// hold them are copied again with the job's current version, by key (`Runner::replay`). A
-/// record written this time is forgotten; one refused again stays, with the new reason; rows
-/// of those splits refused for the first time become dirty records too.
-pub async fn replay(
-    store: &Arc<dyn Store>,
-    job: &JobRecord,
-    ids: Option<&[String]>,
-    node: &str,
-) -> Result<ReplayOutcome> {
-    let chosen: Vec<(String, DirtyRecord)> =
-        list(&**store, &job.name).await?.into_iter().filter(|(id, _)| ids.is_none_or(|ids| ids.contains(id))).collect();
+/// Replays dirty records after a fix: the rows with their keys are read again from the splits
+/// that hold them and written by key with the job's current version (`Runner::replay`). A
+/// record written this time is forgotten; one refused again stays, with the new reason.
+pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, node: &str) -> Result<ReplayOutcome> {
+    let records: Vec<(String, DirtyRecord)> =
+        list(&**store, &job.name).await?.into_iter().filter(|(id, _)| chosen.takes(id)).collect();
     let mut outcome = ReplayOutcome::default();
-    if chosen.is_empty() {
+    if records.is_empty() {
         return Ok(outcome);
     }
     let mut spec = super::worker::load_spec(&**store, &job.name, job.version).await?;
     spec.target.write_mode = WriteMode::Upsert;
     if let Some(error) = sluice_connectors::validate(&spec).into_iter().find(|error| error.path.starts_with("target")) {
         return Err(Error::config(format!("job {}: its records cannot be replayed: {error}", job.name))
-            .hint("a replay writes rows again by key; discard the records instead"));
+            .hint("a replay writes rows again by key; fix them in the target by hand, then discard them"));
     }
     let plan = match load::<PlanRecord>(&**store, &plan_key(&job.name)).await? {
         Some((record, _)) => load_plan(&**store, &job.name, &record).await?,
         None => None,
     };
-    let splits: Vec<Split> =
-        plan.iter().flat_map(|plan| &plan.tables).flat_map(|table| &table.splits).cloned().collect();
-    let mut wanted: Vec<Split> = Vec::new();
-    for (id, record) in &chosen {
-        match splits.iter().find(|split| split.id == record.task) {
-            Some(split) if !wanted.iter().any(|known| known.id == split.id) => wanted.push(split.clone()),
-            Some(_) => {}
+    let splits: BTreeMap<&str, &Split> = plan
+        .iter()
+        .flat_map(|plan| &plan.tables)
+        .flat_map(|table| &table.splits)
+        .map(|split| (split.id.as_str(), split))
+        .collect();
+    // The records by the split that holds them.
+    let mut by_split: BTreeMap<&str, Vec<&(String, DirtyRecord)>> = BTreeMap::new();
+    for record in &records {
+        match splits.get(record.1.task.as_str()) {
+            Some(split) => by_split.entry(split.id.as_str()).or_default().push(record),
             None => outcome.failed.push(ReplayFailure {
-                id: id.clone(),
+                id: record.0.clone(),
                 error: format!(
-                    "its task {} is not a copy of the job's current plan (a record of the change stream, or of a \
-                     plan since replaced); fix the row in the target by hand, then discard it",
-                    record.task
+                    "its task {} is not a copy in the job's current plan (a record of the change stream, or of a \
+                     plan since replaced): fix the row in the target by hand, then discard it",
+                    record.1.task
                 ),
             }),
         }
     }
     let spec = Arc::new(spec);
-    let source = sluice_connectors::source(&spec)?;
-    let sink = sluice_connectors::sink(&spec)?;
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     let state: Arc<dyn StateStore> = Arc::new(sluice_core::state::MemoryStateStore::default());
-    let runner = Runner::new(spec, source, sink, state, stopped);
-    let replayed = runner.replay(&wanted).await?;
-    outcome.rows_written = replayed.written;
-    let again =
-        |table: &str, key: &str| replayed.rejected.iter().find(|reject| reject.table == table && reject.key == key);
-    let in_wanted = |record: &DirtyRecord| wanted.iter().any(|split| split.id == record.task);
-    for (id, record) in chosen.iter().filter(|(_, record)| in_wanted(record)) {
-        match again(&record.table, &record.key) {
-            Some(reject) => outcome.failed.push(ReplayFailure { id: id.clone(), error: reject.reason.clone() }),
-            None => {
+    let runner =
+        Runner::new(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?, state, stopped);
+    for (split, held) in by_split {
+        let keys: BTreeSet<String> = held.iter().map(|(_, record)| record.key.clone()).collect();
+        let replayed = match runner.replay(splits[split], &keys).await {
+            Ok(replayed) => replayed,
+            Err(error) if error.kind() == ErrorKind::Config => {
+                let error = error.to_string();
+                outcome
+                    .failed
+                    .extend(held.iter().map(|(id, _)| ReplayFailure { id: id.clone(), error: error.clone() }));
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        outcome.rows_written += replayed.written;
+        for (id, record) in held.iter().copied() {
+            let again = replayed.rejected.iter().find(|reject| reject.key == record.key);
+            if let Some(reject) = again {
+                outcome.failed.push(ReplayFailure { id: id.clone(), error: reject.reason.clone() });
+                let kept = DirtyRecord { reason: reject.reason.clone(), ..record.clone() };
+                store.put(&format!("{}{id}", dirty_prefix(&job.name)), &encode(&kept), None).await?;
+            } else if !replayed.found.contains(&record.key) {
+                outcome.failed.push(ReplayFailure {
+                    id: id.clone(),
+                    error: "the source no longer has this row (deleted since?); discard the record".into(),
+                });
+            } else {
                 store.delete(&format!("{}{id}", dirty_prefix(&job.name))).await?;
                 outcome.replayed += 1;
             }
         }
-    }
-    // Rows refused now: kept (with this replay's reason), each under its task.
-    for reject in &replayed.rejected {
-        let task = chosen
-            .iter()
-            .find(|(_, record)| record.table == reject.table && record.key == reject.key)
-            .map_or_else(|| "replay".to_owned(), |(_, record)| record.task.clone());
-        let shared = DirtyRecord {
-            task,
-            table: reject.table.clone(),
-            key: reject.key.clone(),
-            reason: reject.reason.clone(),
-            record: reject.record.as_ref().map(|row| cut_at(row, RECORD_KEPT_BYTES).to_owned()),
-            truncated: reject.record.as_ref().is_some_and(|row| row.len() > RECORD_KEPT_BYTES),
-            node: node.to_owned(),
-            created_at: crate::logger::timestamp(),
-        };
-        store.put(&record_key(&job.name, &reject.table, &reject.key), &encode(&shared), None).await?;
+        // Refused now under another name (another side refused it this time): kept as well.
+        for reject in replayed.rejected.iter().filter(|reject| !held.iter().any(|(_, record)| record.key == reject.key))
+        {
+            let record = DirtyRecord::of(reject, split, node);
+            store.put(&record_key(&job.name, &reject.table, &reject.key), &encode(&record), None).await?;
+        }
     }
     log::info!(
-        "job {}: replayed {} dirty records ({} rows of {} splits written again); {} refused again",
+        "job {}: replayed {} dirty records ({} rows written again); {} still dirty",
         job.name,
         outcome.replayed,
         outcome.rows_written,
-        wanted.len(),
         outcome.failed.len()
     );
     Ok(outcome)
@@ -236,34 +300,30 @@ impl StateStore for SharedState {
     }
 
     fn record_dirty(&self, job: &str, task: &str, records: &[Rejected]) -> Result<u64> {
-        let cut: Vec<&Rejected> = records
+        let cut: Vec<Rejected> = records
             .iter()
             .filter(|record| record.record.as_ref().is_some_and(|row| row.len() > RECORD_KEPT_BYTES))
+            .cloned()
             .collect();
         if !cut.is_empty() {
             // The whole rows stay on this node.
-            let whole: Vec<Rejected> = cut.into_iter().cloned().collect();
-            self.local.record_dirty(job, task, &whole)?;
+            self.local.record_dirty(job, task, &cut)?;
+        }
+        let (kept, unkept) = records.split_at(records.len().min(KEPT_PER_BATCH));
+        if !unkept.is_empty() {
+            log::warn!(
+                "job {job}: task {task}: {} more dirty records in one batch are counted but not kept",
+                unkept.len()
+            );
         }
         self.wait(async {
-            for record in records {
-                let row = record.record.as_ref();
-                let truncated = row.is_some_and(|row| row.len() > RECORD_KEPT_BYTES);
-                let shared = DirtyRecord {
-                    task: task.to_owned(),
-                    table: record.table.clone(),
-                    key: record.key.clone(),
-                    reason: record.reason.clone(),
-                    record: row.map(|row| cut_at(row, RECORD_KEPT_BYTES).to_owned()),
-                    truncated,
-                    node: self.node.clone(),
-                    created_at: crate::logger::timestamp(),
-                };
+            for record in kept {
                 // The first rejection of a row is kept: a batch replayed after a crash does
                 // not count it twice.
+                let shared = DirtyRecord::of(record, task, &self.node);
                 self.store.create(&record_key(job, &record.table, &record.key), &encode(&shared), None).await?;
             }
-            self.store.count(&dirty_prefix(job)).await
+            Ok(self.store.count(&dirty_prefix(job)).await? + unkept.len() as u64)
         })
     }
 
@@ -346,7 +406,7 @@ mod tests {
         assert!(big.1.truncated && big.1.record.as_ref().unwrap().len() <= RECORD_KEPT_BYTES);
         assert_eq!(big.1.node, "two");
         let first = records[0].0.clone();
-        assert_eq!(discard(&*store, "job", Some(std::slice::from_ref(&first)), "admin").await.unwrap(), 1);
+        assert_eq!(discard(&*store, "job", &Chosen::Ids(vec![first.clone()]), "admin").await.unwrap(), 1);
         assert_eq!(list(&*store, "job").await.unwrap().len(), 1);
         assert_eq!(store.list(&format!("{ROOT}audit/")).await.unwrap().len(), 1);
     }

@@ -410,7 +410,7 @@ impl Store for EtcdStore {
         let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix), "count_only": true });
         let answer = self.call("count", "/v3/kv/range", &body).await?;
         // The gateway writes 64-bit integers as strings, and leaves out zeros.
-        Ok(answer.get("count").and_then(|count| count.as_str()?.parse().ok()).unwrap_or(0))
+        Ok(integer(answer.get("count")).max(0) as u64)
     }
 
     async fn put(&self, key: &str, value: &str, lease: Option<i64>) -> Result<u64> {
@@ -438,6 +438,11 @@ impl Store for EtcdStore {
 
     async fn delete_guarded(&self, guard: &Guard) -> Result<bool> {
         let success = json!({ "request_delete_range": { "key": encode(&guard.key) } });
+        Ok(self.transaction("delete", compare_create(&guard.key, guard.create_revision), success).await?.0)
+    }
+
+    async fn delete_while(&self, key: &str, guard: &Guard) -> Result<bool> {
+        let success = json!({ "request_delete_range": { "key": encode(key) } });
         Ok(self.transaction("delete", compare_create(&guard.key, guard.create_revision), success).await?.0)
     }
 

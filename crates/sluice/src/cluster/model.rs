@@ -574,6 +574,9 @@ pub struct TaskStatus {
     /// The sum of those latencies, in milliseconds.
     #[serde(default)]
     pub latency_sum_ms: u64,
+    /// The source's log past the stream's checkpoint, as last measured (a change stream).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log_backlog: Option<sluice_core::connector::LogBacklog>,
 }
 
 impl TaskStatus {

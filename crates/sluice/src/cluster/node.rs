@@ -26,7 +26,17 @@ const TICK: Duration = Duration::from_millis(500);
 /// How often the leader evaluates the alarms.
 const ALARMS_EVERY: Duration = Duration::from_secs(2);
 
-/// The HTTP client of alarm notifications: short timeouts, no proxy from the environment.
+/// An evaluation of the alarms under way; its end clears the node's flag.
+struct Evaluating(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Evaluating {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// The HTTP client of alarm notifications: short timeouts, redirects not followed (a webhook
+/// URL names its receiver), no proxy from the environment.
 fn webhook_client() -> Result<reqwest::Client> {
     let tls = sluice_connectors::tls::ClientTls {
         verification: sluice_connectors::tls::Verification::Full,
@@ -38,6 +48,7 @@ fn webhook_client() -> Result<reqwest::Client> {
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(10))
         .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
         .tls_backend_preconfigured(tls.config().map_err(sluice_core::Error::config)?)
         .build()
         .map_err(|error| sluice_core::Error::config(format!("cannot make the HTTP client of alarm webhooks: {error}")))
@@ -85,6 +96,8 @@ pub struct Node {
     last_alarms: Mutex<Option<Instant>>,
     /// Sends alarm notifications.
     webhooks: reqwest::Client,
+    /// Each job version's alarm rules, parsed once.
+    alarm_rules: Arc<crate::alarms::RulesCache>,
 }
 
 impl std::fmt::Debug for Node {
@@ -132,6 +145,7 @@ impl Node {
             alarming: Default::default(),
             last_alarms: Mutex::new(None),
             webhooks: webhook_client()?,
+            alarm_rules: Default::default(),
         }))
     }
 
@@ -311,13 +325,15 @@ impl Node {
             return;
         }
         *last = Some(Instant::now());
-        let (store, guard, client, alarming) =
-            (self.store.clone(), guard.clone(), self.webhooks.clone(), self.alarming.clone());
+        let (store, guard, client, rules) =
+            (self.store.clone(), guard.clone(), self.webhooks.clone(), self.alarm_rules.clone());
+        // Cleared however the evaluation ends, a panic included.
+        let evaluating = Evaluating(self.alarming.clone());
         tokio::spawn(async move {
-            if let Err(error) = crate::alarms::evaluate(store, guard, client).await {
+            if let Err(error) = crate::alarms::evaluate(store, guard, client, &rules).await {
                 log::warn!("alarms: cannot evaluate them now: {error}");
             }
-            alarming.store(false, Ordering::Release);
+            drop(evaluating);
         });
     }
 

@@ -70,6 +70,10 @@ pub trait Store: Send + Sync {
     /// Deletes a key only while it has `create_revision`; `false` when it did not.
     async fn delete_guarded(&self, guard: &Guard) -> Result<bool>;
 
+    /// Deletes `key` (nothing when it does not exist) only while `guard` holds; `false`
+    /// (nothing deleted) when it does not.
+    async fn delete_while(&self, key: &str, guard: &Guard) -> Result<bool>;
+
     /// Deletes a key (nothing when it does not exist).
     async fn delete(&self, key: &str) -> Result<()>;
 
@@ -281,6 +285,17 @@ impl Store for MemoryStore {
                 memory.revision += 1;
                 memory.keys.remove(&guard.key);
                 memory.leased.remove(&guard.key);
+            }
+            holds
+        })
+    }
+
+    async fn delete_while(&self, key: &str, guard: &Guard) -> Result<bool> {
+        self.change(|memory| {
+            let holds = memory.holds(guard);
+            if holds && memory.keys.remove(key).is_some() {
+                memory.revision += 1;
+                memory.leased.remove(key);
             }
             holds
         })

@@ -114,8 +114,8 @@ impl Node {
                 Running { stop, generation: job.generation, guard: guard.clone() },
             );
             let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
-            let restarting = restarting.cloned();
-            tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, restarting).await });
+            let previous = status.cloned();
+            tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, previous).await });
             return Ok(());
         }
         Ok(())
@@ -124,8 +124,10 @@ impl Node {
     /// Runs one claimed task to its end, reporting its status every second while it holds the
     /// task, then gives the task up. A run that fails for a reason that may heal is run again
     /// from its checkpoint under the job's `restart:` policy; after `move_after` failures in a
-    /// row here, the task is handed over to another worker when one has room. `restarting` is
-    /// the status of a task handed over to this worker.
+    /// row here, the task is handed over to another worker when one has room. `previous` is
+    /// the task's last status in this generation, from the worker it was on: its restarts (when
+    /// it was handed over restarting) and how fresh the target is (so the lag keeps growing
+    /// from where it was, not from this claim) carry over.
     async fn run_task(
         self: Arc<Self>,
         job: JobRecord,
@@ -133,10 +135,13 @@ impl Node {
         task: TaskPlan,
         guard: Guard,
         stop: watch::Receiver<bool>,
-        restarting: Option<TaskStatus>,
+        previous: Option<TaskStatus>,
     ) {
         let name = format!("{}/{}", job.name, task.id);
         let status_key = status_key(&job.name, &task.id);
+        let (fresh_through, log_backlog) =
+            previous.as_ref().map_or((None, None), |status| (status.fresh_through, status.log_backlog));
+        let restarting = previous.filter(|status| status.state == TaskState::Restarting);
         let (restarts, avoid) = restarting.map(|status| (status.restarts, status.avoid)).unwrap_or_default();
         let mut status = TaskStatus {
             generation: job.generation,
@@ -156,9 +161,10 @@ impl Node {
             avoid: Vec::new(),
             bytes_read: 0,
             transactions_applied: 0,
-            fresh_through: None,
+            fresh_through,
             latency: Vec::new(),
             latency_sum_ms: 0,
+            log_backlog,
         };
         let mut avoid = avoid;
         let mut failed_here = 0;
@@ -413,6 +419,8 @@ fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows
         fresh_through,
         latency: if streaming { stats.stream.latency_counts() } else { Vec::new() },
         latency_sum_ms: stats.stream.latency_sum_ms.load(std::sync::atomic::Ordering::Relaxed),
+        log_backlog: (*stats.stream.log_backlog.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+            .or(base.log_backlog),
         rows_written: tables.iter().map(|table| table.rows_written).sum::<u64>() + stream.rows_applied,
         rows_skipped: tables.iter().map(|table| table.rows_skipped).sum(),
         rows_per_sec,

@@ -8,14 +8,17 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 
 pub struct Webhook {
+    /// Its URL, whose path holds a token as Slack's do: a secret that must never show.
     pub url: String,
+    pub token: String,
     received: Arc<Mutex<Vec<Value>>>,
 }
 
 impl Webhook {
     pub fn start() -> Webhook {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a port");
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let token = format!("hook-token-{}-{}", std::process::id(), listener.local_addr().unwrap().port());
+        let url = format!("http://{}/hook/{token}", listener.local_addr().unwrap());
         let received: Arc<Mutex<Vec<Value>>> = Arc::default();
         let kept = received.clone();
         // Lives as long as the test process.
@@ -42,7 +45,7 @@ impl Webhook {
                 let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
             }
         });
-        Webhook { url, received }
+        Webhook { url, token, received }
     }
 
     /// The bodies received so far, in order.

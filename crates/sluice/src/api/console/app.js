@@ -870,7 +870,7 @@ function showDirty(view, name) {
   };
   const discard = async () => {
     const ids = picked();
-    const question = `Discard ${ids.length} dirty record(s) of job ${name}? They will never be written; the discard is audited.`;
+    const question = `Discard ${ids.length} dirty record(s) of job ${name}? They are forgotten (a later copy of their split may still write them); the discard is audited.`;
     if (!window.confirm(question)) return null;
     const answer = await post(`${base}/discard`, {ids});
     ids.forEach((id) => selected.delete(id));
@@ -884,7 +884,7 @@ function showDirty(view, name) {
     el('p', {class: 'muted'}, 'Rows the job could not read or write. Replaying writes them again; discarding drops them.'),
     el('div', {class: 'toolbar'},
       button('replay-selected', 'Replay selected', () => replay(picked())),
-      button('replay-all', 'Replay all', () => replay(null)),
+      button('replay-all', 'Replay all', () => window.confirm(`Replay every dirty record of job ${name}? Their rows are read again and written by key with the job as it is now.`) ? replay(null) : null),
       button('discard-selected', 'Discard selected', discard, 'danger')),
     el('div', {class: 'scroll'}, el('table', {id: 'dirty', class: 'grid'},
       el('thead', {}, el('tr', {}, el('th', {}, pickAll),
@@ -940,11 +940,18 @@ function alarmJob(job) {
   return job == null ? el('span', {class: 'muted'}, 'global') : el('a', {href: jobHref(job)}, job);
 }
 
+/** A rule's name, marked when it is a global rule (evaluated for every job). */
+function alarmName(rule) {
+  return rule.scope === 'global' ? `${rule.name} (global)` : rule.name;
+}
+
 function alarmRuleRows(rules) {
   if (!rules.length) return emptyRow(7, 'No alarm rule.');
-  return rules.map((rule) => el('tr', {dataset: {alarm: `${rule.job ?? 'global'}/${rule.name}`}},
+  // A job's own rule is JOB/NAME; a global rule evaluated for the job is JOB/global.NAME.
+  const id = (rule) => `${rule.job ?? 'global'}/${rule.scope === 'global' ? 'global.' : ''}${rule.name}`;
+  return rules.map((rule) => el('tr', {dataset: {alarm: id(rule)}},
     el('td', {}, alarmJob(rule.job)),
-    el('td', {}, dash(rule.name)),
+    el('td', {}, dash(alarmName(rule))),
     el('td', {class: 'mono'}, dash(rule.when)),
     el('td', {class: 'num'}, duration(rule.for_secs)),
     el('td', {class: 'state'}, badge(rule.state)),
@@ -958,7 +965,7 @@ function alarmHistoryRows(events) {
   return events.map((event) => el('tr', {},
     el('td', {}, dash(event.at)),
     el('td', {}, alarmJob(event.job)),
-    el('td', {}, dash(event.name)),
+    el('td', {}, dash(alarmName(event))),
     el('td', {class: 'event'}, badge(event.event)),
     el('td', {class: 'num'}, dash(event.value)),
     el('td', {}, dash(event.message))));
