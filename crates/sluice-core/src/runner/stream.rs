@@ -285,6 +285,7 @@ impl Runner {
             moved: false,
             open_transaction: false,
             last_commit: Instant::now(),
+            commit_took: Duration::ZERO,
             last_status: None,
             progressed,
             copied_at,
@@ -323,7 +324,7 @@ impl Runner {
                         None => applier.started + GROUP_LINGER,
                         // When the group is due by its first transaction's source commit, else
                         // (a backlog, where that is long past) by how long it has been open.
-                        Some(cadence) => Some(applier.started + cadence.every)
+                        Some(cadence) => Some(applier.due_at(cadence))
                             .filter(|due| *due > Instant::now())
                             .unwrap_or(applier.opened + cadence.every),
                     })
@@ -550,6 +551,8 @@ struct Applier<'a> {
     /// A source transaction's changes are folded or written, its commit not seen yet.
     open_transaction: bool,
     last_commit: Instant,
+    /// How long the last commit of a group took, from writing its changes to its commit.
+    commit_took: Duration,
     /// When the stream's status was last saved in the state store.
     last_status: Option<Instant>,
     progressed: &'a mut bool,
@@ -586,7 +589,14 @@ impl Applier<'_> {
             let committed = UNIX_EPOCH + Duration::from_secs(last.committed_at);
             SystemTime::now().duration_since(committed).unwrap_or_default() <= cadence.every
         });
-        (paused && caught_up && now >= self.started + cadence.every) || now >= self.opened + cadence.every
+        (paused && caught_up && now >= self.due_at(cadence)) || now >= self.opened + cadence.every
+    }
+
+    /// When a caught-up group commits: early enough that, if it takes as long as the last
+    /// commit did (a merge rewrites files), its first transaction is visible in the target one
+    /// cadence after its source commit.
+    fn due_at(&self, cadence: CommitCadence) -> Instant {
+        self.started + cadence.every.saturating_sub(self.commit_took)
     }
 
     /// Changes taken in and not yet written into the open target transaction.
@@ -872,6 +882,7 @@ impl Applier<'_> {
     /// after it (the checkpoint says they are still hidden until a second commit says they are
     /// not, so a crash in between publishes them on the next start).
     async fn commit(&mut self) -> Result<()> {
+        let began = Instant::now();
         self.write_folded().await?;
         crate::failpoint::hit("stream.group.written");
         self.rows_applied += self.staged_rows;
@@ -934,6 +945,7 @@ impl Applier<'_> {
         self.staged_rows = 0;
         self.moved = false;
         self.last_commit = Instant::now();
+        self.commit_took = began.elapsed();
         *self.progressed = true;
         if self.last_status.is_none_or(|saved| saved.elapsed() >= Duration::from_secs(1)) {
             runner.state.save_stream_status(&runner.job.name, &stats.summary())?;
