@@ -135,6 +135,21 @@ pub async fn global_rules(store: &dyn Store) -> Result<Vec<AlarmSpec>> {
     })
 }
 
+/// Checks a document of global rules as a server keeps it: valid with this node's environment,
+/// and every webhook written as `${VARIABLE}`. How many rules it has, or every problem.
+pub fn checked_rules(text: &str) -> std::result::Result<usize, Vec<sluice_core::spec::SpecError>> {
+    let as_error = |message: String| sluice_core::spec::SpecError { path: String::new(), line: None, message };
+    let written = parse_rules(text, |name| Some(format!("${{{name}}}")))
+        .map(|rules| sluice_core::spec::written_out_targets(&rules, "alarms"))
+        .map_err(|errors| errors.into_iter().map(as_error).collect::<Vec<_>>())?;
+    if !written.is_empty() {
+        return Err(written);
+    }
+    parse_rules(text, |name| std::env::var(name).ok())
+        .map(|rules| rules.len())
+        .map_err(|errors| errors.into_iter().map(as_error).collect())
+}
+
 /// Parses a rule document: a list of rules, or `{alarms: [...]}`, in YAML or JSON.
 pub fn parse_rules(
     text: &str,

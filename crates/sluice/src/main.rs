@@ -174,6 +174,10 @@ struct ServerArguments {
     /// network).
     #[arg(long)]
     open_metrics: bool,
+    /// Global alarm rules (YAML or JSON, as a job's `alarms:`), evaluated for every job; they
+    /// replace the cluster's global rules when this node starts (also `PUT /api/v1/alarms`).
+    #[arg(long, value_name = "FILE")]
+    alarms: Option<PathBuf>,
 }
 
 /// How `sluice job` reaches a server; accepted anywhere on the command line.
@@ -244,6 +248,7 @@ fn server_options(arguments: ServerArguments) -> server::Options {
         lease_secs: arguments.lease_secs,
         tokens_file: arguments.tokens_file,
         open_metrics: arguments.open_metrics,
+        alarms: arguments.alarms,
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Options {
     pub weight: f64,
     pub lease_secs: u64,
     pub tokens_file: Option<PathBuf>,
+    /// Global alarm rules that replace the cluster's when this node starts.
+    pub alarms: Option<PathBuf>,
 }
 
 /// Runs the server until SIGINT/SIGTERM; the exit code.
@@ -86,6 +88,17 @@ async fn run(options: Options) -> Result<()> {
         Some(members) => Arc::new(connect_etcd(members).await?),
         None => Arc::new(MemoryStore::open(Some(options.state_dir.join("server.json")))?),
     };
+    if let Some(path) = &options.alarms {
+        let text = std::fs::read_to_string(path)
+            .map_err(|error| Error::config(format!("--alarms {}: cannot read it: {error}", path.display())))?;
+        let rules = crate::alarms::checked_rules(&text).map_err(|errors| {
+            let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            Error::config(format!("--alarms {}: {}", path.display(), listed.join("; ")))
+                .hint("the file holds rules as a job's `alarms:` does (a list, or {alarms: [...]})")
+        })?;
+        store.put(crate::alarms::GLOBAL_RULES, &text, None).await?;
+        log::info!("node {id}: {rules} global alarm rules from {}", path.display());
+    }
     let tls = match &options.tls {
         Some((cert, key)) => {
             let config = sluice_connectors::tls::server_config(cert, key)

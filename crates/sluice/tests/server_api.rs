@@ -361,3 +361,60 @@ fn a_short_token_from_the_environment_is_refused() {
     assert!(run.all().contains("SLUICE_ADMIN_TOKEN: a token needs at least 16 characters"), "{}", run.all());
     assert!(!run.all().contains("short\n"), "the token is not echoed: {}", run.all());
 }
+
+/// Global alarm rules from the server's `--alarms` file and from `PUT /alarms`: a webhook
+/// written out (a secret at rest) is refused naming its field, never echoing it; the rules kept
+/// are shown without their targets.
+#[test]
+fn global_alarm_rules_come_from_the_server_file_and_the_api() {
+    let workspace = Workspace::new();
+    let secret = "hooks-secret-path-7c1e";
+    workspace.write(
+        "written-out.yaml",
+        &format!(
+            "- {{name: lag, when: \"lag_seconds > 5\", notify: [{{webhook: \"http://127.0.0.1:9/{secret}\"}}]}}\n"
+        ),
+    );
+    let run = workspace.sluice(&[
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--state-dir",
+        "refused",
+        "--alarms",
+        "written-out.yaml",
+    ]);
+    run.assert_code(2);
+    assert!(run.all().contains("--alarms written-out.yaml: alarms[0].notify[0].webhook"), "{}", run.all());
+    assert!(!run.all().contains(secret), "the URL is not echoed: {}", run.all());
+
+    workspace.write(
+        "alarms.yaml",
+        "alarms:\n  - {name: stalled, when: \"stalled_seconds > 60\", notify: [{slack: \"${HOOK}\"}]}\n",
+    );
+    let mut environment = tokens();
+    environment.push(("HOOK", format!("http://127.0.0.1:9/{secret}")));
+    let server = support::cluster::start_server_with(&workspace, "alarms", &["--alarms", "alarms.yaml"], &environment);
+    let (status, alarms) = server.call("GET", "/alarms", Some(READ), None);
+    assert_eq!(status, 200, "{alarms}");
+    assert_eq!(
+        alarms["global"],
+        serde_json::json!([{ "name": "stalled", "when": "stalled_seconds > 60", "for_secs": 0, "notify": ["slack"] }])
+    );
+
+    let written_out = format!(
+        "[{{\"name\": \"x\", \"when\": \"failed == 1\", \"notify\": [{{\"slack\": \"https://h/{secret}\"}}]}}]"
+    );
+    let (status, answer) = server.call("PUT", "/alarms", Some(ADMIN), Some(("application/json", &written_out)));
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["errors"][0]["path"], "alarms[0].notify[0].slack", "{answer}");
+    let (status, answer) =
+        server.call("PUT", "/alarms", Some(READ), Some(("application/yaml", "- {name: y, when: \"failed == 1\"}\n")));
+    assert_eq!(status, 403, "a read token changes nothing: {answer}");
+    let rules = "- {name: failing, when: \"failed == 1\"}\n- {name: slow, when: \"rows_per_sec < 10\", for_secs: 30}\n";
+    let (status, answer) = server.call("PUT", "/alarms", Some(ADMIN), Some(("application/yaml", rules)));
+    assert_eq!((status, answer["rules"].as_u64()), (200, Some(2)), "{answer}");
+    let (_, alarms) = server.call("GET", "/alarms", Some(READ), None);
+    assert_eq!(alarms["global"][1]["name"], "slow", "{alarms}");
+    assert!(!alarms.to_string().contains(secret) && !server.output().contains(secret), "{alarms}");
+}

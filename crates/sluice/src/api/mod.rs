@@ -849,30 +849,15 @@ async fn show_alarms(State(api): Shared) -> Reply {
     responses((status = 200, description = "{rules: N}", body = Object), (status = 400, description = "every error, with its line", body = ErrorBody)))]
 async fn set_alarms(State(api): Shared, body: Bytes) -> Reply {
     let text = std::str::from_utf8(&body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the rules are not UTF-8"))?;
-    let written = crate::alarms::parse_rules(text, |name| Some(format!("${{{name}}}")))
-        .map(|rules| sluice_core::spec::written_out_targets(&rules, "alarms"))
-        .unwrap_or_default();
-    if !written.is_empty() {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            ErrorBody {
-                error: "the alarm rules are not valid".into(),
-                errors: written.iter().map(FieldError::from).collect(),
-            },
-        ));
-    }
-    let rules = crate::alarms::parse_rules(text, |name| std::env::var(name).ok()).map_err(|errors| {
+    let rules = crate::alarms::checked_rules(text).map_err(|errors| {
         Failure(
             StatusCode::BAD_REQUEST,
             ErrorBody {
                 error: "the alarm rules are not valid".into(),
-                errors: errors
-                    .into_iter()
-                    .map(|message| FieldError { path: String::new(), line: None, message })
-                    .collect(),
+                errors: errors.iter().map(FieldError::from).collect(),
             },
         )
     })?;
     api.node.store.put(crate::alarms::GLOBAL_RULES, text, None).await?;
-    Ok(Json(serde_json::json!({ "rules": rules.len() })).into_response())
+    Ok(Json(serde_json::json!({ "rules": rules })).into_response())
 }
