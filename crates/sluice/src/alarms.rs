@@ -105,7 +105,8 @@ fn state_key(job: &str, scope: Scope, name: &str) -> String {
 
 /// A metric's value for a job, from the figures the API shows.
 pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
-    let running = view.state == JobState::Running;
+    // Throughput means something while the job runs or heals, not once it ended or stopped.
+    let running = matches!(view.state, JobState::Running | JobState::Restarting);
     Some(match metric {
         AlarmMetric::LagSeconds => view.stats.lag_secs? as f64,
         AlarmMetric::RowsPerSec => view.stats.rows_per_sec,
@@ -117,6 +118,7 @@ pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
         AlarmMetric::Restarts => f64::from(view.restarts),
         AlarmMetric::Failed => f64::from(u8::from(view.state == JobState::Failed)),
         AlarmMetric::Restarting => f64::from(u8::from(view.state == JobState::Restarting)),
+        // (The evaluation counts them in the coordination store instead: discards lower it.)
         AlarmMetric::DirtyRecords => view.stats.rows_skipped as f64,
         AlarmMetric::LogBehindBytes => view.stats.log_behind_bytes? as f64,
         AlarmMetric::LogFilesToSpare => view.stats.log_files_to_spare? as f64,

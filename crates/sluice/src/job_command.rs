@@ -72,7 +72,7 @@ pub enum JobAction {
         /// The version to go back to.
         version: u32,
     },
-    /// Delete a job, its versions and its status (not the data it moved).
+    /// Delete a job, its versions, its status and its dirty records (not the data it moved).
     Delete {
         /// The job's name.
         name: String,

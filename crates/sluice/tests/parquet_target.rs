@@ -8,18 +8,26 @@ use arrow_array::{Array, RecordBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use support::{mariadb, mysql_url, unique_name, Run, Workspace};
 
+/// The dataset's rows, read through its manifest (written last, it lists every whole part), with
+/// no other file beside them.
 fn read_dataset(directory: &std::path::Path) -> Vec<RecordBatch> {
-    let mut parts: Vec<_> = std::fs::read_dir(directory).unwrap().map(|entry| entry.unwrap().path()).collect();
-    parts.sort();
-    assert!(
-        parts.iter().all(|part| part.extension().is_some_and(|extension| extension == "parquet")),
-        "only whole parts: {parts:?}"
-    );
-    parts
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(directory.join("_manifest.json")).expect("a manifest")).unwrap();
+    let mut listed: Vec<String> =
+        manifest["parts"].as_array().unwrap().iter().map(|part| part["path"].as_str().unwrap().to_owned()).collect();
+    listed.sort();
+    let mut files: Vec<String> = std::fs::read_dir(directory)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "_manifest.json")
+        .collect();
+    files.sort();
+    assert_eq!(files, listed, "only the whole parts the manifest lists: {manifest:#}");
+    listed
         .iter()
         .flat_map(|part| {
-            let reader =
-                ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(part).unwrap()).unwrap().build().unwrap();
+            let file = std::fs::File::open(directory.join(part)).unwrap();
+            let reader = ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
             reader.map(Result::unwrap).collect::<Vec<_>>()
         })
         .collect()

@@ -539,7 +539,7 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     set_desired(&api, &name, Desired::Running, true).await
 }
 
-/// Deletes the job, its versions, plan, statuses and runs.
+/// Deletes the job, its versions, plan, statuses, runs and dirty records.
 #[utoipa::path(delete, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
     responses((status = 204, description = "deleted"), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
@@ -547,7 +547,9 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     let store = &api.node.store;
     // The job record last: a delete that fails half-way leaves a job that can be deleted again.
     // Its workers stop its tasks when they see it gone, and write nothing more.
-    for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name)] {
+    // Its dirty records go too: a new job of the same name starts with its own budget.
+    let dirty = crate::cluster::dirty::dirty_prefix(&name);
+    for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name), dirty] {
         store.delete_prefix(&prefix).await?;
     }
     store.delete(&plan_key(&name)).await?;
