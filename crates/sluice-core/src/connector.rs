@@ -146,6 +146,16 @@ pub struct LogBacklog {
     pub files_to_spare: u64,
 }
 
+/// One read of a split's copy, for a stream that must meet it exactly (`Source::copy_reads`):
+/// the rows of keys strictly after `after` (the split's start when `None` is the table's start),
+/// up to the next read's `after`, as they stood at log position `as_of`. `as_of` is `None` when
+/// the copy holds none of them (nothing was read there).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyRead {
+    pub after: Option<Row>,
+    pub as_of: Option<Position>,
+}
+
 /// A place data is read from.
 #[async_trait]
 pub trait Source: Send + Sync {
@@ -205,6 +215,15 @@ pub trait Source: Send + Sync {
     /// Whether `position` is at or past `mark` in the source's log. Both come from this source.
     fn reached(&self, _position: &Position, _mark: &Position) -> bool {
         true
+    }
+
+    /// Where in the log the copy of `split` read its rows, from the split's last durable copy
+    /// position (`None`: nothing copied yet): its reads in key order, the first starting at the
+    /// split's own start. A stream into event targets uses them to send, per key, only the
+    /// changes after the copied row, so no consumer sees a key go back in time at the switch.
+    /// Empty when the source cannot tell (its reads are not consistent snapshots at a position).
+    fn copy_reads(&self, _split: &Split, _copied: Option<&Position>) -> Result<Vec<CopyRead>> {
+        Ok(Vec::new())
     }
 
     /// The window of a cursor-incremental batch of `table` (`crate::cursor`): from `mark` (the

@@ -2,7 +2,7 @@
 //! a pipeline — read → durable write with checkpoint → ack — with a bounded channel between the
 //! reader and the writer, so memory is set by `limits`, not by table size.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
@@ -22,6 +22,7 @@ use crate::throttle::Throttle;
 use crate::transform::{self, TableMapping, Transforms};
 use crate::zero_dates;
 
+mod copied_keys;
 mod replay;
 mod stream;
 
@@ -87,9 +88,13 @@ pub struct Runner {
     mappings: Mutex<BTreeMap<TableName, Arc<TableMapping>>>,
     /// Target tables that more than one source table is merged into.
     shared_targets: Mutex<std::collections::BTreeSet<TableName>>,
-    /// The plan's splits read whole (tables without a key): the stream applies their tables'
-    /// changes only past the source position their copy was read at.
-    whole_splits: Mutex<Vec<Split>>,
+    /// The plan's splits. The stream applies the changes of tables read whole (no key) only
+    /// past the source position their copy was read at, and sends an event target only the
+    /// changes past the read that copied each key (`copied_keys`).
+    splits: Mutex<Vec<Split>>,
+    /// The last position of each split this run copied to its end, for targets that keep no
+    /// checkpoint (stdout): where the stream finds the copy's reads.
+    copied: Mutex<HashMap<String, Option<Position>>>,
     /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
     /// Cleared once they are.
     restart: std::sync::atomic::AtomicBool,
@@ -134,7 +139,8 @@ impl Runner {
             transforms,
             mappings: Mutex::new(BTreeMap::new()),
             shared_targets: Mutex::new(Default::default()),
-            whole_splits: Mutex::new(Vec::new()),
+            splits: Mutex::new(Vec::new()),
+            copied: Mutex::new(HashMap::new()),
             restart: std::sync::atomic::AtomicBool::new(false),
             hidden: Mutex::new(HiddenCopies::default()),
             reshape_first: Mutex::new(Vec::new()),
@@ -405,8 +411,7 @@ impl Runner {
         }
         lock(&self.shared_targets)
             .extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
-        *lock(&self.whole_splits) =
-            plan.tables.iter().flat_map(|planned| &planned.splits).filter(|split| split.whole).cloned().collect();
+        *lock(&self.splits) = plan.tables.iter().flat_map(|planned| &planned.splits).cloned().collect();
     }
 
     fn should_stop(&self) -> bool {
@@ -492,6 +497,7 @@ impl Runner {
             let done = Checkpoint { task: split.id.clone(), position: position.clone(), done: true, rows_written };
             writer.commit(&done).await?;
             self.state.save_checkpoint(&self.job.name, &done)?;
+            lock(&self.copied).insert(split.id.clone(), position.clone());
             TableStats::add(&stats.splits_done, 1);
             Ok(())
         }

@@ -138,11 +138,49 @@ impl Bus {
         }
     }
 
+    /// Every event of `topic` (Kafka) or the stream EVENTS (NATS) as (id, operation, v), with
+    /// snapshot rows as `r`, in the order a consumer of the row's key reads them.
+    fn row_events(&self, topic: &str) -> Vec<(i64, String, i64)> {
+        let row = |op: &str, image: &serde_json::Value| {
+            (image["id"].as_i64().unwrap(), op.to_owned(), image["v"].as_i64().unwrap())
+        };
+        match self {
+            Bus::Nats(server) => server
+                .messages("EVENTS")
+                .iter()
+                .map(|message| {
+                    let op = message.payload["op"].as_str().unwrap();
+                    row(op, &message.payload[if op == "d" { "before" } else { "after" }])
+                })
+                .collect(),
+            Bus::Kafka(broker) => broker
+                .records(&[topic])
+                .iter()
+                .map(|record| {
+                    let op = match record.value["type"].as_str().unwrap() {
+                        "bootstrap-insert" => "r",
+                        "insert" => "c",
+                        "update" => "u",
+                        "delete" => "d",
+                        other => panic!("an event of type {other}"),
+                    };
+                    row(op, &record.value["data"])
+                })
+                .collect(),
+        }
+    }
+
     /// How many events are in the stream now (0 before it exists).
     fn count(&self, topic: &str) -> usize {
         match self {
             Bus::Nats(server) => stream_info(server, "EVENTS").unwrap_or(0) as usize,
-            Bus::Kafka(_) => self.events(topic).map_or(0, |events| events.len()),
+            Bus::Kafka(broker) => {
+                if broker.topics().iter().any(|known| known == topic) {
+                    broker.records(&[topic]).len()
+                } else {
+                    0
+                }
+            }
         }
     }
 }
@@ -438,6 +476,134 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
         assert_eq!(orders, (1..=count).collect::<Vec<_>>(), "transaction {id} whole and in order");
     }
     assert!(transactions.values().any(|parts| parts.len() > 1), "some transactions have several events");
+}
+
+#[test]
+fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
+    let _one_at_a_time = one_at_a_time();
+    copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch");
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
+    let _one_at_a_time = one_at_a_time();
+    copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch");
+}
+
+/// A `snapshot+cdc` job copies a table in small splits while every key keeps being updated
+/// (each update adds one to `v`), and is SIGKILLed twice during the copy. Per key, the events
+/// must be exactly its copied row and then every update after it: `v` rising by one from the
+/// copied value to the source's last, never back, none missing, none twice.
+fn copy_then_stream_in_order(bus: Bus, prefix: &str) {
+    const KEYS: u64 = 4_000;
+    let database = unique_name(prefix);
+    let values: Vec<String> = (1..=KEYS).map(|id| format!("({id}, 0)")).collect();
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.counters (id BIGINT PRIMARY KEY, v BIGINT NOT NULL); \
+         INSERT INTO {database}.counters VALUES {};",
+        values.join(",")
+    ));
+    let topic = format!("cdc.{database}.counters");
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    // Small splits and batches, throttled: the copy takes seconds, its reads far apart.
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n{}parallelism: 2\nlimits: {{split_rows: 500, batch_rows: 100, rows_per_sec: 800}}\n",
+            bus.target()
+        ),
+    );
+    let address = bus.address();
+    let start = || {
+        let mut command = workspace.command(&["run", job.to_str().unwrap()]);
+        command.env("SOURCE", mysql_url()).env("TARGET", address.as_str());
+        support::Guard::new(
+            command.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap(),
+        )
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (stop, database) = (stop.clone(), database.clone());
+        std::thread::spawn(move || {
+            let mut client = Client::start(&database);
+            let mut random = Random::from_environment("switch");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let keys: Vec<u64> = (0..4).map(|_| 1 + random.below(KEYS)).collect();
+                let updates: Vec<String> =
+                    keys.iter().map(|key| format!("UPDATE counters SET v = v + 1 WHERE id = {key};")).collect();
+                client.send(&format!("BEGIN;{}COMMIT;", updates.join("")));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            client.finish();
+        })
+    };
+    wait_for("the updates", Duration::from_secs(30), || {
+        mariadb(&format!("SELECT SUM(v) FROM {database}.counters")).trim().parse::<u64>().is_ok_and(|sum| sum > 0)
+    });
+    let mut child = start();
+    for copied in [1_000, 2_500] {
+        wait_on(&child, &format!("{copied} rows copied"), 120, || rows_copied(&child.stderr_text()) >= copied);
+        kill(&mut child);
+        child = start();
+    }
+    // Updates keep coming once the stream runs, then stop.
+    wait_on(&child, "the stream", 120, || child.stderr_text().contains("rows applied in"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.join().unwrap();
+    let last: BTreeMap<i64, i64> = mariadb(&format!("SELECT id, v FROM {database}.counters"))
+        .lines()
+        .map(|line| {
+            let (id, v) = line.split_once('\t').unwrap();
+            (id.parse().unwrap(), v.parse().unwrap())
+        })
+        .collect();
+    let per_key = || {
+        let mut per_key: BTreeMap<i64, Vec<(String, i64)>> = BTreeMap::new();
+        for (id, op, v) in bus.row_events(&topic) {
+            per_key.entry(id).or_default().push((op, v));
+        }
+        per_key
+    };
+    wait_on(&child, "every key's last update in the stream", 180, || {
+        let per_key = per_key();
+        last.iter().all(|(id, v)| per_key.get(id).and_then(|events| events.last()).is_some_and(|(_, seen)| seen == v))
+    });
+    kill(&mut child);
+    let per_key = per_key();
+    let mut wrong = Vec::new();
+    // Keys updated both before and after their copy: the ones the switch could take back.
+    let mut straddling = 0;
+    for (id, &final_v) in &last {
+        let events = per_key.get(id).cloned().unwrap_or_default();
+        let copied = events.first().filter(|(op, _)| op == "r").map(|(_, v)| *v);
+        straddling += usize::from(copied.is_some_and(|copied| copied > 0 && final_v > copied));
+        let good = copied.is_some_and(|copied| {
+            let updates: Vec<(String, i64)> = ((copied + 1)..=final_v).map(|v| ("u".to_owned(), v)).collect();
+            events[1..] == updates[..]
+        });
+        if !good {
+            wrong.push(format!("key {id} (last v {final_v}): {events:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {KEYS} keys are not their copied row then every later update in order:\n{}",
+        wrong.len(),
+        wrong.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
+    );
+    assert!(straddling >= 100, "only {straddling} keys were updated both before and after their copy");
+}
+
+/// The rows a run's last progress line says it copied.
+fn rows_copied(output: &str) -> u64 {
+    output
+        .lines()
+        .rev()
+        .find_map(|line| line.split_once("progress: ")?.1.split_once(" of")?.0.replace(',', "").parse().ok())
+        .unwrap_or(0)
 }
 
 /// The number of messages in a stream, `None` when it does not exist.

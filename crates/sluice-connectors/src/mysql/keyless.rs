@@ -36,6 +36,23 @@ pub struct SnapshotRead {
     pub position: Option<u64>,
 }
 
+/// Begins the transaction whose snapshot a read shares.
+pub(super) const START_SNAPSHOT: &str = "START TRANSACTION WITH CONSISTENT SNAPSHOT";
+
+/// Where in the binlog the open consistent snapshot stands: MariaDB says; MySQL has no such
+/// status.
+pub(super) const SNAPSHOT_STATUS: &str = "SHOW STATUS LIKE 'binlog_snapshot_%'";
+
+/// The binlog file and position of `SNAPSHOT_STATUS`'s rows, when the server gave both.
+pub(super) fn snapshot_position(status: &[(String, String)]) -> Option<(String, u64)> {
+    let value = |name: &str| {
+        status.iter().find(|(variable, _)| variable.eq_ignore_ascii_case(name)).map(|(_, value)| value.clone())
+    };
+    let file = value("binlog_snapshot_file").filter(|file| !file.is_empty())?;
+    let position = value("binlog_snapshot_position")?.parse().ok()?;
+    Some((file, position))
+}
+
 /// Reads a table in one query, streamed in batches by a task of its own; the channel's bound
 /// (one batch waiting) is the backpressure.
 pub(super) struct KeylessReader {
@@ -94,16 +111,11 @@ async fn read_table(
         .query_drop("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         .await
         .map_err(error("set the isolation level"))?;
-    connection.query_drop("START TRANSACTION WITH CONSISTENT SNAPSHOT").await.map_err(error("begin the snapshot"))?;
-    // MariaDB says where in the binlog the snapshot stands; MySQL has no such status.
+    connection.query_drop(START_SNAPSHOT).await.map_err(error("begin the snapshot"))?;
     let status: Vec<(String, String)> =
-        connection.query("SHOW STATUS LIKE 'binlog_snapshot_%'").await.map_err(error("read the snapshot position"))?;
-    let value = |name: &str| {
-        status.iter().find(|(variable, _)| variable.eq_ignore_ascii_case(name)).map(|(_, value)| value.clone())
-    };
-    let file = value("binlog_snapshot_file").filter(|file| !file.is_empty());
-    let position = value("binlog_snapshot_position").and_then(|position| position.parse().ok());
-    if position_needed && (file.is_none() || position.is_none()) {
+        connection.query(SNAPSHOT_STATUS).await.map_err(error("read the snapshot position"))?;
+    let (file, position) = snapshot_position(&status).unzip();
+    if position_needed && position.is_none() {
         return Err(no_snapshot_position(&[table.name.to_string()]));
     }
     let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();

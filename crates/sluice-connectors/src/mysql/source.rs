@@ -10,7 +10,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
-use sluice_core::connector::{ChangeStream, CheckItem, LogBacklog, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::schema::{ColumnDetails, TableDetails};
@@ -21,7 +21,9 @@ use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, Table
 
 use super::binlog::{BinlogChangeStream, LogPosition};
 use super::gtid::GtidSet;
-use super::keyless::{no_snapshot_position, not_transactional, KeylessReader};
+use super::keyless::{
+    no_snapshot_position, not_transactional, snapshot_position, KeylessReader, SNAPSHOT_STATUS, START_SNAPSHOT,
+};
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
 
@@ -36,10 +38,25 @@ pub struct KeyRange {
     pub through: Option<serde_json::Value>,
 }
 
-/// Where a snapshot read of a split resumes: strictly after this key tuple.
+/// Where a snapshot read of a split resumes: strictly after this key tuple. A job that streams
+/// also keeps where in the binlog each read of the split stood (`Source::copy_reads`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct KeyPosition {
     pub key: Vec<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<SplitRead>,
+}
+
+/// One read of a split inside one consistent snapshot: the keys strictly after `after` (a key
+/// tuple as `KeyPosition::key`; the split's start when `None`) up to the next read's start, as
+/// they stood at binlog `file` and `position` (MariaDB's `binlog_snapshot_file` and
+/// `_position`). A read starts when a task opens the split, and again when it resumes it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SplitRead {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<serde_json::Value>,
+    pub file: String,
+    pub position: u64,
 }
 
 /// How the change stream of a job reads the binlog.
@@ -394,14 +411,29 @@ impl Source for MysqlSource {
                 position_needed,
             )));
         }
-        let connection = self.read_connection().await?;
-        let after = match resume_after {
-            Some(position) => {
-                Some(keys_from_json(&serde_json::Value::Array(position.read::<KeyPosition>(&split.id)?.key))?)
-            }
+        let mut connection = self.read_connection().await?;
+        let resumed = resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?;
+        let after = match &resumed {
+            Some(resumed) => Some(keys_from_json(&serde_json::Value::Array(resumed.key.clone()))?),
             None => None,
         };
         let range: KeyRange = split.read_descriptor()?;
+        // A job that streams reads the split in one consistent snapshot whose binlog position
+        // says which changes its rows hold; a resumed read is a new snapshot from its key on.
+        // A split resumed from a position without reads (copied before they were kept, or
+        // from a server that does not say) stays without: reads must cover the whole split.
+        let mut reads = resumed.as_ref().map(|resumed| resumed.reads.clone()).unwrap_or_default();
+        let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
+        let snapshot = self.mode.streams() && split.window.is_none();
+        if snapshot {
+            match connection.begin_snapshot(&self.server, &split.table.name).await? {
+                Some((file, position)) if known => {
+                    let start = resumed.map(|resumed| serde_json::Value::Array(resumed.key)).or(range.after.clone());
+                    reads.push(SplitRead { after: start, file, position });
+                }
+                _ => reads.clear(),
+            }
+        }
         let bound = |keys: &Option<serde_json::Value>| -> Result<Option<Vec<mysql_async::Value>>> {
             match keys {
                 Some(keys @ serde_json::Value::Array(_)) => Ok(Some(keys_from_json(keys)?)),
@@ -424,7 +456,30 @@ impl Source for MysqlSource {
             window,
             batch_rows,
             finished: false,
+            snapshot,
+            reads,
         }))
+    }
+
+    fn copy_reads(&self, split: &Split, copied: Option<&Position>) -> Result<Vec<CopyRead>> {
+        if split.whole {
+            return Ok(Vec::new());
+        }
+        let Some(copied) = copied else {
+            // Nothing copied: the copy holds none of the split's keys.
+            let range: KeyRange = split.read_descriptor()?;
+            return Ok(vec![CopyRead { after: self.key_values(split, range.after.as_ref())?, as_of: None }]);
+        };
+        let reads = copied.read::<KeyPosition>(&split.id)?.reads;
+        reads
+            .into_iter()
+            .map(|read| {
+                Ok(CopyRead {
+                    after: self.key_values(split, read.after.as_ref())?,
+                    as_of: Some(Position(json!({"file": read.file, "position": read.position}))),
+                })
+            })
+            .collect()
     }
 
     async fn cursor_window(
@@ -474,6 +529,28 @@ impl Source for MysqlSource {
 }
 
 impl MysqlSource {
+    /// A key tuple kept as JSON (`KeyPosition::key`, `KeyRange`) as the values the change
+    /// stream decodes for the same key.
+    fn key_values(&self, split: &Split, keys: Option<&serde_json::Value>) -> Result<Option<Vec<Value>>> {
+        let Some(keys) = keys else { return Ok(None) };
+        let table = &split.table;
+        keys_from_json(keys)?
+            .into_iter()
+            .zip(&table.primary_key)
+            .map(|(value, &index)| {
+                let column = &table.columns[index];
+                decode(value, &column.data_type).map_err(|reason| {
+                    Error::new(
+                        ErrorKind::State,
+                        format!("split {}: stored key of column {} does not read: {reason}", split.id, column.name),
+                    )
+                    .on(Side::Source)
+                })
+            })
+            .collect::<Result<Vec<Value>>>()
+            .map(Some)
+    }
+
     /// Reads the binlog for a moment from the current position, as a job's stream will: the
     /// replication privileges are named when they are missing.
     async fn probe_binlog(&self) -> CheckItem {
@@ -972,6 +1049,56 @@ enum ReadConnection {
     Driver(Conn),
 }
 
+impl ReadConnection {
+    /// Begins a consistent snapshot that the split's reads then share, and returns the binlog
+    /// file and position it stands at; `None` when the server does not say (only MariaDB does).
+    async fn begin_snapshot(&mut self, server: &str, table: &TableName) -> Result<Option<(String, u64)>> {
+        let doing = format!("begin a consistent snapshot to read table {table}");
+        let status: Vec<(String, String)> = match self {
+            ReadConnection::Lean(connection) => {
+                let wire = |error| wire_error(error, Side::Source, server, &doing);
+                connection.query(START_SNAPSHOT).await.map_err(wire)?;
+                let mut status = Vec::new();
+                let read = connection
+                    .execute(SNAPSHOT_STATUS, &[], |row| {
+                        if let [mysql_async::Value::Bytes(name), mysql_async::Value::Bytes(value)] = &row[..] {
+                            status.push((
+                                String::from_utf8_lossy(name).into_owned(),
+                                String::from_utf8_lossy(value).into_owned(),
+                            ));
+                        }
+                    })
+                    .await;
+                match read {
+                    Ok(()) => status,
+                    // A server that cannot prepare the statement keeps no such status either.
+                    Err(WireError::Server { .. }) => Vec::new(),
+                    Err(error) => return Err(wire(error)),
+                }
+            }
+            ReadConnection::Driver(connection) => {
+                let error = |error| mysql_error(error, Side::Source, server, &doing);
+                connection.query_drop(START_SNAPSHOT).await.map_err(error)?;
+                connection.query(SNAPSHOT_STATUS).await.map_err(error)?
+            }
+        };
+        Ok(snapshot_position(&status))
+    }
+
+    /// Ends the snapshot `begin_snapshot` began.
+    async fn end_snapshot(&mut self, server: &str, table: &TableName) -> Result<()> {
+        let doing = format!("end the consistent snapshot of table {table}");
+        match self {
+            ReadConnection::Lean(connection) => {
+                connection.query("COMMIT").await.map_err(|error| wire_error(error, Side::Source, server, &doing))
+            }
+            ReadConnection::Driver(connection) => {
+                connection.query_drop("COMMIT").await.map_err(|error| mysql_error(error, Side::Source, server, &doing))
+            }
+        }
+    }
+}
+
 struct MysqlReader {
     connection: ReadConnection,
     server: String,
@@ -984,6 +1111,11 @@ struct MysqlReader {
     window: Option<(String, Vec<mysql_async::Value>)>,
     batch_rows: usize,
     finished: bool,
+    /// The reads share a consistent snapshot, ended once the split is read (a driver
+    /// connection goes back to its pool).
+    snapshot: bool,
+    /// The split's reads so far, this one last (`KeyPosition::reads`).
+    reads: Vec<SplitRead>,
 }
 
 impl MysqlReader {
@@ -1045,6 +1177,9 @@ impl Reader for MysqlReader {
         let DecodedRows { changes, rejected, last_key, count, bytes, .. } = rows;
         if count < self.batch_rows {
             self.finished = true;
+            if self.snapshot {
+                self.connection.end_snapshot(&self.server, &self.table.name).await?;
+            }
         }
         if count == 0 {
             return Ok(None);
@@ -1059,7 +1194,8 @@ impl Reader for MysqlReader {
             })
             .collect();
         self.after = Some(last_key);
-        let mut batch = Batch::counted(changes, Position::of(&KeyPosition { key: key_json }), bytes);
+        let position = Position::of(&KeyPosition { key: key_json, reads: self.reads.clone() });
+        let mut batch = Batch::counted(changes, position, bytes);
         batch.rejected = rejected;
         Ok(Some(batch))
     }

@@ -314,7 +314,7 @@ impl WireConnection {
     }
 
     /// Runs a statement that returns no rows.
-    async fn query(&mut self, sql: &str) -> Result<()> {
+    pub(super) async fn query(&mut self, sql: &str) -> Result<()> {
         self.command(COM_QUERY, sql.as_bytes()).await?;
         self.read_payload().await?;
         match self.payload().first() {

@@ -20,10 +20,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::copied_keys::CopiedKeys;
 use super::{interrupted, lock, Runner, Scope};
 use crate::change::{Batch, Change, Position};
 use crate::connector::{
-    ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, StreamEvent, TransactionEnd,
+    ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, Split, StreamEvent,
+    TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
@@ -226,6 +228,9 @@ impl Runner {
 
         // Read before the stream opens, so a failure here leaves no replica connection behind.
         let copied_at = self.copy_positions().await?;
+        let raw = writer.shape() == ChangeShape::Raw;
+        let copied_keys =
+            if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
         let mut stream = self.source.stream(&checkpoint.at).await?;
         // The events in flight are bounded by rows, not by count: a transaction's commit costs
         // one row of the budget, its changes one each, so thousands of small transactions can
@@ -262,7 +267,6 @@ impl Runner {
             }
         });
 
-        let raw = writer.shape() == ChangeShape::Raw;
         // When the writer wants groups committed, if not as soon as the stream pauses.
         let cadence: Option<CommitCadence> = writer.cadence();
         let mut applier = Applier {
@@ -289,6 +293,7 @@ impl Runner {
             last_status: None,
             progressed,
             copied_at,
+            copied_keys,
         };
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
@@ -455,7 +460,7 @@ impl Runner {
     /// stream skips that table's changes until it gets there (a replay could not recognise
     /// rows without a key).
     async fn copy_positions(&self) -> Result<HashMap<TableName, Position>> {
-        let splits = lock(&self.whole_splits).clone();
+        let splits: Vec<Split> = lock(&self.splits).iter().filter(|split| split.whole).cloned().collect();
         let mut positions = HashMap::new();
         for split in splits {
             let mapping = self.mapping(&split.table)?;
@@ -475,6 +480,34 @@ impl Runner {
             }
         }
         Ok(positions)
+    }
+
+    /// Where the copy read each key of the tables it copied by key (`copied_keys`), from each
+    /// split's last position: as this run copied it, else as the target holds it.
+    async fn copied_keys(&self) -> Result<CopiedKeys> {
+        let splits: Vec<Split> = lock(&self.splits).iter().filter(|split| !split.whole).cloned().collect();
+        let mut copied = lock(&self.copied).clone();
+        let missing: Vec<String> =
+            splits.iter().filter(|split| !copied.contains_key(&split.id)).map(|split| split.id.clone()).collect();
+        if !missing.is_empty() {
+            for checkpoint in self.sink.checkpoints(&self.job.name, &missing).await? {
+                copied.insert(checkpoint.task, checkpoint.position);
+            }
+        }
+        let mut keys = CopiedKeys::default();
+        for split in &splits {
+            let position = copied.get(&split.id).cloned().flatten();
+            keys.add(split.table.name.clone(), self.source.copy_reads(split, position.as_ref())?);
+        }
+        let keys = keys.sorted(&*self.source);
+        let unknown: Vec<String> = keys.unknown().map(ToString::to_string).collect();
+        if !unknown.is_empty() {
+            log::warn!(
+                "change stream: the source does not say where its copy of {} was read, so their changes since the snapshot's start are all sent: a consumer may see a key's copied row followed by changes older than it",
+                unknown.join(", ")
+            );
+        }
+        Ok(keys)
     }
 
     /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold;
@@ -559,6 +592,9 @@ struct Applier<'a> {
     /// Tables read whole by the copy (no key) whose copy position the stream has not reached:
     /// their changes are in the copy.
     copied_at: HashMap<TableName, Position>,
+    /// For an event target, where the copy read each key: the changes a copied row holds are
+    /// left out.
+    copied_keys: CopiedKeys,
 }
 
 /// The mapping of a source table to its target (cached per source schema).
@@ -631,6 +667,12 @@ impl Applier<'_> {
             let (source, at) = (&self.runner.source, &self.checkpoint.at);
             self.copied_at.retain(|_, copy| !source.reached(at, copy));
             changes.retain(|change| !self.copied_at.contains_key(&change.table.name));
+            if changes.is_empty() {
+                return Ok(());
+            }
+        }
+        if !self.copied_keys.is_empty() {
+            changes = self.copied_keys.leave_out(&*self.runner.source, &self.checkpoint.at, changes);
             if changes.is_empty() {
                 return Ok(());
             }
