@@ -634,7 +634,8 @@ pub trait RowTrial: Send {
 /// refused ones: a few tries per refused row, not one per row.
 pub async fn find_refused(trial: &mut dyn RowTrial, count: usize) -> Result<Vec<Refused>> {
     let mut refused = Vec::new();
-    let mut pending = vec![0..count];
+    let mut pending = Vec::with_capacity(8);
+    pending.push(0..count);
     while let Some(rows) = pending.pop() {
         if rows.is_empty() {
             continue;

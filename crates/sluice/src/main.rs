@@ -444,7 +444,7 @@ async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
     for (id, verdict) in &report.verdicts {
         let why = match verdict {
             sluice_core::runner::Verdict::Written => continue,
-            sluice_core::runner::Verdict::Refused(again) => &again.reason,
+            sluice_core::runner::Verdict::Refused(reason) => reason,
             sluice_core::runner::Verdict::Kept(why) => why,
         };
         kept += 1;

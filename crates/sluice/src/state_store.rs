@@ -104,10 +104,10 @@ impl SqliteStateStore {
                         transaction
                             .execute("DELETE FROM dirty_records WHERE job = ?1 AND id = ?2", params![job, id])?;
                     }
-                    Verdict::Refused(again) => {
+                    Verdict::Refused(reason) => {
                         transaction.execute(
                             "UPDATE dirty_records SET reason = ?3 WHERE job = ?1 AND id = ?2",
-                            params![job, id, again.reason],
+                            params![job, id, reason],
                         )?;
                     }
                     Verdict::Kept(_) => {}
@@ -401,7 +401,7 @@ mod tests {
         let report = ReplayReport {
             verdicts: vec![
                 (entries[0].id.clone(), Verdict::Written),
-                (entries[1].id.clone(), Verdict::Refused(Rejected { reason: "again".into(), ..left_out("id=2", 5) })),
+                (entries[1].id.clone(), Verdict::Refused("again".into())),
             ],
             ..ReplayReport::default()
         };

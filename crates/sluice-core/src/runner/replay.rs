@@ -31,8 +31,8 @@ pub struct DirtyEntry {
 pub enum Verdict {
     /// Its row was written again: the record goes.
     Written,
-    /// The target refused its row again: the record stays as this (its new reason).
-    Refused(Rejected),
+    /// The target refused its row again: the record stays, with this new reason.
+    Refused(String),
     /// Not replayed, and why (the source no longer has the row, it cannot be read by key …):
     /// the record stays as it is.
     Kept(String),
@@ -62,7 +62,7 @@ impl ReplayReport {
         for (entry, key) in entries.iter().zip(wanted) {
             let again = replayed.rejected.iter().find(|reject| reject.key == entry.record.key || reject.key == *key);
             let verdict = match again {
-                Some(reject) => Verdict::Refused(Rejected { reason: reject.reason.clone(), ..entry.record.clone() }),
+                Some(reject) => Verdict::Refused(reject.reason.clone()),
                 None if replayed.found.contains(key) => Verdict::Written,
                 None => Verdict::Kept("the source no longer has this row (deleted since?); discard the record".into()),
             };

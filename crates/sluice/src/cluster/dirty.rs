@@ -226,12 +226,12 @@ pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, no
                 store.delete(&key).await?;
                 outcome.replayed += 1;
             }
-            Verdict::Refused(again) => {
+            Verdict::Refused(reason) => {
                 if let Some((_, record)) = records.iter().find(|(known, _)| *known == id) {
-                    let kept = DirtyRecord { reason: again.reason.clone(), ..record.clone() };
+                    let kept = DirtyRecord { reason: reason.clone(), ..record.clone() };
                     store.put(&key, &encode(&kept), None).await?;
                 }
-                outcome.failed.push(ReplayFailure { id, error: again.reason });
+                outcome.failed.push(ReplayFailure { id, error: reason });
             }
             Verdict::Kept(error) => outcome.failed.push(ReplayFailure { id, error }),
         }
