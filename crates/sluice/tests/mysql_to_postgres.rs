@@ -4,8 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use support::workload::{rows, source_position, stream_position};
-use support::{canary, mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Guard, Run, Workspace};
+use support::stream_job::StreamJob;
+use support::workload::rows;
+use support::{canary, mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
 
 #[test]
 fn a_mysql_snapshot_lands_in_postgres_value_for_value_and_resumes_without_duplicates() {
@@ -72,64 +73,6 @@ fn a_mysql_snapshot_lands_in_postgres_value_for_value_and_resumes_without_duplic
     assert_eq!(summary["rows_written"], 0);
 }
 
-/// A streaming job and its workspace: `sluice run` and `sluice replay` of one job file.
-struct StreamJob {
-    workspace: Workspace,
-    file: std::path::PathBuf,
-    name: String,
-}
-
-impl StreamJob {
-    /// A job named after `database`: its checkpoints in the target are its own.
-    fn new(mode: &str, database: &str, errors: &str) -> StreamJob {
-        let workspace = Workspace::new();
-        let name = database.replace('_', "-");
-        let file = workspace.write(
-            "job.yaml",
-            &format!(
-                "name: {name}\nmode: {mode}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-                 target:\n  type: postgres\n  url: ${{TARGET}}\nerrors: {{{errors}}}\n"
-            ),
-        );
-        StreamJob { workspace, file, name }
-    }
-
-    /// Starts the job and waits for its stream's first checkpoint.
-    fn start(&self) -> Guard {
-        let child =
-            self.workspace.start_run(&self.file, &mysql_url(), &postgres_url(), &["--summary-json", "summary.json"]);
-        wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &self.name).is_some());
-        child
-    }
-
-    /// Waits until the target holds everything the source committed so far, the run still going.
-    fn wait_converged(&self, child: &mut Guard) {
-        let source = source_position();
-        wait_for("the stream to reach the source", Duration::from_secs(60), || {
-            assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
-            stream_position("postgres", &self.name).is_some_and(|at| at >= source)
-        });
-    }
-
-    fn replay(&self) -> Run {
-        Run::from(
-            self.workspace
-                .command(&["replay", self.file.to_str().unwrap()])
-                .env("SOURCE", mysql_url())
-                .env("TARGET", postgres_url())
-                .output()
-                .unwrap(),
-        )
-    }
-
-    /// The job's dirty records as `sluice run` and `sluice replay` list them.
-    fn dirty(&self) -> Vec<serde_json::Value> {
-        let path = self.workspace.path(&format!(".sluice/{}/dirty.jsonl", self.name));
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        text.lines().map(|line| serde_json::from_str(line).expect("a record per line")).collect()
-    }
-}
-
 /// Rows of `database.table` with these ids, as `rows` renders them (`id|note|day`).
 fn with_ids(side: &str, table: &str, ids: &[i64]) -> Vec<String> {
     let all = rows(side, table, &["id", "note", "day"]);
@@ -150,7 +93,7 @@ fn changes_postgres_cannot_hold_become_dirty_records_and_the_stream_goes_on() {
          CREATE TABLE events (id INT PRIMARY KEY, note VARCHAR(40), day DATE);
          INSERT INTO events VALUES (1, 'copied', '2024-01-01'), (7, 'copied zero', '0000-00-00');"
     ));
-    let job = StreamJob::new("snapshot+cdc", &database, "max_dirty_records: 10, zero_dates: reject");
+    let job = StreamJob::new("snapshot+cdc", &database, "postgres", "", "max_dirty_records: 10, zero_dates: reject");
     let mut child = job.start();
     mariadb(&format!(
         "USE {database}; SET SESSION sql_mode = CONCAT(@@sql_mode, ',ALLOW_INVALID_DATES');
@@ -250,7 +193,7 @@ fn changes_postgres_cannot_hold_become_dirty_records_and_the_stream_goes_on() {
 fn past_the_dirty_record_budget_the_stream_stops_naming_table_key_and_column() {
     let database = unique_name("budget");
     mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, d DATE)"));
-    let job = StreamJob::new("cdc", &database, "max_dirty_records: 1");
+    let job = StreamJob::new("cdc", &database, "postgres", "", "max_dirty_records: 1");
     let mut child = job.start();
     mariadb(&format!("INSERT INTO {database}.t VALUES (1, '2024-01-01')"));
     job.wait_converged(&mut child);
