@@ -212,6 +212,7 @@ impl Writer for ParquetWriter {
                     key: key_text(&self.table, after),
                     reason: format!("target: {reason}"),
                     record: None,
+                    change: None,
                 });
                 continue;
             }

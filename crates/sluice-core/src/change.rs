@@ -66,6 +66,17 @@ pub fn key_text(table: &TableSchema, row: &Row) -> String {
         .join(", ")
 }
 
+/// A primary key's values (in key order) rendered as `key_text` renders its row.
+pub fn key_values_text(table: &TableSchema, key: &[crate::value::Value]) -> String {
+    table
+        .primary_key
+        .iter()
+        .zip(key)
+        .filter_map(|(&index, value)| Some(format!("{}={value}", table.columns.get(index)?.name)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A source position: opaque to the engine, owned and interpreted by the connector that made it.
 /// It is stored in checkpoints and served by the API, so it is plain JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -118,15 +129,63 @@ pub struct Rejected {
     pub key: String,
     /// Why, naming the column and side.
     pub reason: String,
-    /// The record itself, as JSON text, when it could be rendered.
+    /// The record itself, as JSON text, when it could be rendered. For a change of the stream,
+    /// the row after it (`None` when the change deleted the row).
     pub record: Option<String>,
+    /// A change of the stream left out of the target: where it is in the source's log, the row
+    /// before it, and the source row to read again on a replay. `None` for a copied row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<RejectedChange>,
+}
+
+/// What a dirty record of the change stream says beyond its row (`Rejected::change`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RejectedChange {
+    /// The commit position of the source transaction that made the change: the stream
+    /// resumes after it.
+    pub position: Position,
+    /// The row before the change, as JSON text in the target's columns; `None` when the change
+    /// inserted it.
+    pub before: Option<String>,
+    /// The source row the change belongs to, for a replay; `None` when the key the target sees
+    /// cannot be traced back to the source's (a transform computes or masks it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceKey>,
+}
+
+/// A row of a source table, by its primary key: its values in key order, as JSON
+/// (`crate::json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceKey {
+    pub table: String,
+    pub key: Vec<serde_json::Value>,
 }
 
 impl Rejected {
     /// A row of `table` refused for `reason`, keyed by its primary key.
     pub fn row(table: &TableSchema, row: &Row, reason: String) -> Rejected {
-        Rejected { table: table.name.to_string(), key: key_text(table, row), reason, record: None }
+        Rejected { table: table.name.to_string(), key: key_text(table, row), reason, record: None, change: None }
     }
+
+    /// Whether this is a change of the stream (replayed by its source key, not by its split).
+    pub fn of_stream(&self) -> bool {
+        self.change.is_some()
+    }
+}
+
+/// A row as a JSON object of its columns (`{"id": 5, "name": "x"}`), for dirty records.
+pub fn row_json(table: &TableSchema, row: &Row) -> String {
+    let mut text = String::from("{");
+    for (index, (column, value)) in table.columns.iter().zip(row).enumerate() {
+        if index > 0 {
+            text.push_str(", ");
+        }
+        text.push_str(&serde_json::Value::from(column.name.as_str()).to_string());
+        text.push_str(": ");
+        crate::json::encode_value(value, &mut text);
+    }
+    text.push('}');
+    text
 }
 
 /// An ordered group of changes of one split, and the position at which the source resumes after

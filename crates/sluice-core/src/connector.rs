@@ -204,6 +204,16 @@ pub trait Source: Send + Sync {
         Err(Error::new(ErrorKind::Config, "this source cannot stream changes").on(Side::Source))
     }
 
+    /// A split of `table` holding exactly the rows with these primary keys (values in key
+    /// order), read as any split (`open`): how a dirty record of the change stream is read again
+    /// from the source for a replay. A source that cannot read rows by key says so
+    /// (`ErrorKind::Config`).
+    fn key_split(&self, table: &Arc<TableSchema>, _keys: &[Row]) -> Result<Split> {
+        Err(Error::new(ErrorKind::Config, format!("this source cannot read rows of table {} by their key", table.name))
+            .on(Side::Source)
+            .hint("fix the rows in the target by hand, then discard their records"))
+    }
+
     /// Whether the target applies this source's changes by key always, as it does inside a
     /// `snapshot+cdc` replay window: an insert replaces the row, an update or a delete of a row
     /// the target lacks is no error. True for streams of change events, where the producer's
@@ -559,8 +569,11 @@ pub trait ChangeWriter: Send {
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()>;
 
     /// Inserts rows. A row whose primary key exists is an `ErrorKind::Conflict` error naming the
-    /// table and the key.
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()>;
+    /// table and the key. A row the target refuses for its content (a value out of its column's
+    /// range, bytes its encoding refuses, a constraint other than the key) is left out, the
+    /// others inserted, and returned with the reason (`find_refused`); a writer that cannot
+    /// tell fails the call instead.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>>;
 
     /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
     /// none of it is.
@@ -617,6 +630,48 @@ pub trait ChangeWriter: Send {
     }
 }
 
+/// A row a writer left out because the target refused its content.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refused {
+    /// Its index in the rows the writer was given.
+    pub index: usize,
+    /// Why, naming the column when the target says which.
+    pub reason: String,
+}
+
+/// Rows tried together inside the target's open transaction, each try undone on its own when a
+/// row's content fails it (a savepoint): what `find_refused` needs of a writer.
+#[async_trait]
+pub trait RowTrial: Send {
+    /// Writes `rows` of the rows being tried. `Ok(Some(reason))`: a row's content failed them
+    /// and none of them was written; `Ok(None)`: they were; any other failure is an error.
+    async fn try_rows(&mut self, rows: std::ops::Range<usize>) -> Result<Option<String>>;
+}
+
+/// Writes `count` rows through `trial`: all at once, and when a row's content fails them, the
+/// halves again until each refused row is found alone; the others are written. Returns the
+/// refused ones: a few tries per refused row, not one per row.
+pub async fn find_refused(trial: &mut dyn RowTrial, count: usize) -> Result<Vec<Refused>> {
+    let mut refused = Vec::new();
+    let mut pending = Vec::with_capacity(8);
+    pending.push(0..count);
+    while let Some(rows) = pending.pop() {
+        if rows.is_empty() {
+            continue;
+        }
+        let Some(reason) = trial.try_rows(rows.clone()).await? else { continue };
+        if rows.len() == 1 {
+            refused.push(Refused { index: rows.start, reason });
+            continue;
+        }
+        let middle = rows.start + rows.len() / 2;
+        // Popped in row order: the first half next.
+        pending.push(middle..rows.end);
+        pending.push(rows.start..middle);
+    }
+    Ok(refused)
+}
+
 /// Writes one task's batches.
 ///
 /// The protocol: `recover` once, then any number of `write` and `commit`. What `write` stages
@@ -644,4 +699,51 @@ pub trait Writer: Send {
     /// Transactional targets delete in the open transaction; a file target, which starts a
     /// split's part over at `recover`, has nothing to remove.
     async fn replace_all(&mut self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows 0..n into a target that refuses the rows in `bad`, counting its tries.
+    struct Trial {
+        bad: Vec<usize>,
+        written: Vec<usize>,
+        tries: usize,
+    }
+
+    #[async_trait]
+    impl RowTrial for Trial {
+        async fn try_rows(&mut self, rows: std::ops::Range<usize>) -> Result<Option<String>> {
+            self.tries += 1;
+            match rows.clone().find(|row| self.bad.contains(row)) {
+                Some(row) => Ok(Some(format!("row {row} refused"))),
+                None => {
+                    self.written.extend(rows);
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_rows_are_found_in_a_few_tries_and_the_others_written() {
+        let mut trial = Trial { bad: vec![3, 700], written: Vec::new(), tries: 0 };
+        let refused = find_refused(&mut trial, 1_000).await.unwrap();
+        assert_eq!(
+            refused,
+            vec![
+                Refused { index: 3, reason: "row 3 refused".into() },
+                Refused { index: 700, reason: "row 700 refused".into() }
+            ]
+        );
+        trial.written.sort_unstable();
+        assert_eq!(trial.written, (0..1_000).filter(|row| *row != 3 && *row != 700).collect::<Vec<_>>());
+        assert!(trial.tries <= 1 + 2 * 2 * 10, "{} tries", trial.tries);
+
+        let mut clean = Trial { bad: Vec::new(), written: Vec::new(), tries: 0 };
+        assert!(find_refused(&mut clean, 50).await.unwrap().is_empty());
+        assert_eq!((clean.tries, clean.written.len()), (1, 50), "one try when nothing is refused");
+        assert!(find_refused(&mut clean, 0).await.unwrap().is_empty());
+    }
 }

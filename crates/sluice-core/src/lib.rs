@@ -8,6 +8,7 @@ pub mod error;
 pub mod failpoint;
 pub mod filter;
 pub mod hidden;
+pub mod json;
 pub mod net_changes;
 pub mod planner;
 pub mod retry;

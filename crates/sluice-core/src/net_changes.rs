@@ -27,6 +27,25 @@ struct Entry {
     key: Row,
     existed: bool,
     row: Option<Row>,
+    /// The row before the group's first change to the key, when that change carried it (an
+    /// update or a delete): the dirty record of a refused row shows it.
+    before: Option<Row>,
+    /// The key's changes are applied by key (`ApplyMode::Replay` or `Dirty`): its row is
+    /// deleted whether or not the target has it, then its final image inserted.
+    by_key: bool,
+    /// The group's transaction (`NetChanges::end_transaction` counts them) that changed it last.
+    transaction: usize,
+}
+
+/// A row of a table without a primary key, and how many copies of it came (positive) or went
+/// (negative).
+#[derive(Debug)]
+struct Copies {
+    row: Row,
+    count: i64,
+    /// A copy with a dirty record (`ApplyMode::Dirty`): one that should go need not be there.
+    dirty: bool,
+    transaction: usize,
 }
 
 #[derive(Debug)]
@@ -34,32 +53,49 @@ struct TableChanges {
     table: Arc<TableSchema>,
     positions: HashMap<String, usize>,
     entries: Vec<Entry>,
-    /// A table without a primary key: each distinct row and how many copies came (positive) or
-    /// went (negative), in order of first appearance.
-    copies: Vec<(Row, i64)>,
+    /// A table without a primary key: each distinct row and its copies, in order of first
+    /// appearance.
+    copies: Vec<Copies>,
 }
 
 impl TableChanges {
     /// Counts `change` copies of `row` in (a keyless table).
-    fn count(&mut self, row: Row, change: i64) {
+    fn count(&mut self, row: Row, change: i64, dirty: bool, transaction: usize) {
         let text = format!("{row:?}");
         let next = self.copies.len();
         let index = *self.positions.entry(text).or_insert(next);
         if index == next {
-            self.copies.push((row, 0));
+            self.copies.push(Copies { row, count: 0, dirty: false, transaction });
         }
-        self.copies[index].1 += change;
+        let copies = &mut self.copies[index];
+        copies.count += change;
+        copies.dirty |= dirty;
+        copies.transaction = transaction;
     }
 
-    fn entry(&mut self, key: Row, existed: bool) -> &mut Entry {
+    /// The entry of `key`, made on its first change (`existed` says whether that change found a
+    /// row), and whether it was made now.
+    fn entry(&mut self, key: Row, existed: bool, mode: ApplyMode, transaction: usize) -> (&mut Entry, bool) {
         let text = format!("{key:?}");
+        let mut made = false;
         let index = *self.positions.entry(text).or_insert_with(|| {
             // A key first seen by an update or delete existed; its caller sets `row` right away,
             // so the empty placeholder image never reaches the target.
-            self.entries.push(Entry { key, existed, row: if existed { Some(Vec::new()) } else { None } });
+            self.entries.push(Entry {
+                key,
+                existed,
+                row: if existed { Some(Vec::new()) } else { None },
+                before: None,
+                by_key: false,
+                transaction,
+            });
+            made = true;
             self.entries.len() - 1
         });
-        &mut self.entries[index]
+        let entry = &mut self.entries[index];
+        entry.by_key |= mode != ApplyMode::Strict;
+        entry.transaction = transaction;
+        (entry, made)
     }
 }
 
@@ -72,6 +108,25 @@ pub enum ApplyMode {
     /// The changes between a snapshot's start and end: the snapshot may already hold some of
     /// them, so every touched key is deleted (present or not) and its final image inserted.
     Replay,
+    /// A change of a row with a dirty record: a change of it was left out (refused by the
+    /// target, or the copy refused the row), so the target may lack the row or hold an older
+    /// one. Its key is applied as in `Replay`, on top of what the target has, and so is a copy
+    /// of a keyless table's row; the other keys of the group stay strict.
+    Dirty,
+}
+
+/// A row the target refused for its content when the fold was applied (`ChangeWriter::insert`):
+/// left out of the target, the key's earlier row deleted, to be kept as a dirty record.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// The target table, under its own name.
+    pub table: Arc<TableSchema>,
+    /// The row before the group changed it, when a change carried it.
+    pub before: Option<Row>,
+    pub after: Row,
+    /// The group's transaction that changed the row last (`NetChanges::end_transaction`).
+    pub transaction: usize,
+    pub reason: String,
 }
 
 /// The folded changes of a group, tables in order of first appearance.
@@ -80,8 +135,17 @@ pub struct NetChanges {
     tables: Vec<TableChanges>,
     /// Changes folded since the last `apply`.
     changes: usize,
-    /// Some change was folded in `Replay` mode, so the whole fold is applied that way.
-    replay: bool,
+    /// Source transactions of the group ended so far: the open one's number.
+    transaction: usize,
+}
+
+/// What applying a fold did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Changes applied, less the rows the target refused.
+    pub changes: usize,
+    /// Rows the target refused, left out.
+    pub refused: Vec<Refusal>,
 }
 
 impl NetChanges {
@@ -94,12 +158,23 @@ impl NetChanges {
         self.changes == 0
     }
 
+    /// The open source transaction ended: the changes folded next are the next one's.
+    pub fn end_transaction(&mut self) {
+        self.transaction += 1;
+    }
+
+    /// The group commits: the next group's transactions are counted from 0.
+    pub fn end_group(&mut self) {
+        self.transaction = 0;
+    }
+
     /// Folds one change in. A change inconsistent with the ones before it in the same group (an
     /// insert of a key the group already holds a row for, an update or delete of a key the group
     /// deleted) is an error in `Strict` mode, where it means the source log is not what the
     /// stream assumes.
     pub fn add(&mut self, change: Change, mode: ApplyMode) -> Result<()> {
         let table = &change.table;
+        let transaction = self.transaction;
         // The same table under the same schema; a schema change comes with a flush before it.
         let same = |known: &TableChanges| {
             Arc::ptr_eq(&known.table, table) || (known.table.name == table.name && known.table.columns == table.columns)
@@ -121,17 +196,17 @@ impl NetChanges {
             // Rows known by their values: the copies that came and went, whatever the mode (the
             // stream applies a keyless table's changes only past its copy).
             let copies = &mut self.tables[position];
+            let dirty = mode == ApplyMode::Dirty;
             match change.kind {
-                ChangeKind::Insert { after } => copies.count(after, 1),
-                ChangeKind::Delete { before } => copies.count(before, -1),
+                ChangeKind::Insert { after } => copies.count(after, 1, dirty, transaction),
+                ChangeKind::Delete { before } => copies.count(before, -1, dirty, transaction),
                 ChangeKind::Update { before, after } => {
-                    copies.count(before, -1);
-                    copies.count(after, 1);
+                    copies.count(before, -1, dirty, transaction);
+                    copies.count(after, 1, dirty, transaction);
                 }
             }
             return Ok(());
         }
-        self.replay |= mode == ApplyMode::Replay;
         let key_of = |row: &Row| -> Row { table.primary_key.iter().map(|&index| row[index].clone()).collect() };
         let table_changes = &mut self.tables[position];
         let inconsistent = |what: &str, row: &Row| {
@@ -143,38 +218,47 @@ impl NetChanges {
         };
         match change.kind {
             ChangeKind::Insert { after } => {
-                let entry = table_changes.entry(key_of(&after), false);
+                let (entry, _) = table_changes.entry(key_of(&after), false, mode, transaction);
                 if entry.row.is_some() && mode == ApplyMode::Strict {
                     return Err(inconsistent("an insert", &after));
                 }
                 entry.row = Some(after);
             }
             ChangeKind::Delete { before } => {
-                let entry = table_changes.entry(key_of(&before), true);
+                let (entry, made) = table_changes.entry(key_of(&before), true, mode, transaction);
                 if entry.row.is_none() && mode == ApplyMode::Strict {
                     return Err(inconsistent("a delete", &before));
                 }
                 entry.row = None;
+                if made {
+                    entry.before = Some(before);
+                }
             }
             ChangeKind::Update { before, after } => {
                 let (old_key, new_key) = (key_of(&before), key_of(&after));
                 if old_key != new_key {
-                    let entry = table_changes.entry(old_key, true);
+                    let (entry, made) = table_changes.entry(old_key, true, mode, transaction);
                     if entry.row.is_none() && mode == ApplyMode::Strict {
                         return Err(inconsistent("an update", &before));
                     }
                     entry.row = None;
-                    let entry = table_changes.entry(new_key, false);
+                    if made {
+                        entry.before = Some(before);
+                    }
+                    let (entry, _) = table_changes.entry(new_key, false, mode, transaction);
                     if entry.row.is_some() && mode == ApplyMode::Strict {
                         return Err(inconsistent("an update", &after));
                     }
                     entry.row = Some(after);
                 } else {
-                    let entry = table_changes.entry(new_key, true);
+                    let (entry, made) = table_changes.entry(new_key, true, mode, transaction);
                     if entry.row.is_none() && mode == ApplyMode::Strict {
                         return Err(inconsistent("an update", &before));
                     }
                     entry.row = Some(after);
+                    if made {
+                        entry.before = Some(before);
+                    }
                 }
             }
         }
@@ -183,51 +267,86 @@ impl NetChanges {
 
     /// Applies the folded changes inside the writer's open transaction: first every table's
     /// deletes, then every table's inserts, so a unique key moved from one row to another within
-    /// the group does not collide. `Strict` unless a change was folded in `Replay` mode. `target`
-    /// maps a source table to its target table. Returns the number of changes applied and leaves
-    /// the fold empty.
+    /// the group does not collide. Keys folded in `Replay` or `Dirty` mode are deleted whether
+    /// or not the target has them; the others must be there. `target` maps a table to the one
+    /// its rows are written into (a hidden copy's name). Leaves the fold empty.
     pub async fn apply(
         &mut self,
         writer: &mut dyn ChangeWriter,
         target: &mut (dyn FnMut(&Arc<TableSchema>) -> Arc<TableSchema> + Send),
-    ) -> Result<usize> {
-        let mode = if std::mem::take(&mut self.replay) { ApplyMode::Replay } else { ApplyMode::Strict };
+    ) -> Result<Applied> {
         let tables = std::mem::take(&mut self.tables);
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
         for (changes, target) in tables.iter().zip(&targets) {
             if !changes.copies.is_empty() {
-                // A keyless table: one matching row per copy that went, each must exist.
-                let gone: Vec<Row> = copies(&changes.copies, |count| -count);
-                if !gone.is_empty() {
-                    writer.delete(target, &gone, true).await?;
+                // A keyless table: one matching row per copy that went, each must exist (unless
+                // it is dirty).
+                for dirty in [false, true] {
+                    let gone: Vec<Row> = copies(&changes.copies, |copies| copies.dirty == dirty, |count| -count);
+                    if !gone.is_empty() {
+                        writer.delete(target, &gone, !dirty).await?;
+                    }
                 }
                 continue;
             }
-            let keys: Vec<Row> = changes
+            let strict: Vec<Row> = changes
                 .entries
                 .iter()
-                .filter(|entry| entry.existed || mode == ApplyMode::Replay)
+                .filter(|entry| entry.existed && !entry.by_key)
                 .map(|entry| entry.key.clone())
                 .collect();
-            if !keys.is_empty() {
-                writer.delete(target, &keys, mode == ApplyMode::Strict).await?;
+            if !strict.is_empty() {
+                writer.delete(target, &strict, true).await?;
+            }
+            let by_key: Vec<Row> =
+                changes.entries.iter().filter(|entry| entry.by_key).map(|entry| entry.key.clone()).collect();
+            if !by_key.is_empty() {
+                writer.delete(target, &by_key, false).await?;
             }
         }
+        let mut refused_rows = Vec::new();
         for (changes, target) in tables.into_iter().zip(&targets) {
-            let mut rows: Vec<Row> = copies(&changes.copies, |count| count);
-            rows.extend(changes.entries.into_iter().filter_map(|entry| entry.row));
-            if !rows.is_empty() {
-                writer.insert(target, &rows).await?;
+            let mut rows: Vec<Row> = copies(&changes.copies, |_| true, |count| count);
+            // What each row refused would be kept with: the row before, the transaction.
+            let mut origins: Vec<(Option<Row>, usize)> = changes
+                .copies
+                .iter()
+                .flat_map(|copies| std::iter::repeat_n((None, copies.transaction), copies.count.max(0) as usize))
+                .collect();
+            for entry in changes.entries {
+                if let Some(row) = entry.row {
+                    rows.push(row);
+                    origins.push((entry.before, entry.transaction));
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            for refusal in writer.insert(target, &rows).await? {
+                let (before, transaction) = std::mem::take(&mut origins[refusal.index]);
+                refused_rows.push(Refusal {
+                    table: changes.table.clone(),
+                    before,
+                    after: std::mem::take(&mut rows[refusal.index]),
+                    transaction,
+                    reason: refusal.reason,
+                });
             }
         }
-        Ok(applied)
+        Ok(Applied { changes: applied.saturating_sub(refused_rows.len()), refused: refused_rows })
     }
 }
 
-/// Each row repeated as many times as `wanted` of its count says (none when not positive).
-fn copies(counted: &[(Row, i64)], wanted: impl Fn(i64) -> i64) -> Vec<Row> {
-    counted.iter().flat_map(|(row, count)| std::iter::repeat_n(row, wanted(*count).max(0) as usize)).cloned().collect()
+/// Each row of `counted` that `chosen` takes, repeated as many times as `wanted` of its count
+/// says (none when not positive).
+fn copies(counted: &[Copies], chosen: impl Fn(&Copies) -> bool, wanted: impl Fn(i64) -> i64) -> Vec<Row> {
+    counted
+        .iter()
+        .filter(|copies| chosen(copies))
+        .flat_map(|copies| std::iter::repeat_n(&copies.row, wanted(copies.count).max(0) as usize))
+        .cloned()
+        .collect()
 }
 
 /// The error of a source RENAME whose new name the target has already, with rows.
@@ -272,7 +391,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::connector::Checkpoint;
+    use crate::connector::{Checkpoint, Refused};
     use crate::schema::{Column, DataType, TableName};
     use crate::value::Value;
 
@@ -319,18 +438,24 @@ mod tests {
             }
             Ok(())
         }
-        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<()> {
+        /// Refuses a negative value, as a column with a CHECK would.
+        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
             self.statements += 1;
-            for row in rows {
+            let mut refused = Vec::new();
+            for (index, row) in rows.iter().enumerate() {
                 let value = match row[1] {
                     Value::Int(value) => value,
                     _ => unreachable!(),
                 };
+                if value < 0 {
+                    refused.push(Refused { index, reason: "column v: negative".into() });
+                    continue;
+                }
                 if self.rows.insert(id(row), value).is_some() {
                     return Err(Error::new(ErrorKind::Conflict, format!("id={} exists", id(row))));
                 }
             }
-            Ok(())
+            Ok(refused)
         }
         async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
             Ok(())
@@ -369,6 +494,42 @@ mod tests {
         apply(&mut target, changes, ApplyMode::Strict).await.unwrap();
         assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 12), (2, 22), (3, 41), (5, 31)]);
         assert_eq!(target.statements, 2);
+    }
+
+    /// A row the target refuses is left out (the key's row before it goes) with what its dirty
+    /// record shows: the row before the group and the transaction that changed it last. The
+    /// key's later changes, folded as `Dirty`, apply on top of what the target has, while the
+    /// group's other keys stay strict.
+    #[tokio::test]
+    async fn a_refused_row_is_left_out_and_its_key_later_applies_on_top_of_the_target() {
+        let table = table();
+        let update = |before, after| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+        let held = |target: &MemoryTarget| target.rows.iter().map(|(id, v)| (*id, *v)).collect::<Vec<_>>();
+        let mut target = MemoryTarget::default();
+        target.rows.insert(1, 10);
+        let mut net = NetChanges::default();
+        net.add(insert(2, 20), ApplyMode::Strict).unwrap();
+        net.end_transaction();
+        net.add(update(row(1, 10), row(1, 5)), ApplyMode::Strict).unwrap();
+        net.add(update(row(1, 5), row(1, -1)), ApplyMode::Strict).unwrap();
+        let applied = net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
+        assert_eq!(applied.changes, 2, "three changes, one refused row");
+        let [refusal] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
+        assert_eq!(
+            (&refusal.before, &refusal.after, refusal.transaction, refusal.reason.as_str()),
+            (&Some(row(1, 10)), &row(1, -1), 1, "column v: negative")
+        );
+        assert_eq!(held(&target), vec![(2, 20)], "the refused key's row is gone");
+        net.end_group();
+
+        // Key 1 changes again: strict, its update would find no row.
+        net.add(update(row(1, -1), row(1, 11)), ApplyMode::Dirty).unwrap();
+        net.add(insert(3, 30), ApplyMode::Strict).unwrap();
+        let applied = net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
+        assert!(applied.refused.is_empty());
+        assert_eq!(held(&target), vec![(1, 11), (2, 20), (3, 30)]);
+        let error = apply(&mut target, vec![insert(3, 31)], ApplyMode::Strict).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Conflict, "the other keys stay strict");
     }
 
     #[tokio::test]
@@ -502,9 +663,9 @@ mod tests {
             }
             Ok(())
         }
-        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<()> {
+        async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
             self.rows.extend(rows.iter().cloned());
-            Ok(())
+            Ok(Vec::new())
         }
         async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
             Ok(())
@@ -529,8 +690,11 @@ mod tests {
         net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
         target.rows.sort_by_key(|row| format!("{row:?}"));
         assert_eq!(target.rows, vec![row(1, 1), row(1, 2), row(1, 4)]);
-        // A row that is not there to delete stops the stream, replay or not.
+        // A row that is not there to delete stops the stream, replay or not; unless it is dirty
+        // (a change that wrote it was left out).
         let mut net = NetChanges::default();
+        net.add(delete(9), ApplyMode::Dirty).unwrap();
+        net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
         net.add(delete(9), ApplyMode::Replay).unwrap();
         let error = net.apply(&mut target, &mut |table| table.clone()).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Conflict);

@@ -26,7 +26,7 @@ mod copied_keys;
 mod replay;
 mod stream;
 
-pub use replay::Replayed;
+pub use replay::{DirtyEntry, ReplayReport, Replayed, Verdict};
 
 pub use stream::STREAM_TASK;
 
@@ -105,6 +105,9 @@ pub struct Runner {
     /// commits DDL on its own must apply before that transaction: the next attempt applies them
     /// first.
     reshape_first: Mutex<Vec<Arc<TableSchema>>>,
+    /// The changes the stream left out as dirty records this run (table, key, position), so
+    /// the summary counts each once.
+    stream_dirty: Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -144,6 +147,7 @@ impl Runner {
             restart: std::sync::atomic::AtomicBool::new(false),
             hidden: Mutex::new(HiddenCopies::default()),
             reshape_first: Mutex::new(Vec::new()),
+            stream_dirty: Mutex::new(Default::default()),
         }
     }
 
@@ -528,27 +532,8 @@ impl Runner {
         let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
         rejects.extend(target_rejects);
         if !rejects.is_empty() {
-            // Dirty records are stored before the commit that moves past them, so a crash cannot
-            // lose them; storing is idempotent, so a replay cannot count them twice.
-            let total = self.state.record_dirty(&self.job.name, &split.id, &rejects)?;
             TableStats::add(&stats.rows_skipped, rejects.len() as u64);
-            for reject in &rejects {
-                log::warn!("dirty record in {} ({}): {}", reject.table, reject.key, reject.reason);
-            }
-            if total > self.job.errors.max_dirty_records {
-                let last = rejects.last().expect("rejects is not empty");
-                return Err(Error::new(
-                    ErrorKind::Data,
-                    format!(
-                        "{total} dirty records exceed errors.max_dirty_records = {}; the last: table {}, key {}: {}",
-                        self.job.errors.max_dirty_records, last.table, last.key, last.reason
-                    ),
-                )
-                .hint(
-                    "fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory \
-                     (on a server: GET /api/v1/jobs/NAME/dirty, `sluice job dirty NAME`)",
-                ));
-            }
+            self.keep_dirty(&split.id, &rejects)?;
         }
         *rows_written += written;
         let checkpoint = Checkpoint {
@@ -562,6 +547,32 @@ impl Runner {
         TableStats::add(&stats.rows_written, written);
         self.state.save_checkpoint(&self.job.name, &checkpoint)?;
         Ok(batch.position)
+    }
+
+    /// Keeps rows that could not be read or written as dirty records of `task`, logs each with
+    /// its table and key, and fails once the job has more than `errors.max_dirty_records` (one
+    /// budget for the copy and the stream). Called before the commit that moves past them, so a
+    /// crash cannot lose them; storing is idempotent, so a batch or group applied again after a
+    /// failed commit does not count them twice.
+    fn keep_dirty(&self, task: &str, rejects: &[Rejected]) -> Result<()> {
+        let total = self.state.record_dirty(&self.job.name, task, rejects)?;
+        for reject in rejects {
+            log::warn!("dirty record in {} ({}): {}", reject.table, reject.key, reject.reason);
+        }
+        match rejects.last() {
+            Some(last) if total > self.job.errors.max_dirty_records => Err(Error::new(
+                ErrorKind::Data,
+                format!(
+                    "{total} dirty records exceed errors.max_dirty_records = {}; the last: table {}, key {}: {}",
+                    self.job.errors.max_dirty_records, last.table, last.key, last.reason
+                ),
+            )
+            .hint(
+                "fix the data or raise errors.max_dirty_records; the dirty records are kept in the state directory \
+                 (on a server: GET /api/v1/jobs/NAME/dirty, `sluice job dirty NAME`)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// A batch as the target gets it: transformed, and judged by the zero-date policy; with the
@@ -753,6 +764,7 @@ mod tests {
                         key: format!("id={id}"),
                         reason: "source: bad".into(),
                         record: None,
+                        change: None,
                     });
                 } else {
                     changes.push(Change::insert(table(), vec![Value::Int(id)]));

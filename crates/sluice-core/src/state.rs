@@ -51,7 +51,9 @@ pub trait StateStore: Send + Sync {
     fn checkpoints(&self, job: &str) -> Result<Vec<Checkpoint>>;
 
     /// Keeps dirty records of a task. Idempotent per (task, table, key): a batch replayed after a
-    /// crash does not count its rejects twice. Returns the job's total number of dirty records.
+    /// crash does not count its rejects twice. A record of the stream (`Rejected::change`)
+    /// replaces the one kept for its key: a row the stream leaves out again shows its last
+    /// change and counts once. Returns the job's total number of dirty records.
     fn record_dirty(&self, job: &str, task: &str, records: &[Rejected]) -> Result<u64>;
 
     /// The job's dirty records, oldest first.
@@ -132,11 +134,13 @@ impl StateStore for MemoryStateStore {
         let mut state = self.lock();
         let dirty = state.dirty.entry(job.to_owned()).or_default();
         for record in records {
-            let known = dirty.iter().any(|(known_task, known)| {
+            let known = dirty.iter_mut().find(|(known_task, known)| {
                 known_task == task && known.table == record.table && known.key == record.key
             });
-            if !known {
-                dirty.push((task.to_owned(), record.clone()));
+            match known {
+                Some((_, known)) if record.of_stream() => *known = record.clone(),
+                Some(_) => {}
+                None => dirty.push((task.to_owned(), record.clone())),
             }
         }
         Ok(dirty.len() as u64)

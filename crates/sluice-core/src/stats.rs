@@ -109,6 +109,9 @@ pub struct StreamStats {
     pub schema_changes: AtomicU64,
     /// Row changes a transform's `filter` left out (both images outside it).
     pub changes_filtered: AtomicU64,
+    /// Changes left out as dirty records (a value the target cannot hold), each counted once
+    /// per run.
+    pub dirty_records: AtomicU64,
     /// Unix seconds before which the target holds every change the source committed: the
     /// source commit time of the last transaction applied, or the time of the last heartbeat
     /// seen with nothing left to apply. 0 before the stream applied or saw anything.
@@ -196,6 +199,7 @@ impl StreamStats {
             transactions_applied: load(&self.transactions_applied),
             schema_changes: load(&self.schema_changes),
             changes_filtered: load(&self.changes_filtered),
+            dirty_records: load(&self.dirty_records),
             lag_seconds: self.lag_seconds(),
             position: self
                 .position
@@ -224,6 +228,8 @@ pub struct StreamSummary {
     pub transactions_applied: u64,
     pub schema_changes: u64,
     pub changes_filtered: u64,
+    /// Changes left out as dirty records.
+    pub dirty_records: u64,
     pub lag_seconds: u64,
     /// The last source position committed in the target.
     pub position: Option<serde_json::Value>,

@@ -1,7 +1,7 @@
 //! The zero-date policy: MySQL stores `0000-00-00` and `2020-00-15`, most targets cannot. For
 //! such a target the runner rejects the row or stores NULL, as the job says, and counts either.
 
-use crate::change::{key_text, Batch, ChangeKind, Rejected};
+use crate::change::{Batch, ChangeKind, Rejected};
 use crate::schema::DataType;
 use crate::spec::ZeroDates;
 use crate::value::Value;
@@ -23,6 +23,8 @@ fn holds_dates(data_type: &DataType) -> bool {
 pub struct Outcome {
     pub batch: Batch,
     pub rejected: Vec<Rejected>,
+    /// The index in the batch of each change of `rejected`, in the same order.
+    pub left_out: Vec<usize>,
     /// Zero dates stored as NULL.
     pub nulled: u64,
 }
@@ -46,10 +48,11 @@ pub fn apply(batch: &Batch, policy: ZeroDates, target: &str) -> Option<Outcome> 
     let mut outcome = Outcome {
         batch: Batch { changes: Vec::with_capacity(batch.changes.len()), ..batch.clone() },
         rejected: Vec::new(),
+        left_out: Vec::new(),
         nulled: 0,
     };
     outcome.batch.changes.clear();
-    for change in &batch.changes {
+    for (position, change) in batch.changes.iter().enumerate() {
         let mut change = change.clone();
         let table = change.table.clone();
         let after = match &mut change.kind {
@@ -85,12 +88,10 @@ pub fn apply(batch: &Batch, policy: ZeroDates, target: &str) -> Option<Outcome> 
         }
         match refusal {
             None => outcome.batch.changes.push(change),
-            Some(reason) => outcome.rejected.push(Rejected {
-                table: table.name.to_string(),
-                key: key_text(&table, change.row()),
-                reason,
-                record: None,
-            }),
+            Some(reason) => {
+                outcome.rejected.push(Rejected::row(&table, change.row(), reason));
+                outcome.left_out.push(position);
+            }
         }
     }
     Some(outcome)
@@ -130,6 +131,7 @@ mod tests {
     fn reject_makes_every_zero_date_row_dirty() {
         let outcome = apply(&batch(), ZeroDates::Reject, "postgres").unwrap();
         assert_eq!((outcome.batch.changes.len(), outcome.rejected.len(), outcome.nulled), (1, 2, 0));
+        assert_eq!(outcome.left_out, vec![0, 1], "which changes of the batch were refused");
         assert!(outcome.rejected[0].reason.contains("column a: zero date '0000-00-00' cannot be stored in postgres"));
     }
 
@@ -137,6 +139,7 @@ mod tests {
     fn null_stores_null_where_the_column_allows_it_and_counts_it() {
         let outcome = apply(&batch(), ZeroDates::Null, "postgres").unwrap();
         assert_eq!((outcome.batch.changes.len(), outcome.rejected.len(), outcome.nulled), (2, 1, 1));
+        assert_eq!(outcome.left_out, vec![1]);
         assert_eq!(outcome.batch.changes[0].row()[0], Value::Null);
         assert!(outcome.rejected[0].reason.contains("column b") && outcome.rejected[0].reason.contains("NOT NULL"));
     }

@@ -80,6 +80,17 @@ enum Command {
         #[arg(long, default_value = ".sluice")]
         state_dir: PathBuf,
     },
+    /// Write a standalone job's dirty records again after a fix: each row is read again from the
+    /// source (a copied row from its split, a change the stream left out by its key, as the source
+    /// has it now) and written by key with the job as it is now; the records written are
+    /// forgotten, those refused again keep their new reason. Exit code 1 while some stay.
+    Replay {
+        /// The job file.
+        job: PathBuf,
+        /// The state directory of the job's runs, which keeps its dirty records.
+        #[arg(long, default_value = ".sluice")]
+        state_dir: PathBuf,
+    },
     /// Preflight: validate the job file, reach the source and the target, check their settings.
     Check {
         /// The job file.
@@ -210,6 +221,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run { job, state_dir, summary_json, restart } => run(job, state_dir, summary_json, restart).await,
             Command::Reset { job, state_dir } => reset(job, state_dir).await,
+            Command::Replay { job, state_dir } => replay(job, state_dir).await,
             Command::Check { job } => check(job).await,
             Command::Tail { job, format, from, connection } => {
                 let connection =
@@ -388,6 +400,66 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
         }
         Err(error) => fail(&error),
     }
+}
+
+/// `sluice replay`: the job's dirty records written again by key (`Runner::replay_records`),
+/// their outcome kept in the state directory and `dirty.jsonl` written anew.
+async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
+    let Some(mut job) = load(&path) else { return 2 };
+    job.target.write_mode = sluice_core::spec::WriteMode::Upsert;
+    if let Some(error) = sluice_connectors::validate(&job).into_iter().find(|error| error.path.starts_with("target")) {
+        let error = Error::config(format!("job {}: its dirty records cannot be replayed: {error}", job.name))
+            .hint("a replay writes rows again by key; fix them in the target by hand instead");
+        return fail(&error);
+    }
+    let job = Arc::new(job);
+    let result = async {
+        let state = SqliteStateStore::open(&state_dir)?;
+        let entries = state.dirty_entries(&job.name)?;
+        if entries.is_empty() {
+            return Ok((entries, sluice_core::runner::ReplayReport::default()));
+        }
+        let plan = sluice_core::state::StateStore::load_plan(&state, &job.name)?;
+        let (_stop, stopped) = watch::channel(false);
+        let scratch: Arc<dyn sluice_core::state::StateStore> =
+            Arc::new(sluice_core::state::MemoryStateStore::default());
+        let runner = Runner::new(
+            job.clone(),
+            sluice_connectors::source(&job)?,
+            sluice_connectors::sink(&job)?,
+            scratch,
+            stopped,
+        );
+        let report = runner.replay_records(plan.as_ref(), &entries).await?;
+        state.settle_replay(&job.name, &report)?;
+        state.export_dirty(&job.name)?;
+        Ok::<_, Error>((entries, report))
+    }
+    .await;
+    let (entries, report) = match result {
+        Ok(done) => done,
+        Err(error) => return fail(&error),
+    };
+    let mut kept = 0;
+    for (id, verdict) in &report.verdicts {
+        let why = match verdict {
+            sluice_core::runner::Verdict::Written => continue,
+            sluice_core::runner::Verdict::Refused(reason) => reason,
+            sluice_core::runner::Verdict::Kept(why) => why,
+        };
+        kept += 1;
+        if let Some(entry) = entries.iter().find(|entry| entry.id == *id) {
+            eprintln!("still dirty: {} ({}): {why}", entry.record.table, entry.record.key);
+        }
+    }
+    eprintln!(
+        "job {}: {} of {} dirty records replayed ({} rows written again); {kept} still dirty",
+        job.name,
+        report.verdicts.len() - kept,
+        entries.len(),
+        report.rows_written
+    );
+    u8::from(kept > 0)
 }
 
 /// The current version of a job on the server: its document and whether it is JSON.
@@ -670,6 +742,9 @@ fn print_summary(summary: &RunSummary, to_stderr: bool) {
         out!("  {}", progress::stream_line(stream, rate));
         if stream.schema_changes > 0 {
             out!("  {} DDL statements carried to the target", stream.schema_changes);
+        }
+        if stream.dirty_records > 0 {
+            out!("  {} changes left out of the target as dirty records", group(stream.dirty_records));
         }
     }
     if to_stderr {

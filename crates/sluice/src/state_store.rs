@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 use sluice_core::change::{Position, Rejected};
 use sluice_core::connector::Checkpoint;
+use sluice_core::runner::{DirtyEntry, ReplayReport, Verdict};
 use sluice_core::state::{Plan, StateStore};
 use sluice_core::stats::{RunSummary, StreamSummary};
 use sluice_core::{Error, Result};
@@ -43,13 +44,15 @@ impl SqliteStateStore {
                      CREATE TABLE IF NOT EXISTS checkpoints (job TEXT NOT NULL, task TEXT NOT NULL, position TEXT, done INTEGER NOT NULL,
                          rows_written INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (job, task));
                      CREATE TABLE IF NOT EXISTS dirty_records (id INTEGER PRIMARY KEY, job TEXT NOT NULL, task TEXT NOT NULL,
-                         table_name TEXT NOT NULL, key TEXT NOT NULL, reason TEXT NOT NULL, record TEXT, created_at TEXT NOT NULL,
+                         table_name TEXT NOT NULL, key TEXT NOT NULL, reason TEXT NOT NULL, record TEXT, change TEXT, created_at TEXT NOT NULL,
                          UNIQUE (job, task, table_name, key));
                      CREATE TABLE IF NOT EXISTS runs (id INTEGER PRIMARY KEY, job TEXT NOT NULL, status TEXT NOT NULL,
                          summary TEXT NOT NULL, finished_at TEXT NOT NULL);
                      CREATE TABLE IF NOT EXISTS stream_status (job TEXT PRIMARY KEY, status TEXT NOT NULL, updated_at TEXT NOT NULL);",
                 )
             })
+            .map_err(|error| state_error(&format!("cannot prepare {}", path.display()), error))?;
+        add_change_column(&connection)
             .map_err(|error| state_error(&format!("cannot prepare {}", path.display()), error))?;
         let version: Option<i64> = connection
             .query_row("SELECT version FROM layout", [], |row| row.get(0))
@@ -73,6 +76,51 @@ impl SqliteStateStore {
         Ok(SqliteStateStore { connection: Mutex::new(connection), directory: directory.to_owned() })
     }
 
+    /// The job's dirty records with their ids and tasks, oldest first, for a replay.
+    pub fn dirty_entries(&self, job: &str) -> Result<Vec<DirtyEntry>> {
+        let connection = self.connection();
+        let mut statement = connection
+            .prepare(&format!("SELECT id, task, {RECORD_COLUMNS} FROM dirty_records WHERE job = ?1 ORDER BY id"))
+            .map_err(|error| state_error("cannot read dirty records", error))?;
+        let entries = statement
+            .query_map([job], |row| {
+                Ok(DirtyEntry { id: row.get::<_, i64>(0)?.to_string(), task: row.get(1)?, record: rejected(row, 2)? })
+            })
+            .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+            .map_err(|error| state_error("cannot read dirty records", error))?;
+        Ok(entries)
+    }
+
+    /// Keeps what a replay of the job's dirty records found, in one transaction: the records
+    /// written go, those refused again take their new reason, rows refused under another key
+    /// are kept too.
+    pub fn settle_replay(&self, job: &str, report: &ReplayReport) -> Result<()> {
+        let mut connection = self.connection();
+        let settle = |connection: &mut Connection| -> rusqlite::Result<()> {
+            let transaction = connection.transaction()?;
+            for (id, verdict) in &report.verdicts {
+                match verdict {
+                    Verdict::Written => {
+                        transaction
+                            .execute("DELETE FROM dirty_records WHERE job = ?1 AND id = ?2", params![job, id])?;
+                    }
+                    Verdict::Refused(reason) => {
+                        transaction.execute(
+                            "UPDATE dirty_records SET reason = ?3 WHERE job = ?1 AND id = ?2",
+                            params![job, id, reason],
+                        )?;
+                    }
+                    Verdict::Kept(_) => {}
+                }
+            }
+            for (task, reject) in &report.others {
+                insert_dirty(&transaction, job, task, reject)?;
+            }
+            transaction.commit()
+        };
+        settle(&mut connection).map_err(|error| state_error("cannot keep the replay's outcome", error))
+    }
+
     fn connection(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.connection.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -93,6 +141,54 @@ impl SqliteStateStore {
             .map_err(|error| state_error(&format!("cannot write {}", path.display()), error))?;
         Ok(path)
     }
+}
+
+/// The columns of a dirty record that `rejected` reads, in its order.
+const RECORD_COLUMNS: &str = "table_name, key, reason, record, change";
+
+/// A dirty record read from `RECORD_COLUMNS`, starting at column `first`.
+fn rejected(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Rejected> {
+    let change: Option<String> = row.get(first + 4)?;
+    Ok(Rejected {
+        table: row.get(first)?,
+        key: row.get(first + 1)?,
+        reason: row.get(first + 2)?,
+        record: row.get(first + 3)?,
+        change: change.and_then(|text| serde_json::from_str(&text).ok()),
+    })
+}
+
+/// Keeps one dirty record: a copied row's first rejection stays (a batch replayed after a crash
+/// does not count it twice); a change the stream left out replaces the record of its key.
+fn insert_dirty(connection: &Connection, job: &str, task: &str, record: &Rejected) -> rusqlite::Result<usize> {
+    let change = record.change.as_ref().map(|change| serde_json::to_string(change).expect("records serialize"));
+    let conflict = if record.of_stream() {
+        "DO UPDATE SET reason = excluded.reason, record = excluded.record, change = excluded.change"
+    } else {
+        "DO NOTHING"
+    };
+    connection.execute(
+        &format!(
+            "INSERT INTO dirty_records (job, task, table_name, key, reason, record, change, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, strftime('%Y-%m-%dT%H:%M:%fZ'))
+             ON CONFLICT (job, task, table_name, key) {conflict}"
+        ),
+        params![job, task, record.table, record.key, record.reason, record.record, change],
+    )
+}
+
+/// Gives `dirty_records` the column of a stream's change (its position and row before), which
+/// state directories made before it lack.
+fn add_change_column(connection: &Connection) -> rusqlite::Result<()> {
+    let present: bool = connection.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('dirty_records') WHERE name = 'change'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !present {
+        connection.execute_batch("ALTER TABLE dirty_records ADD COLUMN change TEXT")?;
+    }
+    Ok(())
 }
 
 impl StateStore for SqliteStateStore {
@@ -170,12 +266,7 @@ impl StateStore for SqliteStateStore {
         let mut connection = self.connection();
         let transaction = connection.transaction().map_err(|error| state_error("cannot store dirty records", error))?;
         for record in records {
-            transaction
-                .execute(
-                    "INSERT OR IGNORE INTO dirty_records (job, task, table_name, key, reason, record, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, strftime('%Y-%m-%dT%H:%M:%fZ'))",
-                    params![job, task, record.table, record.key, record.reason, record.record],
-                )
+            insert_dirty(&transaction, job, task, record)
                 .map_err(|error| state_error("cannot store a dirty record", error))?;
         }
         let total: u64 = transaction
@@ -188,12 +279,10 @@ impl StateStore for SqliteStateStore {
     fn dirty_records(&self, job: &str) -> Result<Vec<Rejected>> {
         let connection = self.connection();
         let mut statement = connection
-            .prepare("SELECT table_name, key, reason, record FROM dirty_records WHERE job = ?1 ORDER BY id")
+            .prepare(&format!("SELECT {RECORD_COLUMNS} FROM dirty_records WHERE job = ?1 ORDER BY id"))
             .map_err(|error| state_error("cannot read dirty records", error))?;
         let records = statement
-            .query_map([job], |row| {
-                Ok(Rejected { table: row.get(0)?, key: row.get(1)?, reason: row.get(2)?, record: row.get(3)? })
-            })
+            .query_map([job], |row| rejected(row, 0))
             .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
             .map_err(|error| state_error("cannot read dirty records", error))?;
         Ok(records)
@@ -252,8 +341,13 @@ mod tests {
     fn dirty_records_are_idempotent_and_checkpoints_never_go_back() {
         let directory = tempfile::tempdir().unwrap();
         let store = SqliteStateStore::open(directory.path()).unwrap();
-        let record =
-            Rejected { table: "t".into(), key: "id=1".into(), reason: "target: NOT NULL".into(), record: None };
+        let record = Rejected {
+            table: "t".into(),
+            key: "id=1".into(),
+            reason: "target: NOT NULL".into(),
+            record: None,
+            change: None,
+        };
         assert_eq!(store.record_dirty("job", "t#0", std::slice::from_ref(&record)).unwrap(), 1);
         assert_eq!(store.record_dirty("job", "t#0", std::slice::from_ref(&record)).unwrap(), 1);
         let ahead = Checkpoint {
@@ -269,5 +363,50 @@ mod tests {
         assert_eq!(store.checkpoints("job").unwrap(), vec![ahead]);
         let exported = std::fs::read_to_string(store.export_dirty("job").unwrap()).unwrap();
         assert!(exported.contains("\"key\":\"id=1\""), "{exported}");
+    }
+
+    /// A change the stream leaves out again replaces its record (one count, the last change);
+    /// a replay's verdicts forget the written records and keep the refused ones' new reason;
+    /// a state directory made before the stream's records had their column gets it.
+    #[test]
+    fn stream_records_count_once_per_key_and_a_replay_settles_them() {
+        let directory = tempfile::tempdir().unwrap();
+        let old = Connection::open(directory.path().join("state.db")).unwrap();
+        old.execute_batch(
+            "CREATE TABLE dirty_records (id INTEGER PRIMARY KEY, job TEXT NOT NULL, task TEXT NOT NULL,
+                 table_name TEXT NOT NULL, key TEXT NOT NULL, reason TEXT NOT NULL, record TEXT, created_at TEXT NOT NULL,
+                 UNIQUE (job, task, table_name, key));",
+        )
+        .unwrap();
+        drop(old);
+        let store = SqliteStateStore::open(directory.path()).unwrap();
+        let left_out = |key: &str, at: u64| Rejected {
+            table: "d.t".into(),
+            key: key.into(),
+            reason: format!("column d: refused at {at}"),
+            record: Some("{}".into()),
+            change: Some(sluice_core::change::RejectedChange {
+                position: Position(serde_json::json!(at)),
+                before: None,
+                source: None,
+            }),
+        };
+        assert_eq!(store.record_dirty("job", "stream", &[left_out("id=1", 1)]).unwrap(), 1);
+        assert_eq!(store.record_dirty("job", "stream", &[left_out("id=1", 1)]).unwrap(), 1, "a group applied again");
+        assert_eq!(store.record_dirty("job", "stream", &[left_out("id=1", 5), left_out("id=2", 5)]).unwrap(), 2);
+        let entries = store.dirty_entries("job").unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].record, left_out("id=1", 5), "the last change of the key");
+        assert_eq!(entries[0].task, "stream");
+        let report = ReplayReport {
+            verdicts: vec![
+                (entries[0].id.clone(), Verdict::Written),
+                (entries[1].id.clone(), Verdict::Refused("again".into())),
+            ],
+            ..ReplayReport::default()
+        };
+        store.settle_replay("job", &report).unwrap();
+        let left = store.dirty_records("job").unwrap();
+        assert_eq!(left, vec![Rejected { reason: "again".into(), ..left_out("id=2", 5) }]);
     }
 }

@@ -2,7 +2,8 @@
 
 mod support;
 
-use support::{mariadb, mysql_url, postgres_url, psql, unique_name, Run, Workspace};
+use support::stream_job::StreamJob;
+use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, Run, Workspace};
 
 fn run(workspace: &Workspace, name: &str, database: &str, tables: &str, target: &str) -> Run {
     let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
@@ -167,6 +168,40 @@ fn rows_a_target_refuses_become_dirty_records_and_the_rest_of_their_batch_lands(
     }
     assert_eq!(psql(&format!("SELECT count(*), max(v) FROM {database}_pg.t")), "990|990\n");
     assert_eq!(mariadb(&format!("SELECT count(*), max(v) FROM {database}_my.t")), "990\t990\n");
+}
+
+/// A change of the stream that a MySQL target refuses (a CHECK of a table made by hand) is left
+/// out as a dirty record while the rows around it, of its own transaction too, land; a later
+/// change of its key applies on top of what the target has.
+#[test]
+fn changes_a_mysql_target_refuses_are_left_out_of_the_stream_as_dirty_records() {
+    let database = unique_name("refusedcdc");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT NOT NULL);
+         CREATE DATABASE {database}_my; CREATE TABLE {database}_my.t (id INT PRIMARY KEY, v INT NOT NULL CHECK (v <= 990))"
+    ));
+    let options = format!("  namespace: {database}_my\n  create_tables: false\n");
+    let job = StreamJob::new("cdc", &database, "mysql", &options, "max_dirty_records: 5");
+    let mut child = job.start();
+    mariadb(&format!("USE {database}; INSERT INTO t VALUES (1, 1), (2, 991), (3, 3); INSERT INTO t VALUES (4, 4)"));
+    job.wait_converged(&mut child);
+    let target = || mariadb(&format!("SELECT id, v FROM {database}_my.t ORDER BY id"));
+    assert_eq!(target(), "1\t1\n3\t3\n4\t4\n");
+    mariadb(&format!("UPDATE {database}.t SET v = 2 WHERE id = 2"));
+    job.wait_converged(&mut child);
+    assert_eq!(target(), "1\t1\n2\t2\n3\t3\n4\t4\n");
+    let child = child.into_inner();
+    signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let dirty = job.dirty();
+    let [record] = dirty.as_slice() else { panic!("{dirty:?}") };
+    assert_eq!(
+        (record["table"].as_str(), record["key"].as_str()),
+        (Some(format!("{database}_my.t").as_str()), Some("id=2"))
+    );
+    assert!(record["reason"].as_str().is_some_and(|reason| reason.contains("CONSTRAINT")), "{record}");
+    assert!(record["change"]["position"]["file"].is_string(), "{record}");
 }
 
 #[test]

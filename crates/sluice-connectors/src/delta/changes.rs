@@ -12,7 +12,7 @@ use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use sluice_core::change::Row;
-use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, Refused, SchemaChange};
 use sluice_core::hidden::own_name;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -421,18 +421,27 @@ impl ChangeWriter for DeltaChanges {
         self.staged(table)?.delete(keys, expect_all)
     }
 
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
-        for row in rows {
-            if let Some(reason) = types::misfit(table, row) {
-                return Err(Error::new(
-                    ErrorKind::Data,
-                    format!("table {}, key {}: {reason}", table.name, sluice_core::change::key_text(table, row)),
-                )
-                .on(Side::Target)
-                .hint("a change cannot be skipped without breaking the ones after it on the same row; fix the value at the source, or map the column with a transform"));
-            }
+    /// Stages the rows; one with a value its Delta column cannot hold is left out and returned.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
+        let refused: Vec<Refused> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| {
+                types::misfit(table, row).map(|reason| Refused { index, reason: format!("target: {reason}") })
+            })
+            .collect();
+        if refused.is_empty() {
+            self.staged(table)?.insert(rows)?;
+        } else {
+            let kept: Vec<Row> = rows
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
+                .map(|(_, row)| row.clone())
+                .collect();
+            self.staged(table)?.insert(&kept)?;
         }
-        self.staged(table)?.insert(rows)
+        Ok(refused)
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

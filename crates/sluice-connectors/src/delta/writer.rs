@@ -100,6 +100,7 @@ impl Writer for CopyWriter {
                     key: key_text(&self.table, after),
                     reason: format!("target: {reason}"),
                     record: None,
+                    change: None,
                 }),
                 None => rows.push(after),
             }

@@ -314,7 +314,7 @@ impl ChangeWriter for EventWriter {
         Err(Error::new(ErrorKind::Config, "a stream target takes raw events, not folded deletes").on(Side::Target))
     }
 
-    async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<()> {
+    async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<Vec<sluice_core::connector::Refused>> {
         Err(Error::new(ErrorKind::Config, "a stream target takes raw events, not folded inserts").on(Side::Target))
     }
 

@@ -493,6 +493,7 @@ impl Reader for FileReader {
                     key: format!("{} record {}", self.path.display(), self.records),
                     reason: format!("source: {reason}"),
                     record: (self.format == Format::Jsonl).then(|| self.line.trim_end().to_owned()),
+                    change: None,
                 }),
             }
         }

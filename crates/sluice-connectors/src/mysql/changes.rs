@@ -5,13 +5,14 @@
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
 use super::checkpoints::{check_fence, commit_with_checkpoint, read_checkpoint};
-use super::rows::{delete_keys, delete_rows, insert_rows};
+use super::rows::{delete_keys, delete_rows};
 use super::tables::{column_definition, create_table_sql, qualified};
+use super::trial::{InsertTrial, TableInserts};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::hidden::published_over;
 use sluice_core::net_changes::{missing_rows, renamed_over};
@@ -134,22 +135,13 @@ impl ChangeWriter for MysqlChangeWriter {
         Ok(())
     }
 
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
+    /// Inserts the rows under savepoints: a row whose content MySQL refuses is found and left
+    /// out (`InsertTrial`), a row whose key exists stops the stream.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
         self.begin().await?;
         let rows: Vec<&Row> = rows.iter().collect();
-        match insert_rows(&mut self.connection, table, &rows).await {
-            Ok(()) => Ok(()),
-            Err(mysql_async::Error::Server(server)) if server.code == 1062 => Err(Error::new(
-                ErrorKind::Conflict,
-                format!(
-                    "table {}: a row the source inserted already exists in the target: {}",
-                    table.name, server.message
-                ),
-            )
-            .on(Side::Target)
-            .hint("the target was changed outside this job; remove the row (or copy the table again) and restart")),
-            Err(error) => Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", table.name))),
-        }
+        let mut inserts = TableInserts { connection: &mut self.connection, server: &self.server, table };
+        InsertTrial { inserts: &mut inserts, rows: &rows, key_conflicts: true }.run().await
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

@@ -11,6 +11,7 @@ mod rows;
 mod sink;
 mod source;
 mod tables;
+mod trial;
 mod wire;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ use super::checkpoints::{
 };
 use super::rows::{delete_keys, insert_rows};
 use super::tables::{add_index_sql, counter_sql, create_table_sql, qualified};
+use super::trial::{InsertTrial, Inserts};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
 
 /// A MySQL or MariaDB server written as a target.
@@ -456,36 +457,10 @@ fn encode_load_data(table: &TableSchema, rows: &[&Row], output: &mut Vec<u8>) {
     }
 }
 
-/// Server errors caused by one row's content: the row is dirty, the batch is not.
-fn is_row_error(error: &mysql_async::Error) -> bool {
-    // Out of range, incorrect value, too long, bad date, duplicate key, NULL in NOT NULL,
-    // foreign key, check constraint, bad enum/set member, truncated.
-    matches!(error, mysql_async::Error::Server(server) if matches!(server.code, 1264 | 1366 | 1406 | 1292 | 1062 | 1048 | 1452 | 4025 | 1265 | 1367 | 3819))
-}
-
 impl MysqlWriter {
     fn error(&self, doing: &str) -> impl Fn(mysql_async::Error) -> Error + '_ {
         let doing = doing.to_owned();
         move |error| mysql_error(error, Side::Target, &self.server, &doing)
-    }
-
-    /// Inserts rows under a savepoint. A failure caused by a row's content rolls back to the
-    /// savepoint and is returned as `Some`; any other failure is an error.
-    async fn attempt(&mut self, savepoint: &str, rows: &[&Row]) -> Result<Option<mysql_async::Error>> {
-        self.connection.query_drop(format!("SAVEPOINT {savepoint}")).await.map_err(self.error("set a savepoint"))?;
-        match self.insert_rows(rows).await {
-            Ok(()) => Ok(None),
-            Err(error) if is_row_error(&error) => {
-                self.connection
-                    .query_drop(format!("ROLLBACK TO SAVEPOINT {savepoint}"))
-                    .await
-                    .map_err(self.error("roll back a refused row"))?;
-                Ok(Some(error))
-            }
-            Err(error) => {
-                Err(mysql_error(error, Side::Target, &self.server, &format!("insert into {}", self.table.name)))
-            }
-        }
     }
 
     async fn begin(&mut self) -> Result<()> {
@@ -541,6 +516,26 @@ impl MysqlWriter {
 }
 
 #[async_trait]
+impl Inserts for MysqlWriter {
+    fn connection(&mut self) -> &mut Conn {
+        &mut self.connection
+    }
+
+    fn server(&self) -> &str {
+        &self.server
+    }
+
+    fn table(&self) -> &TableSchema {
+        &self.table
+    }
+
+    /// By `LOAD DATA` or INSERT, after deleting the rows' keys for an upsert.
+    async fn insert(&mut self, rows: &[&Row]) -> std::result::Result<(), mysql_async::Error> {
+        self.insert_rows(rows).await
+    }
+}
+
+#[async_trait]
 impl Writer for MysqlWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         read_checkpoint(&mut self.connection, &self.server, &self.job, &self.task).await
@@ -556,17 +551,10 @@ impl Writer for MysqlWriter {
             };
             rows.push(after);
         }
-        if self.attempt("batch", &rows).await?.is_none() {
-            return Ok(Vec::new());
-        }
-        // One row's content failed the batch: insert row by row to find it and keep the rest.
-        let mut rejected = Vec::new();
-        for row in rows {
-            if let Some(error) = self.attempt("single", &[row]).await? {
-                rejected.push(Rejected::row(&self.table, row, format!("target: {error}")));
-            }
-        }
-        Ok(rejected)
+        // Inserted under savepoints: a row whose content fails the batch is found and left out,
+        // the rest kept.
+        let refused = InsertTrial { inserts: self, rows: &rows, key_conflicts: false }.run().await?;
+        Ok(refused.into_iter().map(|refused| Rejected::row(&self.table, rows[refused.index], refused.reason)).collect())
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

@@ -36,6 +36,10 @@ const SYSTEM_SCHEMAS: [&str; 4] = ["mysql", "information_schema", "performance_s
 pub struct KeyRange {
     pub after: Option<serde_json::Value>,
     pub through: Option<serde_json::Value>,
+    /// Only these key tuples (a replay of the change stream's dirty records,
+    /// `Source::key_split`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<serde_json::Value>>,
 }
 
 /// Where a snapshot read of a split resumes: strictly after this key tuple. A job that streams
@@ -212,6 +216,31 @@ impl Source for MysqlSource {
         Ok(Box::new(stream))
     }
 
+    /// A split of exactly these keys: `KeyRange::keys`, read in key order like any split.
+    fn key_split(&self, table: &Arc<TableSchema>, keys: &[sluice_core::Row]) -> Result<Split> {
+        if table.primary_key.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("table {} has no primary key: its rows cannot be read by key", table.name),
+            )
+            .on(Side::Source)
+            .hint("fix the rows in the target by hand, then discard their records"));
+        }
+        let tuple = |key: &sluice_core::Row| {
+            serde_json::Value::Array(
+                key.iter()
+                    .map(|value| match value {
+                        // Bound as text, which the server reads in the session's zone.
+                        Value::Timestamp(instant) => json!(instant.to_string()),
+                        value => key_to_json(value),
+                    })
+                    .collect(),
+            )
+        };
+        let range = KeyRange { after: None, through: None, keys: Some(keys.iter().map(tuple).collect()) };
+        Ok(Split::new(format!("{}#keys", table.name), table.clone(), &range, keys.len() as u64))
+    }
+
     fn reached(&self, position: &Position, mark: &Position) -> bool {
         let field = |position: &Position, name: &str| {
             position.0.get(name).and_then(serde_json::Value::as_str).map(str::to_owned)
@@ -371,7 +400,7 @@ impl Source for MysqlSource {
         let estimated = estimated.unwrap_or(0);
         if table.primary_key.is_empty() {
             // Nothing to resume by: one split, read whole (`keyless`).
-            let range = KeyRange { after: None, through: None };
+            let range = KeyRange { after: None, through: None, keys: None };
             return Ok(vec![Split::new(format!("{}#0", table.name), table.clone(), &range, estimated).read_whole()]);
         }
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
@@ -391,7 +420,7 @@ impl Source for MysqlSource {
             .into_iter()
             .enumerate()
             .map(|(index, (after, through))| {
-                let range = KeyRange { after, through };
+                let range = KeyRange { after, through, keys: None };
                 Split::new(format!("{}#{index}", table.name), table.clone(), &range, estimated / count)
             })
             .collect())
@@ -440,6 +469,9 @@ impl Source for MysqlSource {
                 _ => Ok(None),
             }
         };
+        let key: Vec<String> =
+            split.table.primary_key.iter().map(|&index| quote(&split.table.columns[index].name)).collect();
+        let only = range.keys.as_deref().map(|tuples| keys_condition(&key, tuples)).transpose()?;
         let window = match &split.window {
             Some(window) => {
                 let (condition, values) = window.condition(&quote(&window.column), |_| "?".to_owned());
@@ -454,6 +486,7 @@ impl Source for MysqlSource {
             after: after.or(bound(&range.after)?),
             through: bound(&range.through)?,
             window,
+            only,
             batch_rows,
             finished: false,
             snapshot,
@@ -876,6 +909,20 @@ fn keys_from_json(keys: &serde_json::Value) -> Result<Vec<mysql_async::Value>> {
         .collect()
 }
 
+/// `a IN (?, …)` or `(a, b) IN ((?, ?), …)`: exactly these key tuples (JSON, as `key_to_json`
+/// writes their values), with their parameters.
+fn keys_condition(key: &[String], tuples: &[serde_json::Value]) -> Result<(String, Vec<mysql_async::Value>)> {
+    let (columns, placeholder) = match key {
+        [column] => (column.clone(), "?".to_owned()),
+        _ => (format!("({})", key.join(", ")), format!("({})", vec!["?"; key.len()].join(", "))),
+    };
+    let mut parameters = Vec::with_capacity(tuples.len() * key.len());
+    for tuple in tuples {
+        parameters.extend(keys_from_json(tuple)?);
+    }
+    Ok((format!("{columns} IN ({})", vec![placeholder.as_str(); tuples.len()].join(", ")), parameters))
+}
+
 /// A condition on a key tuple, expanded so every server uses the index: strictly after `values`
 /// (`a > ? OR (a = ? AND b > ?)`), or up to and including them (`a < ? OR (a = ? AND b <= ?)`).
 fn key_condition(
@@ -1038,6 +1085,7 @@ impl<'a> DecodedRows<'a> {
                 key: key_text(self.table, &values),
                 reason: format!("source: {reason}"),
                 record: None,
+                change: None,
             }),
         }
     }
@@ -1109,6 +1157,8 @@ struct MysqlReader {
     through: Option<Vec<mysql_async::Value>>,
     /// A cursor-incremental batch's condition on the rows read, and its values.
     window: Option<(String, Vec<mysql_async::Value>)>,
+    /// The condition of a split of given keys (`KeyRange::keys`), and its values.
+    only: Option<(String, Vec<mysql_async::Value>)>,
     batch_rows: usize,
     finished: bool,
     /// The reads share a consistent snapshot, ended once the split is read (a driver
@@ -1133,7 +1183,7 @@ impl MysqlReader {
         if let Some(through) = &self.through {
             conditions.push(key_condition(&key, through, false, &mut parameters));
         }
-        if let Some((condition, values)) = &self.window {
+        for (condition, values) in self.window.iter().chain(&self.only) {
             conditions.push(condition.clone());
             parameters.extend(values.iter().cloned());
         }

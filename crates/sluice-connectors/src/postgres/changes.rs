@@ -3,7 +3,7 @@
 //! also moves the stream's row in `sluice.checkpoints`.
 
 use async_trait::async_trait;
-use sluice_core::connector::{ChangeWriter, Checkpoint, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
 use sluice_core::hidden::published_over;
 use sluice_core::net_changes::{missing_rows, renamed_over};
 use sluice_core::schema::{column_changes, ColumnChange};
@@ -12,7 +12,8 @@ use tokio_postgres::Client;
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
 use super::tables::{create_index_sql, create_table_sql, qualified};
-use super::{column_type, copy_rows, encode_copy, postgres_error, quote, refuse_long_names};
+use super::trial::CopyTrial;
+use super::{column_type, encode_copy, postgres_error, quote, refuse_long_names};
 
 /// At most this many keys per DELETE; a larger set takes several statements.
 const KEYS_PER_STATEMENT: usize = 10_000;
@@ -207,24 +208,25 @@ impl ChangeWriter for PostgresChangeWriter {
         Ok(())
     }
 
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
+    /// COPYs the rows under savepoints: a row whose content PostgreSQL refuses is found and
+    /// left out (`CopyTrial`), a row whose key exists stops the stream.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
         self.begin().await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let copy = format!("COPY {} ({}) FROM STDIN", qualified(&table.name), columns.join(", "));
-        let copied = copy_rows(&self.client, &copy, rows.iter(), &mut self.buffer).await;
-        match copied {
-            Ok(_) => Ok(()),
-            Err(error) if error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                let detail = error.as_db_error().and_then(|database| database.detail()).unwrap_or("").to_owned();
-                Err(Error::new(
-                    ErrorKind::Conflict,
-                    format!("table {}: a row the source inserted already exists in the target: {detail}", table.name),
-                )
-                .on(Side::Target)
-                .hint("the target was changed outside this job; remove the row (or copy the table again) and restart"))
-            }
-            Err(error) => Err(postgres_error(error, Side::Target, &self.server, &format!("copy into {}", table.name))),
+        let rows: Vec<&Row> = rows.iter().collect();
+        CopyTrial {
+            client: &self.client,
+            server: &self.server,
+            table,
+            copy: &copy,
+            then: None,
+            rows: &rows,
+            buffer: &mut self.buffer,
+            key_conflicts: true,
         }
+        .run()
+        .await
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

@@ -6,6 +6,7 @@ mod checkpoints;
 pub(crate) mod connector;
 mod sink;
 mod tables;
+mod trial;
 
 use sluice_core::secret::Secret;
 use sluice_core::{DataType, Error, ErrorKind, Side, Value};

@@ -8,14 +8,15 @@ use sluice_core::change::{Batch, ChangeKind, Rejected};
 use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
-use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
+use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
 use super::checkpoints::{
     commit_with_checkpoint, fence_tag, read_checkpoint, record_identity, verify_binding, BINDING_TABLE, FENCE_TABLE,
 };
 use super::tables::{create_index_sql, create_table_sql, identity_sql, qualified};
-use super::{connect, copy_rows, is_row_error, postgres_error, quote, refuse_long_names};
+use super::trial::CopyTrial;
+use super::{connect, postgres_error, quote, refuse_long_names};
 
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
@@ -377,38 +378,10 @@ impl PostgresWriter {
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
 
-    /// COPYs rows under a savepoint. A failure caused by a row's content rolls back to the
-    /// savepoint and is returned as `Some`; any other failure is an error.
-    async fn attempt(&mut self, savepoint: &str, rows: &[&Row]) -> Result<Option<tokio_postgres::Error>> {
-        self.client.batch_execute(&format!("SAVEPOINT {savepoint}")).await.map_err(self.error("set a savepoint"))?;
-        match self.copy_rows(rows).await {
-            Ok(()) => Ok(None),
-            Err(error) if is_row_error(&error) => {
-                self.client
-                    .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
-                    .await
-                    .map_err(self.error("roll back a refused row"))?;
-                Ok(Some(error))
-            }
-            Err(error) => {
-                Err(postgres_error(error, Side::Target, &self.server, &format!("copy into {}", self.table.name)))
-            }
-        }
-    }
-
     async fn begin(&mut self) -> Result<()> {
         if !self.in_transaction {
             self.client.batch_execute("BEGIN").await.map_err(self.error("begin a transaction"))?;
             self.in_transaction = true;
-        }
-        Ok(())
-    }
-
-    /// COPYs rows (and merges them, for upsert) inside the open transaction.
-    async fn copy_rows(&mut self, rows: &[&Row]) -> Result<(), tokio_postgres::Error> {
-        copy_rows(&self.client, &self.copy, rows.iter().copied(), &mut self.buffer).await?;
-        if let Some(upsert) = &self.upsert {
-            self.client.batch_execute(upsert).await?;
         }
         Ok(())
     }
@@ -437,19 +410,21 @@ impl Writer for PostgresWriter {
             };
             rows.push(after);
         }
-        if self.attempt("batch", &rows).await?.is_none() {
-            return Ok(Vec::new());
+        // COPYed (and merged, for upsert) under savepoints: a row whose content fails the batch
+        // is found and left out, the rest kept.
+        let refused = CopyTrial {
+            client: &self.client,
+            server: &self.server,
+            table: &self.table,
+            copy: &self.copy,
+            then: self.upsert.as_deref(),
+            rows: &rows,
+            buffer: &mut self.buffer,
+            key_conflicts: false,
         }
-        // One row's content failed the batch: copy row by row to find it and keep the rest.
-        let mut rejected = Vec::new();
-        for row in rows {
-            if let Some(error) = self.attempt("single", &[row]).await? {
-                let reason =
-                    error.as_db_error().map_or_else(|| error.to_string(), |database| database.message().to_owned());
-                rejected.push(Rejected::row(&self.table, row, format!("target: {reason}")));
-            }
-        }
-        Ok(rejected)
+        .run()
+        .await?;
+        Ok(refused.into_iter().map(|refused| Rejected::row(&self.table, rows[refused.index], refused.reason)).collect())
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

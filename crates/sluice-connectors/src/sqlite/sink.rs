@@ -385,6 +385,7 @@ impl Writer for SqliteWriter {
                             key: key_text(&state.table, after),
                             reason: format!("target: {error}"),
                             record: None,
+                            change: None,
                         })
                     }
                     Err(error) => return Err(write_error(error)),

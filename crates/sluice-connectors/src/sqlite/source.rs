@@ -383,6 +383,7 @@ impl ChunkReader {
                     },
                     reason: format!("source: {reason}"),
                     record: None,
+                    change: None,
                 }),
             }
         }

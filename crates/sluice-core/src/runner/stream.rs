@@ -13,7 +13,7 @@
 //!   resumes from the checkpoint in the target: reconnects always start at a transaction
 //!   boundary, and the target, not local state, says where.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -22,14 +22,16 @@ use tokio::sync::mpsc;
 
 use super::copied_keys::CopiedKeys;
 use super::{interrupted, lock, Runner, Scope};
-use crate::change::{Batch, Change, Position};
+use crate::change::{
+    key_text, row_json, Batch, Change, ChangeKind, Position, Rejected, RejectedChange, Row, SourceKey,
+};
 use crate::connector::{
     ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, Split, StreamEvent,
     TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
-use crate::net_changes::{ApplyMode, NetChanges};
+use crate::net_changes::{ApplyMode, NetChanges, Refusal};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
 use crate::stats::{StreamPhase, TableStats};
@@ -128,6 +130,8 @@ impl Drop for BacklogWatch {
 struct Arrival {
     received: SystemTime,
     committed_at: u64,
+    /// Where its commit is in the source's log: the position of the changes of it left out.
+    position: Position,
 }
 
 impl Runner {
@@ -294,6 +298,8 @@ impl Runner {
             progressed,
             copied_at,
             copied_keys,
+            dirty_keys: self.dirty_keys()?,
+            left_out: Vec::new(),
         };
         let mut stop = self.stop.clone();
         let mut abort = self.abort.subscribe();
@@ -522,28 +528,97 @@ impl Runner {
         }
     }
 
-    /// Applies the zero-date policy to streamed changes. A change cannot be skipped without
-    /// breaking the ones after it on the same row, so `reject` stops the stream instead.
-    fn adjust_zero_dates(&self, changes: Vec<Change>, source: &TableName) -> Result<Vec<Change>> {
+    /// Applies the zero-date policy to streamed changes: the changes in order as the target gets
+    /// them, but those the policy refuses (`reject`, or `null` into a NOT NULL column) as they
+    /// came, and which those are (index, reason), for the stream to leave them out as dirty
+    /// records.
+    fn adjust_zero_dates(&self, changes: Vec<Change>, source: &TableName) -> (Vec<Change>, Vec<(usize, String)>) {
         if self.sink.holds_zero_dates() {
-            return Ok(changes);
+            return (changes, Vec::new());
         }
         let batch = Batch::new(changes, Position(serde_json::Value::Null));
         let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) else {
-            return Ok(batch.changes);
+            return (batch.changes, Vec::new());
         };
-        if let Some(rejected) = outcome.rejected.first() {
-            return Err(Error::new(
-                ErrorKind::Data,
-                format!("change stream: table {}, key {}: {}", rejected.table, rejected.key, rejected.reason),
-            )
-            .hint("set errors.zero_dates: null to store such dates as NULL in nullable columns"));
-        }
         if outcome.nulled > 0 {
             let table = self.stats.table(source, &self.target_name(source));
             TableStats::add(&table.zero_dates_nulled, outcome.nulled);
         }
-        Ok(outcome.batch.changes)
+        let refused: Vec<(usize, String)> = outcome
+            .left_out
+            .into_iter()
+            .zip(outcome.rejected)
+            .map(|(index, rejected)| (index, rejected.reason))
+            .collect();
+        let mut kept = outcome.batch.changes.into_iter();
+        let adjusted =
+            batch
+                .changes
+                .into_iter()
+                .enumerate()
+                .filter_map(|(index, change)| {
+                    if refused.iter().any(|(left_out, _)| *left_out == index) {
+                        Some(change)
+                    } else {
+                        kept.next()
+                    }
+                })
+                .collect();
+        (adjusted, refused)
+    }
+
+    /// The keys with a dirty record (of the copy or of the stream), by table: the target may
+    /// lack their rows, so the stream applies their changes by key (`ApplyMode::Dirty`).
+    fn dirty_keys(&self) -> Result<HashMap<TableName, HashSet<String>>> {
+        let mut keys: HashMap<TableName, HashSet<String>> = HashMap::new();
+        for record in self.state.dirty_records(&self.job.name)? {
+            keys.entry(TableName::parse(&record.table)).or_default().insert(record.key);
+        }
+        Ok(keys)
+    }
+
+    /// The dirty record of a change the stream left out at `position` (its transaction's
+    /// commit): its table and key in the target, both images and, when the key passes through
+    /// the transform unchanged from one source table, the source row to read on a replay.
+    fn stream_record(&self, refusal: &Refusal, position: &Position) -> Rejected {
+        let table = &refusal.table;
+        let sources: Vec<Arc<TableMapping>> =
+            lock(&self.mappings).values().filter(|mapping| mapping.target.name == table.name).cloned().collect();
+        let source = match sources.as_slice() {
+            [mapping] => mapping.source_key(&refusal.after).map(|key| SourceKey {
+                table: mapping.source.name.to_string(),
+                key: key
+                    .iter()
+                    .map(|value| serde_json::from_str(&crate::json::to_text(value)).unwrap_or_default())
+                    .collect(),
+            }),
+            _ => None,
+        };
+        Rejected {
+            table: table.name.to_string(),
+            key: key_text(table, &refusal.after),
+            reason: refusal.reason.clone(),
+            record: Some(row_json(table, &refusal.after)),
+            change: Some(RejectedChange {
+                position: position.clone(),
+                before: refusal.before.as_ref().map(|before| row_json(table, before)),
+                source,
+            }),
+        }
+    }
+
+    /// Counts the changes the stream left out, each once per run (a group applied again after a
+    /// failed commit leaves the same ones out).
+    fn count_left_out(&self, records: &[Rejected]) {
+        let mut counted = lock(&self.stream_dirty);
+        let new = records
+            .iter()
+            .filter(|record| {
+                let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
+                counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
+            })
+            .count();
+        self.stats.stream.dirty_records.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -595,6 +670,11 @@ struct Applier<'a> {
     /// For an event target, where the copy read each key: the changes a copied row holds are
     /// left out.
     copied_keys: CopiedKeys,
+    /// Keys with a dirty record, by target table: their changes apply by key.
+    dirty_keys: HashMap<TableName, HashSet<String>>,
+    /// Changes of the group left out (a value the target cannot hold), recorded as dirty
+    /// records when the group commits.
+    left_out: Vec<Refusal>,
 }
 
 /// The mapping of a source table to its target (cached per source schema).
@@ -656,7 +736,12 @@ impl Applier<'_> {
         }
         // The folded changes carry their target tables already.
         let Applier { writer, net, staged_rows, checkpoint, .. } = self;
-        *staged_rows += net.apply(&mut **writer, &mut |table| checkpoint.hidden.schema(table)).await? as u64;
+        let applied = net.apply(&mut **writer, &mut |table| checkpoint.hidden.schema(table)).await?;
+        *staged_rows += applied.changes as u64;
+        for refusal in applied.refused {
+            self.mark_dirty(&refusal.table, &refusal.after);
+            self.left_out.push(refusal);
+        }
         Ok(())
     }
 
@@ -734,15 +819,7 @@ impl Applier<'_> {
         // The zero-date policy judges what reaches the target: a column the projection leaves
         // out, or a row the filter does, cannot fail it.
         if let Some(source) = first_source {
-            let adjusted = self.runner.adjust_zero_dates(mapped, &source.name)?;
-            if self.raw {
-                self.transaction_events += adjusted.len() as u64;
-                self.events.extend(adjusted);
-            } else {
-                for change in adjusted {
-                    self.net.add(change, mode)?;
-                }
-            }
+            self.take_in(mapped, &source.name, mode)?;
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.
@@ -750,6 +827,98 @@ impl Applier<'_> {
             self.write_folded().await?;
         }
         Ok(())
+    }
+
+    /// Takes in mapped changes of the open transaction, in order: judged by the zero-date
+    /// policy, folded (a key with a dirty record by key) or kept as raw events; a change the
+    /// policy refuses is left out.
+    fn take_in(&mut self, mapped: Vec<Change>, source: &TableName, mode: ApplyMode) -> Result<()> {
+        let (adjusted, refused) = self.runner.adjust_zero_dates(mapped, source);
+        let mut refused = refused.into_iter().peekable();
+        for (index, Change { table, kind }) in adjusted.into_iter().enumerate() {
+            let refusal = refused.next_if(|(left_out, _)| *left_out == index).map(|(_, reason)| reason);
+            let kind = match (refusal, kind) {
+                (Some(reason), ChangeKind::Insert { after }) => {
+                    self.leave_out(table, None, after, reason)?;
+                    continue;
+                }
+                (Some(reason), ChangeKind::Update { before, after }) => {
+                    self.leave_out(table, Some(before), after, reason)?;
+                    continue;
+                }
+                // The policy judges new images only: a delete is never refused.
+                (_, kind) => kind,
+            };
+            let change = Change { table, kind };
+            if self.raw {
+                self.transaction_events += 1;
+                self.events.push(change);
+            } else {
+                let mode = self.mode_of(&change, mode);
+                self.net.add(change, mode)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `Dirty` for a change of a key with a dirty record, else `mode`.
+    fn mode_of(&self, change: &Change, mode: ApplyMode) -> ApplyMode {
+        let Some(keys) = self.dirty_keys.get(&change.table.name) else { return mode };
+        let dirty = |row: &Row| keys.contains(&key_text(&change.table, row));
+        let touched = match &change.kind {
+            ChangeKind::Update { before, after } => dirty(before) || dirty(after),
+            ChangeKind::Insert { after } => dirty(after),
+            ChangeKind::Delete { before } => dirty(before),
+        };
+        if touched {
+            ApplyMode::Dirty
+        } else {
+            mode
+        }
+    }
+
+    /// Marks the key of `row` dirty: the target lacks its row from now on.
+    fn mark_dirty(&mut self, table: &TableSchema, row: &Row) {
+        self.dirty_keys.entry(table.name.clone()).or_default().insert(key_text(table, row));
+    }
+
+    /// Leaves out a change (`before` → `after`) whose new image the target cannot hold, as the
+    /// target leaves out a row it refuses: a folded group removes the key's row (by key), and
+    /// the change is recorded as a dirty record when the group commits. Its key is dirty from
+    /// now on.
+    fn leave_out(&mut self, table: Arc<TableSchema>, before: Option<Row>, after: Row, reason: String) -> Result<()> {
+        self.mark_dirty(&table, &after);
+        if !self.raw {
+            // The row goes; so does the old key of an update that moved it, as the source says.
+            let gone = before.clone().unwrap_or_else(|| after.clone());
+            let moved = key_text(&table, &gone) != key_text(&table, &after);
+            self.net
+                .add(Change { table: table.clone(), kind: ChangeKind::Delete { before: gone } }, ApplyMode::Dirty)?;
+            if moved {
+                let delete = ChangeKind::Delete { before: after.clone() };
+                self.net.add(Change { table: table.clone(), kind: delete }, ApplyMode::Dirty)?;
+            }
+        }
+        self.left_out.push(Refusal { table, before, after, transaction: self.arrivals.len(), reason });
+        Ok(())
+    }
+
+    /// Keeps the changes the group left out as dirty records, before the commit that moves past
+    /// them; past the job's budget the group does not commit and the stream stops.
+    fn keep_left_out(&mut self) -> Result<()> {
+        self.net.end_group();
+        if self.left_out.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<Rejected> = std::mem::take(&mut self.left_out)
+            .iter()
+            .map(|refusal| {
+                let arrival = self.arrivals.get(refusal.transaction).or(self.arrivals.last());
+                self.runner.stream_record(refusal, arrival.map_or(&self.checkpoint.at, |arrival| &arrival.position))
+            })
+            .collect();
+        self.runner.count_left_out(&records);
+        self.runner.keep_dirty(STREAM_TASK, &records)
     }
 
     /// The open source transaction committed at `position`.
@@ -808,7 +977,8 @@ impl Applier<'_> {
                 .min(Duration::from_secs(3_600));
             self.started = Instant::now().checked_sub(waited).unwrap_or_else(Instant::now);
         }
-        self.arrivals.push(Arrival { received: SystemTime::now(), committed_at });
+        self.arrivals.push(Arrival { received: SystemTime::now(), committed_at, position: position.clone() });
+        self.net.end_transaction();
         self.checkpoint.at = position;
         self.open_transaction = false;
         self.end_catch_up();
@@ -927,6 +1097,7 @@ impl Applier<'_> {
         let began = Instant::now();
         self.write_folded().await?;
         crate::failpoint::hit("stream.group.written");
+        self.keep_left_out()?;
         self.rows_applied += self.staged_rows;
         let runner = self.runner;
         // Past the replay window, the window is forgotten, so a later reader of the
@@ -1025,7 +1196,7 @@ mod tests {
     use crate::connector::{ChangeStream, CheckItem, Reader, Sink, Source, Split, SplitHint, Writer};
     use crate::schema::{Column, DataType};
     use crate::spec::parse_job;
-    use crate::state::MemoryStateStore;
+    use crate::state::{MemoryStateStore, StateStore};
     use crate::value::Value;
 
     fn table() -> Arc<TableSchema> {
@@ -1173,7 +1344,7 @@ mod tests {
         async fn delete(&mut self, _table: &TableSchema, _keys: &[Row], _expect_all: bool) -> Result<()> {
             unreachable!("a raw writer gets events, not folds")
         }
-        async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<()> {
+        async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<Vec<crate::connector::Refused>> {
             unreachable!("a raw writer gets events, not folds")
         }
         async fn events(&mut self, changes: &[Change]) -> Result<()> {
@@ -1260,5 +1431,75 @@ mod tests {
         // Acks only ever name positions already durable, in order.
         let acked = acks.lock().unwrap().clone();
         assert!(acked.windows(2).all(|pair| pair[0].0.as_u64() <= pair[1].0.as_u64()), "{acked:?}");
+    }
+
+    /// A change whose new row the target cannot hold (a zero date under `zero_dates: reject`)
+    /// is left out and kept as a dirty record, with its transaction's commit position and both
+    /// images, before the commit that moves past it; the changes around it, and the later one of
+    /// the same row, go on to the target, and the run counts it.
+    #[tokio::test]
+    async fn a_change_the_target_cannot_hold_is_left_out_as_a_dirty_record_and_the_stream_goes_on() {
+        let dated = Arc::new(TableSchema {
+            columns: vec![
+                Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false),
+                Column::new("d", DataType::Date, true),
+            ],
+            ..(*table()).clone()
+        });
+        let change = |kind| Change { table: dated.clone(), kind };
+        let day = |day: u8| vec![Value::Int(1), Value::Date(crate::value::Date { year: 2024, month: 1, day })];
+        let zero = vec![Value::Int(1), Value::Date(crate::value::Date { year: 0, month: 0, day: 0 })];
+        let other = vec![Value::Int(2), Value::Null];
+        let script = vec![
+            StreamEvent::Changes(vec![change(ChangeKind::Insert { after: day(1) })]),
+            StreamEvent::Commit { position: position(1), committed_at: 0 },
+            StreamEvent::Changes(vec![
+                change(ChangeKind::Update { before: day(1), after: zero.clone() }),
+                change(ChangeKind::Insert { after: other.clone() }),
+            ]),
+            StreamEvent::Commit { position: position(2), committed_at: 0 },
+            StreamEvent::Changes(vec![change(ChangeKind::Update { before: zero.clone(), after: day(3) })]),
+            StreamEvent::Commit { position: position(3), committed_at: 0 },
+        ];
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let source = Arc::new(ScriptedSource { script, acks: acks.clone() });
+        let target = Arc::new(RawTarget::default());
+        let text =
+            "name: raw\nmode: cdc\nsource: {type: memory}\ntarget: {type: memory}\nerrors: {max_dirty_records: 1}\n";
+        let job = Arc::new(parse_job(text, false, |_| None).unwrap());
+        let state = Arc::new(MemoryStateStore::default());
+        let (stop, stopped) = watch::channel(false);
+        let runner = Arc::new(Runner::new(job, source, Arc::new(RawSink(target.clone())), state.clone(), stopped));
+        let run = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run().await }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !acks.lock().unwrap().contains(&position(3)) {
+            assert!(Instant::now() < deadline, "no ack of the last transaction: {:?}", acks.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        stop.send_replace(true);
+        let (summary, _) = run.await.unwrap();
+        assert_eq!(summary.stream.as_ref().map(|stream| stream.dirty_records), Some(1), "{summary:?}");
+        let seen: Vec<Seen> = target
+            .durable
+            .lock()
+            .unwrap()
+            .0
+            .iter()
+            .filter(|seen| matches!(seen, Seen::Insert(_) | Seen::Update(..)))
+            .cloned()
+            .collect();
+        assert_eq!(seen, vec![Seen::Insert(day(1)), Seen::Insert(other), Seen::Update(zero, day(3))]);
+        let records = state.dirty_records("raw").unwrap();
+        let [record] = records.as_slice() else { panic!("{records:?}") };
+        assert_eq!((record.table.as_str(), record.key.as_str()), ("d.t", "id=1"));
+        assert!(record.reason.contains("column d: zero date '0000-00-00'"), "{}", record.reason);
+        assert_eq!(record.record.as_deref(), Some(r#"{"id": 1, "d": "0000-00-00"}"#));
+        let change = record.change.as_ref().expect("a change of the stream");
+        assert_eq!(change.position, position(2), "its transaction's commit");
+        assert_eq!(change.before.as_deref(), Some(r#"{"id": 1, "d": "2024-01-01"}"#));
+        assert_eq!(change.source, Some(SourceKey { table: "d.t".into(), key: vec![json!(1)] }));
     }
 }

@@ -546,6 +546,7 @@ impl TableMapping {
                             key: String::from("(a change of the batch)"),
                             reason: error.to_string(),
                             record: None,
+                            change: None,
                         }),
                     }
                     continue;
@@ -609,6 +610,24 @@ impl TableMapping {
             .iter()
             .position(|output| matches!(output.value, OutputValue::Column { index: column, .. } if column == index))
             .map(|position| self.target.columns[position].name.clone())
+    }
+
+    /// The source row's primary key read off a row of the target table: the values of the
+    /// target columns the source key columns pass into unchanged (not computed or masked), in
+    /// the source key's order; `None` when one does not pass through so, or the source table has
+    /// no primary key.
+    pub fn source_key(&self, target_row: &Row) -> Option<Row> {
+        if self.source.primary_key.is_empty() {
+            return None;
+        }
+        let passed = |index: usize| -> Option<usize> {
+            let Some(program) = &self.program else { return Some(index) };
+            program.outputs.iter().position(|output| {
+                output.mask.is_none()
+                    && matches!(output.value, OutputValue::Column { index: column, .. } if column == index)
+            })
+        };
+        self.source.primary_key.iter().map(|&index| target_row.get(passed(index)?).cloned()).collect()
     }
 
     fn rule_name(&self) -> &str {

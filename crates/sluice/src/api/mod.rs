@@ -728,7 +728,7 @@ async fn job_series(State(api): Shared, Path(name): Path<String>) -> Reply {
 
 /// The job's dirty records, from every node, oldest first, with the budget they count against.
 #[utoipa::path(get, path = "/jobs/{name}/dirty", tag = "dirty records", params(("name" = String, Path)),
-    responses((status = 200, description = "{total, limit, records: [{id, task, table, key, reason, record, truncated, node, created_at}]}", body = Object),
+    responses((status = 200, description = "{total, limit, records: [{id, task, table, key, reason, record, truncated, node, created_at, change}]}; change, for a change the stream left out: {position, before, source}", body = Object),
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
@@ -737,18 +737,23 @@ async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
         .map(|spec| spec.errors.max_dirty_records)
         .ok();
     let records = crate::cluster::dirty::list(&*api.node.store, &name).await?;
+    // A row shown as JSON when it is (a cut row as the text it was cut to).
+    let shown = |text: &str| {
+        let text = sluice_core::secret::scrub(text);
+        serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text))
+    };
     let records: Vec<Value> = records
         .into_iter()
         .map(|(id, record)| {
-            // Shown as JSON when it is (a cut row as the text it was cut to).
-            let row = record.record.as_deref().map(|text| {
-                let text = sluice_core::secret::scrub(text);
-                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text))
+            let change = record.change.as_ref().map(|change| {
+                serde_json::json!({
+                    "position": change.position, "before": change.before.as_deref().map(shown), "source": change.source,
+                })
             });
             serde_json::json!({
                 "id": id, "task": record.task, "table": record.table, "key": record.key,
-                "reason": sluice_core::secret::scrub(&record.reason), "record": row,
-                "truncated": record.truncated, "node": record.node, "created_at": record.created_at,
+                "reason": sluice_core::secret::scrub(&record.reason), "record": record.record.as_deref().map(shown),
+                "truncated": record.truncated, "node": record.node, "created_at": record.created_at, "change": change,
             })
         })
         .collect();

@@ -10,17 +10,16 @@
 //! /sluice/audit/{millis}-{n}          AuditEntry: who discarded which records
 //! ```
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sluice_core::change::Rejected;
-use sluice_core::connector::{Checkpoint, Split};
-use sluice_core::runner::Runner;
+use sluice_core::change::{Rejected, RejectedChange};
+use sluice_core::connector::Checkpoint;
+use sluice_core::runner::{DirtyEntry, Runner, Verdict};
 use sluice_core::spec::WriteMode;
 use sluice_core::state::{Plan, StateStore};
 use sluice_core::stats::{RunSummary, StreamSummary};
-use sluice_core::{Error, ErrorKind, Result};
+use sluice_core::{Error, Result};
 
 use super::model::{encode, load, load_all, load_plan, plan_key, JobRecord, PlanRecord, ROOT};
 use super::store::Store;
@@ -56,7 +55,7 @@ fn record_key(job: &str, table: &str, key: &str) -> String {
 /// One rejected row, as every node sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DirtyRecord {
-    /// The task (a snapshot split) that read it.
+    /// The task that refused it: a snapshot split, or the stream.
     pub task: String,
     /// The table as named on the side that refused it.
     pub table: String,
@@ -69,6 +68,9 @@ pub struct DirtyRecord {
     /// The row was cut here; the whole of it is in `node`'s state directory.
     #[serde(default)]
     pub truncated: bool,
+    /// A change the stream left out: its position, the row before it, its source row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub change: Option<RejectedChange>,
     /// The node whose task refused it.
     pub node: String,
     /// RFC 3339.
@@ -76,6 +78,17 @@ pub struct DirtyRecord {
 }
 
 impl DirtyRecord {
+    /// The record as the runner knows it.
+    fn rejected(&self) -> Rejected {
+        Rejected {
+            table: self.table.clone(),
+            key: self.key.clone(),
+            reason: self.reason.clone(),
+            record: self.record.clone(),
+            change: self.change.clone(),
+        }
+    }
+
     fn of(reject: &Rejected, task: &str, node: &str) -> DirtyRecord {
         let row = reject.record.as_ref();
         DirtyRecord {
@@ -85,6 +98,7 @@ impl DirtyRecord {
             reason: reject.reason.clone(),
             record: row.map(|row| cut_at(row, RECORD_KEPT_BYTES).to_owned()),
             truncated: row.is_some_and(|row| row.len() > RECORD_KEPT_BYTES),
+            change: reject.change.clone(),
             node: node.to_owned(),
             created_at: crate::logger::timestamp(),
         }
@@ -173,9 +187,10 @@ pub struct ReplayFailure {
     pub error: String,
 }
 
-/// Replays dirty records after a fix: the rows with their keys are read again from the splits
-/// that hold them and written by key with the job's current version (`Runner::replay`). A
-/// record written this time is forgotten; one refused again stays, with the new reason.
+/// Replays dirty records after a fix: their rows are read again from the source (a copied row
+/// from the split that holds it, a change the stream left out by its source key) and written by
+/// key with the job's current version (`Runner::replay_records`). A record written this time is
+/// forgotten; one refused again stays, with the new reason.
 pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, node: &str) -> Result<ReplayOutcome> {
     let records: Vec<(String, DirtyRecord)> =
         list(&**store, &job.name).await?.into_iter().filter(|(id, _)| chosen.takes(id)).collect();
@@ -193,76 +208,39 @@ pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, no
         Some((record, _)) => load_plan(&**store, &job.name, &record).await?,
         None => None,
     };
-    let splits: BTreeMap<&str, &Split> = plan
+    let entries: Vec<DirtyEntry> = records
         .iter()
-        .flat_map(|plan| &plan.tables)
-        .flat_map(|table| &table.splits)
-        .map(|split| (split.id.as_str(), split))
+        .map(|(id, record)| DirtyEntry { id: id.clone(), task: record.task.clone(), record: record.rejected() })
         .collect();
-    // The records by the split that holds them.
-    let mut by_split: BTreeMap<&str, Vec<&(String, DirtyRecord)>> = BTreeMap::new();
-    for record in &records {
-        match splits.get(record.1.task.as_str()) {
-            Some(split) => by_split.entry(split.id.as_str()).or_default().push(record),
-            None => outcome.failed.push(ReplayFailure {
-                id: record.0.clone(),
-                error: format!(
-                    "its task {} is not a copy in the job's current plan (a record of the change stream, or of a \
-                     plan since replaced): fix the row in the target by hand, then discard it",
-                    record.1.task
-                ),
-            }),
-        }
-    }
     let spec = Arc::new(spec);
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     let state: Arc<dyn StateStore> = Arc::new(sluice_core::state::MemoryStateStore::default());
     let runner =
         Runner::new(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?, state, stopped);
-    for (split, held) in by_split {
-        let keys: BTreeSet<String> = held.iter().map(|(_, record)| record.key.clone()).collect();
-        let replayed = match runner.replay(splits[split], &keys).await {
-            Ok(replayed) => replayed,
-            Err(error) if error.kind() == ErrorKind::Config => {
-                let error = error.to_string();
-                outcome
-                    .failed
-                    .extend(held.iter().map(|(id, _)| ReplayFailure { id: id.clone(), error: error.clone() }));
-                continue;
-            }
-            Err(error) => return Err(error),
-        };
-        outcome.rows_written += replayed.written;
-        for (id, record) in held.iter().copied() {
-            let again = replayed.rejected.iter().find(|reject| reject.key == record.key);
-            if let Some(reject) = again {
-                outcome.failed.push(ReplayFailure { id: id.clone(), error: reject.reason.clone() });
-                let kept = DirtyRecord { reason: reject.reason.clone(), ..record.clone() };
-                store.put(&format!("{}{id}", dirty_prefix(&job.name)), &encode(&kept), None).await?;
-            } else if !replayed.found.contains(&record.key) {
-                outcome.failed.push(ReplayFailure {
-                    id: id.clone(),
-                    error: "the source no longer has this row (deleted since?); discard the record".into(),
-                });
-            } else {
-                store.delete(&format!("{}{id}", dirty_prefix(&job.name))).await?;
+    let report = runner.replay_records(plan.as_ref(), &entries).await?;
+    outcome.rows_written = report.rows_written;
+    for (id, verdict) in report.verdicts {
+        let key = format!("{}{id}", dirty_prefix(&job.name));
+        match verdict {
+            Verdict::Written => {
+                store.delete(&key).await?;
                 outcome.replayed += 1;
             }
-        }
-        // Refused now under another name (another side refused it this time): kept as well.
-        for reject in replayed.rejected.iter().filter(|reject| !held.iter().any(|(_, record)| record.key == reject.key))
-        {
-            let record = DirtyRecord::of(reject, split, node);
-            store.put(&record_key(&job.name, &reject.table, &reject.key), &encode(&record), None).await?;
+            Verdict::Refused(reason) => {
+                if let Some((_, record)) = records.iter().find(|(known, _)| *known == id) {
+                    let kept = DirtyRecord { reason: reason.clone(), ..record.clone() };
+                    store.put(&key, &encode(&kept), None).await?;
+                }
+                outcome.failed.push(ReplayFailure { id, error: reason });
+            }
+            Verdict::Kept(error) => outcome.failed.push(ReplayFailure { id, error }),
         }
     }
-    log::info!(
-        "job {}: replayed {} dirty records ({} rows written again); {} still dirty",
-        job.name,
-        outcome.replayed,
-        outcome.rows_written,
-        outcome.failed.len()
-    );
+    // Refused now under another name (another side refused it this time): kept as well.
+    for (task, reject) in report.others {
+        let record = DirtyRecord::of(&reject, &task, node);
+        store.put(&record_key(&job.name, &reject.table, &reject.key), &encode(&record), None).await?;
+    }
     Ok(outcome)
 }
 
@@ -318,10 +296,16 @@ impl StateStore for SharedState {
         }
         self.wait(async {
             for record in kept {
-                // The first rejection of a row is kept: a batch replayed after a crash does
-                // not count it twice.
+                // The first rejection of a copied row is kept: a batch replayed after a crash
+                // does not count it twice. A row the stream leaves out again shows its last
+                // change, still one record.
                 let shared = DirtyRecord::of(record, task, &self.node);
-                self.store.create(&record_key(job, &record.table, &record.key), &encode(&shared), None).await?;
+                let key = record_key(job, &record.table, &record.key);
+                if record.of_stream() {
+                    self.store.put(&key, &encode(&shared), None).await?;
+                } else {
+                    self.store.create(&key, &encode(&shared), None).await?;
+                }
             }
             Ok(self.store.count(&dirty_prefix(job)).await? + unkept.len() as u64)
         })
@@ -329,15 +313,7 @@ impl StateStore for SharedState {
 
     fn dirty_records(&self, job: &str) -> Result<Vec<Rejected>> {
         let records = self.wait(list(&*self.store, job))?;
-        Ok(records
-            .into_iter()
-            .map(|(_, record)| Rejected {
-                table: record.table,
-                key: record.key,
-                reason: record.reason,
-                record: record.record,
-            })
-            .collect())
+        Ok(records.into_iter().map(|(_, record)| record.rejected()).collect())
     }
 
     fn record_run(&self, summary: &RunSummary) -> Result<()> {
@@ -386,6 +362,7 @@ mod tests {
             key: key.into(),
             reason: "too long for target column v".into(),
             record: Some(row.into()),
+            change: None,
         };
         let big = "é".repeat(RECORD_KEPT_BYTES);
         let state = (one, two);

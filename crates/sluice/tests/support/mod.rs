@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod kafka;
 pub mod lake;
 pub mod nats;
+pub mod stream_job;
 pub mod webhook;
 pub mod workload;
 

@@ -908,13 +908,15 @@ function dirtyRows(records, selected) {
     return el('tr', {dataset: {id}},
       el('td', {}, el('input', {type: 'checkbox', class: 'pick', value: id, checked: selected.has(id),
         'aria-label': `pick record ${id}`})),
-      el('td', {class: 'mono'}, dash(record.task)),
+      el('td', {class: 'mono'}, dash(record.task),
+        record.change ? el('div', {class: 'muted'}, `at ${JSON.stringify(record.change.position)}`) : null),
       el('td', {}, dash(record.table)),
       el('td', {class: 'mono'}, dash(record.key)),
       el('td', {class: 'error'}, dash(record.reason)),
       el('td', {}, dash(record.node)),
       el('td', {}, dash(record.created_at)),
-      el('td', {}, jsonDetails(`dirty-${id}`, 'record', record.record)));
+      el('td', {}, jsonDetails(`dirty-${id}`, 'record', record.record),
+        record.change ? jsonDetails(`dirty-before-${id}`, 'before', record.change.before) : null));
   });
 }
 
