@@ -34,7 +34,7 @@ mkdir -p "$out"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 report="$PWD/$out/failover-$stamp.json"
 SLUICE_FAILOVER_TRIALS=$trials SLUICE_FAILOVER_REPORT=$report \
-  cargo test -p sluice --test cluster the_stream_fails_over -- --nocapture --test-threads 1
+  cargo test -p sluice --test suite the_stream_fails_over -- --nocapture --test-threads 1
 python3 - "$report" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -27,7 +27,7 @@ postgres_url=$(scripts/testdb start postgres "$base/postgres")
 export SLUICE_TEST_MYSQL_URL=${mysql_url#URL=}
 export SLUICE_TEST_POSTGRES_URL=${postgres_url#URL=}
 export SLUICE_TEST_MYSQL_SOCKET="$base/mariadb/mysql.sock"
-# A second pair that accepts TLS connections only, with certificates made now (tests/tls.rs).
+# A second pair that accepts TLS connections only, with certificates made now (tests/suite/tls.rs).
 scripts/testdb certs "$base/certs"
 mysql_tls_url=$(scripts/testdb start mariadb "$base/mariadb-tls" --tls "$base/certs")
 postgres_tls_url=$(scripts/testdb start postgres "$base/postgres-tls" --tls "$base/certs")

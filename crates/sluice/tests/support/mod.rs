@@ -7,6 +7,7 @@ pub mod browser;
 pub mod cluster;
 pub mod kafka;
 pub mod lake;
+pub mod mariadb_server;
 pub mod nats;
 pub mod stream_job;
 pub mod webhook;

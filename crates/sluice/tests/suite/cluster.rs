@@ -4,7 +4,7 @@
 //! commit when it wakes; losing the etcd leader member or every node at once does not stop a job;
 //! a stream whose target is down for 25 s heals by itself; a whole etcd outage does not stop it.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

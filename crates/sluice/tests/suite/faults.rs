@@ -1,7 +1,7 @@
 //! Network faults between sluice and its servers, injected by the in-repo fault proxy: the run
 //! retries, resumes from the target's checkpoint, and the target ends exactly equal.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

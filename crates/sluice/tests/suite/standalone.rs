@@ -1,7 +1,7 @@
 //! Standalone runs of the real binary: SQLite and file connectors, resume after SIGKILL, graceful
 //! stop, dirty records, summaries.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 
 #![cfg(feature = "delta")]
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! MySQL into Parquet: one dataset per table, typed columns, every value read back exactly.
 
-mod support;
+use crate::support;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Date32Type, Decimal128Type, Decimal256Type, Int64Type, TimestampMicrosecondType, UInt64Type};

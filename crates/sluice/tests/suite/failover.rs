@@ -3,100 +3,14 @@
 //! resumes after the GTIDs of its checkpoint with nothing lost or doubled; a promoted replica
 //! that lacks transactions the job already has is refused as a lost position, writing nothing.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::mariadb_server::MariadbServer as Server;
 use support::workload::{assert_same, create_tables_sql, Client, Load, Random, ITEMS};
 use support::{mariadb_client_at, postgres_url, psql, signal, unique_name, wait_for, Guard, Workspace};
-
-/// A MariaDB server of this test alone.
-struct Server {
-    directory: tempfile::TempDir,
-    url: String,
-    stopped: bool,
-}
-
-fn testdb() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/testdb")
-}
-
-impl Server {
-    fn start() -> Server {
-        let directory = tempfile::Builder::new()
-            .prefix("sluice-failover")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .expect("a temporary directory");
-        let data = directory.path().join("mariadb");
-        let output =
-            Command::new(testdb()).args(["start", "mariadb", data.to_str().unwrap()]).output().expect("testdb");
-        assert!(output.status.success(), "testdb start: {}", String::from_utf8_lossy(&output.stderr));
-        let url = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .find_map(|line| line.strip_prefix("URL=").map(str::to_owned))
-            .expect("testdb prints the URL");
-        Server { directory, url, stopped: false }
-    }
-
-    fn socket(&self) -> String {
-        self.directory.path().join("mariadb/mysql.sock").to_str().unwrap().to_owned()
-    }
-
-    fn port(&self) -> String {
-        std::fs::read_to_string(self.directory.path().join("mariadb/port")).unwrap().trim().to_owned()
-    }
-
-    fn sql(&self, sql: &str) -> String {
-        let output = mariadb_client_at(&self.socket()).args(["-N", "-e", sql]).output().expect("run mariadb");
-        assert!(output.status.success(), "mariadb: {sql}: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    }
-
-    /// Replicates `primary` from its first transaction, by GTID.
-    fn replicate(&self, primary: &Server) {
-        let password = std::env::var("SLUICE_TEST_PASSWORD").unwrap_or_else(|_| "sluice-test-pw".into());
-        self.sql(&format!(
-            "SET GLOBAL server_id = 2; CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, \
-             MASTER_USER = 'sluice', MASTER_PASSWORD = '{}', MASTER_USE_GTID = slave_pos; START SLAVE",
-            primary.port(),
-            password.replace('\'', "''")
-        ));
-    }
-
-    /// Waits until this replica applied everything `primary` binlogged.
-    fn catch_up(&self, primary: &Server) {
-        let position = primary.sql("SELECT @@GLOBAL.gtid_binlog_pos");
-        assert_eq!(self.sql(&format!("SELECT MASTER_GTID_WAIT('{position}', 60)")), "0", "the replica caught up");
-    }
-
-    /// Makes this replica a primary.
-    fn promote(&self) {
-        self.sql("STOP SLAVE; RESET SLAVE ALL");
-    }
-
-    /// SIGKILLs the server, as a crashed primary.
-    fn kill(&mut self) {
-        let pid = std::fs::read_to_string(self.directory.path().join("mariadb/pid")).expect("a pid file");
-        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
-        self.stopped = true;
-    }
-
-    fn rows(&self, table: &str, columns: &[&str]) -> Vec<String> {
-        let list: Vec<String> = columns.iter().map(|column| format!("coalesce({column}, 'NULL')")).collect();
-        let text = self.sql(&format!("SELECT concat_ws('|', {}) FROM {table} ORDER BY id", list.join(", ")));
-        text.lines().map(str::to_owned).collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let data = self.directory.path().join("mariadb");
-        let _ = Command::new(testdb()).args(["stop", "mariadb", data.to_str().unwrap()]).output();
-    }
-}
 
 /// A target table's rows as `a|b|c` lines ordered by `id`; none while the table is not there.
 fn target_rows(table: &str, columns: &[&str]) -> Vec<String> {
@@ -141,7 +55,7 @@ impl Pair {
     }
 
     fn run(&self, source: &Server) -> Guard {
-        self.workspace.start_run(&self.job, &source.url, &postgres_url(), &[])
+        self.workspace.start_run(&self.job, source.url(), &postgres_url(), &[])
     }
 
     fn load(&self, server: &Server, first_id: u64) -> Load {
@@ -175,7 +89,7 @@ impl Drop for Pair {
 
 #[test]
 fn a_job_pointed_at_the_promoted_replica_resumes_by_gtid_with_nothing_lost_or_doubled() {
-    let mut pair = Pair::start();
+    let pair = Pair::start();
     let first = pair.run(&pair.primary);
     let load = pair.load(&pair.primary, ITEMS + 1);
     wait_for("the stream to apply the load", Duration::from_secs(120), || pair.committed() > 200);
@@ -220,7 +134,7 @@ fn a_job_pointed_at_the_promoted_replica_resumes_by_gtid_with_nothing_lost_or_do
 
 #[test]
 fn a_promoted_replica_without_the_jobs_last_transactions_is_refused_and_nothing_is_written() {
-    let mut pair = Pair::start();
+    let pair = Pair::start();
     let run = pair.run(&pair.primary);
     wait_for("the copy and the stream", Duration::from_secs(120), || pair.target_has(&pair.primary));
     // The replica stops applying; the primary commits more, which the job streams, then dies.
@@ -238,7 +152,7 @@ fn a_promoted_replica_without_the_jobs_last_transactions_is_refused_and_nothing_
     let before = target_rows(&items, &["id", "v", "note"]);
     let output = pair
         .workspace
-        .start_run(&pair.job, &pair.replica.url, &postgres_url(), &[])
+        .start_run(&pair.job, pair.replica.url(), &postgres_url(), &[])
         .into_inner()
         .wait_with_output()
         .unwrap();

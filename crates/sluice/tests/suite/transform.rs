@@ -4,7 +4,7 @@
 //! independently (SQL on the source, HMAC-SHA-256 by the `hmac` crate); `check` and `schema`
 //! show the transformed target, and a broken rule is named with its line.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -3,7 +3,7 @@
 //! task back; the newer owner commits normally, and a stalled old writer's row locks are freed
 //! when its idle transaction times out.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 

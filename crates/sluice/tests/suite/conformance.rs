@@ -12,7 +12,7 @@
 //! Change sinks are held to the stream's contract (kills mid-stream, idempotent replay) by
 //! `cdc.rs`, and every sink to the shared type matrix by `type_matrix.rs`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

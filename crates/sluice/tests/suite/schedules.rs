@@ -4,7 +4,7 @@
 //! 3-node cluster the batches go on after the leader is killed, and no batch is fired twice.
 //! Priorities: a worker without room claims the tasks of a higher-priority job first.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! hold only for the table they were written against, a job run again from scratch, and tables
 //! a `cdc` job's source creates after it started.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

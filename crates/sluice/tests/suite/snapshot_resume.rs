@@ -2,7 +2,7 @@
 //! to the source: no row lost, none duplicated, including a composite string key whose order
 //! exists only in its case-insensitive collation.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! lifecycle, auth and errors; a snapshot job submitted through the API runs to `succeeded`;
 //! secrets never come back in a response.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -1,14 +1,15 @@
 //! The change stream fails closed: a binlog purged past the job's checkpoint stops the job at
 //! once with SOURCE_POSITION_LOST, and binlog settings that would lose data are refused by
 //! `sluice check` and at start. These tests change the server's global state (purged logs,
-//! global settings), so they live alone in this binary and run one after the other.
+//! global settings), so they run on a MariaDB server of their own.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 
+use support::mariadb_server::MariadbServer;
 use support::workload::stream_position;
-use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
+use support::{postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
 
 fn cdc_job(workspace: &Workspace, database: &str) -> (std::path::PathBuf, String) {
     let name = format!("{database}-cdc").replace('_', "-");
@@ -21,11 +22,11 @@ fn cdc_job(workspace: &Workspace, database: &str) -> (std::path::PathBuf, String
     (file, name)
 }
 
-fn run(workspace: &Workspace, job: &std::path::Path, command: &str) -> Run {
+fn run(workspace: &Workspace, server: &MariadbServer, job: &std::path::Path, command: &str) -> Run {
     Run::from(
         workspace
             .command(&[command, job.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
+            .env("SOURCE", server.url())
             .env("TARGET", postgres_url())
             .output()
             .unwrap(),
@@ -34,15 +35,17 @@ fn run(workspace: &Workspace, job: &std::path::Path, command: &str) -> Run {
 
 #[test]
 fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
+    // Purged logs and global settings: a server of this test alone.
+    let server = MariadbServer::start();
     let database = unique_name("purged");
-    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT)"));
+    server.sql(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT)"));
     let workspace = Workspace::new();
     let (job, name) = cdc_job(&workspace, &database);
 
     // A first run streams a row and keeps its position in the target.
-    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    let mut child = workspace.start_run(&job, server.url(), &postgres_url(), &[]);
     wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
-    mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
+    server.sql(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
     wait_for("the row in the target", Duration::from_secs(60), || {
         psql(&format!("SELECT count(*) FROM {database}.t")).trim() == "1"
     });
@@ -50,21 +53,21 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     child.wait().unwrap();
 
     // Meanwhile the source moves to new binlog files and purges the one the job stands in.
-    mariadb(&format!("FLUSH BINARY LOGS; INSERT INTO {database}.t VALUES (2, 2); FLUSH BINARY LOGS"));
-    let current = mariadb("SHOW MASTER STATUS");
+    server.sql(&format!("FLUSH BINARY LOGS; INSERT INTO {database}.t VALUES (2, 2); FLUSH BINARY LOGS"));
+    let current = server.sql("SHOW MASTER STATUS");
     let current = current.split('\t').next().unwrap().to_owned();
     // A file a replica still reads is not purged: wait until the stopped run's dump thread is gone.
     wait_for("the old binlog reader to leave", Duration::from_secs(30), || {
-        !mariadb("SHOW PROCESSLIST").contains("Binlog Dump")
+        !server.sql("SHOW PROCESSLIST").contains("Binlog Dump")
     });
     // MariaDB keeps a file until its binlog checkpoint has passed it: purge until it is gone.
     wait_for("the older binlogs to be purged", Duration::from_secs(30), || {
-        mariadb(&format!("PURGE BINARY LOGS TO '{current}'"));
-        mariadb("SHOW BINARY LOGS").starts_with(&current)
+        server.sql(&format!("PURGE BINARY LOGS TO '{current}'"));
+        server.sql("SHOW BINARY LOGS").starts_with(&current)
     });
 
     let started = Instant::now();
-    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    let mut child = workspace.start_run(&job, server.url(), &postgres_url(), &[]);
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > Duration::from_secs(30) {
             child.kill().unwrap();
@@ -81,10 +84,10 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     assert_eq!(psql(&format!("SELECT count(*) FROM {database}.t")).trim(), "1");
 
     // A row image other than FULL is refused by `check` and at start, naming the setting.
-    mariadb("SET GLOBAL binlog_row_image = 'MINIMAL'");
-    let checked = run(&workspace, &job, "check");
-    let started = run(&workspace, &job, "run");
-    mariadb("SET GLOBAL binlog_row_image = 'FULL'");
+    server.sql("SET GLOBAL binlog_row_image = 'MINIMAL'");
+    let checked = run(&workspace, &server, &job, "check");
+    let started = run(&workspace, &server, &job, "run");
+    server.sql("SET GLOBAL binlog_row_image = 'FULL'");
     assert_ne!(checked.code, 0, "{}", checked.all());
     assert!(checked.all().contains("binlog_row_image is MINIMAL, not FULL"), "{}", checked.all());
     assert_ne!(started.code, 0, "{}", started.all());
@@ -93,14 +96,14 @@ fn the_stream_fails_closed_on_lost_positions_and_wrong_settings() {
     // Compressed binlog events are refused loudly, never skipped: a fresh job streams, then the
     // source starts compressing.
     let database = unique_name("compressed");
-    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v TEXT)"));
+    server.sql(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v TEXT)"));
     let workspace = Workspace::new();
     let (job, name) = cdc_job(&workspace, &database);
-    let mut child = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    let mut child = workspace.start_run(&job, server.url(), &postgres_url(), &[]);
     wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
-    mariadb("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10");
-    mariadb(&format!("INSERT INTO {database}.t VALUES (1, REPEAT('compress me ', 100))"));
-    mariadb("SET GLOBAL log_bin_compress = OFF");
+    server.sql("SET GLOBAL log_bin_compress = ON; SET GLOBAL log_bin_compress_min_len = 10");
+    server.sql(&format!("INSERT INTO {database}.t VALUES (1, REPEAT('compress me ', 100))"));
+    server.sql("SET GLOBAL log_bin_compress = OFF");
     let deadline = Instant::now() + Duration::from_secs(30);
     while child.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "the stream did not stop at the compressed event");

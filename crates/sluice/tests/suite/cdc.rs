@@ -3,7 +3,7 @@
 //! PostgreSQL and into MariaDB. And a sampler that reads the target while transfers run never
 //! sees the sum of balances change: no source transaction is ever half applied.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

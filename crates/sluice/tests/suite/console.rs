@@ -4,7 +4,7 @@
 //! back and see the alarm resolve. A screenshot of every page is kept under
 //! `target/tmp/console/`.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;

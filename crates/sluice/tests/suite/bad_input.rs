@@ -1,7 +1,7 @@
 //! Bad input gets a clear error that names the field or the side, with the right exit code, and
 //! never echoes a secret.
 
-mod support;
+use crate::support;
 
 use support::{canary, mariadb, mysql_url, postgres_url, unique_name, Run, Workspace};
 

@@ -4,7 +4,7 @@
 //! made at test time (`scripts/testdb certs`): the server's names only `localhost`, so a URL
 //! naming 127.0.0.1 is a wrong host name.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! MySQL/MariaDB into PostgreSQL through the real binary and real servers.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

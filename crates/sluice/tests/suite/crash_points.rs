@@ -5,7 +5,7 @@
 //! converges: no Conflict, no lost or doubled row, the target equal to the source. Into
 //! PostgreSQL (DDL inside the group's transaction) and MySQL (DDL commits on its own).
 
-mod support;
+use crate::support;
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! exactly the statements issued (0 gaps, 0 duplicates, in order), each transaction whole with
 //! its event count.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! PostgreSQL while the run is SIGKILLed again and again. The table has no key, so a file loaded
 //! twice would show as duplicate rows.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

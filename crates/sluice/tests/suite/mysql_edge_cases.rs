@@ -1,6 +1,6 @@
 //! MySQL tables at the edges: no primary key, empty, identifiers that need quoting, a 16 MB BLOB.
 
-mod support;
+use crate::support;
 
 use support::stream_job::StreamJob;
 use support::{mariadb, mysql_url, postgres_url, psql, signal, unique_name, Run, Workspace};

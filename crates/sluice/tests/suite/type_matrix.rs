@@ -1,7 +1,7 @@
 //! The type matrix: edge values of every MySQL type, copied into PostgreSQL and into MySQL and
 //! compared value by value.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 use std::time::Duration;

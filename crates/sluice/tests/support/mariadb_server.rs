@@ -1,0 +1,98 @@
+//! A MariaDB server of one test alone, started by scripts/testdb in its own temporary directory,
+//! for tests that change a server's global state (settings, purged binary logs, replication)
+//! which the shared test server must not see while other tests run beside them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use super::mariadb_client_at;
+
+pub struct MariadbServer {
+    directory: tempfile::TempDir,
+    url: String,
+}
+
+fn testdb() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/testdb")
+}
+
+impl MariadbServer {
+    pub fn start() -> MariadbServer {
+        let directory = tempfile::Builder::new()
+            .prefix("sluice-mariadb")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .expect("a temporary directory");
+        let data = directory.path().join("mariadb");
+        let output =
+            Command::new(testdb()).args(["start", "mariadb", data.to_str().unwrap()]).output().expect("testdb");
+        assert!(output.status.success(), "testdb start: {}", String::from_utf8_lossy(&output.stderr));
+        let url = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| line.strip_prefix("URL=").map(str::to_owned))
+            .expect("testdb prints the URL");
+        MariadbServer { directory, url }
+    }
+
+    /// The URL a job connects with (the `sluice` user and the test password).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn socket(&self) -> String {
+        self.directory.path().join("mariadb/mysql.sock").to_str().unwrap().to_owned()
+    }
+
+    pub fn port(&self) -> String {
+        std::fs::read_to_string(self.directory.path().join("mariadb/port")).unwrap().trim().to_owned()
+    }
+
+    /// Runs SQL as root over the socket; returns the tab-separated rows without column names.
+    pub fn sql(&self, sql: &str) -> String {
+        let output = mariadb_client_at(&self.socket()).args(["-N", "-e", sql]).output().expect("run mariadb");
+        assert!(output.status.success(), "mariadb: {sql}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// Replicates `primary` from its first transaction, by GTID.
+    pub fn replicate(&self, primary: &MariadbServer) {
+        let password = std::env::var("SLUICE_TEST_PASSWORD").unwrap_or_else(|_| "sluice-test-pw".into());
+        self.sql(&format!(
+            "SET GLOBAL server_id = 2; CHANGE MASTER TO MASTER_HOST = '127.0.0.1', MASTER_PORT = {}, \
+             MASTER_USER = 'sluice', MASTER_PASSWORD = '{}', MASTER_USE_GTID = slave_pos; START SLAVE",
+            primary.port(),
+            password.replace('\'', "''")
+        ));
+    }
+
+    /// Waits until this replica applied everything `primary` binlogged.
+    pub fn catch_up(&self, primary: &MariadbServer) {
+        let position = primary.sql("SELECT @@GLOBAL.gtid_binlog_pos");
+        assert_eq!(self.sql(&format!("SELECT MASTER_GTID_WAIT('{position}', 60)")), "0", "the replica caught up");
+    }
+
+    /// Makes this replica a primary.
+    pub fn promote(&self) {
+        self.sql("STOP SLAVE; RESET SLAVE ALL");
+    }
+
+    /// SIGKILLs the server, as a crashed primary.
+    pub fn kill(&self) {
+        let pid = std::fs::read_to_string(self.directory.path().join("mariadb/pid")).expect("a pid file");
+        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+    }
+
+    /// A table's rows as `a|b|c` lines ordered by `id`.
+    pub fn rows(&self, table: &str, columns: &[&str]) -> Vec<String> {
+        let list: Vec<String> = columns.iter().map(|column| format!("coalesce({column}, 'NULL')")).collect();
+        let text = self.sql(&format!("SELECT concat_ws('|', {}) FROM {table} ORDER BY id", list.join(", ")));
+        text.lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for MariadbServer {
+    fn drop(&mut self) {
+        let data = self.directory.path().join("mariadb");
+        let _ = Command::new(testdb()).args(["stop", "mariadb", data.to_str().unwrap()]).output();
+    }
+}
