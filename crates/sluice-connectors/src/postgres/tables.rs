@@ -124,7 +124,10 @@ pub(super) fn retype_column_sql(table: &TableSchema, column: &sluice_core::Colum
     if let Some(default) = column_default(table, column).filter(|_| !is_identity(table, column)) {
         statements.push(format!("ALTER TABLE {name} ALTER COLUMN {column_name} SET DEFAULT {default}"));
     }
-    statements.push(column_comment_sql(table, column));
+    // MySQL's MODIFY sets the comment, or removes it.
+    if from_mysql(table) {
+        statements.push(column_comment_sql(table, column));
+    }
     statements
 }
 
