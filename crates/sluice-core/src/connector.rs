@@ -214,6 +214,18 @@ pub trait Source: Send + Sync {
             .hint("fix the rows in the target by hand, then discard their records"))
     }
 
+    /// The schema a target gives a table that DDL in the change stream created or altered, so
+    /// that it is the table a snapshot would have made (types with their own widths, defaults,
+    /// counters, comments, indexes): the source describes the table as `discover` does, and
+    /// keeps of that description what agrees with `logged`, the table as the change log gives
+    /// it at the rows being applied, with which those rows were decoded (the table may have
+    /// changed again since). Whatever disagrees stays as `logged` says. Called by the stream
+    /// task once per created or altered table, before the target takes its new schema. The
+    /// default is `logged` as it is: a log that carries every detail it has.
+    async fn describe_logged(&self, logged: &TableSchema) -> Result<TableSchema> {
+        Ok(logged.clone())
+    }
+
     /// Whether the target applies this source's changes by key always, as it does inside a
     /// `snapshot+cdc` replay window: an insert replaces the row, an update or a delete of a row
     /// the target lacks is no error. True for streams of change events, where the producer's

@@ -161,9 +161,7 @@ impl BinlogChangeStream {
         let mut connection = Conn::new(OptsBuilder::from_opts(opts).prefer_socket(false))
             .await
             .map_err(error("connect for the binlog"))?;
-        let version: Option<String> =
-            connection.query_first("SELECT VERSION()").await.map_err(error("read the server version"))?;
-        let mariadb = version.unwrap_or_default().contains("MariaDB");
+        let mariadb = super::flavor(&mut connection, Side::Source, &server).await? == "mariadb";
         let files: Vec<mysql_async::Row> = connection.query("SHOW BINARY LOGS").await.map_err(|error| {
             mysql_error(error, Side::Source, &server, "list the binary logs")
                 .hint("grant REPLICATION CLIENT (BINLOG MONITOR on MariaDB)")

@@ -11,7 +11,10 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
 use super::checkpoints::{check_fence, commit_with_checkpoint, read_checkpoint};
 use super::rows::{delete_keys, delete_rows};
-use super::tables::{column_definition, create_table_sql, qualified};
+use super::tables::{
+    add_column_sql, add_missing_indexes, create_table_sql, modify_column_sql, move_counter, qualified,
+    table_comment_sql, Fidelity,
+};
 use super::trial::{InsertTrial, TableInserts};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::hidden::published_over;
@@ -24,6 +27,9 @@ pub(super) struct MysqlChangeWriter {
     pub(super) fence: Option<sluice_core::connector::Fence>,
     pub(super) task: String,
     pub(super) in_transaction: bool,
+    /// The target server's flavor (`mysql`, `mariadb`), read when a table is first created or
+    /// altered: which of the source's own types and defaults it takes (`Fidelity`).
+    pub(super) flavor: Option<&'static str>,
 }
 
 impl MysqlChangeWriter {
@@ -58,6 +64,50 @@ impl MysqlChangeWriter {
             self.execute(&format!("DROP TABLE {}", qualified(to)), &format!("drop the empty table {to}")).await?;
         }
         Ok(held.is_none())
+    }
+
+    async fn flavor(&mut self) -> Result<&'static str> {
+        match self.flavor {
+            Some(flavor) => Ok(flavor),
+            None => Ok(*self.flavor.insert(super::flavor(&mut self.connection, Side::Target, &self.server).await?)),
+        }
+    }
+
+    /// Creates `table` as a snapshot's copy would be: its columns and key, its indexes, its
+    /// counter where the source's stands.
+    async fn create(&mut self, table: &TableSchema) -> Result<()> {
+        let sql = create_table_sql(table, Some(self.flavor().await?));
+        self.execute(&sql, &format!("create table {}", table.name)).await?;
+        add_missing_indexes(&mut self.connection, &self.server, table).await?;
+        move_counter(&mut self.connection, &self.server, table).await
+    }
+
+    /// Brings the table's columns to `table`'s (see `column_changes`), each as a snapshot's copy
+    /// would define it, and builds the indexes it lacks.
+    async fn alter(&mut self, table: &TableSchema, renamed: &[(String, String)], retyped: &[String]) -> Result<()> {
+        let name = qualified(&table.name);
+        let doing = format!("alter table {}", table.name);
+        let fidelity = Fidelity::of(table, Some(self.flavor().await?));
+        let existing = self.columns(&table.name).await?;
+        for step in column_changes(&existing, table, renamed, retyped) {
+            let statements = match step {
+                ColumnChange::Rename { from, to } => {
+                    vec![format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))]
+                }
+                ColumnChange::Add(column) => add_column_sql(table, column, fidelity),
+                ColumnChange::Retype(column) => vec![modify_column_sql(table, column, fidelity)],
+                ColumnChange::Drop(column) => {
+                    vec![format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))]
+                }
+            };
+            for sql in statements {
+                self.execute(&sql, &doing).await?;
+            }
+        }
+        if let Some(sql) = table_comment_sql(table, fidelity) {
+            self.execute(&sql, &doing).await?;
+        }
+        add_missing_indexes(&mut self.connection, &self.server, table).await
     }
 
     async fn begin(&mut self) -> Result<()> {
@@ -191,9 +241,7 @@ impl ChangeWriter for MysqlChangeWriter {
         // applies none (its sessions also ended when the new owner claimed the task).
         check_fence(&mut self.connection, &self.server, &self.job, self.fence.as_ref()).await?;
         match change {
-            SchemaChange::Create(table) => {
-                self.execute(&create_table_sql(table, None), &format!("create table {}", table.name)).await?
-            }
+            SchemaChange::Create(table) => self.create(table).await?,
             SchemaChange::Drop(table) => {
                 self.execute(&format!("DROP TABLE IF EXISTS {}", qualified(table)), &format!("drop table {table}"))
                     .await?
@@ -221,34 +269,7 @@ impl ChangeWriter for MysqlChangeWriter {
                 );
                 self.execute(&renamed, &format!("rename table {from} to {to}")).await?;
             }
-            SchemaChange::Alter { table, renamed, retyped } => {
-                let name = qualified(&table.name);
-                let doing = format!("alter table {}", table.name);
-                let existing = self.columns(&table.name).await?;
-                for step in column_changes(&existing, table, renamed, retyped) {
-                    let sql = match step {
-                        ColumnChange::Rename { from, to } => {
-                            format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
-                        }
-                        ColumnChange::Add(column) => {
-                            format!(
-                                "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}",
-                                column_definition(column, Default::default(), false)
-                            )
-                        }
-                        ColumnChange::Retype(column) => {
-                            format!(
-                                "ALTER TABLE {name} MODIFY COLUMN {}",
-                                column_definition(column, Default::default(), false)
-                            )
-                        }
-                        ColumnChange::Drop(column) => {
-                            format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))
-                        }
-                    };
-                    self.execute(&sql, &doing).await?;
-                }
-            }
+            SchemaChange::Alter { table, renamed, retyped } => self.alter(table, renamed, retyped).await?,
         }
         Ok(())
     }

@@ -7,6 +7,7 @@ pub(crate) mod connector;
 mod ddl;
 mod gtid;
 mod keyless;
+mod logged;
 mod rows;
 mod sink;
 mod source;
@@ -243,6 +244,16 @@ fn classified(kind: ErrorKind, hint: Option<String>, message: String, side: Side
         Some(hint) => error.hint(hint),
         None => error,
     }
+}
+
+/// The server's flavor as its version names it: `mariadb` or `mysql`.
+async fn flavor(connection: &mut mysql_async::Conn, side: Side, server: &str) -> Result<&'static str, Error> {
+    use mysql_async::prelude::Queryable;
+    let version: Option<String> = connection
+        .query_first("SELECT VERSION()")
+        .await
+        .map_err(|error| mysql_error(error, side, server, "read the server version"))?;
+    Ok(if version.unwrap_or_default().contains("MariaDB") { "mariadb" } else { "mysql" })
 }
 
 /// MySQL's and MariaDB's identifier limit, in characters.

@@ -17,7 +17,7 @@ use super::checkpoints::{
     BINDING_TABLE, FENCE_TABLE, SESSION_TABLE,
 };
 use super::rows::{delete_keys, insert_rows};
-use super::tables::{add_index_sql, counter_sql, create_table_sql, qualified};
+use super::tables::{add_index_sql, add_missing_indexes, counter_sql, create_table_sql, move_counter, qualified};
 use super::trial::{InsertTrial, Inserts};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
 
@@ -137,36 +137,15 @@ impl Sink for MysqlSink {
             .collect()
     }
 
-    /// Adds the secondary indexes the table lacks (checked by name, since MySQL 8 has no
-    /// `ADD INDEX IF NOT EXISTS`).
+    /// Adds the secondary indexes the tables lack and moves their counters.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
         if tables.iter().all(|table| table.indexes.is_empty() && counter_sql(table).is_none()) {
             return Ok(());
         }
         let mut connection = self.connection().await?;
         for table in tables {
-            let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
-            let existing: Vec<String> = connection
-                .exec("SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?", (namespace, &table.name.name))
-                .await
-                .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("read the indexes of {}", table.name)))?;
-            for index in
-                table.indexes.iter().filter(|index| !existing.iter().any(|name| name.eq_ignore_ascii_case(&index.name)))
-            {
-                connection.query_drop(add_index_sql(table, index)).await.map_err(|error| {
-                    mysql_error(
-                        error,
-                        Side::Target,
-                        &self.server,
-                        &format!("build index {} of {}", index.name, table.name),
-                    )
-                })?;
-            }
-            if let Some(counter) = counter_sql(table) {
-                connection.query_drop(counter).await.map_err(|error| {
-                    mysql_error(error, Side::Target, &self.server, &format!("set the counter of {}", table.name))
-                })?;
-            }
+            add_missing_indexes(&mut connection, &self.server, table).await?;
+            move_counter(&mut connection, &self.server, table).await?;
         }
         Ok(())
     }
@@ -259,9 +238,7 @@ impl Sink for MysqlSink {
         let local_infile: Option<bool> =
             connection.query_first("SELECT @@GLOBAL.local_infile").await.map_err(error("read local_infile"))?;
         self.local_infile.store(local_infile.unwrap_or(false), std::sync::atomic::Ordering::Relaxed);
-        let version: Option<String> =
-            connection.query_first("SELECT VERSION()").await.map_err(error("read the server version"))?;
-        let flavor = if version.unwrap_or_default().contains("MariaDB") { "mariadb" } else { "mysql" };
+        let flavor = super::flavor(&mut connection, Side::Target, &self.server).await?;
         let _ = self.flavor.set(flavor.to_owned());
         connection
             .query_drop(
@@ -330,6 +307,7 @@ impl Sink for MysqlSink {
             task: task.to_owned(),
             fence: self.fence.clone(),
             in_transaction: false,
+            flavor: None,
         }))
     }
 

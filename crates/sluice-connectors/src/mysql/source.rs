@@ -142,6 +142,11 @@ impl MysqlSource {
         Ok(ReadConnection::Driver(self.connection().await?))
     }
 
+    /// Whether the source is MariaDB (else MySQL).
+    async fn mariadb(&self, connection: &mut Conn) -> Result<bool> {
+        Ok(super::flavor(connection, Side::Source, &self.server).await? == "mariadb")
+    }
+
     fn error(&self, doing: &str) -> impl Fn(mysql_async::Error) -> Error + '_ {
         let doing = doing.to_owned();
         move |error| mysql_error(error, Side::Source, &self.server, &doing)
@@ -241,6 +246,33 @@ impl Source for MysqlSource {
         Ok(Split::new(format!("{}#keys", table.name), table.clone(), &range, keys.len() as u64))
     }
 
+    /// The table map's schema completed by information_schema, read as `discover` reads it,
+    /// column by column where the two agree (`logged::reconcile`); the table map alone when the
+    /// table is gone from the source by now.
+    async fn describe_logged(&self, logged: &TableSchema) -> Result<TableSchema> {
+        let mut connection = self.connection().await?;
+        let mariadb = self.mariadb(&mut connection).await?;
+        uncached_statistics(&mut connection).await;
+        let described = match describe_table(&mut connection, &logged.name, &self.server, false, mariadb).await {
+            Ok(described) if !described.columns.is_empty() => described,
+            // Dropped (or renamed) since the rows being applied.
+            Ok(_) => return Ok(described_without(logged, "it is not in information_schema now")),
+            Err(error) if error.kind() == ErrorKind::Schema => {
+                return Ok(described_without(logged, error.message()));
+            }
+            Err(error) => return Err(error),
+        };
+        let (schema, disagreements) = super::logged::reconcile(logged, &described);
+        if !disagreements.is_empty() {
+            log::warn!(
+                "table {}: the source describes it otherwise now than the binlog at the rows being applied ({}); what disagrees is created as the binlog's table map says, without the source's own type text, default or comment",
+                logged.name,
+                disagreements.join("; ")
+            );
+        }
+        Ok(schema)
+    }
+
     fn reached(&self, position: &Position, mark: &Position) -> bool {
         let field = |position: &Position, name: &str| {
             position.0.get(name).and_then(serde_json::Value::as_str).map(str::to_owned)
@@ -276,9 +308,7 @@ impl Source for MysqlSource {
 
     async fn log_position(&self) -> Result<Option<Position>> {
         let mut connection = self.connection().await?;
-        let version: Option<String> =
-            connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
-        let mariadb = version.unwrap_or_default().contains("MariaDB");
+        let mariadb = self.mariadb(&mut connection).await?;
         let status: std::result::Result<Option<Row>, _> = connection.query_first("SHOW MASTER STATUS").await;
         let (file, offset) = match status {
             Ok(Some(row)) => (row.get::<String, _>(0), row.get::<u64, _>(1)),
@@ -343,11 +373,8 @@ impl Source for MysqlSource {
         // The binlog names a row by its PRIMARY KEY only, so a job that streams lets no unique
         // key stand in for one: such a table is keyless to the stream, and copied as keyless.
         let stand_in = !self.mode.streams();
-        let version: Option<String> =
-            connection.query_first("SELECT VERSION()").await.map_err(self.error("read the server version"))?;
-        let mariadb = version.unwrap_or_default().contains("MariaDB");
-        // MySQL 8 caches information_schema's table figures (AUTO_INCREMENT) for a day.
-        let _ = connection.query_drop("SET SESSION information_schema_stats_expiry = 0").await;
+        let mariadb = self.mariadb(&mut connection).await?;
+        uncached_statistics(&mut connection).await;
         let mut tables = Vec::new();
         for name in self.filter.select(available)? {
             tables.push(describe_table(&mut connection, &name, &self.server, stand_in, mariadb).await?);
@@ -655,6 +682,21 @@ impl MysqlSource {
             detail: format!("binlog_format={format}, binlog_row_image={image}, binlog_row_metadata={metadata}"),
         })
     }
+}
+
+/// Makes MySQL 8 read information_schema's table figures (AUTO_INCREMENT) afresh: it caches
+/// them for a day. Other servers have no such setting, and need none.
+async fn uncached_statistics(connection: &mut Conn) {
+    let _ = connection.query_drop("SET SESSION information_schema_stats_expiry = 0").await;
+}
+
+/// `logged` as it is, when information_schema cannot describe the table (`why`).
+fn described_without(logged: &TableSchema, why: &str) -> TableSchema {
+    log::warn!(
+        "table {}: the source cannot describe it ({why}); it is created as the binlog's table map says, without the source's own type text, defaults, comments or indexes",
+        logged.name
+    );
+    logged.clone()
 }
 
 fn schema_of(name: &TableName) -> &str {

@@ -1,9 +1,12 @@
-//! The MySQL tables sluice creates: names, column types and definitions, `CREATE TABLE` and
-//! index text, shared by the snapshot writer and the change writer.
+//! The MySQL tables sluice creates: names, column types and definitions, `CREATE TABLE`,
+//! `ALTER TABLE` and index text, and what is built once the table exists (indexes, counter),
+//! shared by the snapshot writer and the change writer.
 
-use sluice_core::{DataType, TableName, TableSchema};
+use mysql_async::prelude::Queryable;
+use mysql_async::Conn;
+use sluice_core::{DataType, Result, Side, TableName, TableSchema};
 
-use super::quote;
+use super::{mysql_error, quote};
 
 pub(super) fn qualified(name: &TableName) -> String {
     match &name.namespace {
@@ -73,6 +76,11 @@ impl Fidelity {
         let family = matches!(dialect, Some("mysql" | "mariadb"));
         Fidelity { family, same_flavor: family && flavor.is_none_or(|flavor| Some(flavor) == dialect) }
     }
+
+    /// The column's default as this target writes it, if it takes it.
+    fn default_of(self, column: &sluice_core::Column) -> Option<&str> {
+        column.details.default.as_deref().filter(|default| self.family && (self.same_flavor || portable(default)))
+    }
 }
 
 /// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
@@ -99,8 +107,7 @@ pub(super) fn column_definition(column: &sluice_core::Column, fidelity: Fidelity
         return definition;
     }
     let details = &column.details;
-    let default = details.default.as_deref().filter(|default| fidelity.same_flavor || portable(default));
-    if let Some(default) = default {
+    if let Some(default) = fidelity.default_of(column) {
         definition.push_str(&format!(" DEFAULT {default}"));
     }
     if let Some(on_update) = &details.on_update {
@@ -113,6 +120,38 @@ pub(super) fn column_definition(column: &sluice_core::Column, fidelity: Fidelity
         definition.push_str(&format!(" COMMENT {}", string_literal(comment)));
     }
     definition
+}
+
+/// `ALTER TABLE` that adds `column` to `table` without giving the rows there a value: the
+/// source's ADD COLUMN had no default (the stream refuses one: the binlog carries no values for
+/// the existing rows), so a default it has by now (a later `ALTER COLUMN ... SET DEFAULT`) is set
+/// after the column is added, for the rows to come.
+pub(super) fn add_column_sql(table: &TableSchema, column: &sluice_core::Column, fidelity: Fidelity) -> Vec<String> {
+    let name = qualified(&table.name);
+    let default = fidelity.default_of(column).filter(|default| !default.eq_ignore_ascii_case("NULL"));
+    let bare = sluice_core::Column {
+        details: sluice_core::schema::ColumnDetails { default: None, ..column.details.clone() },
+        ..column.clone()
+    };
+    let mut statements =
+        vec![format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {}", column_definition(&bare, fidelity, false))];
+    if let Some(default) = default {
+        statements.push(format!("ALTER TABLE {name} ALTER COLUMN {} SET DEFAULT {default}", quote(&column.name)));
+    }
+    statements
+}
+
+/// `ALTER TABLE ... COMMENT` with the table's comment (none: an empty one), for a target that
+/// takes the source's details.
+pub(super) fn table_comment_sql(table: &TableSchema, fidelity: Fidelity) -> Option<String> {
+    let comment = table.details.comment.as_deref().unwrap_or("");
+    fidelity.family.then(|| format!("ALTER TABLE {} COMMENT = {}", qualified(&table.name), string_literal(comment)))
+}
+
+/// `ALTER TABLE ... MODIFY COLUMN` that gives a column of `table` its definition there.
+pub(super) fn modify_column_sql(table: &TableSchema, column: &sluice_core::Column, fidelity: Fidelity) -> String {
+    let counter = table.primary_key.first().is_some_and(|&first| table.columns[first].name == column.name);
+    format!("ALTER TABLE {} MODIFY COLUMN {}", qualified(&table.name), column_definition(column, fidelity, counter))
 }
 
 /// A default both MySQL and MariaDB read alike: a quoted or numeric literal, NULL, a bit
@@ -173,6 +212,39 @@ pub(super) fn counter_sql(table: &TableSchema) -> Option<String> {
     let counted = table.columns.iter().any(|column| column.details.auto_increment);
     (counted && Fidelity::of(table, None).family)
         .then(|| format!("ALTER TABLE {} AUTO_INCREMENT = {next}", qualified(&table.name)))
+}
+
+/// Builds the secondary indexes of `table` that the target's table lacks (known by name, since
+/// MySQL 8 has no `ADD INDEX IF NOT EXISTS`), so it can be asked again after a crash.
+pub(super) async fn add_missing_indexes(connection: &mut Conn, server: &str, table: &TableSchema) -> Result<()> {
+    if table.indexes.is_empty() {
+        return Ok(());
+    }
+    let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
+    let existing: Vec<String> = connection
+        .exec(
+            "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+            (namespace, &table.name.name),
+        )
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, &format!("read the indexes of {}", table.name)))?;
+    for index in
+        table.indexes.iter().filter(|index| !existing.iter().any(|name| name.eq_ignore_ascii_case(&index.name)))
+    {
+        connection.query_drop(add_index_sql(table, index)).await.map_err(|error| {
+            mysql_error(error, Side::Target, server, &format!("build index {} of {}", index.name, table.name))
+        })?;
+    }
+    Ok(())
+}
+
+/// Moves the table's counter where the source's stood (`counter_sql`), if it has one.
+pub(super) async fn move_counter(connection: &mut Conn, server: &str, table: &TableSchema) -> Result<()> {
+    let Some(counter) = counter_sql(table) else { return Ok(()) };
+    connection
+        .query_drop(counter)
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, &format!("set the counter of {}", table.name)))
 }
 
 pub(super) fn add_index_sql(table: &TableSchema, index: &sluice_core::Index) -> String {

@@ -11,7 +11,7 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, V
 use tokio_postgres::Client;
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
-use super::tables::{create_index_sql, create_table_sql, qualified};
+use super::tables::{add_column_sql, altered_table_sql, create_table_sql, finish_sql, qualified, retype_column_sql};
 use super::trial::CopyTrial;
 use super::{column_type, encode_copy, postgres_error, quote, refuse_long_names};
 
@@ -90,6 +90,33 @@ impl PostgresChangeWriter {
 
     fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
         move |error| postgres_error(error, Side::Target, &self.server, doing)
+    }
+
+    /// Brings the table's columns to `table`'s (see `column_changes`), each as a snapshot's copy
+    /// would define it, then what else the source's ALTER TABLE changed (`altered_table_sql`).
+    async fn alter(&mut self, table: &TableSchema, renamed: &[(String, String)], retyped: &[String]) -> Result<()> {
+        let name = qualified(&table.name);
+        let doing = format!("alter table {}", table.name);
+        let existing = self.columns(&table.name).await?;
+        for step in column_changes(&existing, table, renamed, retyped) {
+            let statements = match step {
+                ColumnChange::Rename { from, to } => {
+                    vec![format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))]
+                }
+                ColumnChange::Add(column) => add_column_sql(table, column),
+                ColumnChange::Retype(column) => retype_column_sql(table, column),
+                ColumnChange::Drop(column) => {
+                    vec![format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))]
+                }
+            };
+            for sql in statements {
+                self.execute(&sql, &doing).await?;
+            }
+        }
+        for sql in altered_table_sql(table) {
+            self.execute(&sql, &doing).await?;
+        }
+        Ok(())
     }
 
     async fn begin(&mut self) -> Result<()> {
@@ -273,8 +300,8 @@ impl ChangeWriter for PostgresChangeWriter {
         match change {
             SchemaChange::Create(table) => {
                 self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?;
-                for statement in create_index_sql(table) {
-                    self.execute(&statement, &format!("index table {}", table.name)).await?;
+                for statement in finish_sql(table) {
+                    self.execute(&statement, &format!("build the indexes and sequences of {}", table.name)).await?;
                 }
             }
             SchemaChange::Drop(table) => {
@@ -310,34 +337,7 @@ impl ChangeWriter for PostgresChangeWriter {
                     self.execute(&renamed, &doing).await?;
                 }
             }
-            SchemaChange::Alter { table, renamed, retyped } => {
-                let name = qualified(&table.name);
-                let doing = format!("alter table {}", table.name);
-                let existing = self.columns(&table.name).await?;
-                for step in column_changes(&existing, table, renamed, retyped) {
-                    let sql = match step {
-                        ColumnChange::Rename { from, to } => {
-                            format!("ALTER TABLE {name} RENAME COLUMN {} TO {}", quote(from), quote(to))
-                        }
-                        ColumnChange::Add(column) => format!(
-                            "ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {} {}",
-                            quote(&column.name),
-                            column_type(&column.data_type)
-                        ),
-                        ColumnChange::Retype(column) => {
-                            let (column_name, pg_type) = (quote(&column.name), column_type(&column.data_type));
-                            let nullability = if column.nullable { "DROP NOT NULL" } else { "SET NOT NULL" };
-                            format!(
-                                "ALTER TABLE {name} ALTER COLUMN {column_name} TYPE {pg_type} USING {column_name}::{pg_type}, ALTER COLUMN {column_name} {nullability}"
-                            )
-                        }
-                        ColumnChange::Drop(column) => {
-                            format!("ALTER TABLE {name} DROP COLUMN IF EXISTS {}", quote(&column))
-                        }
-                    };
-                    self.execute(&sql, &doing).await?;
-                }
-            }
+            SchemaChange::Alter { table, renamed, retyped } => self.alter(table, renamed, retyped).await?,
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use tokio_postgres::Client;
 use super::checkpoints::{
     commit_with_checkpoint, fence_tag, read_checkpoint, record_identity, verify_binding, BINDING_TABLE, FENCE_TABLE,
 };
-use super::tables::{create_index_sql, create_table_sql, identity_sql, qualified};
+use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
 use super::trial::CopyTrial;
 use super::{connect, postgres_error, quote, refuse_long_names};
 
@@ -107,10 +107,9 @@ impl Sink for PostgresSink {
     /// one core per index build.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
         let mut builds = tokio::task::JoinSet::new();
-        for table in tables.iter().filter(|table| !table.indexes.is_empty() || !identity_sql(table).is_empty()) {
+        for table in tables.iter().filter(|table| !finish_sql(table).is_empty()) {
             let (url, server) = (self.url.clone(), self.server.clone());
-            let mut statements = create_index_sql(table);
-            statements.extend(identity_sql(table));
+            let statements = finish_sql(table);
             let name = table.name.clone();
             builds.spawn(async move {
                 let client = connect(&url, Side::Target, &server).await?;

@@ -921,13 +921,18 @@ impl Applier<'_> {
         self.runner.keep_dirty(STREAM_TASK, &records)
     }
 
-    /// The open source transaction committed at `position`.
     /// Gives each target table whose source table changed by DDL (`pending`) the schema its
-    /// first rows since then carry (`tables`, source schemas from their table maps).
+    /// first rows since then carry (`tables`, source schemas from their table maps), as the
+    /// source describes it (`Source::describe_logged`): the table a snapshot would create. Its
+    /// rows keep the mapping of the schema they were decoded with.
     async fn reshape(&mut self, tables: Vec<Arc<TableSchema>>) -> Result<()> {
         for table in tables {
             let Some(pending) = self.checkpoint.pending.remove(&table.name.to_string()) else { continue };
-            let mapping = mapping_of(&mut self.targets, self.runner, &table)?;
+            let described =
+                self.runner.source.describe_logged(&table).await.map_err(|error| {
+                    error.context(format_args!("describing the new schema of table {}", table.name))
+                })?;
+            let mapping = self.runner.mapping(&Arc::new(described))?;
             let target = mapping.target.clone();
             let change = if pending.create {
                 SchemaChange::Create((*target).clone())
@@ -949,6 +954,7 @@ impl Applier<'_> {
         Ok(())
     }
 
+    /// The open source transaction committed at `position`.
     async fn transaction_end(&mut self, position: Position, committed_at: u64) -> Result<()> {
         if self.raw {
             self.write_folded().await?;

@@ -43,10 +43,23 @@ fn job_file(
     target: &str,
     extra: &str,
 ) -> std::path::PathBuf {
+    job_file_with_source(workspace, name, mode, tables, "", target, extra)
+}
+
+/// A job file as `job_file` writes it, with more source options (`source_extra`: indented lines).
+fn job_file_with_source(
+    workspace: &Workspace,
+    name: &str,
+    mode: &str,
+    tables: &str,
+    source_extra: &str,
+    target: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     workspace.write(
         &format!("{name}.yaml"),
         &format!(
-            "name: {name}\nmode: {mode}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{tables}\"]\n\
+            "name: {name}\nmode: {mode}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{tables}\"]\n{source_extra}\
              target:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n{extra}",
             namespace = name.replace('-', "_"),
         ),
@@ -419,4 +432,178 @@ fn keyless_edge_values_copy_and_stream_exactly_into_mysql() {
     let output = child.wait_with_output().unwrap();
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(edge_rows(&format!("{namespace}.edge")), edge_rows(&format!("{database}.edge")));
+}
+
+/// Tables of every kind a migration meets, each with the key its rows are ordered by, and the
+/// statements that make and fill them on the source, in order. `altered` takes rows, then an
+/// ALTER (a column added, one widened with a new default, an index, a table comment), then more
+/// rows: the stream creates it and alters it, the snapshot copies it as it ends up.
+const CORPUS: [(&str, &str); 9] = [
+    ("floats", "id"),
+    ("decimals", "id"),
+    ("integers", "id"),
+    ("times", "id"),
+    ("texts", "code"),
+    ("binaries", "id"),
+    ("docs", "id"),
+    ("order_lines", "order_id, line"),
+    ("altered", "id"),
+];
+
+const CORPUS_SQL: &str = "
+CREATE TABLE floats (id INT AUTO_INCREMENT PRIMARY KEY, f1 FLOAT DEFAULT 5.6, f2 FLOAT(10,2) DEFAULT 7.8,
+    f3 FLOAT(35,5), f4 FLOAT(23), f5 FLOAT(24), f6 FLOAT(25), weight FLOAT UNSIGNED DEFAULT '0');
+INSERT INTO floats (f1, f2, f3, f4, f5, f6, weight) VALUES (5.6, 7.123, 30.123456789, 1.2345678, 1.2345678, 1.23456789012, 3.3),
+    (-1.5e-7, -12345678.9, -0.000012345, 1e30, -1e-30, 1.7976931348623157e308, 0);
+INSERT INTO floats () VALUES ();
+CREATE TABLE decimals (id BIGINT UNSIGNED NOT NULL PRIMARY KEY, d1 DECIMAL(10,2) NOT NULL DEFAULT 0.00,
+    d2 DECIMAL(65,30), d3 DECIMAL(5,0) UNSIGNED, d4 NUMERIC(12,4) DEFAULT -1.5);
+INSERT INTO decimals VALUES (18446744073709551615, 12345678.91, -99999999999999999999999999999999999.999999999999999999999999999999, 99999, 0.0001),
+    (1, DEFAULT, NULL, NULL, DEFAULT);
+CREATE TABLE integers (id INT UNSIGNED NOT NULL AUTO_INCREMENT, flag TINYINT(1) NOT NULL DEFAULT 1, tiny TINYINT UNSIGNED,
+    small SMALLINT DEFAULT -3, medium MEDIUMINT UNSIGNED, padded INT(5) ZEROFILL, big BIGINT UNSIGNED DEFAULT 18446744073709551615,
+    bits BIT(5) DEFAULT b'101', y YEAR, PRIMARY KEY (id)) AUTO_INCREMENT=100;
+INSERT INTO integers (flag, tiny, small, medium, padded, big, bits, y) VALUES (0, 255, -32768, 16777215, 42, 0, b'11111', 2155), (1, 0, 32767, 0, 0, 9223372036854775808, b'0', 1901);
+INSERT INTO integers () VALUES ();
+CREATE TABLE times (id INT AUTO_INCREMENT PRIMARY KEY, created DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    touched TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),
+    t TIME(3) DEFAULT '12:34:56.789', d DATE DEFAULT '2024-02-29', dt DATETIME DEFAULT NULL);
+INSERT INTO times (created, touched, t, d, dt) VALUES ('2024-01-02 03:04:05.123456', '2024-01-02 03:04:05.123', '-838:59:59.000', '1000-01-01', '9999-12-31 23:59:59');
+INSERT INTO times () VALUES ();
+CREATE TABLE texts (code CHAR(4) CHARACTER SET latin1 COLLATE latin1_bin NOT NULL,
+    name VARCHAR(100) COLLATE utf8mb4_unicode_ci NOT NULL DEFAULT '' COMMENT 'display name', note TEXT CHARACTER SET utf8mb3,
+    body MEDIUMTEXT, tiny TINYTEXT, kind ENUM('a','b','c') NOT NULL DEFAULT 'b', tags SET('x','y','z') DEFAULT 'x,z',
+    PRIMARY KEY (code), UNIQUE KEY name_unique (name), KEY kind_tags (kind, tags))
+    DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_general_ci COMMENT='text columns';
+INSERT INTO texts VALUES ('ab', 'Zoë', 'naïve', REPEAT('x', 70000), 'tiny', 'c', 'y,z'), ('AB', 'Zed', NULL, '', NULL, 'a', '');
+INSERT INTO texts (code) VALUES ('def');
+CREATE TABLE binaries (id INT PRIMARY KEY, fixed BINARY(4), var VARBINARY(16) NOT NULL, data BLOB, UNIQUE KEY var_unique (var));
+INSERT INTO binaries VALUES (1, 0x00ff, 0x0001, 0xdeadbeef), (2, 'a', '', NULL), (3, NULL, 0xff, '');
+CREATE TABLE docs (id INT AUTO_INCREMENT PRIMARY KEY, doc JSON NOT NULL, meta JSON DEFAULT NULL COMMENT 'optional');
+INSERT INTO docs (doc, meta) VALUES ('{\"b\": 1, \"a\": [1, 2.50, \"x\"]}', NULL), ('[]', '{\"k\": null}');
+CREATE TABLE order_lines (order_id INT NOT NULL, line SMALLINT UNSIGNED NOT NULL, sku VARCHAR(20) NOT NULL,
+    qty INT NOT NULL DEFAULT 1, price DECIMAL(10,2), PRIMARY KEY (order_id, line), KEY by_sku (sku), UNIQUE KEY order_sku (order_id, sku));
+INSERT INTO order_lines VALUES (1, 1, 'apple', 3, 0.50), (1, 2, 'pear', 1, NULL), (2, 1, 'apple', 10, 4.99);
+CREATE TABLE altered (id INT AUTO_INCREMENT PRIMARY KEY, a VARCHAR(10), b INT);
+INSERT INTO altered (a, b) VALUES ('one', 1), ('two', 2);
+ALTER TABLE altered ADD COLUMN c DECIMAL(8,3) COMMENT 'added', MODIFY b BIGINT UNSIGNED DEFAULT 7 COMMENT 'widened',
+    ADD INDEX by_a (a), COMMENT 'altered after rows';
+INSERT INTO altered (a, c) VALUES ('three', 3.5);
+";
+
+/// What a target says of a table's definition: `SHOW CREATE TABLE` on MySQL; on PostgreSQL its
+/// columns (type, width, precision and scale, nullability, default, identity, comment), its
+/// comment and its indexes (the schema's name taken out of their definitions).
+fn definition(target: &str, namespace: &str, table: &str) -> String {
+    if target == "mysql" {
+        return mariadb(&format!("SHOW CREATE TABLE {namespace}.{table}"));
+    }
+    let columns = psql(&format!(
+        "SELECT column_name, data_type, udt_name, character_maximum_length, numeric_precision, numeric_scale,
+                datetime_precision, is_nullable, column_default, is_identity, identity_generation,
+                col_description('{namespace}.{table}'::regclass, ordinal_position::int)
+         FROM information_schema.columns WHERE table_schema = '{namespace}' AND table_name = '{table}' ORDER BY ordinal_position"
+    ));
+    let comment = psql(&format!("SELECT obj_description('{namespace}.{table}'::regclass, 'pg_class')"));
+    let indexes = psql(&format!(
+        "SELECT indexname, replace(indexdef, '{namespace}.', 'SCHEMA.') FROM pg_indexes
+         WHERE schemaname = '{namespace}' AND tablename = '{table}' ORDER BY indexname"
+    ));
+    format!("{columns}comment: {comment}indexes:\n{indexes}")
+}
+
+/// A table's rows in key order, as the target's client prints them (PostgreSQL: each row as
+/// its text).
+fn ordered_rows(side: &str, table: &str, key: &str) -> Vec<u8> {
+    if side == "postgres" {
+        return psql(&format!("SELECT t::text FROM {table} AS t ORDER BY {key}")).into_bytes();
+    }
+    support::mariadb_bytes(&format!("SELECT * FROM {table} ORDER BY {key}"))
+}
+
+/// Asserts two outputs are the same bytes, showing both as text when they are not.
+fn assert_same_bytes(actual: &[u8], expected: &[u8], what: &str) {
+    let text = String::from_utf8_lossy;
+    assert!(actual == expected, "{what}:\n{}\n--- expected:\n{}", text(actual), text(expected));
+}
+
+/// Starts a `cdc` job over `database` into `target`, named `{database}-{target}-{kind}`, from
+/// `start` (source options) or where the source stands; returns its name once its stream runs.
+fn start_stream(workspace: &Workspace, database: &str, target: &str, kind: &str, start: &str) -> (String, Guard) {
+    let name = format!("{database}-{target}-{kind}").replace('_', "-");
+    let job = job_file_with_source(workspace, &name, "cdc", &format!("{database}.*"), start, target, "");
+    let mut child = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+    wait_for("the stream to start", Duration::from_secs(60), || {
+        still_running(&mut child);
+        stream_position(target, &name).is_some()
+    });
+    (name, child)
+}
+
+#[test]
+fn tables_the_stream_creates_or_alters_are_the_tables_a_snapshot_copies() {
+    let database = unique_name("created");
+    mariadb(&format!("CREATE DATABASE {database}"));
+    let status = mariadb("SHOW MASTER STATUS");
+    let mut fields = status.split('\t');
+    let (file, offset) = (fields.next().unwrap(), fields.next().unwrap().trim());
+    let before = format!("  start_position: {{file: {file}, position: {offset}}}\n");
+    let workspace = Workspace::new();
+    let targets = ["mysql", "postgres"];
+    // Per target: a cdc job over the empty database while the source makes and fills its tables
+    // (`live`); one started after that from before it (`late`), which finds each table as it
+    // ends up, `altered` with its wider column already; then a snapshot of them (`copy`).
+    let mut streams: Vec<(&str, &str, String, Guard)> = Vec::new();
+    for target in targets {
+        let (name, child) = start_stream(&workspace, &database, target, "live", "");
+        streams.push((target, "live", name, child));
+    }
+    mariadb(&format!("USE {database}; {CORPUS_SQL}"));
+    for target in targets {
+        let (name, child) = start_stream(&workspace, &database, target, "late", &before);
+        streams.push((target, "late", name, child));
+    }
+    let source = source_position();
+    for (target, _, name, child) in &mut streams {
+        wait_for("the stream to reach the source", Duration::from_secs(60), || {
+            still_running(child);
+            stream_position(target, name).is_some_and(|at| at >= source)
+        });
+    }
+    for (target, kind, _, child) in streams {
+        let child = child.into_inner();
+        signal(&child, "TERM");
+        let output = child.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{target} {kind}: {log}");
+        if kind == "late" {
+            // Created from the table map as to `b`, then altered to the description.
+            assert!(log.contains("column b is Integer { bytes: 8, unsigned: true } now"), "{target}: {log}");
+        }
+    }
+    for target in targets {
+        let name = format!("{database}-{target}-copy").replace('_', "-");
+        let job = job_file(&workspace, &name, "snapshot", &format!("{database}.*"), target, "");
+        run(&workspace, &job, target, &[]).assert_code(0);
+        let copied = name.replace('-', "_");
+        for kind in ["live", "late"] {
+            let streamed = format!("{database}_{target}_{kind}");
+            for (table, key) in CORPUS {
+                assert_eq!(
+                    definition(target, &streamed, table),
+                    definition(target, &copied, table),
+                    "{target}: table {table} as the {kind} stream made it, and as the snapshot did"
+                );
+                let rows = |namespace: &str| ordered_rows(target, &format!("{namespace}.{table}"), key);
+                let streamed_rows = rows(&streamed);
+                assert!(!streamed_rows.is_empty(), "{target}: {table} has rows");
+                let what = format!("{target}: the rows of {table} the {kind} stream wrote");
+                assert_same_bytes(&streamed_rows, &rows(&copied), &what);
+                if target == "mysql" {
+                    // As the source shows them: FLOAT(M,D) values with their decimals.
+                    assert_same_bytes(&streamed_rows, &rows(&database), &format!("{what}, as the source shows them"));
+                }
+            }
+        }
+    }
 }
