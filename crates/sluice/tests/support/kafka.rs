@@ -19,6 +19,8 @@ pub struct KafkaBroker {
     directory: tempfile::TempDir,
     storage: Option<Child>,
     broker: Option<Child>,
+    /// Restarted once already because it stalled (`restart_stalled`).
+    stall_restarted: bool,
 }
 
 /// One committed record: topic, partition, key, value (JSON) and the `sluice-id` header.
@@ -61,8 +63,14 @@ impl KafkaBroker {
             .tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
             .expect("a temporary directory");
-        let mut broker =
-            KafkaBroker { port: free_port(), storage_port: free_port(), directory, storage: None, broker: None };
+        let mut broker = KafkaBroker {
+            port: free_port(),
+            storage_port: free_port(),
+            directory,
+            storage: None,
+            broker: None,
+            stall_restarted: false,
+        };
         broker.start_storage();
         broker.launch();
         broker
@@ -126,6 +134,17 @@ impl KafkaBroker {
             let _ = child.wait();
         }
         self.launch();
+    }
+
+    /// Restarts the broker because it made nothing new readable for long, once in its life:
+    /// `false` when it was restarted for that already.
+    pub fn restart_stalled(&mut self) -> bool {
+        if self.stall_restarted {
+            return false;
+        }
+        self.stall_restarted = true;
+        self.restart();
+        true
     }
 
     /// The names of the broker's topics.
