@@ -298,7 +298,7 @@ impl Runner {
             progressed,
             copied_at,
             copied_keys,
-            dirty_keys: self.dirty_keys()?,
+            dirty_keys: self.dirty_keys(),
             left_out: Vec::new(),
         };
         let mut stop = self.stop.clone();
@@ -568,13 +568,24 @@ impl Runner {
     }
 
     /// The keys with a dirty record (of the copy or of the stream), by table: the target may
-    /// lack their rows, so the stream applies their changes by key (`ApplyMode::Dirty`).
-    fn dirty_keys(&self) -> Result<HashMap<TableName, HashSet<String>>> {
+    /// lack their rows, so the stream applies their changes by key (`ApplyMode::Dirty`). A state
+    /// store that does not answer (a cluster's etcd down) does not stop the stream: until the
+    /// next attempt reads them, only the keys this attempt leaves out apply by key, and a change
+    /// of another dirty key that meets a missing row stops the job naming it, as before dirty
+    /// keys were kept.
+    fn dirty_keys(&self) -> HashMap<TableName, HashSet<String>> {
         let mut keys: HashMap<TableName, HashSet<String>> = HashMap::new();
-        for record in self.state.dirty_records(&self.job.name)? {
-            keys.entry(TableName::parse(&record.table)).or_default().insert(record.key);
+        match self.state.dirty_records(&self.job.name) {
+            Ok(records) => {
+                for record in records {
+                    keys.entry(TableName::parse(&record.table)).or_default().insert(record.key);
+                }
+            }
+            Err(error) => log::warn!(
+                "change stream: cannot read the job's dirty records ({error}); their keys apply strictly until the next attempt reads them"
+            ),
         }
-        Ok(keys)
+        keys
     }
 
     /// The dirty record of a change the stream left out at `position` (its transaction's
