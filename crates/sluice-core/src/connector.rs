@@ -407,21 +407,6 @@ pub struct TableTasks {
     pub tasks: Vec<String>,
 }
 
-impl TableTasks {
-    /// Each target table of a plan with the splits written into it.
-    pub fn of(plan: &crate::state::Plan) -> Vec<TableTasks> {
-        let mut tables: Vec<TableTasks> = Vec::new();
-        for planned in &plan.tables {
-            let tasks = planned.splits.iter().map(|split| split.id.clone());
-            match tables.iter_mut().find(|known| known.table == planned.target) {
-                Some(known) => known.tasks.extend(tasks),
-                None => tables.push(TableTasks { table: planned.target.clone(), tasks: tasks.collect() }),
-            }
-        }
-        tables
-    }
-}
-
 /// Whether a table's checkpoints still describe the table a target holds
 /// (`Sink::verify_checkpoints`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

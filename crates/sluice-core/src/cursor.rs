@@ -11,15 +11,11 @@
 //! - A row changed while the batch runs is read by the next batch when its new cursor is above
 //!   `through`, and by this one (new version or old, upserted either way) when it is not.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
-use crate::connector::Sink;
 use crate::error::{Error, ErrorKind, Result, Side};
-use crate::schema::{Column, DataType, TableName, TableSchema};
+use crate::schema::{Column, DataType, TableSchema};
 use crate::spec::CursorSpec;
-use crate::state::Plan;
 
 /// The table's cursor column, checked: it exists, and a lookback is only asked of a time.
 pub fn column<'a>(table: &'a TableSchema, cursor: &CursorSpec) -> Result<&'a Column> {
@@ -84,39 +80,6 @@ impl CursorWindow {
             (None, None) => (format!("{column} IS NULL"), Vec::new()),
         }
     }
-}
-
-/// What the previous batch of a cursor-incremental job left: where each table's next window
-/// starts, and whether every split completed.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Marks {
-    /// By source table: the mark the next window starts from.
-    pub tables: BTreeMap<TableName, Option<serde_json::Value>>,
-    /// Every split of the previous plan is done in the target: the batch completed.
-    pub complete: bool,
-}
-
-/// Reads the marks of a previous plan from the target's checkpoints.
-pub async fn marks(job: &str, sink: &dyn Sink, previous: &Plan) -> Result<Marks> {
-    let tasks: Vec<String> =
-        previous.tables.iter().flat_map(|planned| planned.splits.iter().map(|split| split.id.clone())).collect();
-    let done: Vec<String> = sink
-        .checkpoints(job, &tasks)
-        .await?
-        .into_iter()
-        .filter(|checkpoint| checkpoint.done)
-        .map(|checkpoint| checkpoint.task)
-        .collect();
-    let mut marks = Marks { tables: BTreeMap::new(), complete: true };
-    for planned in &previous.tables {
-        let Some(window) = planned.splits.first().and_then(|split| split.window.as_ref()) else { continue };
-        let table_done = planned.splits.iter().all(|split| done.contains(&split.id));
-        marks.complete &= table_done;
-        let mark =
-            if table_done { window.through.clone().or_else(|| window.mark.clone()) } else { window.mark.clone() };
-        marks.tables.insert(planned.splits[0].table.name.clone(), mark);
-    }
-    Ok(marks)
 }
 
 #[cfg(test)]

@@ -19,41 +19,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::connector::{Checkpoint, SchemaChange, Sink, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
+use crate::names::{hidden_name, HIDDEN_PREFIX};
 use crate::schema::{TableName, TableSchema};
 use crate::state::Plan;
 
 /// The longest table name every hiding target accepts (PostgreSQL: 63 bytes; MySQL: 64
 /// characters).
 const MAX_NAME_BYTES: usize = 63;
-
-/// The prefix of a hidden copy's name.
-pub const HIDDEN_PREFIX: &str = "_sluice_copy_";
-
-/// The name a table's copy has until it is published: in the same namespace (so publishing is a
-/// rename, and needs no right beyond the table's own), its own name with a prefix. Only tables
-/// whose hidden name fits are hidden (`tables_to_hide`).
-pub fn hidden_name(table: &TableName) -> TableName {
-    TableName { namespace: table.namespace.clone(), name: format!("{HIDDEN_PREFIX}{}", table.name) }
-}
-
-/// A table's own name, given the name it is written under (hidden or not): what a target names
-/// its key, sequences and indexes after, so they need no rename when the table is published.
-pub fn own_name(name: &str) -> &str {
-    name.strip_prefix(HIDDEN_PREFIX).unwrap_or(name)
-}
-
-/// The error of a publish whose tables' own names are taken (`taken` names each).
-pub fn published_over(taken: &[String]) -> Error {
-    Error::new(
-        ErrorKind::Schema,
-        format!(
-            "the copied tables cannot take their names: the target has {} already, made outside the job while the copy was hidden",
-            taken.join(", ")
-        ),
-    )
-    .on(Side::Target)
-    .hint("drop or rename the table made outside the job (the copy holds the job's rows) and run the job again")
-}
 
 /// The tables a new plan hides: those of a `snapshot+cdc` job the target does not have yet.
 pub async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<Vec<TableName>> {
@@ -96,7 +68,7 @@ impl HiddenCopies {
         if plan.hidden.is_empty() {
             return Ok(HiddenCopies::default());
         }
-        let mut writer = sink.open_changes(job, crate::runner::STREAM_TASK).await?;
+        let mut writer = sink.open_changes(job, crate::names::STREAM_TASK).await?;
         let listed: Vec<TableName> = match writer.recover().await? {
             Some(Checkpoint { position: Some(position), .. }) => match position.0.get("hidden") {
                 Some(hidden) => serde_json::from_value::<HiddenCopies>(hidden.clone())
@@ -189,6 +161,7 @@ mod tests {
 
     #[test]
     fn hidden_names_take_a_prefix_and_give_it_back() {
+        use crate::names::own_name;
         let short = hidden_name(&TableName::parse("shop.orders"));
         assert_eq!(short, TableName::parse("shop._sluice_copy_orders"));
         assert_eq!(own_name(&short.name), "orders");

@@ -2,6 +2,8 @@
 //! connectors implement the traits in [`connector`], and the runner drives them.
 
 pub mod change;
+pub mod clock;
+pub mod conflict;
 pub mod connector;
 pub mod cursor;
 pub mod error;
@@ -9,6 +11,7 @@ pub mod failpoint;
 pub mod filter;
 pub mod hidden;
 pub mod json;
+pub mod names;
 pub mod net_changes;
 pub mod planner;
 pub mod retry;

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use crate::change::{key_text, Change, ChangeKind, Row};
 use crate::connector::ChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
-use crate::schema::{TableName, TableSchema};
+use crate::schema::TableSchema;
 
 /// One key's fold: was a row there before the group, and what is there after it.
 #[derive(Debug)]
@@ -347,43 +347,6 @@ fn copies(counted: &[Copies], chosen: impl Fn(&Copies) -> bool, wanted: impl Fn(
         .flat_map(|copies| std::iter::repeat_n(&copies.row, wanted(copies.count).max(0) as usize))
         .cloned()
         .collect()
-}
-
-/// The error of a source RENAME whose new name the target has already, with rows.
-pub fn renamed_over(from: &TableName, to: &TableName) -> Error {
-    Error::new(
-        ErrorKind::Conflict,
-        format!("the source renamed {from} to {to}, and the target has both, {to} with rows"),
-    )
-    .on(Side::Target)
-    .hint(format!("the target was changed outside this job: drop or rename {to} in the target (the stream renames {from} to it) and restart"))
-}
-
-/// The error for keys the source changed but the target does not hold.
-pub fn missing_rows(table: &TableSchema, missing: &[&Row]) -> Error {
-    // A keyless table's "keys" are whole rows.
-    let key_table = if table.primary_key.is_empty() {
-        table.clone()
-    } else {
-        TableSchema {
-            primary_key: (0..table.primary_key.len()).collect(),
-            columns: table.primary_key.iter().map(|&index| table.columns[index].clone()).collect(),
-            ..table.clone()
-        }
-    };
-    let keys: Vec<String> = missing.iter().take(5).map(|key| key_text(&key_table, key)).collect();
-    Error::new(
-        ErrorKind::Conflict,
-        format!(
-            "table {}: {} row(s) the source updated or deleted are missing in the target ({}{})",
-            table.name,
-            missing.len(),
-            keys.join("; "),
-            if missing.len() > 5 { "; ..." } else { "" }
-        ),
-    )
-    .on(Side::Target)
-    .hint("the target was changed outside this job; repair the rows (or copy the table again with a new snapshot+cdc job) and restart")
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub struct Planner {
     transforms: Transforms,
     /// Tables split for a copy even in a `cdc` job (tables added to a running stream).
     split_also: Vec<TableName>,
-    /// `incremental-cursor` jobs: where each table's window starts (`crate::cursor::marks`).
+    /// `incremental-cursor` jobs: where each table's window starts (`marks`).
     marks: BTreeMap<TableName, Option<serde_json::Value>>,
     /// Windows given whole (a rerun of earlier batches), by source table.
     windows: BTreeMap<TableName, crate::cursor::CursorWindow>,
@@ -247,7 +247,7 @@ fn refuse_whole_merges(plan: &Plan) -> Result<()> {
 /// stream finds missing or present.
 pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {
     if job.mode.streams() {
-        let mut writer = sink.open_changes(&job.name, crate::runner::STREAM_TASK).await?;
+        let mut writer = sink.open_changes(&job.name, crate::names::STREAM_TASK).await?;
         if writer.recover().await?.is_some() {
             return Ok(());
         }
@@ -274,4 +274,36 @@ pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableT
         if names.len() == 1 { "it is" } else { "they are" }
     );
     Ok(())
+}
+/// What the previous batch of a cursor-incremental job left: where each table's next window
+/// starts, and whether every split completed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Marks {
+    /// By source table: the mark the next window starts from.
+    pub tables: BTreeMap<TableName, Option<serde_json::Value>>,
+    /// Every split of the previous plan is done in the target: the batch completed.
+    pub complete: bool,
+}
+
+/// Reads the marks of a previous plan from the target's checkpoints.
+pub async fn marks(job: &str, sink: &dyn Sink, previous: &Plan) -> Result<Marks> {
+    let tasks: Vec<String> =
+        previous.tables.iter().flat_map(|planned| planned.splits.iter().map(|split| split.id.clone())).collect();
+    let done: Vec<String> = sink
+        .checkpoints(job, &tasks)
+        .await?
+        .into_iter()
+        .filter(|checkpoint| checkpoint.done)
+        .map(|checkpoint| checkpoint.task)
+        .collect();
+    let mut marks = Marks { tables: BTreeMap::new(), complete: true };
+    for planned in &previous.tables {
+        let Some(window) = planned.splits.first().and_then(|split| split.window.as_ref()) else { continue };
+        let table_done = planned.splits.iter().all(|split| done.contains(&split.id));
+        marks.complete &= table_done;
+        let mark =
+            if table_done { window.through.clone().or_else(|| window.mark.clone()) } else { window.mark.clone() };
+        marks.tables.insert(planned.splits[0].table.name.clone(), mark);
+    }
+    Ok(marks)
 }

@@ -134,11 +134,6 @@ pub fn ran_well(policy: &RestartPolicy, run: &crate::stats::RunSummary) -> bool 
     wrote || lasted >= Duration::from_millis(policy.max_backoff_ms.max(60_000))
 }
 
-/// Seconds since the Unix epoch, for `Restarts::failed`.
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch};
 
 use crate::change::{Batch, Position, Rejected};
-use crate::connector::{Checkpoint, Sink, Source, Split, TableTasks};
-use crate::cursor;
+use crate::connector::{Checkpoint, Sink, Source, Split};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::planner::Planner;
@@ -27,8 +26,6 @@ mod replay;
 mod stream;
 
 pub use replay::{DirtyEntry, ReplayReport, Replayed, Verdict};
-
-pub use stream::STREAM_TASK;
 
 /// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
 /// runs one task of the plan its leader made.
@@ -222,13 +219,13 @@ impl Runner {
                 let mut previous = if self.still_restarting() { None } else { self.state.load_plan(&self.job.name)? };
                 let mut marks = Default::default();
                 if let Some(plan) = previous.as_ref().filter(|_| self.job.mode == Mode::IncrementalCursor) {
-                    let found = cursor::marks(&self.job.name, &*self.sink, plan).await?;
+                    let found = crate::planner::marks(&self.job.name, &*self.sink, plan).await?;
                     if found.complete {
                         // The last batch completed: this run is the next one. Its checkpoints go
                         // first, so no new split can be taken for done; a crash before the new
                         // plan is kept reads the last window again.
                         log::info!("the last batch completed: this run copies the rows changed since");
-                        self.sink.forget_checkpoints(&self.job.name, &TableTasks::of(plan)).await?;
+                        self.sink.forget_checkpoints(&self.job.name, &plan.table_tasks()).await?;
                         previous = None;
                         marks = found.tables;
                     }
@@ -278,7 +275,7 @@ impl Runner {
         *lock(&self.hidden) = hidden.clone();
         if planned_here {
             self.sink.prepare(&hidden.schemas(&targets)).await?;
-            let mut tables = hidden.tasks(TableTasks::of(&plan));
+            let mut tables = hidden.tasks(plan.table_tasks());
             if self.still_restarting() {
                 // A `cdc` job copies nothing: its tables are not its own to empty.
                 if self.job.mode == Mode::Cdc {

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::change::Rejected;
 
-use crate::connector::{Checkpoint, Split};
+use crate::connector::{Checkpoint, Split, TableTasks};
 use crate::error::Result;
 use crate::schema::TableName;
 use crate::stats::{RunSummary, StreamSummary};
@@ -26,6 +26,21 @@ pub struct Plan {
     /// when the job was first planned.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<TableName>,
+}
+
+impl Plan {
+    /// Each target table of a plan with the splits written into it.
+    pub fn table_tasks(&self) -> Vec<TableTasks> {
+        let mut tables: Vec<TableTasks> = Vec::new();
+        for planned in &self.tables {
+            let tasks = planned.splits.iter().map(|split| split.id.clone());
+            match tables.iter_mut().find(|known| known.table == planned.target) {
+                Some(known) => known.tasks.extend(tasks),
+                None => tables.push(TableTasks { table: planned.target.clone(), tasks: tasks.collect() }),
+            }
+        }
+        tables
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

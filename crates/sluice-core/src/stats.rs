@@ -150,7 +150,7 @@ impl StreamStats {
     pub fn lag_seconds(&self) -> u64 {
         match self.fresh_through.load(Ordering::Relaxed) {
             0 => 0,
-            through => crate::retry::unix_now().saturating_sub(through),
+            through => crate::clock::unix_seconds().saturating_sub(through),
         }
     }
 

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use sluice_core::spec::{AlarmMetric, AlarmSpec, Notify};
 use sluice_core::{Error, Result};
 
-use crate::api::views::{job_view, JobState, JobView};
 use crate::cluster::model::*;
+use crate::cluster::status::{job_view, JobState, JobView};
 use crate::cluster::store::{Guard, Store};
 
 pub const GLOBAL_RULES: &str = "/sluice/alarms/rules";
@@ -186,7 +186,7 @@ impl RulesCache {
         if let Some(rules) = self.lock().get(&key) {
             return Ok(rules.clone());
         }
-        let rules = Arc::new(crate::cluster::worker::load_spec(store, &job.name, job.version).await?.alarms);
+        let rules = Arc::new(load_spec(store, &job.name, job.version).await?.alarms);
         let mut cache = self.lock();
         cache.retain(|(name, _), _| *name != job.name);
         cache.insert(key, rules.clone());
@@ -212,7 +212,7 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
     let jobs: Vec<(String, JobRecord, _)> = load_all(&*store, &format!("{ROOT}jobs/")).await?;
     let mut states: BTreeMap<String, RuleState> =
         load_all::<RuleState>(&*store, STATES).await?.into_iter().map(|(_, state, entry)| (entry.key, state)).collect();
-    let now = sluice_core::retry::unix_now();
+    let now = sluice_core::clock::unix_seconds();
     let mut recorded = false;
     for (name, job, _) in &jobs {
         let figures = async {
@@ -352,7 +352,7 @@ fn shown(value: Option<f64>) -> String {
 
 /// Appends an event to the history under a new key, which becomes its id.
 async fn record(store: &dyn Store, mut event: AlarmEvent, guard: &Guard) -> Result<AlarmEvent> {
-    let millis = crate::logger::unix_millis();
+    let millis = sluice_core::clock::unix_millis();
     for attempt in 0..1_000 {
         let key = format!("{HISTORY}{millis:020}-{attempt:03}");
         event.id = key[HISTORY.len()..].to_owned();

@@ -50,11 +50,6 @@ pub fn install() {
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` from the system clock, without a date library.
-/// Milliseconds since the Unix epoch, for keys that sort by time.
-pub fn unix_millis() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis()
-}
-
 pub fn timestamp() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let seconds = now.as_secs() as i64;

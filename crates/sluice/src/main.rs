@@ -16,7 +16,7 @@ mod api;
 mod client;
 mod cluster;
 mod job_command;
-mod job_file;
+mod job_text;
 mod logger;
 mod progress;
 mod server;
@@ -266,7 +266,7 @@ fn server_options(arguments: ServerArguments) -> server::Options {
 
 /// Loads and validates a job, printing every error; `None` means exit 2.
 fn load(path: &std::path::Path) -> Option<JobSpec> {
-    match job_file::load(path) {
+    match job_text::load(path) {
         Ok(job) => Some(job),
         Err(errors) => {
             eprintln!("error: invalid job {}:", path.display());
@@ -381,7 +381,7 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
         let planned = sluice_core::planner::Planner::new(job.clone(), source, sink.clone()).plan(previous).await?;
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &job.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
-        let mut tables = hidden.tasks(sluice_core::connector::TableTasks::of(&planned.plan));
+        let mut tables = hidden.tasks(planned.plan.table_tasks());
         if job.mode == sluice_core::spec::Mode::Cdc {
             tables.clear();
         }
@@ -463,7 +463,7 @@ async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
 }
 
 /// The current version of a job on the server: its document and whether it is JSON.
-async fn server_job(connection: &client::Connection, name: &str) -> Result<(String, bool), String> {
+async fn server_job(connection: &client::Connection, name: &str) -> Result<(String, job_text::DocumentFormat), String> {
     let get = |path: String| async move {
         let response = client::request(connection, reqwest::Method::GET, &path, None).await?;
         let value: serde_json::Value = serde_json::from_str(&response.body).unwrap_or_default();
@@ -477,7 +477,9 @@ async fn server_job(connection: &client::Connection, name: &str) -> Result<(Stri
     let version = job["version"].as_u64().ok_or_else(|| format!("job {name}: the server gave no version"))?;
     let document = get(format!("/jobs/{name}/versions/{version}")).await?;
     let text = document["document"].as_str().ok_or_else(|| format!("job {name}: the server gave no document"))?;
-    Ok((text.to_owned(), document["format"].as_str() == Some("json")))
+    let format = serde_json::from_value(document["format"].clone())
+        .map_err(|_| format!("job {name}: the server gave no known format (`yaml` or `json`)"))?;
+    Ok((text.to_owned(), format))
 }
 
 /// `sluice tail`: the job's source followed from now (or `from`) into a `stdout` target, with a
@@ -490,7 +492,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         load(&path)
     } else {
         match server_job(connection, &job).await {
-            Ok((text, json)) => match job_file::parse(&text, json) {
+            Ok((text, format)) => match job_text::parse(&text, format, job_text::process_environment) {
                 Ok(spec) => Some(spec),
                 Err(errors) => {
                     eprintln!("error: job {job} from {} is not valid here:", connection.server);
@@ -615,7 +617,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
         let _ = display.await;
         let Some(failure) = error.as_ref().filter(|_| !*stop_requested.borrow()) else { break (summary, error) };
         let progressed = sluice_core::retry::ran_well(&job.restart, &summary);
-        let wait = match restarts.failed(&job.restart, failure, progressed, sluice_core::retry::unix_now()) {
+        let wait = match restarts.failed(&job.restart, failure, progressed, sluice_core::clock::unix_seconds()) {
             sluice_core::retry::Restart::After(wait) => {
                 log::warn!(
                     "job {}: {failure}; restarting from its checkpoints in {wait:?} (restart {}, {} in a row of at most {})",

@@ -13,7 +13,7 @@ use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use sluice_core::change::Row;
 use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, Refused, SchemaChange};
-use sluice_core::hidden::own_name;
+use sluice_core::names::own_name;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 use super::journal::{Entry, TableCommit};

@@ -141,7 +141,7 @@ impl Journal {
     }
 
     fn stream_directory(&self) -> PathBuf {
-        self.root.join("stream")
+        self.root.join(sluice_core::names::STREAM_TASK)
     }
 
     /// The last decided group of the stream.
@@ -190,7 +190,8 @@ mod tests {
     fn a_group_is_decided_once() {
         let directory = tempfile::tempdir().unwrap();
         let journal = Journal::new(directory.path(), "job");
-        let checkpoint = Checkpoint { task: "stream".into(), position: None, done: false, rows_written: 0 };
+        let checkpoint =
+            Checkpoint { task: sluice_core::names::STREAM_TASK.into(), position: None, done: false, rows_written: 0 };
         let entry = Entry { group: 1, epoch: 0, checkpoint, tables: Vec::new(), discard: Vec::new() };
         assert!(journal.decide(&entry).unwrap());
         assert!(!journal.decide(&Entry { epoch: 9, ..entry.clone() }).unwrap());

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
-use sluice_core::hidden::HIDDEN_PREFIX;
+use sluice_core::names::HIDDEN_PREFIX;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 use journal::{Entry, Journal};
@@ -41,7 +41,7 @@ use table::LakeTable;
 const COPY_DIRECTORY: &str = "sluice_copy";
 
 /// The task name of the change stream in app transaction ids.
-const STREAM_APP: &str = sluice_core::runner::STREAM_TASK;
+const STREAM_APP: &str = sluice_core::names::STREAM_TASK;
 
 /// How many recent commits recovery looks through when the journal lacks a checkpoint.
 const HISTORY_DEPTH: usize = 1000;
@@ -121,7 +121,7 @@ impl Lake {
 
     /// The partition columns of a table, checked against its columns.
     fn partition_columns(&self, table: &TableSchema) -> Result<Vec<String>> {
-        let own = sluice_core::hidden::own_name(&table.name.name);
+        let own = sluice_core::names::own_name(&table.name.name);
         let named = TableName { namespace: table.name.namespace.clone(), name: own.to_owned() }.to_string();
         let columns = match &self.options.partition_by {
             PartitionBy::None => Vec::new(),

@@ -67,7 +67,7 @@ impl DataFile {
 }
 
 pub(super) fn now_millis() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as i64)
+    sluice_core::clock::unix_millis() as i64
 }
 
 /// The URL of a table directory.

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -84,7 +83,7 @@ fn message_id(parts: &[&str]) -> String {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_millis() as u64)
+    sluice_core::clock::unix_millis()
 }
 
 #[async_trait]
@@ -120,7 +119,7 @@ impl Sink for EventSink {
 
     async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
         let mut tasks: Vec<String> = tables.iter().flat_map(|table| table.tasks.iter().cloned()).collect();
-        tasks.push(sluice_core::runner::STREAM_TASK.to_owned());
+        tasks.push(sluice_core::names::STREAM_TASK.to_owned());
         self.transport.forget(job, &tasks).await
     }
 

@@ -2,8 +2,6 @@
 //! options beside the broker's own, the errors of a source without a snapshot or still without
 //! events, and the change an event makes.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use sluice_core::change::ChangeKind;
 use sluice_core::spec::{EndpointSpec, SpecError};
 use sluice_core::{Error, ErrorKind, TableName, TableSchema};
@@ -80,7 +78,7 @@ impl SourceOptions {
 
 /// The source's clock, for positions that carry no commit time (a tombstone, the end reached).
 pub fn now_seconds() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+    sluice_core::clock::unix_seconds()
 }
 
 /// The error of reading a table's snapshot from a stream source.

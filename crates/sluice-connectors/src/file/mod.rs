@@ -20,6 +20,7 @@ use async_trait::async_trait;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, TableTasks, Writer};
 use sluice_core::filter::TableFilter;
+use sluice_core::names::split_task;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 pub(crate) use format::decode_json;
@@ -393,7 +394,7 @@ impl Source for FileSource {
             .enumerate()
             .map(|(index, file)| {
                 let size = fs::metadata(&file).map(|metadata| metadata.len()).unwrap_or(0);
-                Split::new(format!("{}#{index}", table.name), table.clone(), &FileSplit { file, bytes: size }, 0)
+                Split::new(split_task(&table.name, index), table.clone(), &FileSplit { file, bytes: size }, 0)
             })
             .collect())
     }

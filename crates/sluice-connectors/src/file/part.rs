@@ -24,7 +24,7 @@ pub(crate) struct Part {
 impl Part {
     /// The part of `task` (`table#N` → `part-N.<extension>`) in the table's directory.
     pub(crate) fn new(directory: &Path, table: &TableName, task: &str, extension: &str) -> Part {
-        let index = task.rsplit_once('#').map_or(task, |(_, index)| index);
+        let index = sluice_core::names::split_index(task);
         static WRITERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let writer = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let final_path = directory.join(directory_name(table)).join(format!("part-{index}.{extension}"));

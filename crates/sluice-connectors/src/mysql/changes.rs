@@ -17,8 +17,7 @@ use super::tables::{
 };
 use super::trial::{InsertTrial, TableInserts};
 use super::{decode, mysql_error, quote, refuse_long_names};
-use sluice_core::hidden::published_over;
-use sluice_core::net_changes::{missing_rows, renamed_over};
+use sluice_core::conflict::{missing_rows, published_over, renamed_over};
 
 pub(super) struct MysqlChangeWriter {
     pub(super) connection: Conn,

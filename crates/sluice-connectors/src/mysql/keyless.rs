@@ -20,9 +20,10 @@ use sluice_core::connector::Reader;
 use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
 use tokio::sync::mpsc;
 
+use super::decoded::DecodedRows;
 use super::mysql_error;
 use super::quote;
-use super::source::{qualified, DecodedRows};
+use super::tables::qualified;
 
 /// Where a whole-table read stands: rows read so far, and the binlog position of its snapshot
 /// (`file`, `position`, as in a source log position, so `Source::reached` compares it) when the

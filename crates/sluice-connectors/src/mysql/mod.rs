@@ -5,6 +5,7 @@ mod changes;
 mod checkpoints;
 pub(crate) mod connector;
 mod ddl;
+mod decoded;
 mod gtid;
 mod keyless;
 mod logged;

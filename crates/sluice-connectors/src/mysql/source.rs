@@ -9,10 +9,11 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
-use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
+use sluice_core::change::{Batch, Position};
 use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
+use sluice_core::names::split_task;
 use sluice_core::schema::{ColumnDetails, TableDetails};
 use sluice_core::secret::Secret;
 use sluice_core::spec::CursorSpec;
@@ -20,10 +21,12 @@ use sluice_core::spec::Mode;
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Result, Side, TableName, TableSchema, Value};
 
 use super::binlog::{BinlogChangeStream, LogPosition};
+use super::decoded::DecodedRows;
 use super::gtid::GtidSet;
 use super::keyless::{
     no_snapshot_position, not_transactional, snapshot_position, KeylessReader, SNAPSHOT_STATUS, START_SNAPSHOT,
 };
+use super::tables::qualified;
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
 
@@ -243,7 +246,7 @@ impl Source for MysqlSource {
             )
         };
         let range = KeyRange { after: None, through: None, keys: Some(keys.iter().map(tuple).collect()) };
-        Ok(Split::new(format!("{}#keys", table.name), table.clone(), &range, keys.len() as u64))
+        Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 
     /// The table map's schema completed by information_schema, read as `discover` reads it,
@@ -428,7 +431,7 @@ impl Source for MysqlSource {
         if table.primary_key.is_empty() {
             // Nothing to resume by: one split, read whole (`keyless`).
             let range = KeyRange { after: None, through: None, keys: None };
-            return Ok(vec![Split::new(format!("{}#0", table.name), table.clone(), &range, estimated).read_whole()]);
+            return Ok(vec![Split::new(split_task(&table.name, 0), table.clone(), &range, estimated).read_whole()]);
         }
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         let integer_key =
@@ -448,7 +451,7 @@ impl Source for MysqlSource {
             .enumerate()
             .map(|(index, (after, through))| {
                 let range = KeyRange { after, through, keys: None };
-                Split::new(format!("{}#{index}", table.name), table.clone(), &range, estimated / count)
+                Split::new(split_task(&table.name, index), table.clone(), &range, estimated / count)
             })
             .collect())
     }
@@ -701,10 +704,6 @@ fn described_without(logged: &TableSchema, why: &str) -> TableSchema {
 
 fn schema_of(name: &TableName) -> &str {
     name.namespace.as_deref().unwrap_or("")
-}
-
-pub(super) fn qualified(name: &TableName) -> String {
-    format!("{}.{}", quote(schema_of(name)), quote(&name.name))
 }
 
 /// A row of SHOW INDEX: index, position, column, unique, prefix length.
@@ -1073,63 +1072,6 @@ impl MysqlSource {
         }
         bounds.push((previous, None));
         Ok(bounds)
-    }
-}
-
-/// A batch's rows, decoded one by one as they are read.
-pub(super) struct DecodedRows<'a> {
-    table: &'a Arc<TableSchema>,
-    pub(super) changes: Vec<Change>,
-    pub(super) rejected: Vec<Rejected>,
-    /// The key of the last row read, as the server sent it: the next batch starts after it.
-    last_key: Vec<mysql_async::Value>,
-    pub(super) count: usize,
-    /// The approximate size of the changes' values ([`Change::approximate_size`]).
-    pub(super) bytes: u64,
-}
-
-impl<'a> DecodedRows<'a> {
-    pub(super) fn new(table: &'a Arc<TableSchema>, capacity: usize) -> DecodedRows<'a> {
-        DecodedRows {
-            table,
-            changes: Vec::with_capacity(capacity),
-            rejected: Vec::new(),
-            last_key: Vec::new(),
-            count: 0,
-            bytes: 0,
-        }
-    }
-
-    /// Decodes a row read from the server, emptying `raw` (so its buffer can be reused). A value
-    /// that does not decode rejects its row, with the reason.
-    pub(super) fn push(&mut self, raw: &mut Vec<mysql_async::Value>) {
-        self.count += 1;
-        self.last_key.clear();
-        self.last_key.extend(self.table.primary_key.iter().map(|&index| raw[index].clone()));
-        let mut values = Vec::with_capacity(raw.len());
-        let mut problem = None;
-        for (value, column) in raw.drain(..).zip(&self.table.columns) {
-            match decode(value, &column.data_type) {
-                Ok(value) => values.push(value),
-                Err(reason) => {
-                    problem.get_or_insert(format!("column {}: {reason}", column.name));
-                    values.push(Value::Null);
-                }
-            }
-        }
-        match problem {
-            None => {
-                self.bytes += values.iter().map(Value::approximate_size).sum::<usize>() as u64;
-                self.changes.push(Change::insert(self.table.clone(), values));
-            }
-            Some(reason) => self.rejected.push(Rejected {
-                table: self.table.name.to_string(),
-                key: key_text(self.table, &values),
-                reason: format!("source: {reason}"),
-                record: None,
-                change: None,
-            }),
-        }
     }
 }
 

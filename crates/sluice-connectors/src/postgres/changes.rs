@@ -3,9 +3,8 @@
 //! also moves the stream's row in `sluice.checkpoints`.
 
 use async_trait::async_trait;
+use sluice_core::conflict::{missing_rows, published_over, renamed_over};
 use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
-use sluice_core::hidden::published_over;
-use sluice_core::net_changes::{missing_rows, renamed_over};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;

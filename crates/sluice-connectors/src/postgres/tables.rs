@@ -15,7 +15,7 @@ pub(super) fn qualified(name: &TableName) -> String {
 /// The name the table has once published: what its key, sequences and indexes are named after,
 /// so a hidden copy (`sluice_core::hidden`) needs only the table renamed.
 fn own_name(table: &TableSchema) -> &str {
-    sluice_core::hidden::own_name(&table.name.name)
+    sluice_core::names::own_name(&table.name.name)
 }
 
 /// `CREATE TABLE` with the primary key. From a MySQL source, also what has a meaning here: an

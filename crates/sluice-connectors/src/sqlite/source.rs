@@ -12,6 +12,7 @@ use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
 use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
+use sluice_core::names::split_task;
 use sluice_core::spec::CursorSpec;
 use sluice_core::{Column, Error, ErrorKind, Result, Side, TableName, TableSchema, Value};
 
@@ -78,7 +79,7 @@ impl Source for SqliteSource {
                     Ok((row.get::<_, Option<i64>>(0)?, row.get::<_, Option<i64>>(1)?, row.get::<_, u64>(2)?))
                 });
             let split = |index: usize, descriptor: SqliteSplit, estimated_rows: u64| {
-                Split::new(format!("{}#{index}", table.name), table.clone(), &descriptor, estimated_rows)
+                Split::new(split_task(&table.name, index), table.clone(), &descriptor, estimated_rows)
             };
             match bounds {
                 Ok((Some(min), Some(max), count)) => {

@@ -31,15 +31,13 @@ use crate::connector::{
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
+use crate::names::STREAM_TASK;
 use crate::net_changes::{ApplyMode, NetChanges, Refusal};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
 use crate::stats::{StreamPhase, TableStats};
 use crate::transform::TableMapping;
 use crate::zero_dates;
-
-/// The task id of the change stream: its checkpoint row in the target carries it.
-pub const STREAM_TASK: &str = "stream";
 
 /// A group of whole transactions waits at most this long for more before it commits, even while
 /// more keep arriving: bounds latency under a steady load that never leaves the channel empty.
@@ -87,10 +85,6 @@ struct PendingSchema {
     /// Columns renamed (old, new) and changed in type, in statement order.
     renamed: Vec<(String, String)>,
     retyped: Vec<String>,
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
 
 /// A source transaction folded into the open group: when it arrived and when the source
@@ -1022,7 +1016,7 @@ impl Applier<'_> {
         self.end_catch_up();
         if self.arrivals.is_empty() && !self.open_transaction {
             // A heartbeat (no commit time) says the source had nothing more up to now.
-            let through = if committed_at == 0 { unix_now() } else { committed_at };
+            let through = if committed_at == 0 { crate::clock::unix_seconds() } else { committed_at };
             self.runner.stats.stream.fresh_through(through);
         }
     }

@@ -7,6 +7,7 @@ mod decode;
 mod document;
 mod job;
 mod schedule;
+pub(crate) mod sql_text;
 mod transform;
 
 pub use alarm::{decode_alarms, written_out_targets, AlarmMetric, AlarmSpec, Condition, Notify, Operator};

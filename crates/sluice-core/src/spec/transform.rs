@@ -7,8 +7,8 @@ use sqlparser::ast as sql;
 
 use super::decode::{Decoder, Fields};
 use super::document::{Node, NodeKind};
+use super::sql_text;
 use crate::secret::{self, Secret};
-use crate::transform::expression;
 
 /// One `route:` entry: source tables whose full name (`db.table`) matches `source_table` land in
 /// `sink_table`.
@@ -165,7 +165,7 @@ pub fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<TransformSpe
         let projection_line = fields.get("projection").and_then(|node| node.line);
         let projection = match optional_string(decoder, &fields, "projection") {
             None => None,
-            Some(text) => match expression::parse_projection(&text) {
+            Some(text) => match sql_text::parse_projection(&text) {
                 Ok(items) => Some((text, items)),
                 Err(error) => {
                     decoder.error(
@@ -181,7 +181,7 @@ pub fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<TransformSpe
         let filter_line = fields.get("filter").and_then(|node| node.line);
         let filter = match optional_string(decoder, &fields, "filter") {
             None => None,
-            Some(text) => match expression::parse_predicate(&text) {
+            Some(text) => match sql_text::parse_predicate(&text) {
                 Ok(predicate) => Some((text, predicate)),
                 Err(error) => {
                     decoder.error(&fields.path("filter"), filter_line, format!("not a valid predicate: {error}"));

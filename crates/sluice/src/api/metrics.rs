@@ -54,7 +54,7 @@ type Counter = (&'static str, &'static str, fn(&TaskStatus) -> u64);
 
 /// The whole `/metrics` page.
 pub async fn render(store: &dyn Store) -> Result<String> {
-    let now = sluice_core::retry::unix_now();
+    let now = sluice_core::clock::unix_seconds();
     let mut text = String::new();
     let statuses: Vec<(String, TaskStatus, _)> = load_all(store, &format!("{ROOT}tasks/")).await?;
     let jobs: Vec<(String, JobRecord, _)> = load_all(store, &format!("{ROOT}jobs/")).await?;

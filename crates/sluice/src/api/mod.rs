@@ -22,6 +22,8 @@ use serde_json::Value;
 use sluice_core::secret::redact_url_passwords;
 use sluice_core::spec::{parse_job_partially, JobSpec, SpecError};
 
+use crate::job_text::{self, DocumentFormat};
+
 pub use auth::Tokens;
 
 use crate::cluster::model::*;
@@ -121,14 +123,16 @@ pub fn router(api: Arc<Api>) -> Router {
 }
 
 /// Parses and validates a job document; every error found, as the API returns them.
-fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec, String, &'static str), Failure> {
+fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec, String, DocumentFormat), Failure> {
     let text =
         std::str::from_utf8(body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the job document is not UTF-8"))?;
     let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
-    let json = !content_type.contains("yaml");
-    let (job, mut errors) = parse_job_partially(text, json, |name| std::env::var(name).ok());
+    let format = DocumentFormat::of_content_type(content_type);
+    let (job, mut errors) = job_text::check(text, format, job_text::process_environment);
     // The same document with every `${VAR}` left as written: what the store keeps at rest.
-    if let (Some(written), _) = parse_job_partially(text, json, |name| Some(format!("${{{name}}}"))) {
+    if let (Some(written), _) =
+        parse_job_partially(text, format == DocumentFormat::Json, |name| Some(format!("${{{name}}}")))
+    {
         for endpoint in [&written.source, &written.target] {
             if endpoint.url.as_ref().is_some_and(|url| sluice_core::secret::has_literal_password(url.expose())) {
                 errors.push(SpecError {
@@ -143,7 +147,6 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
         errors.extend(sluice_core::spec::written_out_targets(&written.alarms, "alarms"));
     }
     if let Some(job) = &job {
-        errors.extend(sluice_connectors::validate(job));
         if cluster && !sluice_connectors::fences(&job.target.connector) {
             errors.push(SpecError {
                 path: "target.type".into(),
@@ -164,9 +167,9 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
             });
         }
     }
-    match job {
-        Some(job) if errors.is_empty() => Ok((job, text.to_owned(), if json { "json" } else { "yaml" })),
-        _ => {
+    match job_text::decided((job, errors)) {
+        Ok(job) => Ok((job, text.to_owned(), format)),
+        Err(errors) => {
             let errors = errors.iter().map(FieldError::from).collect();
             Err(Failure(StatusCode::BAD_REQUEST, ErrorBody { error: "the job is invalid".into(), errors }))
         }
@@ -216,13 +219,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         batches: None,
         revision: 0,
     };
-    let version = VersionRecord {
-        version: 1,
-        format: format.into(),
-        document,
-        created_at: timestamp(),
-        origin: "submitted".into(),
-    };
+    let version = VersionRecord { version: 1, format, document, created_at: timestamp(), origin: "submitted".into() };
     // The version first, so a job record never points at a missing version; both only if
     // absent, so an existing job is never touched.
     let exists = || {
@@ -285,12 +282,12 @@ async fn next_version(
     api: &Api,
     job: &mut JobRecord,
     document: String,
-    format: &str,
+    format: DocumentFormat,
     origin: String,
 ) -> Result<VersionCreated, Failure> {
     let versions = api.node.store.list(&versions_prefix(&job.name)).await?;
     let number = versions.len() as u32 + 1;
-    let record = VersionRecord { version: number, format: format.into(), document, created_at: timestamp(), origin };
+    let record = VersionRecord { version: number, format, document, created_at: timestamp(), origin };
     // Only if absent: of two concurrent new versions, one gets the number, the other a 409.
     if api.node.store.create(&version_key(&job.name, number), &encode(&record), None).await?.is_none() {
         return Err(failure(
@@ -421,7 +418,7 @@ fn rerun_range(job: &JobRecord, body: &[u8]) -> Result<Option<BatchRange>, Failu
 }
 
 fn unix_seconds() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs() as i64)
+    sluice_core::clock::unix_seconds() as i64
 }
 
 /// A version with another schedule counts its firings from now; its batch numbers go on.
@@ -486,20 +483,19 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
     let (old, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, version as u32))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
-    let (spec, _, _) = validate(old.document.as_bytes(), &format_header(&old.format), api.node.config.fencing)?;
+    let (spec, _, _) = validate(old.document.as_bytes(), &format_header(old.format), api.node.config.fencing)?;
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
     job.after = spec.after;
     reschedule(&mut job, spec.schedule);
-    Ok(Json(next_version(&api, &mut job, old.document, &old.format, format!("rollback to {version}")).await?)
+    Ok(Json(next_version(&api, &mut job, old.document, old.format, format!("rollback to {version}")).await?)
         .into_response())
 }
 
-fn format_header(format: &str) -> HeaderMap {
+fn format_header(format: DocumentFormat) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    let value = if format == "json" { "application/json" } else { "application/yaml" };
-    headers.insert("content-type", value.parse().expect("a valid header value"));
+    headers.insert("content-type", format.content_type().parse().expect("a valid header value"));
     headers
 }
 
@@ -592,7 +588,7 @@ async fn show_version(State(api): Shared, Path((name, version)): Path<(String, u
     let record = version_document(&api, &name, version).await?;
     Ok(Json(VersionDocument {
         version: record.version,
-        format: record.format,
+        format: record.format.name().into(),
         document: record.document,
         created_at: record.created_at,
         origin: record.origin,
@@ -655,7 +651,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     let (current, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, job.version))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {}", job.version)))?;
-    let (spec, _, _) = validate(current.document.as_bytes(), &format_header(&current.format), api.node.config.fencing)?;
+    let (spec, _, _) = validate(current.document.as_bytes(), &format_header(current.format), api.node.config.fencing)?;
     let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
     if let Some(known) = tables.iter().find(|table| filter.matches(&sluice_core::TableName::parse(table))) {
         return Err(failure(
@@ -663,7 +659,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
             format!("table {known} is part of job {name} already (source.tables)"),
         ));
     }
-    let parsed = if current.format == "json" {
+    let parsed = if current.format == DocumentFormat::Json {
         sluice_core::spec::parse_json(&current.document)
     } else {
         sluice_core::spec::parse_yaml(&current.document)
@@ -677,13 +673,15 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     };
     listed.extend(tables.iter().cloned().map(Value::String));
     let document = serde_json::to_string_pretty(&document).expect("JSON serializes");
-    validate(document.as_bytes(), &format_header("json"), api.node.config.fencing)?;
+    validate(document.as_bytes(), &format_header(DocumentFormat::Json), api.node.config.fencing)?;
     job.backfill = Some(BackfillRequest {
         id: format!("added-{}", next_generation(job.generation)),
         tables: tables.clone(),
         stream_version: job.version,
     });
-    let created = next_version(&api, &mut job, document, "json", format!("add tables {}", tables.join(", "))).await?;
+    let created =
+        next_version(&api, &mut job, document, DocumentFormat::Json, format!("add tables {}", tables.join(", ")))
+            .await?;
     Ok((StatusCode::ACCEPTED, Json(TablesAdded { name, version: created.version, backfill: tables })).into_response())
 }
 
@@ -732,10 +730,7 @@ async fn job_series(State(api): Shared, Path(name): Path<String>) -> Reply {
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
-    let limit = crate::cluster::worker::load_spec(&*api.node.store, &name, job.version)
-        .await
-        .map(|spec| spec.errors.max_dirty_records)
-        .ok();
+    let limit = load_spec(&*api.node.store, &name, job.version).await.map(|spec| spec.errors.max_dirty_records).ok();
     let records = crate::cluster::dirty::list(&*api.node.store, &name).await?;
     // A row shown as JSON when it is (a cut row as the text it was cut to).
     let shown = |text: &str| {

@@ -157,7 +157,7 @@ pub async fn discard(store: &dyn Store, job: &str, chosen: &Chosen, by: &str) ->
         by: by.to_owned(),
         records: ids.clone(),
     };
-    let millis = crate::logger::unix_millis();
+    let millis = sluice_core::clock::unix_millis();
     let mut attempt = 0;
     while store.create(&format!("{ROOT}audit/{millis:020}-{attempt:03}"), &encode(&entry), None).await?.is_none() {
         attempt += 1;
@@ -198,7 +198,7 @@ pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, no
     if records.is_empty() {
         return Ok(outcome);
     }
-    let mut spec = super::worker::load_spec(&**store, &job.name, job.version).await?;
+    let mut spec = super::model::load_spec(&**store, &job.name, job.version).await?;
     spec.target.write_mode = WriteMode::Upsert;
     if let Some(error) = sluice_connectors::validate(&spec).into_iter().find(|error| error.path.starts_with("target")) {
         return Err(Error::config(format!("job {}: its records cannot be replayed: {error}", job.name))

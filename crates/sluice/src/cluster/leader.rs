@@ -5,15 +5,14 @@
 
 use std::sync::Arc;
 
-use sluice_core::connector::TableTasks;
+use sluice_core::names::STREAM_TASK;
 use sluice_core::planner::Planner;
-use sluice_core::runner::{Backfill, STREAM_TASK};
+use sluice_core::runner::Backfill;
 use sluice_core::{retry, Error, ErrorKind, Result, Side, TableName};
 
 use super::model::*;
 use super::node::{lock, Node, View};
 use super::store::Guard;
-use super::worker::load_spec;
 use crate::logger::timestamp;
 
 impl Node {
@@ -178,8 +177,8 @@ impl Node {
         let mut marks = Default::default();
         if let (true, true, Some(previous)) = (fresh, incremental, &previous) {
             if let Some(plan) = load_plan(&*self.store, &job.name, previous).await? {
-                marks = sluice_core::cursor::marks(&spec.name, &*sink, &plan).await?.tables;
-                sink.forget_checkpoints(&spec.name, &TableTasks::of(&plan)).await?;
+                marks = sluice_core::planner::marks(&spec.name, &*sink, &plan).await?.tables;
+                sink.forget_checkpoints(&spec.name, &plan.table_tasks()).await?;
             }
         }
         // A rerun of earlier batches reads their windows again, then the next batch goes on from
@@ -235,7 +234,7 @@ impl Node {
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &spec.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let plan = planned.plan;
-        let tables = hidden.tasks(TableTasks::of(&plan));
+        let tables = hidden.tasks(plan.table_tasks());
         match (fresh, spec.mode) {
             (true, sluice_core::spec::Mode::IncrementalCursor) => {
                 log::info!("job {}: batch {batch} copies the rows changed since batch {}", job.name, batch - 1)

@@ -10,5 +10,6 @@ pub mod node;
 #[cfg(test)]
 mod placement;
 pub mod schedule;
+pub mod status;
 pub mod store;
 pub mod worker;

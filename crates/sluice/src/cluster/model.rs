@@ -14,10 +14,12 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use sluice_core::spec::JobSpec;
 use sluice_core::state::Plan;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName};
 
 use super::store::{Entry, Store};
+use crate::job_text::{self, DocumentFormat};
 
 pub const ROOT: &str = "/sluice/";
 pub const LEADER: &str = "/sluice/leader";
@@ -196,7 +198,7 @@ pub async fn load_job(store: &dyn Store, job: &str) -> Result<Option<JobRecord>>
 /// A generation after `previous`, from the clock in milliseconds: a job deleted and made again
 /// under the same name never meets a task status of its predecessor.
 pub fn next_generation(previous: u64) -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+    let now = sluice_core::clock::unix_millis();
     now.max(previous + 1)
 }
 
@@ -224,8 +226,7 @@ pub struct BackfillPlan {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VersionRecord {
     pub version: u32,
-    /// `yaml` or `json`.
-    pub format: String,
+    pub format: DocumentFormat,
     pub document: String,
     pub created_at: String,
     /// How it came: `submitted`, `updated`, or `rollback to N`.
@@ -485,7 +486,7 @@ pub async fn remove_other_pieces(store: &dyn Store, job: &str, keep: Option<u64>
 /// A fresh id for a plan's pieces: pieces are never written over, so a worker reading a plan
 /// never meets half of another one.
 pub fn new_pieces_id() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos() as u64
+    sluice_core::clock::unix_nanos()
 }
 
 /// The whole plan of a record: its splits joined from their pieces when they are kept apart.
@@ -752,7 +753,7 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
     if mode.streams() {
         let after = tasks.iter().map(|task| task.id.clone()).collect();
         tasks.push(TaskPlan {
-            id: sluice_core::runner::STREAM_TASK.to_owned(),
+            id: sluice_core::names::STREAM_TASK.to_owned(),
             kind: TaskKind::Cdc,
             tables: Vec::new(),
             splits: None,
@@ -761,6 +762,18 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
         });
     }
     tasks
+}
+
+/// The job document of a version, parsed with this node's environment.
+pub async fn load_spec(store: &dyn Store, job: &str, version: u32) -> Result<JobSpec> {
+    let (record, _) = load::<VersionRecord>(store, &version_key(job, version)).await?.ok_or_else(|| {
+        Error::new(ErrorKind::State, format!("job {job} has no version {version} in the coordination store"))
+    })?;
+    job_text::parse(&record.document, record.format, job_text::process_environment).map_err(|errors| {
+        let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        Error::config(format!("job {job} version {version} is not valid on this node: {}", listed.join("; ")))
+            .hint("an environment variable the job names may be missing on this node")
+    })
 }
 
 #[cfg(test)]

@@ -287,9 +287,7 @@ fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str
 impl Node {
     /// As leader: fires the schedules that are due.
     pub(super) async fn fire_schedules(self: &Arc<Self>, view: &View) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs() as i64);
+        let now = sluice_core::clock::unix_seconds() as i64;
         for (name, job, _) in &view.jobs {
             if job.desired != Desired::Running || !job.batched() {
                 continue;

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use sluice_core::connector::Fence;
 use sluice_core::retry::Restart;
 use sluice_core::runner::{Runner, Scope};
-use sluice_core::spec::{parse_job, JobSpec};
 use sluice_core::state::StateStore;
 use sluice_core::{Error, ErrorKind, Result};
 use tokio::sync::watch;
@@ -38,9 +37,7 @@ impl Node {
             return Ok(());
         }
         let free = may_claim(&me, tasks_here, &view.workers);
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_millis() as u64);
+        let now_ms = sluice_core::clock::unix_millis();
         // Every task that may be claimed, highest rank first (`model::claim_rank`).
         let mut candidates = Vec::new();
         for (name, job, _) in &view.jobs {
@@ -204,7 +201,7 @@ impl Node {
             };
             let Some(error) = outcome.as_ref().filter(|_| !*stop.borrow()) else { break (outcome, summary) };
             let progressed = summary.as_ref().is_some_and(|run| sluice_core::retry::ran_well(&policy, run));
-            let wait = match status.restarts.failed(&policy, error, progressed, sluice_core::retry::unix_now()) {
+            let wait = match status.restarts.failed(&policy, error, progressed, sluice_core::clock::unix_seconds()) {
                 Restart::After(wait) => wait,
                 Restart::GiveUp(reason) => {
                     let outcome = match outcome {
@@ -344,7 +341,7 @@ impl Node {
         task: &TaskPlan,
         guard: &Guard,
         stop: watch::Receiver<bool>,
-    ) -> Result<(Arc<JobSpec>, Arc<Runner>)> {
+    ) -> Result<(Arc<sluice_core::spec::JobSpec>, Arc<Runner>)> {
         // While added tables are copied, the stream runs the version before them.
         let version = match task.kind {
             TaskKind::Cdc => plan.stream_version.unwrap_or(plan.version),
@@ -391,18 +388,6 @@ impl Node {
     }
 }
 
-/// The job document of a version, parsed with this node's environment.
-pub async fn load_spec(store: &dyn Store, job: &str, version: u32) -> Result<JobSpec> {
-    let (record, _) = load::<VersionRecord>(store, &version_key(job, version)).await?.ok_or_else(|| {
-        Error::new(ErrorKind::State, format!("job {job} has no version {version} in the coordination store"))
-    })?;
-    parse_job(&record.document, record.format == "json", |name| std::env::var(name).ok()).map_err(|errors| {
-        let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        Error::config(format!("job {job} version {version} is not valid on this node: {}", listed.join("; ")))
-            .hint("an environment variable the job names may be missing on this node")
-    })
-}
-
 fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows_per_sec: f64) -> TaskStatus {
     let tables = stats.snapshot();
     let stream = stats.stream.summary();
@@ -411,7 +396,7 @@ fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows
         0 => base.fresh_through,
         through => Some(base.fresh_through.unwrap_or(0).max(through)),
     };
-    let now = sluice_core::retry::unix_now();
+    let now = sluice_core::clock::unix_seconds();
     TaskStatus {
         rows_read: tables.iter().map(|table| table.rows_read).sum(),
         bytes_read: tables.iter().map(|table| table.bytes_read).sum(),
