@@ -285,7 +285,9 @@ pub struct TableSummary {
     pub splits_done: u64,
 }
 
-/// The reconciliation record of a run (product.md's `--summary-json`).
+/// The reconciliation record of a run: what `sluice run --summary-json FILE` writes, and what a
+/// run prints at its end (counters per table and in total, so a run can be checked against the
+/// source).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     pub job: String,

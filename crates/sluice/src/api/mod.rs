@@ -1,6 +1,6 @@
-//! The HTTP API of `sluice server` (product.md): jobs, their versions and lifecycle, workers,
-//! the leader, metrics and the OpenAPI document. Only this module knows HTTP. Every response
-//! passes job documents and errors through the secret scrubber.
+//! The HTTP API of `sluice server`: jobs, their versions and lifecycle, workers, the leader,
+//! metrics and the OpenAPI document. Only this module knows HTTP. Every response passes job
+//! documents and errors through the secret scrubber.
 
 mod auth;
 mod console;
@@ -196,7 +196,7 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
 /// Creates a job from its document (JSON, or YAML with `Content-Type: application/yaml`); every
 /// validation error is returned at once.
 #[utoipa::path(post, path = "/jobs", tag = "jobs",
-    request_body(content = Object, description = "the job file of product.md", content_type = "application/json"),
+    request_body(content = Object, description = "the job document, as `sluice run` reads it from a file", content_type = "application/json"),
     responses(
         (status = 201, description = "created", body = VersionCreated),
         (status = 400, description = "invalid: every problem, by path and line", body = ErrorBody),
