@@ -42,7 +42,7 @@ impl Job {
             &format!(
                 "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
                  target:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n\
-                 limits: {{batch_rows: 100, split_rows: 100}}\n"
+                 parallelism: 1\nlimits: {{batch_rows: 100, split_rows: 100}}\n"
             ),
         );
         Job { workspace, file, name, target, namespace }

@@ -129,6 +129,12 @@ fn a_lake_table_follows_the_source_through_kills_compactions_and_an_added_column
         }
     }
     let mut child = job.start();
+    // The stream commits accounts a few times under the load before it stops, so the versions
+    // checked below are more than the copy's (however slowly the kills let the stream go).
+    wait_for("the stream to commit accounts under the load", Duration::from_secs(120), || {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early:\n{}", child.stderr_text());
+        lake::log_versions(&job.table("accounts")) > 4
+    });
     load.stop();
     mariadb(&format!("UPDATE {database}.accounts SET note = 'last' WHERE id = 1"));
     job.wait_converged(&mut child);

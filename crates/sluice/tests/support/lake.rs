@@ -103,6 +103,24 @@ pub fn stream_position(path: &Path, job: &str) -> Option<(u64, u64)> {
     Some((file.rsplit('.').next()?.parse().ok()?, at["position"].as_u64()?))
 }
 
+/// The versions the Delta log of the table at `path` holds (`_delta_log/NNN.json`).
+pub fn log_versions(path: &Path) -> usize {
+    std::fs::read_dir(path.join("_delta_log"))
+        .map(|entries| {
+            entries
+                .filter_map(|entry| entry.ok())
+                .filter(|entry| {
+                    entry
+                        .file_name()
+                        .to_str()
+                        .and_then(|name| name.strip_suffix(".json"))
+                        .is_some_and(|number| !number.is_empty() && number.bytes().all(|byte| byte.is_ascii_digit()))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// Commits the job's copy tasks and stream made so far (a measure of progress).
 pub fn commits(path: &Path, job: &str) -> u64 {
     let root = path.join(".sluice").join(job);
