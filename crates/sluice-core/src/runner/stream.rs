@@ -26,8 +26,8 @@ use crate::change::{
     key_text, row_json, Batch, Change, ChangeKind, Position, Rejected, RejectedChange, Row, SourceKey,
 };
 use crate::connector::{
-    ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, Split, StreamEvent,
-    TransactionEnd,
+    ChangeShape, ChangeStream, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, Split,
+    StreamEvent, TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
@@ -121,6 +121,9 @@ impl Drop for BacklogWatch {
     }
 }
 
+/// The events the read-ahead task hands the applier, each with the share of the budget it holds.
+type Received = mpsc::UnboundedReceiver<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>;
+
 struct Arrival {
     received: SystemTime,
     committed_at: u64,
@@ -166,16 +169,76 @@ impl Runner {
     /// One attempt: recover, open the stream, apply until stopped or failed.
     async fn apply_stream(&self, start: &Position, after_snapshot: bool, progressed: &mut bool) -> Result<()> {
         let mut writer = self.sink.open_changes(&self.job.name, STREAM_TASK).await?;
-        let recovered = writer.recover().await?;
+        // The source's position now: reaching it ends catching up, and, being after the copy's
+        // end, it also closes a snapshot's replay window.
+        let head = self.source.log_position().await?;
+        let (checkpoint, rows_applied) = self.recovered_checkpoint(&mut *writer, start, after_snapshot, &head).await?;
+        let stats = &self.stats.stream;
+        if stats.phase() != StreamPhase::Streaming {
+            let caught_up = head.as_ref().is_none_or(|head| self.source.reached(&checkpoint.at, head));
+            stats.set_phase(if caught_up { StreamPhase::Streaming } else { StreamPhase::CatchingUp });
+        }
+        *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
+        log::info!("change stream starts after {}", checkpoint.at.brief());
+        let _backlog = BacklogWatch::start(self.source.clone(), self.stats.clone());
+
+        // Read before the stream opens, so a failure here leaves no replica connection behind.
+        let copied_at = self.copy_positions().await?;
+        let raw = writer.shape() == ChangeShape::Raw;
+        let copied_keys =
+            if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
+        let stream = self.source.stream(&checkpoint.at).await?;
+        let (producer, mut received, acks) = self.read_ahead(stream);
+        let mut applier = Applier {
+            runner: self,
+            raw,
+            // When the writer wants groups committed, if not as soon as the stream pauses.
+            cadence: writer.cadence(),
+            events: Vec::new(),
+            transaction_events: 0,
+            acks,
+            writer,
+            checkpoint,
+            rows_applied,
+            head,
+            targets: HashMap::new(),
+            net: NetChanges::default(),
+            arrivals: Vec::new(),
+            staged_rows: 0,
+            started: Instant::now(),
+            opened: Instant::now(),
+            moved: false,
+            open_transaction: false,
+            last_commit: Instant::now(),
+            commit_took: Duration::ZERO,
+            last_status: None,
+            progressed,
+            copied_at,
+            copied_keys,
+            dirty_keys: self.dirty_keys(),
+            left_out: Vec::new(),
+        };
+        let outcome = applier.run(&mut received).await;
+        drop(received);
+        producer.abort();
+        outcome
+    }
+
+    /// The stream's checkpoint as the target holds it, or the first one (from `start`) when it
+    /// holds none; moved back for tables a backfill added. With the rows applied so far.
+    async fn recovered_checkpoint(
+        &self,
+        writer: &mut dyn ChangeWriter,
+        start: &Position,
+        after_snapshot: bool,
+        head: &Option<Position>,
+    ) -> Result<(StreamCheckpoint, u64)> {
         let corrupt = |error: serde_json::Error| {
             Error::new(ErrorKind::Write, format!("the checkpoint of task {STREAM_TASK} is corrupt: {error}"))
                 .on(Side::Target)
                 .hint("delete the row of this job from the target's sluice.checkpoints table and start again")
         };
-        // The source's position now: reaching it ends catching up, and, being after the copy's
-        // end, it also closes a snapshot's replay window.
-        let head = self.source.log_position().await?;
-        let (checkpoint, rows_applied) = match recovered {
+        let (checkpoint, rows_applied) = match writer.recover().await? {
             Some(Checkpoint { position: Some(position), rows_written, .. }) => {
                 (serde_json::from_value::<StreamCheckpoint>(position.0).map_err(corrupt)?, rows_written)
             }
@@ -215,29 +278,22 @@ impl Runner {
             }
             _ => checkpoint,
         };
-        let stats = &self.stats.stream;
-        if stats.phase() != StreamPhase::Streaming {
-            let caught_up = head.as_ref().is_none_or(|head| self.source.reached(&checkpoint.at, head));
-            stats.set_phase(if caught_up { StreamPhase::Streaming } else { StreamPhase::CatchingUp });
-        }
-        *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
-        log::info!("change stream starts after {}", checkpoint.at.brief());
-        let _backlog = BacklogWatch::start(self.source.clone(), self.stats.clone());
+        Ok((checkpoint, rows_applied))
+    }
 
-        // Read before the stream opens, so a failure here leaves no replica connection behind.
-        let copied_at = self.copy_positions().await?;
-        let raw = writer.shape() == ChangeShape::Raw;
-        let copied_keys =
-            if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
-        let mut stream = self.source.stream(&checkpoint.at).await?;
-        // The events in flight are bounded by rows, not by count: a transaction's commit costs
-        // one row of the budget, its changes one each, so thousands of small transactions can
-        // queue up for grouping while a huge one still waits for room.
+    /// Reads the stream ahead of the applier in a task of its own, and hands the source back
+    /// the positions made durable (sent on the returned sender) between reads.
+    ///
+    /// The events in flight are bounded by rows, not by count: a transaction's commit costs one
+    /// row of the budget, its changes one each, so thousands of small transactions can queue up
+    /// for grouping while a huge one still waits for room.
+    fn read_ahead(
+        &self,
+        mut stream: Box<dyn ChangeStream>,
+    ) -> (tokio::task::JoinHandle<()>, Received, mpsc::UnboundedSender<Position>) {
         let budget_rows = (self.job.limits.queue_batches.max(1) * self.job.limits.batch_rows.max(1)) as u32;
         let budget = Arc::new(tokio::sync::Semaphore::new(budget_rows as usize));
-        let (events, mut received) =
-            mpsc::unbounded_channel::<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>();
-        // Positions durable in the target go back to the source between reads.
+        let (events, received) = mpsc::unbounded_channel::<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>();
         let (acks, mut acknowledged) = mpsc::unbounded_channel::<Position>();
         let producer = tokio::spawn(async move {
             loop {
@@ -264,133 +320,7 @@ impl Runner {
                 }
             }
         });
-
-        // When the writer wants groups committed, if not as soon as the stream pauses.
-        let cadence: Option<CommitCadence> = writer.cadence();
-        let mut applier = Applier {
-            runner: self,
-            raw,
-            cadence,
-            events: Vec::new(),
-            transaction_events: 0,
-            acks,
-            writer,
-            checkpoint,
-            rows_applied,
-            head,
-            targets: HashMap::new(),
-            net: NetChanges::default(),
-            arrivals: Vec::new(),
-            staged_rows: 0,
-            started: Instant::now(),
-            opened: Instant::now(),
-            moved: false,
-            open_transaction: false,
-            last_commit: Instant::now(),
-            commit_took: Duration::ZERO,
-            last_status: None,
-            progressed,
-            copied_at,
-            copied_keys,
-            dirty_keys: self.dirty_keys(),
-            left_out: Vec::new(),
-        };
-        let mut stop = self.stop.clone();
-        let mut abort = self.abort.subscribe();
-        let outcome: Result<()> = async {
-            let first = std::mem::take(&mut *lock(&self.reshape_first));
-            if !first.is_empty() {
-                applier.reshape(first).await?;
-                applier.commit().await?;
-            } else if applier.publishes() {
-                // The window closed before this start (an idle source, or a crash between
-                // MySQL's commit and its rename): publish before anything else.
-                applier.commit().await?;
-            }
-            let batch = self.job.mode == crate::spec::Mode::Cdc && self.job.batched();
-            loop {
-                // A batch of a scheduled `cdc` job ends once everything up to where the source
-                // stood at its start is committed.
-                if batch
-                    && !applier.open_transaction
-                    && applier.arrivals.is_empty()
-                    && !applier.moved
-                    && applier.head.as_ref().is_some_and(|head| self.source.reached(&applier.checkpoint.at, head))
-                {
-                    log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
-                    return Ok(());
-                }
-                // Whole transactions wait a moment for more; the position alone commits at most
-                // once a second.
-                let deadline = if applier.open_transaction {
-                    None
-                } else if !applier.arrivals.is_empty() {
-                    Some(match cadence {
-                        None => applier.started + GROUP_LINGER,
-                        // When the group is due by its first transaction's source commit, else
-                        // (a backlog, where that is long past) by how long it has been open.
-                        Some(cadence) => Some(applier.due_at(cadence))
-                            .filter(|due| *due > Instant::now())
-                            .unwrap_or(applier.opened + cadence.every),
-                    })
-                } else if applier.moved {
-                    let every = cadence.map_or(IDLE_CHECKPOINT_INTERVAL, |cadence| {
-                        cadence.every.max(IDLE_CHECKPOINT_INTERVAL)
-                    });
-                    Some(applier.last_commit + every)
-                } else {
-                    None
-                };
-                let event = tokio::select! {
-                    // The permit goes back on receipt: the budget bounds what waits in the channel.
-                    event = received.recv() => event.map(|(event, _permit)| Some(event)),
-                    _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => Some(None),
-                    _ = stop.wait_for(|stopped| *stopped) => None,
-                    _ = abort.wait_for(|aborted| *aborted) => None,
-                };
-                let Some(event) = event else {
-                    // Stopping: what is whole commits; an open transaction's pieces are dropped
-                    // with the target transaction.
-                    if !applier.open_transaction && (!applier.arrivals.is_empty() || applier.moved) {
-                        applier.commit().await?;
-                    }
-                    return Err(interrupted());
-                };
-                match event.transpose()? {
-                    // The group waited long enough (with a cadence: if it is due).
-                    None => {
-                        if cadence.is_none_or(|cadence| applier.due(cadence, received.is_empty())) {
-                            applier.commit().await?;
-                        }
-                        continue;
-                    }
-                    Some(StreamEvent::Changes(changes)) => applier.changes(changes).await?,
-                    Some(StreamEvent::Commit { position, committed_at }) => {
-                        applier.transaction_end(position, committed_at).await?
-                    }
-                    Some(StreamEvent::SchemaChange { statement, changes, position, committed_at }) => {
-                        applier.schema_change(&statement, changes, position, committed_at).await?
-                    }
-                    Some(StreamEvent::Advance { position, committed_at }) => applier.advance(position, committed_at),
-                }
-                // Whole transactions commit as soon as nothing more is waiting (the events in
-                // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
-                // when the group is full; the deadline above caps how long they linger.
-                let group_rows = cadence.map_or(self.job.limits.batch_rows as u64, |cadence| cadence.rows);
-                let full = applier.staged_rows + applier.pending() as u64 >= group_rows;
-                let ready = match cadence {
-                    None => received.is_empty(),
-                    Some(cadence) => applier.due(cadence, received.is_empty()),
-                };
-                if !applier.open_transaction && !applier.arrivals.is_empty() && (full || ready) {
-                    applier.commit().await?;
-                }
-            }
-        }
-        .await;
-        drop(received);
-        producer.abort();
-        outcome
+        (producer, received, acks)
     }
 
     /// A source DDL effect as the target applies it now, with target names; `None` for a
@@ -699,6 +629,111 @@ fn mapping_of(
 }
 
 impl Applier<'_> {
+    /// Applies the stream's events until stopped or failed: whole source transactions are
+    /// grouped, and a group commits when nothing more waits, when it is full, or when it has
+    /// lingered long enough.
+    async fn run(&mut self, received: &mut Received) -> Result<()> {
+        let runner = self.runner;
+        let mut stop = runner.stop.clone();
+        let mut abort = runner.abort.subscribe();
+        let first = std::mem::take(&mut *lock(&runner.reshape_first));
+        if !first.is_empty() {
+            self.reshape(first).await?;
+            self.commit().await?;
+        } else if self.publishes() {
+            // The window closed before this start (an idle source, or a crash between
+            // MySQL's commit and its rename): publish before anything else.
+            self.commit().await?;
+        }
+        let cadence = self.cadence;
+        let batch = runner.job.mode == crate::spec::Mode::Cdc && runner.job.batched();
+        loop {
+            // A batch of a scheduled `cdc` job ends once everything up to where the source
+            // stood at its start is committed.
+            if batch
+                && self.idle()
+                && self.head.as_ref().is_some_and(|head| runner.source.reached(&self.checkpoint.at, head))
+            {
+                log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
+                return Ok(());
+            }
+            let deadline = self.deadline();
+            let event = tokio::select! {
+                // The permit goes back on receipt: the budget bounds what waits in the channel.
+                event = received.recv() => event.map(|(event, _permit)| Some(event)),
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => Some(None),
+                _ = stop.wait_for(|stopped| *stopped) => None,
+                _ = abort.wait_for(|aborted| *aborted) => None,
+            };
+            let Some(event) = event else {
+                // Stopping: what is whole commits; an open transaction's pieces are dropped
+                // with the target transaction.
+                if !self.open_transaction && (!self.arrivals.is_empty() || self.moved) {
+                    self.commit().await?;
+                }
+                return Err(interrupted());
+            };
+            match event.transpose()? {
+                // The group waited long enough (with a cadence: if it is due).
+                None => {
+                    if cadence.is_none_or(|cadence| self.due(cadence, received.is_empty())) {
+                        self.commit().await?;
+                    }
+                    continue;
+                }
+                Some(StreamEvent::Changes(changes)) => self.changes(changes).await?,
+                Some(StreamEvent::Commit { position, committed_at }) => {
+                    self.transaction_end(position, committed_at).await?
+                }
+                Some(StreamEvent::SchemaChange { statement, changes, position, committed_at }) => {
+                    self.schema_change(&statement, changes, position, committed_at).await?
+                }
+                Some(StreamEvent::Advance { position, committed_at }) => self.advance(position, committed_at),
+            }
+            // Whole transactions commit as soon as nothing more is waiting (the events in
+            // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
+            // when the group is full; the deadline above caps how long they linger.
+            let group_rows = cadence.map_or(runner.job.limits.batch_rows as u64, |cadence| cadence.rows);
+            let full = self.staged_rows + self.pending() as u64 >= group_rows;
+            let ready = match cadence {
+                None => received.is_empty(),
+                Some(cadence) => self.due(cadence, received.is_empty()),
+            };
+            if !self.open_transaction && !self.arrivals.is_empty() && (full || ready) {
+                self.commit().await?;
+            }
+        }
+    }
+
+    /// Nothing is open, waiting or moved since the last commit.
+    fn idle(&self) -> bool {
+        !self.open_transaction && self.arrivals.is_empty() && !self.moved
+    }
+
+    /// Until when the applier waits for the next event before it commits what it holds: whole
+    /// transactions wait a moment for more, and the position alone commits at most once a
+    /// second. `None` while a transaction is open or nothing waits.
+    fn deadline(&self) -> Option<Instant> {
+        if self.open_transaction {
+            None
+        } else if !self.arrivals.is_empty() {
+            Some(match self.cadence {
+                None => self.started + GROUP_LINGER,
+                // When the group is due by its first transaction's source commit, else (a
+                // backlog, where that is long past) by how long it has been open.
+                Some(cadence) => Some(self.due_at(cadence))
+                    .filter(|due| *due > Instant::now())
+                    .unwrap_or(self.opened + cadence.every),
+            })
+        } else if self.moved {
+            let every =
+                self.cadence.map_or(IDLE_CHECKPOINT_INTERVAL, |cadence| cadence.every.max(IDLE_CHECKPOINT_INTERVAL));
+            Some(self.last_commit + every)
+        } else {
+            None
+        }
+    }
+
     /// Whether a group of a writer with a cadence commits now: due by its first transaction's
     /// source commit once the stream has caught up (nothing more waits and the group's last
     /// transaction is younger than the cadence), or open for the cadence's time whatever waits.
