@@ -20,14 +20,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use super::context::RunContext;
 use super::copied_keys::CopiedKeys;
-use super::{interrupted, lock, Runner, Scope};
+use super::{interrupted, Backfill};
 use crate::change::{
     key_text, row_json, Batch, Change, ChangeKind, Position, Rejected, RejectedChange, Row, SourceKey,
 };
 use crate::connector::{
-    ChangeShape, ChangeStream, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, Split,
-    StreamEvent, TransactionEnd,
+    ChangeShape, ChangeStream, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, Source, SourceSchemaChange,
+    Split, StreamEvent, TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
@@ -131,15 +132,78 @@ struct Arrival {
     position: Position,
 }
 
-impl Runner {
+/// Where the stream begins when the target holds no checkpoint yet. A cdc job starts where the
+/// job says, else where the source stood when the job was first planned (kept in the plan, so a
+/// crash before the first commit loses nothing); snapshot+cdc starts where its snapshot was
+/// taken.
+pub(super) async fn start_position(
+    context: &RunContext,
+    after_snapshot: bool,
+    planned: Option<Position>,
+) -> Result<Position> {
+    let start = match (after_snapshot, context.source.start_position().await?) {
+        (false, Some(position)) => Some(position),
+        _ => planned,
+    };
+    start.ok_or_else(|| {
+        Error::new(ErrorKind::Config, "the source has no change log position to stream from")
+            .on(Side::Source)
+            .hint("turn on the source's binary log (log_bin) and run the job again")
+    })
+}
+
+/// The change stream of one run, over its attempts: what the earlier stages handed it, and
+/// what one attempt leaves the next.
+pub(super) struct StreamStage {
+    context: Arc<RunContext>,
+    /// Tables added to the running stream and just copied: the stream goes back for them.
+    backfill: Option<Backfill>,
+    /// Every split of the plan. The stream applies the changes of tables read whole (no key)
+    /// only past the source position their copy was read at, and sends an event target only the
+    /// changes past the read that copied each key (`copied_keys`).
+    splits: Vec<Split>,
+    /// The last position of each split this run copied to its end, for targets that keep no
+    /// checkpoint (stdout): where the stream finds the copy's reads.
+    copied: HashMap<String, Option<Position>>,
+    /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
+    /// the run began.
+    hidden: HiddenCopies,
+    /// Source schemas the stream met inside a transaction, for tables whose DDL a target that
+    /// commits DDL on its own must apply before that transaction: the next attempt applies them
+    /// first.
+    reshape_first: Vec<Arc<TableSchema>>,
+    /// The changes the stream left out as dirty records this run (table, key, position), so
+    /// the summary counts each once.
+    counted_left_out: HashSet<String>,
+}
+
+impl StreamStage {
+    pub(super) fn new(
+        context: Arc<RunContext>,
+        backfill: Option<Backfill>,
+        splits: Vec<Split>,
+        copied: HashMap<String, Option<Position>>,
+        hidden: HiddenCopies,
+    ) -> StreamStage {
+        StreamStage {
+            context,
+            backfill,
+            splits,
+            copied,
+            hidden,
+            reshape_first: Vec::new(),
+            counted_left_out: HashSet::new(),
+        }
+    }
+
     /// Streams changes until stopped. `start` is where the stream begins when the target has no
     /// checkpoint yet; `after_snapshot` says a snapshot was taken from there, so the changes up
     /// to the copy's end are replayed.
-    pub(super) async fn stream_changes(&self, start: Position, after_snapshot: bool) -> Result<()> {
+    pub(super) async fn stream_changes(&mut self, start: Position, after_snapshot: bool) -> Result<()> {
         let mut attempt = 1;
         loop {
             let mut progressed = false;
-            let waiting_schemas = lock(&self.reshape_first).len();
+            let waiting_schemas = self.reshape_first.len();
             let error = match self.apply_stream(&start, after_snapshot, &mut progressed).await {
                 Ok(()) => return Ok(()),
                 Err(error) => error,
@@ -148,11 +212,12 @@ impl Runner {
                 // A stream that ran for a while before failing starts its count afresh.
                 attempt = 1;
             }
-            if lock(&self.reshape_first).len() > waiting_schemas && !self.should_stop() {
+            if self.reshape_first.len() > waiting_schemas && !self.context.should_stop() {
                 log::info!("change stream: {error}; starting again from the checkpoint to apply it first");
                 continue;
             }
-            if !retry::is_transient(&error) || attempt >= self.job.retry.max_attempts || self.should_stop() {
+            let job = &self.context.job;
+            if !retry::is_transient(&error) || attempt >= job.retry.max_attempts || self.context.should_stop() {
                 return Err(if error.kind() == ErrorKind::Interrupted {
                     error
                 } else {
@@ -160,37 +225,38 @@ impl Runner {
                 });
             }
             attempt += 1;
-            let wait = retry::backoff(&self.job.retry, attempt);
-            log::warn!("change stream: {error}; attempt {attempt} of {} in {wait:?}", self.job.retry.max_attempts);
-            self.pause(wait).await;
+            let wait = retry::backoff(&job.retry, attempt);
+            log::warn!("change stream: {error}; attempt {attempt} of {} in {wait:?}", job.retry.max_attempts);
+            self.context.pause(wait).await;
         }
     }
 
     /// One attempt: recover, open the stream, apply until stopped or failed.
-    async fn apply_stream(&self, start: &Position, after_snapshot: bool, progressed: &mut bool) -> Result<()> {
-        let mut writer = self.sink.open_changes(&self.job.name, STREAM_TASK).await?;
+    async fn apply_stream(&mut self, start: &Position, after_snapshot: bool, progressed: &mut bool) -> Result<()> {
+        let context = &*self.context;
+        let mut writer = context.sink.open_changes(&context.job.name, STREAM_TASK).await?;
         // The source's position now: reaching it ends catching up, and, being after the copy's
         // end, it also closes a snapshot's replay window.
-        let head = self.source.log_position().await?;
+        let head = context.source.log_position().await?;
         let (checkpoint, rows_applied) = self.recovered_checkpoint(&mut *writer, start, after_snapshot, &head).await?;
-        let stats = &self.stats.stream;
+        let stats = &context.stats.stream;
         if stats.phase() != StreamPhase::Streaming {
-            let caught_up = head.as_ref().is_none_or(|head| self.source.reached(&checkpoint.at, head));
+            let caught_up = head.as_ref().is_none_or(|head| context.source.reached(&checkpoint.at, head));
             stats.set_phase(if caught_up { StreamPhase::Streaming } else { StreamPhase::CatchingUp });
         }
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
         log::info!("change stream starts after {}", checkpoint.at.brief());
-        let _backlog = BacklogWatch::start(self.source.clone(), self.stats.clone());
+        let _backlog = BacklogWatch::start(context.source.clone(), context.stats.clone());
 
         // Read before the stream opens, so a failure here leaves no replica connection behind.
         let copied_at = self.copy_positions().await?;
         let raw = writer.shape() == ChangeShape::Raw;
         let copied_keys =
             if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
-        let stream = self.source.stream(&checkpoint.at).await?;
+        let stream = context.source.stream(&checkpoint.at).await?;
         let (producer, mut received, acks) = self.read_ahead(stream);
         let mut applier = Applier {
-            runner: self,
+            context,
             raw,
             // When the writer wants groups committed, if not as soon as the stream pauses.
             cadence: writer.cadence(),
@@ -212,13 +278,18 @@ impl Runner {
             last_commit: Instant::now(),
             commit_took: Duration::ZERO,
             last_status: None,
-            progressed,
+            progressed: false,
+            reshape_first: std::mem::take(&mut self.reshape_first),
+            counted_left_out: std::mem::take(&mut self.counted_left_out),
             copied_at,
             copied_keys,
             dirty_keys: self.dirty_keys(),
             left_out: Vec::new(),
         };
         let outcome = applier.run(&mut received).await;
+        *progressed = applier.progressed;
+        self.reshape_first = std::mem::take(&mut applier.reshape_first);
+        self.counted_left_out = std::mem::take(&mut applier.counted_left_out);
         drop(received);
         producer.abort();
         outcome
@@ -250,17 +321,17 @@ impl Runner {
                     pending: BTreeMap::new(),
                     backfilled: None,
                     catch_up: None,
-                    hidden: if after_snapshot { lock(&self.hidden).clone() } else { HiddenCopies::default() },
+                    hidden: if after_snapshot { self.hidden.clone() } else { HiddenCopies::default() },
                 };
                 (checkpoint, 0)
             }
         };
-        let checkpoint = match &self.scope {
-            Scope::Stream(Some(backfill)) if checkpoint.backfilled.as_deref() != Some(backfill.id.as_str()) => {
+        let checkpoint = match &self.backfill {
+            Some(backfill) if checkpoint.backfilled.as_deref() != Some(backfill.id.as_str()) => {
                 let names: Vec<String> = backfill.tables.iter().map(ToString::to_string).collect();
                 // Normally the stream is past `from` and goes back for the added tables alone; a
                 // stream still behind `from` simply goes on, every table from where it is.
-                let ahead = self.source.reached(&checkpoint.at, &backfill.from);
+                let ahead = self.context.source.reached(&checkpoint.at, &backfill.from);
                 log::info!(
                     "change stream: {} joined after their copy; their changes since {} are replayed, the other tables resume after {}",
                     names.join(", "),
@@ -291,7 +362,8 @@ impl Runner {
         &self,
         mut stream: Box<dyn ChangeStream>,
     ) -> (tokio::task::JoinHandle<()>, Received, mpsc::UnboundedSender<Position>) {
-        let budget_rows = (self.job.limits.queue_batches.max(1) * self.job.limits.batch_rows.max(1)) as u32;
+        let limits = &self.context.job.limits;
+        let budget_rows = (limits.queue_batches.max(1) * limits.batch_rows.max(1)) as u32;
         let budget = Arc::new(tokio::sync::Semaphore::new(budget_rows as usize));
         let (events, received) = mpsc::unbounded_channel::<(Result<StreamEvent>, tokio::sync::OwnedSemaphorePermit)>();
         let (acks, mut acknowledged) = mpsc::unbounded_channel::<Position>();
@@ -323,78 +395,18 @@ impl Runner {
         (producer, received, acks)
     }
 
-    /// A source DDL effect as the target applies it now, with target names; `None` for a
-    /// created or altered table, whose new schema comes with its next rows (`pending`).
-    fn schema_change(
-        &self,
-        statement: &str,
-        change: SourceSchemaChange,
-        pending: &mut BTreeMap<String, PendingSchema>,
-    ) -> Result<Option<SchemaChange>> {
-        let target = |name: &TableName| self.target_name(name);
-        // A table merged with others into one target cannot be dropped, renamed or emptied
-        // there without touching the others' rows.
-        let shared = |name: &TableName| -> Result<()> {
-            let target = target(name);
-            if !lock(&self.shared_targets).contains(&target) {
-                return Ok(());
-            }
-            Err(Error::new(
-                ErrorKind::Schema,
-                format!("unsupported DDL `{statement}` on table {name}, which a route merges with other tables into {target}"),
-            )
-            .on(Side::Source)
-            .hint("apply the statement's effect to the target by hand (e.g. delete the table's rows by its origin column), then restart the job from after it with a cdc start_position"))
-        };
-        Ok(match change {
-            SourceSchemaChange::Create(table) => {
-                pending.insert(table.to_string(), PendingSchema { create: true, ..PendingSchema::default() });
-                None
-            }
-            SourceSchemaChange::Alter { table, renamed, retyped } => {
-                let entry = pending.entry(table.to_string()).or_default();
-                entry.renamed.extend(renamed);
-                entry.retyped.extend(retyped);
-                None
-            }
-            SourceSchemaChange::Drop(table) => {
-                shared(&table)?;
-                pending.remove(&table.to_string());
-                Some(SchemaChange::Drop(target(&table)))
-            }
-            SourceSchemaChange::Rename { from, to } => {
-                shared(&from)?;
-                shared(&to)?;
-                if !self.transforms.same_rules(&from, &to) {
-                    return Err(Error::new(
-                        ErrorKind::Schema,
-                        format!("unsupported DDL `{statement}`: tables {from} and {to} fall under different route or transform rules, so the renamed table's rows would change shape (or lose their masks) in the target"),
-                    )
-                    .on(Side::Source)
-                    .hint("make the rules match both names, or apply the rename to the target by hand and restart from after it"));
-                }
-                if let Some(moved) = pending.remove(&from.to_string()) {
-                    pending.insert(to.to_string(), moved);
-                }
-                Some(SchemaChange::Rename { from: target(&from), to: target(&to) })
-            }
-            SourceSchemaChange::Truncate(table) => {
-                shared(&table)?;
-                Some(SchemaChange::Truncate(target(&table)))
-            }
-        })
-    }
-
     /// Where the copy of each table read whole (no key) stood in the source's log, from its
     /// checkpoint in the target: the copy holds exactly the transactions before it, so the
     /// stream skips that table's changes until it gets there (a replay could not recognise
     /// rows without a key).
     async fn copy_positions(&self) -> Result<HashMap<TableName, Position>> {
-        let splits: Vec<Split> = lock(&self.splits).iter().filter(|split| split.whole).cloned().collect();
+        let context = &*self.context;
+        let splits: Vec<Split> = self.splits.iter().filter(|split| split.whole).cloned().collect();
         let mut positions = HashMap::new();
         for split in splits {
-            let mapping = self.mapping(&split.table)?;
-            let mut writer = self.sink.open(&self.job.name, &split.id, self.written_as(&mapping.target)).await?;
+            let mapping = context.mapping(&split.table)?;
+            let mut writer =
+                context.sink.open(&context.job.name, &split.id, self.hidden.schema(&mapping.target)).await?;
             match writer.recover().await? {
                 Some(Checkpoint { done: true, position: Some(position), .. }) => {
                     positions.insert(split.table.name.clone(), position);
@@ -415,21 +427,22 @@ impl Runner {
     /// Where the copy read each key of the tables it copied by key (`copied_keys`), from each
     /// split's last position: as this run copied it, else as the target holds it.
     async fn copied_keys(&self) -> Result<CopiedKeys> {
-        let splits: Vec<Split> = lock(&self.splits).iter().filter(|split| !split.whole).cloned().collect();
-        let mut copied = lock(&self.copied).clone();
+        let context = &*self.context;
+        let splits: Vec<Split> = self.splits.iter().filter(|split| !split.whole).cloned().collect();
+        let mut copied = self.copied.clone();
         let missing: Vec<String> =
             splits.iter().filter(|split| !copied.contains_key(&split.id)).map(|split| split.id.clone()).collect();
         if !missing.is_empty() {
-            for checkpoint in self.sink.checkpoints(&self.job.name, &missing).await? {
+            for checkpoint in context.sink.checkpoints(&context.job.name, &missing).await? {
                 copied.insert(checkpoint.task, checkpoint.position);
             }
         }
         let mut keys = CopiedKeys::default();
         for split in &splits {
             let position = copied.get(&split.id).cloned().flatten();
-            keys.add(split.table.name.clone(), self.source.copy_reads(split, position.as_ref())?);
+            keys.add(split.table.name.clone(), context.source.copy_reads(split, position.as_ref())?);
         }
-        let keys = keys.sorted(&*self.source);
+        let keys = keys.sorted(&*context.source);
         let unknown: Vec<String> = keys.unknown().map(ToString::to_string).collect();
         if !unknown.is_empty() {
             log::warn!(
@@ -440,57 +453,6 @@ impl Runner {
         Ok(keys)
     }
 
-    /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold;
-    /// so do the changes of a source that is applied by key always (a stream of change events).
-    fn apply_mode(&self, checkpoint: &StreamCheckpoint) -> ApplyMode {
-        if self.source.applies_by_key() {
-            return ApplyMode::Replay;
-        }
-        match &checkpoint.replay_until {
-            Some(mark) if !self.source.reached(&checkpoint.at, mark) => ApplyMode::Replay,
-            _ => ApplyMode::Strict,
-        }
-    }
-
-    /// Applies the zero-date policy to streamed changes: the changes in order as the target gets
-    /// them, but those the policy refuses (`reject`, or `null` into a NOT NULL column) as they
-    /// came, and which those are (index, reason), for the stream to leave them out as dirty
-    /// records.
-    fn adjust_zero_dates(&self, changes: Vec<Change>, source: &TableName) -> (Vec<Change>, Vec<(usize, String)>) {
-        if self.sink.holds_zero_dates() {
-            return (changes, Vec::new());
-        }
-        let batch = Batch::new(changes, Position(serde_json::Value::Null));
-        let Some(outcome) = zero_dates::apply(&batch, self.job.errors.zero_dates, &self.job.target.connector) else {
-            return (batch.changes, Vec::new());
-        };
-        if outcome.nulled > 0 {
-            let table = self.stats.table(source, &self.target_name(source));
-            TableStats::add(&table.zero_dates_nulled, outcome.nulled);
-        }
-        let refused: Vec<(usize, String)> = outcome
-            .left_out
-            .into_iter()
-            .zip(outcome.rejected)
-            .map(|(index, rejected)| (index, rejected.reason))
-            .collect();
-        let mut kept = outcome.batch.changes.into_iter();
-        let adjusted =
-            batch
-                .changes
-                .into_iter()
-                .enumerate()
-                .filter_map(|(index, change)| {
-                    if refused.iter().any(|(left_out, _)| *left_out == index) {
-                        Some(change)
-                    } else {
-                        kept.next()
-                    }
-                })
-                .collect();
-        (adjusted, refused)
-    }
-
     /// The keys with a dirty record (of the copy or of the stream), by table: the target may
     /// lack their rows, so the stream applies their changes by key (`ApplyMode::Dirty`). A state
     /// store that does not answer (a cluster's etcd down) does not stop the stream: until the
@@ -499,7 +461,7 @@ impl Runner {
     /// keys were kept.
     fn dirty_keys(&self) -> HashMap<TableName, HashSet<String>> {
         let mut keys: HashMap<TableName, HashSet<String>> = HashMap::new();
-        match self.state.dirty_records(&self.job.name) {
+        match self.context.state.dirty_records(&self.context.job.name) {
             Ok(records) => {
                 for record in records {
                     keys.entry(TableName::parse(&record.table)).or_default().insert(record.key);
@@ -511,56 +473,155 @@ impl Runner {
         }
         keys
     }
+}
 
-    /// The dirty record of a change the stream left out at `position` (its transaction's
-    /// commit): its table and key in the target, both images and, when the key passes through
-    /// the transform unchanged from one source table, the source row to read on a replay.
-    fn stream_record(&self, refusal: &Refusal, position: &Position) -> Rejected {
-        let table = &refusal.table;
-        let sources: Vec<Arc<TableMapping>> =
-            lock(&self.mappings).values().filter(|mapping| mapping.target.name == table.name).cloned().collect();
-        let source = match sources.as_slice() {
-            [mapping] => mapping.source_key(&refusal.after).map(|key| SourceKey {
-                table: mapping.source.name.to_string(),
-                key: key
-                    .iter()
-                    .map(|value| serde_json::from_str(&crate::json::to_text(value)).unwrap_or_default())
-                    .collect(),
-            }),
-            _ => None,
-        };
-        Rejected {
-            table: table.name.to_string(),
-            key: key_text(table, &refusal.after),
-            reason: refusal.reason.clone(),
-            record: Some(row_json(table, &refusal.after)),
-            change: Some(RejectedChange {
-                position: position.clone(),
-                before: refusal.before.as_ref().map(|before| row_json(table, before)),
-                source,
-            }),
+/// A source DDL effect as the target applies it now, with target names; `None` for a
+/// created or altered table, whose new schema comes with its next rows (`pending`).
+fn target_schema_change(
+    context: &RunContext,
+    statement: &str,
+    change: SourceSchemaChange,
+    pending: &mut BTreeMap<String, PendingSchema>,
+) -> Result<Option<SchemaChange>> {
+    let target = |name: &TableName| context.target_name(name);
+    // A table merged with others into one target cannot be dropped, renamed or emptied
+    // there without touching the others' rows.
+    let shared = |name: &TableName| -> Result<()> {
+        let target = target(name);
+        if !context.mappings.is_shared(&target) {
+            return Ok(());
         }
-    }
+        Err(Error::new(
+            ErrorKind::Schema,
+            format!("unsupported DDL `{statement}` on table {name}, which a route merges with other tables into {target}"),
+        )
+        .on(Side::Source)
+        .hint("apply the statement's effect to the target by hand (e.g. delete the table's rows by its origin column), then restart the job from after it with a cdc start_position"))
+    };
+    Ok(match change {
+        SourceSchemaChange::Create(table) => {
+            pending.insert(table.to_string(), PendingSchema { create: true, ..PendingSchema::default() });
+            None
+        }
+        SourceSchemaChange::Alter { table, renamed, retyped } => {
+            let entry = pending.entry(table.to_string()).or_default();
+            entry.renamed.extend(renamed);
+            entry.retyped.extend(retyped);
+            None
+        }
+        SourceSchemaChange::Drop(table) => {
+            shared(&table)?;
+            pending.remove(&table.to_string());
+            Some(SchemaChange::Drop(target(&table)))
+        }
+        SourceSchemaChange::Rename { from, to } => {
+            shared(&from)?;
+            shared(&to)?;
+            if !context.mappings.same_rules(&from, &to) {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!("unsupported DDL `{statement}`: tables {from} and {to} fall under different route or transform rules, so the renamed table's rows would change shape (or lose their masks) in the target"),
+                )
+                .on(Side::Source)
+                .hint("make the rules match both names, or apply the rename to the target by hand and restart from after it"));
+            }
+            if let Some(moved) = pending.remove(&from.to_string()) {
+                pending.insert(to.to_string(), moved);
+            }
+            Some(SchemaChange::Rename { from: target(&from), to: target(&to) })
+        }
+        SourceSchemaChange::Truncate(table) => {
+            shared(&table)?;
+            Some(SchemaChange::Truncate(target(&table)))
+        }
+    })
+}
 
-    /// Counts the changes the stream left out, each once per run (a group applied again after a
-    /// failed commit leaves the same ones out).
-    fn count_left_out(&self, records: &[Rejected]) {
-        let mut counted = lock(&self.stream_dirty);
-        let new = records
-            .iter()
-            .filter(|record| {
-                let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
-                counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
-            })
-            .count();
-        self.stats.stream.dirty_records.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+/// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold;
+/// so do the changes of a source that is applied by key always (a stream of change events).
+fn apply_mode(source: &dyn Source, checkpoint: &StreamCheckpoint) -> ApplyMode {
+    if source.applies_by_key() {
+        return ApplyMode::Replay;
+    }
+    match &checkpoint.replay_until {
+        Some(mark) if !source.reached(&checkpoint.at, mark) => ApplyMode::Replay,
+        _ => ApplyMode::Strict,
+    }
+}
+
+/// Applies the zero-date policy to streamed changes: the changes in order as the target gets
+/// them, but those the policy refuses (`reject`, or `null` into a NOT NULL column) as they
+/// came, and which those are (index, reason), for the stream to leave them out as dirty
+/// records.
+fn adjust_zero_dates(
+    context: &RunContext,
+    changes: Vec<Change>,
+    source: &TableName,
+) -> (Vec<Change>, Vec<(usize, String)>) {
+    if context.sink.holds_zero_dates() {
+        return (changes, Vec::new());
+    }
+    let batch = Batch::new(changes, Position(serde_json::Value::Null));
+    let Some(outcome) = zero_dates::apply(&batch, context.job.errors.zero_dates, &context.job.target.connector) else {
+        return (batch.changes, Vec::new());
+    };
+    if outcome.nulled > 0 {
+        let table = context.stats.table(source, &context.target_name(source));
+        TableStats::add(&table.zero_dates_nulled, outcome.nulled);
+    }
+    let refused: Vec<(usize, String)> =
+        outcome.left_out.into_iter().zip(outcome.rejected).map(|(index, rejected)| (index, rejected.reason)).collect();
+    let mut kept = outcome.batch.changes.into_iter();
+    let adjusted = batch
+        .changes
+        .into_iter()
+        .enumerate()
+        .filter_map(
+            |(index, change)| {
+                if refused.iter().any(|(left_out, _)| *left_out == index) {
+                    Some(change)
+                } else {
+                    kept.next()
+                }
+            },
+        )
+        .collect();
+    (adjusted, refused)
+}
+
+/// The dirty record of a change the stream left out at `position` (its transaction's
+/// commit): its table and key in the target, both images and, when the key passes through
+/// the transform unchanged from one source table, the source row to read on a replay.
+fn stream_record(context: &RunContext, refusal: &Refusal, position: &Position) -> Rejected {
+    let table = &refusal.table;
+    let sources = context.mappings.merged_into(&table.name);
+    let source = match sources.as_slice() {
+        [mapping] => mapping.source_key(&refusal.after).map(|key| SourceKey {
+            table: mapping.source.name.to_string(),
+            key: key
+                .iter()
+                .map(|value| serde_json::from_str(&crate::json::to_text(value)).unwrap_or_default())
+                .collect(),
+        }),
+        _ => None,
+    };
+    Rejected {
+        table: table.name.to_string(),
+        key: key_text(table, &refusal.after),
+        reason: refusal.reason.clone(),
+        record: Some(row_json(table, &refusal.after)),
+        change: Some(RejectedChange {
+            position: position.clone(),
+            before: refusal.before.as_ref().map(|before| row_json(table, before)),
+            source,
+        }),
     }
 }
 
 /// One attempt's applier: the writer, the checkpoint it moves, and the open group of whole
 /// source transactions folded (`net`) or written (`staged_rows`) since the last target commit.
 struct Applier<'a> {
-    runner: &'a Runner,
+    context: &'a RunContext,
     /// The writer takes raw row events (`ChangeShape::Raw`), not folds.
     raw: bool,
     /// When the writer wants groups committed, if not as soon as the stream pauses.
@@ -598,7 +659,14 @@ struct Applier<'a> {
     commit_took: Duration,
     /// When the stream's status was last saved in the state store.
     last_status: Option<Instant>,
-    progressed: &'a mut bool,
+    /// A group committed in this attempt.
+    progressed: bool,
+    /// Source schemas to apply before anything else (from the last attempt), and those met
+    /// inside a transaction that end this one (for the next).
+    reshape_first: Vec<Arc<TableSchema>>,
+    /// The changes left out as dirty records this run (table, key, position), so the summary
+    /// counts each once.
+    counted_left_out: HashSet<String>,
     /// Tables read whole by the copy (no key) whose copy position the stream has not reached:
     /// their changes are in the copy.
     copied_at: HashMap<TableName, Position>,
@@ -615,13 +683,13 @@ struct Applier<'a> {
 /// The mapping of a source table to its target (cached per source schema).
 fn mapping_of(
     targets: &mut HashMap<TableName, (Arc<TableSchema>, Arc<TableMapping>)>,
-    runner: &Runner,
+    context: &RunContext,
     table: &Arc<TableSchema>,
 ) -> Result<Arc<TableMapping>> {
     match targets.get(&table.name) {
         Some((source, mapping)) if Arc::ptr_eq(source, table) => Ok(mapping.clone()),
         _ => {
-            let mapping = runner.mapping(table)?;
+            let mapping = context.mapping(table)?;
             targets.insert(table.name.clone(), (table.clone(), mapping.clone()));
             Ok(mapping)
         }
@@ -633,10 +701,10 @@ impl Applier<'_> {
     /// grouped, and a group commits when nothing more waits, when it is full, or when it has
     /// lingered long enough.
     async fn run(&mut self, received: &mut Received) -> Result<()> {
-        let runner = self.runner;
-        let mut stop = runner.stop.clone();
-        let mut abort = runner.abort.subscribe();
-        let first = std::mem::take(&mut *lock(&runner.reshape_first));
+        let context = self.context;
+        let mut stop = context.stop.clone();
+        let mut abort = context.abort.subscribe();
+        let first = std::mem::take(&mut self.reshape_first);
         if !first.is_empty() {
             self.reshape(first).await?;
             self.commit().await?;
@@ -646,13 +714,13 @@ impl Applier<'_> {
             self.commit().await?;
         }
         let cadence = self.cadence;
-        let batch = runner.job.mode == crate::spec::Mode::Cdc && runner.job.batched();
+        let batch = context.job.mode == crate::spec::Mode::Cdc && context.job.batched();
         loop {
             // A batch of a scheduled `cdc` job ends once everything up to where the source
             // stood at its start is committed.
             if batch
                 && self.idle()
-                && self.head.as_ref().is_some_and(|head| runner.source.reached(&self.checkpoint.at, head))
+                && self.head.as_ref().is_some_and(|head| context.source.reached(&self.checkpoint.at, head))
             {
                 log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
                 return Ok(());
@@ -693,7 +761,7 @@ impl Applier<'_> {
             // Whole transactions commit as soon as nothing more is waiting (the events in
             // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
             // when the group is full; the deadline above caps how long they linger.
-            let group_rows = cadence.map_or(runner.job.limits.batch_rows as u64, |cadence| cadence.rows);
+            let group_rows = cadence.map_or(context.job.limits.batch_rows as u64, |cadence| cadence.rows);
             let full = self.staged_rows + self.pending() as u64 >= group_rows;
             let ready = match cadence {
                 None => received.is_empty(),
@@ -789,7 +857,7 @@ impl Applier<'_> {
     async fn changes(&mut self, mut changes: Vec<Change>) -> Result<()> {
         if !self.copied_at.is_empty() {
             // This transaction starts at `at`: before a copy's position, that copy holds it.
-            let (source, at) = (&self.runner.source, &self.checkpoint.at);
+            let (source, at) = (&self.context.source, &self.checkpoint.at);
             self.copied_at.retain(|_, copy| !source.reached(at, copy));
             changes.retain(|change| !self.copied_at.contains_key(&change.table.name));
             if changes.is_empty() {
@@ -797,7 +865,7 @@ impl Applier<'_> {
             }
         }
         if !self.copied_keys.is_empty() {
-            changes = self.copied_keys.leave_out(&*self.runner.source, &self.checkpoint.at, changes);
+            changes = self.copied_keys.leave_out(&*self.context.source, &self.checkpoint.at, changes);
             if changes.is_empty() {
                 return Ok(());
             }
@@ -827,7 +895,7 @@ impl Applier<'_> {
                 // ends here (its target transaction rolls back), and the next one gives the
                 // tables their new schema before anything else, at the checkpoint's boundary.
                 let names: Vec<String> = reshaped.iter().map(|table| table.name.to_string()).collect();
-                lock(&self.runner.reshape_first).extend(reshaped);
+                self.reshape_first.extend(reshaped);
                 return Err(Error::new(
                     ErrorKind::Unavailable,
                     format!("the new schema of {} comes inside a transaction", names.join(", ")),
@@ -842,19 +910,19 @@ impl Applier<'_> {
             self.reshape(reshaped).await?;
         }
         self.open_transaction = true;
-        let mode = self.runner.apply_mode(&self.checkpoint);
+        let mode = apply_mode(&*self.context.source, &self.checkpoint);
         let first_source = changes.first().map(|change| change.table.clone());
         let mut mapped = Vec::with_capacity(changes.len());
         let mut filtered = 0u64;
         for change in changes {
-            let mapping = mapping_of(&mut self.targets, self.runner, &change.table)?;
+            let mapping = mapping_of(&mut self.targets, self.context, &change.table)?;
             match mapping.change(change)? {
                 Some(change) => mapped.push(change),
                 None => filtered += 1,
             }
         }
         if filtered > 0 {
-            self.runner.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
+            self.context.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
         }
         // The zero-date policy judges what reaches the target: a column the projection leaves
         // out, or a row the filter does, cannot fail it.
@@ -863,7 +931,7 @@ impl Applier<'_> {
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.
-        if self.pending() >= self.runner.job.limits.batch_rows {
+        if self.pending() >= self.context.job.limits.batch_rows {
             self.write_folded().await?;
         }
         Ok(())
@@ -873,7 +941,7 @@ impl Applier<'_> {
     /// policy, folded (a key with a dirty record by key) or kept as raw events; a change the
     /// policy refuses is left out.
     fn take_in(&mut self, mapped: Vec<Change>, source: &TableName, mode: ApplyMode) -> Result<()> {
-        let (adjusted, refused) = self.runner.adjust_zero_dates(mapped, source);
+        let (adjusted, refused) = adjust_zero_dates(self.context, mapped, source);
         let mut refused = refused.into_iter().peekable();
         for (index, Change { table, kind }) in adjusted.into_iter().enumerate() {
             let refusal = refused.next_if(|(left_out, _)| *left_out == index).map(|(_, reason)| reason);
@@ -954,11 +1022,25 @@ impl Applier<'_> {
             .iter()
             .map(|refusal| {
                 let arrival = self.arrivals.get(refusal.transaction).or(self.arrivals.last());
-                self.runner.stream_record(refusal, arrival.map_or(&self.checkpoint.at, |arrival| &arrival.position))
+                stream_record(self.context, refusal, arrival.map_or(&self.checkpoint.at, |arrival| &arrival.position))
             })
             .collect();
-        self.runner.count_left_out(&records);
-        self.runner.keep_dirty(STREAM_TASK, &records)
+        self.count_left_out(&records);
+        self.context.keep_dirty(STREAM_TASK, &records)
+    }
+
+    /// Counts the changes the stream left out, each once per run (a group applied again after a
+    /// failed commit leaves the same ones out).
+    fn count_left_out(&mut self, records: &[Rejected]) {
+        let counted = &mut self.counted_left_out;
+        let new = records
+            .iter()
+            .filter(|record| {
+                let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
+                counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
+            })
+            .count();
+        self.context.stats.stream.dirty_records.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Gives each target table whose source table changed by DDL (`pending`) the schema its
@@ -969,10 +1051,10 @@ impl Applier<'_> {
         for table in tables {
             let Some(pending) = self.checkpoint.pending.remove(&table.name.to_string()) else { continue };
             let described =
-                self.runner.source.describe_logged(&table).await.map_err(|error| {
+                self.context.source.describe_logged(&table).await.map_err(|error| {
                     error.context(format_args!("describing the new schema of table {}", table.name))
                 })?;
-            let mapping = self.runner.mapping(&Arc::new(described))?;
+            let mapping = self.context.mapping(&Arc::new(described))?;
             let target = mapping.target.clone();
             let change = if pending.create {
                 SchemaChange::Create((*target).clone())
@@ -1003,7 +1085,7 @@ impl Applier<'_> {
                 committed_at,
                 position: position.clone(),
                 events: std::mem::take(&mut self.transaction_events),
-                replay: self.runner.apply_mode(&self.checkpoint) == ApplyMode::Replay,
+                replay: apply_mode(&*self.context.source, &self.checkpoint) == ApplyMode::Replay,
             };
             self.writer.transaction_end(&end).await?;
         }
@@ -1037,7 +1119,7 @@ impl Applier<'_> {
             .checkpoint
             .catch_up
             .as_ref()
-            .is_some_and(|catch_up| self.runner.source.reached(&self.checkpoint.at, &catch_up.until))
+            .is_some_and(|catch_up| self.context.source.reached(&self.checkpoint.at, &catch_up.until))
         {
             log::info!("change stream: the added tables caught up; every table streams again");
             self.checkpoint.catch_up = None;
@@ -1052,7 +1134,7 @@ impl Applier<'_> {
         if self.arrivals.is_empty() && !self.open_transaction {
             // A heartbeat (no commit time) says the source had nothing more up to now.
             let through = if committed_at == 0 { crate::clock::unix_seconds() } else { committed_at };
-            self.runner.stats.stream.fresh_through(through);
+            self.context.stats.stream.fresh_through(through);
         }
     }
 
@@ -1085,7 +1167,7 @@ impl Applier<'_> {
         }
         if !self.copied_at.is_empty() {
             // DDL on a table read whole, before its copy's position: the copy holds its effect.
-            let (source, at) = (&self.runner.source, &self.checkpoint.at);
+            let (source, at) = (&self.context.source, &self.checkpoint.at);
             self.copied_at.retain(|_, copy| !source.reached(at, copy));
             let copied = &self.copied_at;
             if let Some(table) =
@@ -1110,7 +1192,8 @@ impl Applier<'_> {
             self.commit().await?;
         }
         for change in changes {
-            let Some(change) = self.runner.schema_change(statement, change, &mut self.checkpoint.pending)? else {
+            let Some(change) = target_schema_change(self.context, statement, change, &mut self.checkpoint.pending)?
+            else {
                 continue;
             };
             let change = self.checkpoint.hidden.follow(change);
@@ -1120,7 +1203,7 @@ impl Applier<'_> {
             crate::failpoint::hit("stream.ddl.applied");
         }
         log::info!("applied DDL to the target: {statement}");
-        self.runner.stats.stream.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.context.stats.stream.schema_changes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.transaction_end(position, committed_at).await?;
         self.commit().await
     }
@@ -1132,7 +1215,7 @@ impl Applier<'_> {
     fn publishes(&self) -> bool {
         let checkpoint = &self.checkpoint;
         !checkpoint.hidden.is_empty()
-            && checkpoint.replay_until.as_ref().is_none_or(|mark| self.runner.source.reached(&checkpoint.at, mark))
+            && checkpoint.replay_until.as_ref().is_none_or(|mark| self.context.source.reached(&checkpoint.at, mark))
     }
 
     /// Commits the group with the checkpoint. The commit that ends the replay window also
@@ -1145,11 +1228,11 @@ impl Applier<'_> {
         crate::failpoint::hit("stream.group.written");
         self.keep_left_out()?;
         self.rows_applied += self.staged_rows;
-        let runner = self.runner;
+        let context = self.context;
         // Past the replay window, the window is forgotten, so a later reader of the
         // checkpoint need not know the source's position order.
         let mut stored = self.checkpoint.clone();
-        if stored.replay_until.as_ref().is_some_and(|mark| runner.source.reached(&stored.at, mark)) {
+        if stored.replay_until.as_ref().is_some_and(|mark| context.source.reached(&stored.at, mark)) {
             stored.replay_until = None;
         }
         let publish = self.publishes().then(|| stored.hidden.pairs());
@@ -1173,12 +1256,12 @@ impl Applier<'_> {
                 stored.at.0
             );
         }
-        let (runner, checkpoint) = (self.runner, &self.checkpoint);
+        let checkpoint = &self.checkpoint;
         // The producer is gone only when the attempt ends; the position is acknowledged then by
         // the next attempt's first commit.
         let _ = self.acks.send(checkpoint.at.clone());
 
-        let stats = &runner.stats.stream;
+        let stats = &context.stats.stream;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
         stats.rows_applied.fetch_add(self.staged_rows, relaxed);
         stats.transactions_applied.fetch_add(self.arrivals.len() as u64, relaxed);
@@ -1195,7 +1278,7 @@ impl Applier<'_> {
             stats.fresh_through(last.committed_at);
         }
         if stats.phase() == StreamPhase::CatchingUp
-            && self.head.as_ref().is_none_or(|head| runner.source.reached(&checkpoint.at, head))
+            && self.head.as_ref().is_none_or(|head| context.source.reached(&checkpoint.at, head))
         {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
@@ -1205,9 +1288,9 @@ impl Applier<'_> {
         self.moved = false;
         self.last_commit = Instant::now();
         self.commit_took = began.elapsed();
-        *self.progressed = true;
+        self.progressed = true;
         if self.last_status.is_none_or(|saved| saved.elapsed() >= Duration::from_secs(1)) {
-            runner.state.save_stream_status(&runner.job.name, &stats.summary())?;
+            context.state.save_stream_status(&context.job.name, &stats.summary())?;
             self.last_status = Some(Instant::now());
         }
         Ok(())
@@ -1225,7 +1308,7 @@ impl Applier<'_> {
         };
         self.writer.commit(&record).await?;
         crate::failpoint::hit("stream.group.committed");
-        self.runner.state.save_checkpoint(&self.runner.job.name, &record)
+        self.context.state.save_checkpoint(&self.context.job.name, &record)
     }
 }
 
@@ -1240,6 +1323,7 @@ mod tests {
     use super::*;
     use crate::change::{ChangeKind, Row};
     use crate::connector::{ChangeStream, CheckItem, Reader, Sink, Source, Split, SplitHint, Writer};
+    use crate::runner::Runner;
     use crate::schema::{Column, DataType};
     use crate::spec::parse_job;
     use crate::state::{MemoryStateStore, StateStore};
