@@ -4,6 +4,10 @@
 //! the stream left out, by its source key (`Source::key_split`): the row as the source has it
 //! now. Only those rows: a split's other rows may have been changed by the stream since, and are
 //! left as they are. A runner that replays must have a sink that upserts by primary key.
+//!
+//! This stage runs outside a run (`sluice replay`, a cluster's replay) and owns only its report
+//! of verdicts; it must not keep dirty records itself (the caller decides what stays dirty) nor
+//! move the job's checkpoints: it writes under checkpoint tasks of its own (`replay/<split>`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -12,6 +12,11 @@
 //! - Every failure drops the open target transaction and the stream, and the next attempt
 //!   resumes from the checkpoint in the target: reconnects always start at a transaction
 //!   boundary, and the target, not local state, says where.
+//!
+//! This stage owns the stream's attempts: recovering the checkpoint, the read-ahead task, the
+//! retries, and what one attempt hands the next; each attempt's applier (`applier`) owns the
+//! open group. It must not plan or copy: the plan's splits, the copy's positions and the hidden
+//! copies come from the earlier stages as values.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
