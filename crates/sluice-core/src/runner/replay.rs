@@ -4,6 +4,10 @@
 //! the stream left out, by its source key (`Source::key_split`): the row as the source has it
 //! now. Only those rows: a split's other rows may have been changed by the stream since, and are
 //! left as they are. A runner that replays must have a sink that upserts by primary key.
+//!
+//! This stage runs outside a run (`sluice replay`, a cluster's replay) and owns only its report
+//! of verdicts; it must not keep dirty records itself (the caller decides what stays dirty) nor
+//! move the job's checkpoints: it writes under checkpoint tasks of its own (`replay/<split>`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,7 +19,8 @@ use crate::schema::TableSchema;
 use crate::state::Plan;
 use crate::stats::TableStats;
 
-use super::Runner;
+use super::context::RunContext;
+use super::copy::as_written;
 
 /// A dirty record to replay: its id in the store that keeps it, the task that kept it (a
 /// split's id, or the stream's), and the record.
@@ -79,7 +84,7 @@ impl ReplayReport {
 
 /// What a replay of one split wrote, found and had refused again.
 #[derive(Debug, Default)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// Rows written again.
     pub written: u64,
     /// The keys asked for that the source still has (as `key_text` renders them).
@@ -88,11 +93,18 @@ pub struct Replayed {
     pub rejected: Vec<Rejected>,
 }
 
-impl Runner {
+/// The replay of dirty records, on the run context of a runner that does not run: it writes
+/// under the target tables' own names (a hidden copy is the run's, and published by the time its
+/// records are replayed).
+pub(super) struct Replay<'a> {
+    pub(super) context: &'a RunContext,
+}
+
+impl Replay<'_> {
     /// Replays dirty records: copied rows by the split of `plan` that holds them, changes the
     /// stream left out by their source key. A source, target or state failure is an error; a
     /// record that cannot be replayed gets its verdict (`Verdict::Kept`).
-    pub async fn replay_records(&self, plan: Option<&Plan>, entries: &[DirtyEntry]) -> Result<ReplayReport> {
+    pub(super) async fn replay_records(&self, plan: Option<&Plan>, entries: &[DirtyEntry]) -> Result<ReplayReport> {
         let mut report = ReplayReport::default();
         let splits: BTreeMap<&str, &Split> = plan
             .iter()
@@ -128,7 +140,7 @@ impl Runner {
             self.replay_split(&mut report, splits[split], &held, keys).await?;
         }
         if !by_source.is_empty() {
-            let tables = self.source.discover().await?;
+            let tables = self.context.source.discover().await?;
             for (table, held) in by_source {
                 let Some(schema) = tables.iter().find(|known| known.name.to_string() == table) else {
                     let held: Vec<&DirtyEntry> = held.iter().map(|(entry, _)| *entry).collect();
@@ -140,7 +152,7 @@ impl Runner {
         }
         log::info!(
             "job {}: replayed {} dirty records ({} rows written again); {} still dirty",
-            self.job.name,
+            self.context.job.name,
             report.verdicts.iter().filter(|(_, verdict)| *verdict == Verdict::Written).count(),
             report.rows_written,
             report.verdicts.iter().filter(|(_, verdict)| *verdict != Verdict::Written).count()
@@ -176,7 +188,7 @@ impl Runner {
                 }
             }
         }
-        let split = match self.source.key_split(table, &keys) {
+        let split = match self.context.source.key_split(table, &keys) {
             Ok(split) => split,
             Err(error) if error.kind() == ErrorKind::Config => {
                 report.keep_all(&entries, &error.to_string());
@@ -207,7 +219,7 @@ impl Runner {
     /// Reads `split` again from its start and writes its rows whose key is one of `keys`, by
     /// key, under the checkpoint task `replay/<split>` (a later replay takes the same one).
     /// Rejects are returned, not kept: the caller decides what stays dirty.
-    pub async fn replay(&self, split: &Split, keys: &BTreeSet<String>) -> Result<Replayed> {
+    pub(super) async fn replay(&self, split: &Split, keys: &BTreeSet<String>) -> Result<Replayed> {
         if split.table.primary_key.is_empty() || split.whole {
             return Err(Error::new(
                 ErrorKind::Config,
@@ -215,13 +227,14 @@ impl Runner {
             )
             .hint("fix the rows in the target by hand, then discard their records"));
         }
-        let mapping = self.mapping(&split.table)?;
-        let stats = self.stats.table(&split.table.name, &mapping.target.name);
+        let context = self.context;
+        let mapping = context.mapping(&split.table)?;
+        let stats = context.stats.table(&split.table.name, &mapping.target.name);
         let task = format!("replay/{}", split.id);
-        let mut writer = self.sink.open(&self.job.name, &task, self.written_as(&mapping.target)).await?;
+        let mut writer = context.sink.open(&context.job.name, &task, mapping.target.clone()).await?;
         // A writer is recovered before it writes; a replay starts over whatever it held.
         writer.recover().await?;
-        let mut reader = self.source.open(split, None, self.job.limits.batch_rows).await?;
+        let mut reader = context.source.open(split, None, context.job.limits.batch_rows).await?;
         let mut replayed = Replayed::default();
         while let Some(mut batch) = reader.next().await? {
             let position = batch.position.clone();
@@ -238,8 +251,8 @@ impl Runner {
             if !batch.changes.is_empty() || !batch.rejected.is_empty() {
                 let rows = batch.changes.len() as u64;
                 TableStats::add(&stats.rows_read, rows);
-                self.throttle.admit(rows, batch.bytes).await;
-                let (batch, mut rejects) = self.as_written(&mapping, batch, &stats);
+                context.throttle.admit(rows, batch.bytes).await;
+                let (batch, mut rejects) = as_written(context, &mapping, batch, &stats);
                 let target_rejects = writer.write(&batch).await?;
                 replayed.written += batch.changes.len() as u64 - target_rejects.len() as u64;
                 rejects.extend(target_rejects);

@@ -260,53 +260,14 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "alarms",
         ],
     )?;
-    let name = fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
-        let name = decoder.string(node, "name")?;
-        let valid = !name.is_empty()
-            && name.len() <= 128
-            && name
-                .bytes()
-                .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-');
-        if !valid {
-            decoder.error(
-                "name",
-                node.line,
-                format!("`{name}` is not a valid job name; use 1 to 128 of a-z, 0-9, _ and -"),
-            );
-        }
-        valid.then_some(name)
-    });
-    let mode = match fields.get("mode") {
-        None => Some(Mode::Snapshot),
-        Some(node) => decoder.string(node, "mode").and_then(|text| {
-            let mode = match text.as_str() {
-                "snapshot" | "full" => Some(Mode::Snapshot),
-                "cdc" | "incremental" => Some(Mode::Cdc),
-                "snapshot+cdc" | "full+incremental" => Some(Mode::SnapshotAndCdc),
-                "incremental-cursor" => Some(Mode::IncrementalCursor),
-                _ => None,
-            };
-            if mode.is_none() {
-                decoder.error("mode", node.line, format!("unknown mode {}; expected snapshot, cdc, snapshot+cdc or incremental-cursor (aliases: full, incremental, full+incremental)", decode::describe(node)));
-            }
-            mode
-        }),
-    };
+    let name = decode_name(decoder, &fields);
+    let mode = decode_mode(decoder, &fields);
     let source = fields
         .require(decoder, "source", "where data comes from")
         .and_then(|node| decode_endpoint(decoder, node, "source"));
     let target =
         fields.require(decoder, "target", "where data goes").and_then(|node| decode_endpoint(decoder, node, "target"));
-    let parallelism = match fields.get("parallelism") {
-        None => Some(4),
-        Some(node) => decoder.unsigned(node, "parallelism", 256).and_then(|value| {
-            if value == 0 {
-                decoder.error("parallelism", node.line, "must be at least 1");
-                return None;
-            }
-            Some(value as usize)
-        }),
-    };
+    let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
     let retry = decode_retry(decoder, &fields);
@@ -324,26 +285,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     };
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
-    for (field, present) in [
-        ("schedule", matches!(&schedule, Some(Some(_)))),
-        ("after", after.as_ref().is_some_and(|after| !after.is_empty())),
-    ] {
-        match mode {
-            Some(mode) if present && mode == Mode::SnapshotAndCdc => decoder.error(
-                field,
-                fields.get(field).and_then(|node| node.line),
-                format!("a {mode} job runs without end and cannot be scheduled; snapshot, incremental-cursor and cdc jobs run again by `schedule` or `after` (a cdc batch applies the changes up to where the source stood at its start)"),
-            ),
-            _ => {}
-        }
-    }
-    if matches!(&schedule, Some(Some(_))) && after.as_ref().is_some_and(|after| !after.is_empty()) {
-        decoder.error(
-            "after",
-            fields.get("after").and_then(|node| node.line),
-            "a job with `after` runs when those jobs' batches end; it takes no `schedule` of its own",
-        );
-    }
+    check_schedule(decoder, &fields, mode, &schedule, &after);
     let mut target = target;
     if let (Some(mode), Some(source), Some(target)) = (mode, &source, &mut target) {
         check_cursor(decoder, mode, source, target);
@@ -368,6 +310,91 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         after: after?,
         alarms: alarms?,
     })
+}
+
+/// The job's name: 1 to 128 of a-z, 0-9, _ and -.
+fn decode_name(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<String> {
+    fields.require(decoder, "name", "the job's name, [a-z0-9_-]+").and_then(|node| {
+        let name = decoder.string(node, "name")?;
+        let valid = !name.is_empty()
+            && name.len() <= 128
+            && name
+                .bytes()
+                .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-');
+        if !valid {
+            decoder.error(
+                "name",
+                node.line,
+                format!("`{name}` is not a valid job name; use 1 to 128 of a-z, 0-9, _ and -"),
+            );
+        }
+        valid.then_some(name)
+    })
+}
+
+/// The job's mode (snapshot when it names none), by its name or an alias.
+fn decode_mode(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Mode> {
+    match fields.get("mode") {
+        None => Some(Mode::Snapshot),
+        Some(node) => decoder.string(node, "mode").and_then(|text| {
+            let mode = match text.as_str() {
+                "snapshot" | "full" => Some(Mode::Snapshot),
+                "cdc" | "incremental" => Some(Mode::Cdc),
+                "snapshot+cdc" | "full+incremental" => Some(Mode::SnapshotAndCdc),
+                "incremental-cursor" => Some(Mode::IncrementalCursor),
+                _ => None,
+            };
+            if mode.is_none() {
+                decoder.error("mode", node.line, format!("unknown mode {}; expected snapshot, cdc, snapshot+cdc or incremental-cursor (aliases: full, incremental, full+incremental)", decode::describe(node)));
+            }
+            mode
+        }),
+    }
+}
+
+/// How many copy tasks run at once: 4 unless the job says, and at least 1.
+fn decode_parallelism(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<usize> {
+    match fields.get("parallelism") {
+        None => Some(4),
+        Some(node) => decoder.unsigned(node, "parallelism", 256).and_then(|value| {
+            if value == 0 {
+                decoder.error("parallelism", node.line, "must be at least 1");
+                return None;
+            }
+            Some(value as usize)
+        }),
+    }
+}
+
+/// `schedule` and `after` are for jobs that end (not `snapshot+cdc`), and a job takes one of the
+/// two, not both.
+fn check_schedule(
+    decoder: &mut Decoder,
+    fields: &Fields<'_>,
+    mode: Option<Mode>,
+    schedule: &Option<Option<ScheduleSpec>>,
+    after: &Option<Vec<Dependency>>,
+) {
+    for (field, present) in [
+        ("schedule", matches!(&schedule, Some(Some(_)))),
+        ("after", after.as_ref().is_some_and(|after| !after.is_empty())),
+    ] {
+        match mode {
+            Some(mode) if present && mode == Mode::SnapshotAndCdc => decoder.error(
+                field,
+                fields.get(field).and_then(|node| node.line),
+                format!("a {mode} job runs without end and cannot be scheduled; snapshot, incremental-cursor and cdc jobs run again by `schedule` or `after` (a cdc batch applies the changes up to where the source stood at its start)"),
+            ),
+            _ => {}
+        }
+    }
+    if matches!(&schedule, Some(Some(_))) && after.as_ref().is_some_and(|after| !after.is_empty()) {
+        decoder.error(
+            "after",
+            fields.get("after").and_then(|node| node.line),
+            "a job with `after` runs when those jobs' batches end; it takes no `schedule` of its own",
+        );
+    }
 }
 
 /// An `incremental-cursor` job needs `source.cursor` and upserts; no other job takes a cursor.

@@ -207,66 +207,9 @@ impl Transforms {
         let mut problems = Vec::new();
         let scope = Scope { table: &source.name, columns: &source.columns };
         let rule_name = rule.map(|rule| located(&rule.path, rule.line)).unwrap_or_default();
-        // Outputs: the projection's items, else every source column.
-        let mut outputs: Vec<(String, OutputValue, Column)> = Vec::new();
-        match rule.and_then(|rule| rule.projection.as_ref().map(|projection| (rule, projection))) {
-            None => {
-                for (index, column) in source.columns.iter().enumerate() {
-                    outputs.push((column.name.clone(), OutputValue::Column { index, last: true }, column.clone()));
-                }
-            }
-            Some((rule, (_, items))) => {
-                let at = located(&format!("{}.projection", rule.path), rule.projection_line);
-                for item in items {
-                    match project(item, scope) {
-                        Ok(items) => outputs.extend(items),
-                        Err(problem) => problems.push(format!("{at}: {problem}")),
-                    }
-                }
-            }
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (name, _, _) in &outputs {
-            if !seen.insert(name.to_ascii_lowercase()) {
-                problems
-                    .push(format!("{rule_name}: the projection makes two columns named `{name}`; rename one with AS"));
-            }
-        }
-        let filter = match rule.and_then(|rule| rule.filter.as_ref().map(|filter| (rule, filter))) {
-            None => None,
-            Some((rule, (_, predicate))) => match Expression::compile(predicate, scope) {
-                Ok(filter) => Some(filter),
-                Err(problem) => {
-                    problems
-                        .push(format!("{}: {problem}", located(&format!("{}.filter", rule.path), rule.filter_line)));
-                    None
-                }
-            },
-        };
-        // Masks, by output column.
-        let mut masks: BTreeMap<usize, Mask> = BTreeMap::new();
-        if let Some(rule) = rule {
-            for spec in &rule.mask {
-                let at = located(&format!("{}.mask.{}", rule.path, spec.column), spec.line);
-                let Some(position) = outputs.iter().position(|(name, _, _)| name.eq_ignore_ascii_case(&spec.column))
-                else {
-                    let names: Vec<&str> = outputs.iter().map(|(name, _, _)| name.as_str()).collect();
-                    problems.push(format!(
-                        "{at}: table {} has no output column `{}` to mask; its columns: {}",
-                        source.name,
-                        spec.column,
-                        names.join(", ")
-                    ));
-                    continue;
-                };
-                match Mask::new(&spec.rule, rule.salt.as_ref(), &outputs[position].2) {
-                    Ok(mask) => {
-                        masks.insert(position, mask);
-                    }
-                    Err(problem) => problems.push(format!("{at}: {problem}")),
-                }
-            }
-        }
+        let mut outputs = outputs_of(rule, source, scope, &rule_name, &mut problems);
+        let filter = filter_of(rule, scope, &mut problems);
+        let mut masks = masks_of(rule, &outputs, source, &mut problems);
         // Columns moved out of the source row must be the last use of that column.
         let mut taken = std::collections::HashSet::new();
         for (_, value, _) in outputs.iter_mut().rev() {
@@ -282,8 +225,40 @@ impl Transforms {
             }
             columns.push(column);
         }
-        // The key: each source key column, where the projection keeps it unchanged (a hash mask
-        // keeps equal values equal, so a hashed key is still a key).
+        let (mut primary_key, mut indexes) = self.keys_of(source, &outputs, &masks, &rule_name, &mut problems);
+        let origin_value = origin.map(|(route, column)| {
+            add_origin(route, column, source, &mut columns, &mut primary_key, &mut indexes, &mut problems)
+        });
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let target = TableSchema { name, columns, primary_key, indexes, details: source.details.clone() };
+        let outputs = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(position, (_, value, _))| Output { value, mask: masks.remove(&position) })
+            .collect();
+        let program = Program {
+            rule: if rule_name.is_empty() { rules.join(", ") } else { rule_name },
+            filter,
+            outputs,
+            origin: origin_value,
+        };
+        Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: Some(Arc::new(program)) })
+    }
+
+    /// The target's primary key and indexes: each source key or index column, where the
+    /// projection keeps it unchanged (a hash mask keeps equal values equal, so a hashed key is
+    /// still a key). A key the projection changes is dropped, which a job that needs the key
+    /// cannot have.
+    fn keys_of(
+        &self,
+        source: &TableSchema,
+        outputs: &[(String, OutputValue, Column)],
+        masks: &BTreeMap<usize, Mask>,
+        rule_name: &str,
+        problems: &mut Vec<String>,
+    ) -> (Vec<usize>, Vec<Index>) {
         let plain = |index: usize| {
             outputs.iter().enumerate().position(|(position, (_, value, _))| {
                 matches!(value, OutputValue::Column { index: column, .. } if *column == index)
@@ -308,7 +283,7 @@ impl Transforms {
             }
             primary_key.clear();
         }
-        let mut indexes: Vec<Index> = source
+        let indexes: Vec<Index> = source
             .indexes
             .iter()
             .filter_map(|index| {
@@ -316,44 +291,7 @@ impl Transforms {
                 Some(Index { columns: columns?, ..index.clone() })
             })
             .collect();
-        let origin_value = match origin {
-            Some((route, column)) => {
-                if columns.iter().any(|known| known.name.eq_ignore_ascii_case(column)) {
-                    problems.push(format!(
-                        "{}: origin_column `{column}` is already a column of table {}; choose another name",
-                        located(&route.path, route.line),
-                        source.name
-                    ));
-                }
-                let position = columns.len();
-                columns.push(Column::new(column.clone(), DataType::Text { length: Some(192), fixed: false }, false));
-                if !primary_key.is_empty() {
-                    primary_key.push(position);
-                }
-                // A unique key of one shard is unique per shard only.
-                for index in indexes.iter_mut().filter(|index| index.unique) {
-                    index.columns.push(position);
-                }
-                Some(Value::Text(source.name.to_string()))
-            }
-            None => None,
-        };
-        if !problems.is_empty() {
-            return Err(problems);
-        }
-        let target = TableSchema { name, columns, primary_key, indexes, details: source.details.clone() };
-        let outputs = outputs
-            .into_iter()
-            .enumerate()
-            .map(|(position, (_, value, _))| Output { value, mask: masks.remove(&position) })
-            .collect();
-        let program = Program {
-            rule: if rule_name.is_empty() { rules.join(", ") } else { rule_name },
-            filter,
-            outputs,
-            origin: origin_value,
-        };
-        Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: Some(Arc::new(program)) })
+        (primary_key, indexes)
     }
 
     /// Maps every table of a job and checks that tables merged into one target agree on its
@@ -438,6 +376,114 @@ fn describe(column: &Column) -> String {
     } else {
         column.native_type.clone()
     }
+}
+
+/// A rule's output columns: the projection's items, else every source column. Two outputs
+/// with one name are a problem.
+fn outputs_of(
+    rule: Option<&TransformSpec>,
+    source: &TableSchema,
+    scope: Scope,
+    rule_name: &str,
+    problems: &mut Vec<String>,
+) -> Vec<(String, OutputValue, Column)> {
+    let mut outputs: Vec<(String, OutputValue, Column)> = Vec::new();
+    match rule.and_then(|rule| rule.projection.as_ref().map(|projection| (rule, projection))) {
+        None => {
+            for (index, column) in source.columns.iter().enumerate() {
+                outputs.push((column.name.clone(), OutputValue::Column { index, last: true }, column.clone()));
+            }
+        }
+        Some((rule, (_, items))) => {
+            let at = located(&format!("{}.projection", rule.path), rule.projection_line);
+            for item in items {
+                match project(item, scope) {
+                    Ok(items) => outputs.extend(items),
+                    Err(problem) => problems.push(format!("{at}: {problem}")),
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (name, _, _) in &outputs {
+        if !seen.insert(name.to_ascii_lowercase()) {
+            problems.push(format!("{rule_name}: the projection makes two columns named `{name}`; rename one with AS"));
+        }
+    }
+    outputs
+}
+
+/// A rule's filter, compiled.
+fn filter_of(rule: Option<&TransformSpec>, scope: Scope, problems: &mut Vec<String>) -> Option<Expression> {
+    let (rule, (_, predicate)) = rule.and_then(|rule| rule.filter.as_ref().map(|filter| (rule, filter)))?;
+    match Expression::compile(predicate, scope) {
+        Ok(filter) => Some(filter),
+        Err(problem) => {
+            problems.push(format!("{}: {problem}", located(&format!("{}.filter", rule.path), rule.filter_line)));
+            None
+        }
+    }
+}
+
+/// A rule's masks, by output column.
+fn masks_of(
+    rule: Option<&TransformSpec>,
+    outputs: &[(String, OutputValue, Column)],
+    source: &TableSchema,
+    problems: &mut Vec<String>,
+) -> BTreeMap<usize, Mask> {
+    let mut masks: BTreeMap<usize, Mask> = BTreeMap::new();
+    let Some(rule) = rule else { return masks };
+    for spec in &rule.mask {
+        let at = located(&format!("{}.mask.{}", rule.path, spec.column), spec.line);
+        let Some(position) = outputs.iter().position(|(name, _, _)| name.eq_ignore_ascii_case(&spec.column)) else {
+            let names: Vec<&str> = outputs.iter().map(|(name, _, _)| name.as_str()).collect();
+            problems.push(format!(
+                "{at}: table {} has no output column `{}` to mask; its columns: {}",
+                source.name,
+                spec.column,
+                names.join(", ")
+            ));
+            continue;
+        };
+        match Mask::new(&spec.rule, rule.salt.as_ref(), &outputs[position].2) {
+            Ok(mask) => {
+                masks.insert(position, mask);
+            }
+            Err(problem) => problems.push(format!("{at}: {problem}")),
+        }
+    }
+    masks
+}
+
+/// Adds a route's origin column (the source table's name) to the target table: last, in the
+/// primary key when there is one, and in each unique index. Returns the value it holds.
+fn add_origin(
+    route: &RouteSpec,
+    column: &str,
+    source: &TableSchema,
+    columns: &mut Vec<Column>,
+    primary_key: &mut Vec<usize>,
+    indexes: &mut [Index],
+    problems: &mut Vec<String>,
+) -> Value {
+    if columns.iter().any(|known| known.name.eq_ignore_ascii_case(column)) {
+        problems.push(format!(
+            "{}: origin_column `{column}` is already a column of table {}; choose another name",
+            located(&route.path, route.line),
+            source.name
+        ));
+    }
+    let position = columns.len();
+    columns.push(Column::new(column.to_owned(), DataType::Text { length: Some(192), fixed: false }, false));
+    if !primary_key.is_empty() {
+        primary_key.push(position);
+    }
+    // A unique key of one shard is unique per shard only.
+    for index in indexes.iter_mut().filter(|index| index.unique) {
+        index.columns.push(position);
+    }
+    Value::Text(source.name.to_string())
 }
 
 /// One select item's output columns.

@@ -1,0 +1,553 @@
+//! The copy stage: the snapshot of a plan's splits, run by up to `parallelism` tasks at once.
+//! Each task is a pipeline — read → durable write with checkpoint → ack — with a bounded
+//! channel between the reader and the writer, so memory is set by `limits`, not by table size.
+//! Rows that cannot be read or written become dirty records before the commit that moves past
+//! them. Once every split is copied, the target builds what it builds last (indexes).
+//!
+//! It owns the task queue and what its tasks report (splits found done, the position each
+//! split was copied to); it does not plan, prepare the target or stream changes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, watch};
+
+use super::context::RunContext;
+use super::{interrupted, lock};
+use crate::change::{Batch, Position, Rejected};
+use crate::connector::{Checkpoint, Split};
+use crate::error::{Error, ErrorKind, Result};
+use crate::hidden::HiddenCopies;
+use crate::schema::TableSchema;
+use crate::state::Plan;
+use crate::stats::TableStats;
+use crate::transform::TableMapping;
+use crate::zero_dates;
+
+/// Splits waiting for a worker, each with the counters of its table.
+type TaskQueue = VecDeque<(Split, Arc<TableStats>)>;
+
+/// The snapshot of one run, and what its tasks found and copied.
+pub(super) struct SnapshotCopy {
+    context: Arc<RunContext>,
+    /// The plan's tables whose copy is still hidden (`crate::hidden`): their rows are written
+    /// under the hidden names.
+    hidden: HiddenCopies,
+    /// Splits found complete in the target at start. Atomic: the copy's tasks run at once and
+    /// each counts its own.
+    splits_resumed_done: AtomicU64,
+    /// The last position of each split this run copied to its end, for targets that keep no
+    /// checkpoint (stdout): where the stream finds the copy's reads. Behind a mutex: the copy's
+    /// concurrent tasks each add theirs.
+    copied: Mutex<HashMap<String, Option<Position>>>,
+}
+
+impl SnapshotCopy {
+    pub(super) fn new(context: Arc<RunContext>, hidden: HiddenCopies) -> Arc<SnapshotCopy> {
+        Arc::new(SnapshotCopy {
+            context,
+            hidden,
+            splits_resumed_done: AtomicU64::new(0),
+            copied: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Splits found complete in the target at start.
+    pub(super) fn splits_resumed_done(&self) -> u64 {
+        self.splits_resumed_done.load(Ordering::Relaxed)
+    }
+
+    /// The last position of each split this run copied to its end.
+    pub(super) fn copied_positions(&self) -> HashMap<String, Option<Position>> {
+        lock(&self.copied).clone()
+    }
+
+    /// Copies every split of the plan with up to `parallelism` tasks, then builds what the
+    /// target builds last (secondary indexes).
+    pub(super) async fn copy_snapshot(
+        self: &Arc<Self>,
+        plan: &Plan,
+        targets: &[TableSchema],
+        build_indexes: bool,
+    ) -> Result<()> {
+        let queue: Arc<Mutex<TaskQueue>> = Arc::new(Mutex::new(self.task_queue(plan)));
+        let workers = self.context.job.parallelism.min(lock(&queue).len()).max(1);
+        let mut handles = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let copy = self.clone();
+            let queue = queue.clone();
+            handles.push(tokio::spawn(async move {
+                loop {
+                    if copy.context.should_stop() {
+                        return Ok(());
+                    }
+                    let next = lock(&queue).pop_front();
+                    let Some((split, stats)) = next else {
+                        return Ok(());
+                    };
+                    if let Err(error) = copy.run_task(&split, &stats).await {
+                        if error.kind() != ErrorKind::Interrupted {
+                            copy.context.abort.send_replace(true);
+                        }
+                        return Err(error);
+                    }
+                }
+            }));
+        }
+        let mut first_error = first_error(handles).await;
+        if first_error.is_none() && *self.context.stop.borrow() {
+            let pending = lock(&queue).len();
+            if pending > 0 {
+                first_error = Some(interrupted());
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        if !build_indexes {
+            log::info!("every split of this group is copied");
+            return Ok(());
+        }
+        log::info!("every split is copied; building secondary indexes where the target has them");
+        let targets = self.hidden.schemas(targets);
+        self.context.sink.finish(&targets).await
+    }
+
+    /// The plan's splits in the order the tasks take them, each with its table's counters.
+    fn task_queue(&self, plan: &Plan) -> TaskQueue {
+        // Splits are taken a table at a time in turn (the first split of each table, then the
+        // second ...), so concurrent tasks write into different tables when there are several:
+        // writers of one table contend for its locks (MariaDB's AUTO-INC lock serialises every
+        // LOAD DATA into a table with a counter) and its hottest pages.
+        let mut queue = TaskQueue::new();
+        let longest = plan.tables.iter().map(|table| table.splits.len()).max().unwrap_or(0);
+        for index in 0..longest {
+            for table in &plan.tables {
+                if let Some(split) = table.splits.get(index) {
+                    let stats = self.context.stats.table(&split.table.name, &table.target);
+                    TableStats::add(&stats.splits_total, 1);
+                    queue.push_back((split.clone(), stats));
+                }
+            }
+        }
+        queue
+    }
+
+    async fn run_task(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
+        self.context.with_retry(&format!("task {}", split.id), || self.copy_split(split, stats)).await.map_err(
+            |error| {
+                if error.kind() == ErrorKind::Interrupted {
+                    error
+                } else {
+                    error.context(format_args!("task {}", split.id))
+                }
+            },
+        )
+    }
+
+    /// Copies one split from its checkpoint to its end.
+    async fn copy_split(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
+        let context = &*self.context;
+        let job = &context.job;
+        let mapping = context.mapping(&split.table)?;
+        let mut writer = context.sink.open(&job.name, &split.id, self.hidden.schema(&mapping.target)).await?;
+        let recovered = writer.recover().await?;
+        let mut rows_written = recovered.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
+        let mut position = recovered.as_ref().and_then(|checkpoint| checkpoint.position.clone());
+        if recovered.as_ref().is_some_and(|checkpoint| checkpoint.done) {
+            TableStats::add(&stats.splits_done, 1);
+            self.splits_resumed_done.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        if split.whole && recovered.is_some() {
+            // A split read whole cannot resume: what an earlier attempt committed goes with the
+            // first commit of this one.
+            log::info!(
+                "task {}: an earlier attempt copied part of this keyless table; copying it again whole",
+                split.id
+            );
+            writer.replace_all().await?;
+            rows_written = 0;
+            position = None;
+        }
+        TableStats::add(&stats.rows_expected, split.estimated_rows.saturating_sub(rows_written));
+        let reader = context.source.open(split, position.as_ref(), job.limits.batch_rows).await?;
+
+        let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(job.limits.queue_batches);
+        let (acks, ack_queue) = mpsc::unbounded_channel::<Position>();
+        let producer =
+            tokio::spawn(produce(reader, batches, ack_queue, context.stop.clone(), context.abort.subscribe()));
+
+        let outcome = async {
+            loop {
+                let Some(item) = received.recv().await else {
+                    // The producer stopped without reaching the end: a stop or an abort.
+                    return Err(interrupted());
+                };
+                let Some(batch) = item? else { break };
+                let committed =
+                    self.write_batch(split, stats, &mapping, &mut *writer, batch, &mut rows_written).await?;
+                position = Some(committed.clone());
+                // A closed ack channel means the producer is gone; the next receive says why.
+                let _ = acks.send(committed);
+                if context.should_stop() {
+                    return Err(interrupted());
+                }
+            }
+            let done = Checkpoint { task: split.id.clone(), position: position.clone(), done: true, rows_written };
+            writer.commit(&done).await?;
+            context.state.save_checkpoint(&job.name, &done)?;
+            lock(&self.copied).insert(split.id.clone(), position.clone());
+            TableStats::add(&stats.splits_done, 1);
+            Ok(())
+        }
+        .await;
+        drop(received);
+        producer.abort();
+        outcome
+    }
+
+    /// Writes one batch, keeps its rejects, and commits it with its checkpoint; returns the
+    /// position committed.
+    async fn write_batch(
+        &self,
+        split: &Split,
+        stats: &TableStats,
+        mapping: &TableMapping,
+        writer: &mut dyn crate::connector::Writer,
+        batch: Batch,
+        rows_written: &mut u64,
+    ) -> Result<Position> {
+        let context = &*self.context;
+        let rows = batch.changes.len() as u64;
+        TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
+        TableStats::add(&stats.bytes_read, batch.bytes);
+        context.throttle.admit(rows, batch.bytes).await;
+        let (batch, mut rejects) = as_written(context, mapping, batch, stats);
+        let to_write = &batch;
+        let target_rejects = writer.write(to_write).await?;
+        let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
+        rejects.extend(target_rejects);
+        if !rejects.is_empty() {
+            TableStats::add(&stats.rows_skipped, rejects.len() as u64);
+            context.keep_dirty(&split.id, &rejects)?;
+        }
+        *rows_written += written;
+        let checkpoint = Checkpoint {
+            task: split.id.clone(),
+            position: Some(batch.position.clone()),
+            done: false,
+            rows_written: *rows_written,
+        };
+        writer.commit(&checkpoint).await?;
+        crate::failpoint::hit("copy.batch.committed");
+        TableStats::add(&stats.rows_written, written);
+        context.state.save_checkpoint(&context.job.name, &checkpoint)?;
+        Ok(batch.position)
+    }
+}
+
+/// Waits for every task and returns the error that stopped the copy, if any: a real failure
+/// outranks the interruptions it caused in the other tasks.
+async fn first_error(handles: Vec<tokio::task::JoinHandle<Result<()>>>) -> Option<Error> {
+    let mut first_error: Option<Error> = None;
+    for handle in handles {
+        let outcome =
+            handle.await.unwrap_or_else(|panic| Err(Error::new(ErrorKind::Write, format!("a task panicked: {panic}"))));
+        if let Err(error) = outcome {
+            // A real failure outranks the interruptions it caused in the other tasks.
+            let replace = match &first_error {
+                None => true,
+                Some(current) => current.kind() == ErrorKind::Interrupted && error.kind() != ErrorKind::Interrupted,
+            };
+            if replace {
+                first_error = Some(error);
+            }
+        }
+    }
+    first_error
+}
+
+/// A batch as the target gets it: transformed, and judged by the zero-date policy; with the
+/// rows the source, the transform or the policy refused.
+pub(super) fn as_written(
+    context: &RunContext,
+    mapping: &TableMapping,
+    mut batch: Batch,
+    stats: &TableStats,
+) -> (Batch, Vec<Rejected>) {
+    let mut rejects = std::mem::take(&mut batch.rejected);
+    if !mapping.is_identity() {
+        let transformed = mapping.batch(batch);
+        TableStats::add(&stats.rows_filtered, transformed.filtered);
+        batch = transformed.batch;
+        rejects.append(&mut batch.rejected);
+    }
+    // The zero-date policy judges the rows as the target gets them.
+    if !context.sink.holds_zero_dates() {
+        if let Some(outcome) = zero_dates::apply(&batch, context.job.errors.zero_dates, &context.job.target.connector) {
+            TableStats::add(&stats.zero_dates_nulled, outcome.nulled);
+            rejects.extend(outcome.rejected);
+            batch = Batch { rejected: Vec::new(), ..outcome.batch };
+        }
+    }
+    (batch, rejects)
+}
+
+/// Pulls batches from a reader into the channel until the split ends, the writer goes away, or a
+/// stop is asked for; forwards acknowledged positions to the reader between reads. Sends
+/// `Ok(None)` at the end of the split, so the writer can tell the end from a stop.
+async fn produce(
+    mut reader: Box<dyn crate::connector::Reader>,
+    batches: mpsc::Sender<Result<Option<Batch>>>,
+    mut acks: mpsc::UnboundedReceiver<Position>,
+    stop: watch::Receiver<bool>,
+    abort: watch::Receiver<bool>,
+) {
+    loop {
+        while let Ok(position) = acks.try_recv() {
+            if let Err(error) = reader.ack(&position).await {
+                let _ = batches.send(Err(error)).await;
+                return;
+            }
+        }
+        if *stop.borrow() || *abort.borrow() {
+            return;
+        }
+        let item = reader.next().await;
+        let last = !matches!(item, Ok(Some(_)));
+        if batches.send(item).await.is_err() || last {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use async_trait::async_trait;
+    use serde_json::json;
+
+    use super::*;
+    use crate::change::Change;
+    use crate::connector::{CheckItem, Reader, Sink, Source, SplitHint, Writer};
+    use crate::error::Side;
+    use crate::runner::Runner;
+    use crate::schema::{Column, DataType, TableName};
+    use crate::spec::parse_job;
+    use crate::spec::JobSpec;
+    use crate::state::{MemoryStateStore, StateStore};
+    use crate::value::Value;
+
+    fn table() -> Arc<TableSchema> {
+        Arc::new(TableSchema {
+            name: TableName::parse("t"),
+            columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+            details: Default::default(),
+        })
+    }
+
+    /// Rows 1..=rows in two splits; a row whose id is in `bad` cannot be decoded.
+    struct MemorySource {
+        rows: i64,
+        bad: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Source for MemorySource {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        async fn discover(&self) -> Result<Vec<TableSchema>> {
+            Ok(vec![(*table()).clone()])
+        }
+        async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
+            let half = self.rows / 2;
+            Ok([(1, half), (half + 1, self.rows)]
+                .iter()
+                .enumerate()
+                .map(|(index, (from, to))| Split {
+                    id: format!("t#{index}"),
+                    table: table.clone(),
+                    descriptor: json!([from, to]),
+                    estimated_rows: (to - from + 1) as u64,
+                    whole: false,
+                    window: None,
+                })
+                .collect())
+        }
+        async fn open(
+            &self,
+            split: &Split,
+            resume_after: Option<&Position>,
+            batch_rows: usize,
+        ) -> Result<Box<dyn Reader>> {
+            let from =
+                resume_after.map_or(split.descriptor[0].as_i64().unwrap(), |position| position.0.as_i64().unwrap() + 1);
+            Ok(Box::new(MemoryReader {
+                next: from,
+                to: split.descriptor[1].as_i64().unwrap(),
+                batch_rows: batch_rows as i64,
+                bad: self.bad.clone(),
+            }))
+        }
+    }
+
+    struct MemoryReader {
+        next: i64,
+        to: i64,
+        batch_rows: i64,
+        bad: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Reader for MemoryReader {
+        async fn next(&mut self) -> Result<Option<Batch>> {
+            if self.next > self.to {
+                return Ok(None);
+            }
+            let last = (self.next + self.batch_rows - 1).min(self.to);
+            let mut changes = Vec::new();
+            let mut rejected = Vec::new();
+            for id in self.next..=last {
+                if self.bad.contains(&id) {
+                    rejected.push(Rejected {
+                        table: "t".into(),
+                        key: format!("id={id}"),
+                        reason: "source: bad".into(),
+                        record: None,
+                        change: None,
+                    });
+                } else {
+                    changes.push(Change::insert(table(), vec![Value::Int(id)]));
+                }
+            }
+            self.next = last + 1;
+            let mut batch = Batch::new(changes, Position(json!(last)));
+            batch.rejected = rejected;
+            Ok(Some(batch))
+        }
+    }
+
+    /// A transactional target in memory whose commits fail with a transient error on the
+    /// commit numbers in `failing_commits`.
+    #[derive(Default)]
+    struct MemoryTarget {
+        committed: Mutex<(Vec<i64>, BTreeMap<String, Checkpoint>)>,
+        commits: AtomicU32,
+        failing_commits: Vec<u32>,
+    }
+
+    struct MemorySink(Arc<MemoryTarget>);
+
+    #[async_trait]
+    impl Sink for MemorySink {
+        async fn check(&self) -> Result<Vec<CheckItem>> {
+            Ok(Vec::new())
+        }
+        fn target_name(&self, source: &TableName) -> TableName {
+            source.clone()
+        }
+        fn create_statements(&self, _tables: &[TableSchema]) -> Vec<String> {
+            Vec::new()
+        }
+        async fn prepare(&self, _tables: &[TableSchema]) -> Result<()> {
+            Ok(())
+        }
+        async fn reset(&self, _job: &str, _tables: &[crate::connector::TableTasks]) -> Result<()> {
+            Ok(())
+        }
+        async fn open(&self, _job: &str, task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+            Ok(Box::new(MemoryWriter { target: self.0.clone(), task: task.to_owned(), staged: Vec::new() }))
+        }
+    }
+
+    struct MemoryWriter {
+        target: Arc<MemoryTarget>,
+        task: String,
+        staged: Vec<i64>,
+    }
+
+    #[async_trait]
+    impl Writer for MemoryWriter {
+        async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+            Ok(self.target.committed.lock().unwrap().1.get(&self.task).cloned())
+        }
+        async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+            self.staged.extend(batch.changes.iter().map(|change| match change.row()[0] {
+                Value::Int(id) => id,
+                _ => unreachable!(),
+            }));
+            Ok(Vec::new())
+        }
+        async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+            let number = self.target.commits.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.target.failing_commits.contains(&number) {
+                return Err(Error::new(ErrorKind::Unavailable, "connection reset").on(Side::Target));
+            }
+            let mut committed = self.target.committed.lock().unwrap();
+            committed.0.append(&mut self.staged);
+            committed.1.insert(self.task.clone(), checkpoint.clone());
+            Ok(())
+        }
+        async fn replace_all(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn job(extra: &str) -> Arc<JobSpec> {
+        let text = format!("name: unit\nsource: {{type: memory}}\ntarget: {{type: memory}}\nlimits: {{batch_rows: 10}}\nretry: {{initial_backoff_ms: 1}}\n{extra}");
+        Arc::new(parse_job(&text, false, |_| None).unwrap())
+    }
+
+    #[tokio::test]
+    async fn transient_commit_failures_are_retried_without_duplicates() {
+        let target = Arc::new(MemoryTarget { failing_commits: vec![3, 4, 9], ..Default::default() });
+        let sink = Arc::new(MemorySink(target.clone()));
+        let state = Arc::new(MemoryStateStore::default());
+        let (_stop, stopped) = watch::channel(false);
+        let runner = Arc::new(Runner::new(
+            job(""),
+            Arc::new(MemorySource { rows: 100, bad: vec![] }),
+            sink,
+            state.clone(),
+            stopped,
+        ));
+        let (summary, error) = runner.run().await;
+        assert!(error.is_none(), "{error:?}");
+        let mut ids = target.committed.lock().unwrap().0.clone();
+        ids.sort_unstable();
+        assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+        assert_eq!((summary.status.as_str(), summary.rows_written), ("succeeded", 100));
+        assert_eq!(state.runs(), 1);
+    }
+
+    #[tokio::test]
+    async fn dirty_records_past_the_limit_fail_before_their_batch_commits() {
+        let target = Arc::new(MemoryTarget::default());
+        let sink = Arc::new(MemorySink(target.clone()));
+        let state = Arc::new(MemoryStateStore::default());
+        let (_stop, stopped) = watch::channel(false);
+        let source = Arc::new(MemorySource { rows: 100, bad: vec![5, 15] });
+        let runner = Arc::new(Runner::new(
+            job("parallelism: 1\nerrors: {max_dirty_records: 1}\n"),
+            source,
+            sink,
+            state.clone(),
+            stopped,
+        ));
+        let (summary, error) = runner.run().await;
+        let error = error.expect("the second dirty record fails the job");
+        assert!(error.to_string().contains("2 dirty records exceed errors.max_dirty_records = 1"), "{error}");
+        assert_eq!(summary.status, "failed");
+        // Rows 1-10 (with the first dirty record) committed; the batch holding id 15 did not.
+        let committed = target.committed.lock().unwrap().0.clone();
+        assert_eq!(committed, (1..=10).filter(|id| *id != 5).collect::<Vec<_>>());
+        assert_eq!(state.dirty_records("unit").unwrap().len(), 2, "both are kept for inspection");
+    }
+}

@@ -1,0 +1,94 @@
+//! The mappings of a run: the job's routes and transform rules, each source table's compiled
+//! mapping to its target table, and which target tables several source tables are merged into.
+//!
+//! A cache, part of the run context: it compiles a mapping the first time a schema is met and
+//! keeps it; it does not plan, write or decide anything else.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use super::lock;
+use crate::connector::Sink;
+use crate::error::Result;
+use crate::schema::{TableName, TableSchema};
+use crate::spec::JobSpec;
+use crate::state::Plan;
+use crate::transform::{TableMapping, Transforms};
+
+/// The job's transform rules and the mappings compiled from them so far.
+pub(super) struct Mappings {
+    /// The job's routes and transform rules.
+    transforms: Transforms,
+    /// Behind a mutex: the copy's concurrent tasks and the stream compile and read mappings at
+    /// the same time.
+    known: Mutex<KnownMappings>,
+}
+
+#[derive(Default)]
+struct KnownMappings {
+    /// Each planned (or streamed) source table's mapping to its target table.
+    by_source: BTreeMap<TableName, Arc<TableMapping>>,
+    /// Target tables that more than one source table is merged into.
+    shared_targets: BTreeSet<TableName>,
+}
+
+impl Mappings {
+    pub(super) fn of(job: &JobSpec) -> Mappings {
+        Mappings { transforms: Transforms::of(job), known: Mutex::new(KnownMappings::default()) }
+    }
+
+    /// The mapping of a source table as planned, or, for a schema the plan does not have (a
+    /// table created or altered in the change stream), compiled now.
+    pub(super) fn mapping(&self, table: &Arc<TableSchema>, sink: &dyn Sink) -> Result<Arc<TableMapping>> {
+        if let Some(mapping) = lock(&self.known).by_source.get(&table.name) {
+            if mapping.source.columns == table.columns && mapping.source.primary_key == table.primary_key {
+                return Ok(mapping.clone());
+            }
+        }
+        let mapping = Arc::new(self.transforms.map(table, &|name| sink.target_name(name))?);
+        let mut known = lock(&self.known);
+        // A table merged with others (created later, or altered) must keep their shape.
+        let sibling = known
+            .by_source
+            .values()
+            .find(|other| other.source.name != table.name && other.target.name == mapping.target.name)
+            .cloned();
+        if let Some(sibling) = sibling {
+            self.transforms.check_merge(&sibling, &mapping)?;
+            known.shared_targets.insert(mapping.target.name.clone());
+        }
+        known.by_source.insert(table.name.clone(), mapping.clone());
+        Ok(mapping)
+    }
+
+    /// The target name of a source table: routed, then named by the sink.
+    pub(super) fn target_name(&self, source: &TableName, sink: &dyn Sink) -> TableName {
+        self.transforms.target_name(source, &|name| sink.target_name(name))
+    }
+
+    /// Whether both source table names fall under the same route and transform rules.
+    pub(super) fn same_rules(&self, one: &TableName, other: &TableName) -> bool {
+        self.transforms.same_rules(one, other)
+    }
+
+    /// Takes in which target tables several source tables of the plan are merged into.
+    pub(super) fn add_merged_targets(&self, plan: &Plan) {
+        let mut sources_per_target: BTreeMap<&TableName, usize> = BTreeMap::new();
+        for planned in &plan.tables {
+            *sources_per_target.entry(&planned.target).or_default() += 1;
+        }
+        lock(&self.known)
+            .shared_targets
+            .extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
+    }
+
+    /// Whether more than one source table is merged into target table `target`.
+    pub(super) fn is_shared(&self, target: &TableName) -> bool {
+        lock(&self.known).shared_targets.contains(target)
+    }
+
+    /// The mappings known so far whose target table is `target`.
+    pub(super) fn merged_into(&self, target: &TableName) -> Vec<Arc<TableMapping>> {
+        lock(&self.known).by_source.values().filter(|mapping| mapping.target.name == *target).cloned().collect()
+    }
+}
