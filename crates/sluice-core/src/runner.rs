@@ -22,7 +22,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::schema::TableName;
 use crate::spec::{JobSpec, Mode};
 use crate::state::{Plan, StateStore};
-use crate::stats::{JobStats, RunSummary};
+use crate::stats::{JobStats, RunStatus, RunSummary};
 
 mod context;
 mod copied_keys;
@@ -155,11 +155,10 @@ impl Runner {
         summary.dirty_records_total = state.dirty_records(&job.name).map(|records| records.len() as u64).unwrap_or(0);
         let error = result.err();
         summary.status = match &error {
-            None => "succeeded",
-            Some(error) if error.kind() == ErrorKind::Interrupted => "stopped",
-            Some(_) => "failed",
-        }
-        .to_owned();
+            None => RunStatus::Succeeded,
+            Some(error) if error.kind() == ErrorKind::Interrupted => RunStatus::Stopped,
+            Some(_) => RunStatus::Failed,
+        };
         summary.error = error.as_ref().map(ToString::to_string);
         if let Err(state_error) = state.record_run(&summary) {
             log::error!("could not record the run in the state store: {state_error}");

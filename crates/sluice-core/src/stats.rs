@@ -285,6 +285,28 @@ pub struct TableSummary {
     pub splits_done: u64,
 }
 
+/// How a run ended (or that it has not yet), as its summary says it: `running`, `succeeded`,
+/// `failed`, `stopped`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    Running,
+    Succeeded,
+    Failed,
+    Stopped,
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            RunStatus::Running => "running",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Stopped => "stopped",
+        })
+    }
+}
+
 /// The reconciliation record of a run: what `sluice run --summary-json FILE` writes, and what a
 /// run prints at its end (counters per table and in total, so a run can be checked against the
 /// source).
@@ -292,8 +314,7 @@ pub struct TableSummary {
 pub struct RunSummary {
     pub job: String,
     pub mode: String,
-    /// `succeeded`, `failed` or `stopped`.
-    pub status: String,
+    pub status: RunStatus,
     pub error: Option<String>,
     pub elapsed_secs: f64,
     pub rows_read: u64,
@@ -327,7 +348,7 @@ impl RunSummary {
         RunSummary {
             job: job.to_owned(),
             mode: mode.to_owned(),
-            status: "running".to_owned(),
+            status: RunStatus::Running,
             error: None,
             elapsed_secs: (elapsed * 1000.0).round() / 1000.0,
             rows_read: sum(|table| table.rows_read),

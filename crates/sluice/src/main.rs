@@ -30,7 +30,7 @@ use clap::{Parser, Subcommand};
 use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
 use sluice_core::spec::JobSpec;
-use sluice_core::stats::RunSummary;
+use sluice_core::stats::{RunStatus, RunSummary};
 use sluice_core::{Error, ErrorKind, Side, TableSchema};
 use tokio::sync::watch;
 
@@ -581,7 +581,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
         Ok(parts) => parts,
         Err(error) => {
             let summary = RunSummary {
-                status: "failed".into(),
+                status: RunStatus::Failed,
                 error: Some(error.to_string()),
                 ..RunSummary::new(&job.name, &job.mode.to_string(), &Default::default())
             };
@@ -640,7 +640,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
             _ = tokio::time::sleep(wait) => {}
             _ = stopping.wait_for(|stopped| *stopped) => {
                 let stopped = Error::new(ErrorKind::Interrupted, "stopped while waiting to restart");
-                let summary = RunSummary { status: "stopped".into(), error: Some(stopped.to_string()), ..summary };
+                let summary = RunSummary { status: RunStatus::Stopped, error: Some(stopped.to_string()), ..summary };
                 break (summary, Some(stopped));
             }
         }
@@ -664,7 +664,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
     match error {
         None => 0,
         // A change stream runs until it is stopped: that is its normal end.
-        Some(_) if summary.status == "stopped" && job.mode.streams() => {
+        Some(_) if summary.status == RunStatus::Stopped && job.mode.streams() => {
             eprintln!("stopped; run the job again to continue from the last checkpoint");
             0
         }

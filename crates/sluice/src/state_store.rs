@@ -293,7 +293,7 @@ impl StateStore for SqliteStateStore {
         self.connection()
             .execute(
                 "INSERT INTO runs (job, status, summary, finished_at) VALUES (?1, ?2, ?3, strftime('%Y-%m-%dT%H:%M:%fZ'))",
-                params![summary.job, summary.status, text],
+                params![summary.job, summary.status.to_string(), text],
             )
             .map_err(|error| state_error("cannot record the run", error))?;
         Ok(())

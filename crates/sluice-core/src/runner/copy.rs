@@ -340,6 +340,7 @@ mod tests {
     use crate::spec::parse_job;
     use crate::spec::JobSpec;
     use crate::state::{MemoryStateStore, StateStore};
+    use crate::stats::RunStatus;
     use crate::value::Value;
 
     fn table() -> Arc<TableSchema> {
@@ -523,7 +524,7 @@ mod tests {
         let mut ids = target.committed.lock().unwrap().0.clone();
         ids.sort_unstable();
         assert_eq!(ids, (1..=100).collect::<Vec<_>>());
-        assert_eq!((summary.status.as_str(), summary.rows_written), ("succeeded", 100));
+        assert_eq!((summary.status, summary.rows_written), (RunStatus::Succeeded, 100));
         assert_eq!(state.runs(), 1);
     }
 
@@ -544,7 +545,7 @@ mod tests {
         let (summary, error) = runner.run().await;
         let error = error.expect("the second dirty record fails the job");
         assert!(error.to_string().contains("2 dirty records exceed errors.max_dirty_records = 1"), "{error}");
-        assert_eq!(summary.status, "failed");
+        assert_eq!(summary.status, RunStatus::Failed);
         // Rows 1-10 (with the first dirty record) committed; the batch holding id 15 did not.
         let committed = target.committed.lock().unwrap().0.clone();
         assert_eq!(committed, (1..=10).filter(|id| *id != 5).collect::<Vec<_>>());
