@@ -10,7 +10,58 @@ use arrow_array::builder::{
 };
 use arrow_array::ArrayRef;
 use arrow_schema::DataType as Arrow;
-use sluice_core::{DateTime, Decimal, Value};
+use arrow_schema::TimeUnit;
+use sluice_core::{DataType, DateTime, Decimal, Value};
+
+/// The Arrow types a columnar target holds beyond those every one does, which decide how it
+/// stores the logical types that need them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ArrowTypes {
+    /// Unsigned integers (Parquet). Without them an unsigned integer takes the next wider signed
+    /// type, a 64-bit one (or a BIT of 64) a `DECIMAL(20, 0)`.
+    pub unsigned: bool,
+    /// 256-bit decimals, up to 76 digits (Parquet). Without them a decimal of more than 38 digits
+    /// is its text.
+    pub decimal256: bool,
+}
+
+/// The Arrow type a column of this logical type has in a target that holds `types`. Every
+/// mapping holds every value: an unbounded decimal is its text, MySQL TIME (±838 h) a signed
+/// count of microseconds, DATETIME a timestamp without zone, TIMESTAMP one in UTC.
+pub(crate) fn arrow_type(data_type: &DataType, types: ArrowTypes) -> Arrow {
+    match data_type {
+        DataType::Boolean => Arrow::Boolean,
+        DataType::Integer { bytes: 1, unsigned: false } => Arrow::Int8,
+        DataType::Integer { bytes: 2, unsigned: false } => Arrow::Int16,
+        DataType::Integer { bytes: 3 | 4, unsigned: false } => Arrow::Int32,
+        DataType::Integer { unsigned: false, .. } => Arrow::Int64,
+        DataType::Integer { bytes: 1, .. } if types.unsigned => Arrow::UInt8,
+        DataType::Integer { bytes: 2, .. } if types.unsigned => Arrow::UInt16,
+        DataType::Integer { bytes: 3 | 4, .. } if types.unsigned => Arrow::UInt32,
+        DataType::Integer { .. } | DataType::Bits { .. } if types.unsigned => Arrow::UInt64,
+        DataType::Integer { bytes: 1, .. } => Arrow::Int16,
+        DataType::Integer { bytes: 2, .. } => Arrow::Int32,
+        DataType::Integer { bytes: 3 | 4, .. } => Arrow::Int64,
+        DataType::Bits { width } if *width < 64 => Arrow::Int64,
+        DataType::Integer { .. } | DataType::Bits { .. } => Arrow::Decimal128(20, 0),
+        DataType::Float32 => Arrow::Float32,
+        DataType::Float64 => Arrow::Float64,
+        DataType::Decimal { precision: Some(precision), scale } if *precision <= 38 => {
+            Arrow::Decimal128(*precision as u8, scale.unwrap_or(0) as i8)
+        }
+        DataType::Decimal { precision: Some(precision), scale } if types.decimal256 && *precision <= 76 => {
+            Arrow::Decimal256(*precision as u8, scale.unwrap_or(0) as i8)
+        }
+        DataType::Decimal { .. } => Arrow::Utf8,
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } | DataType::Json => Arrow::Utf8,
+        DataType::Bytes { .. } | DataType::Geometry => Arrow::Binary,
+        DataType::Date => Arrow::Date32,
+        DataType::Time { .. } => Arrow::Int64,
+        DataType::DateTime { .. } => Arrow::Timestamp(TimeUnit::Microsecond, None),
+        DataType::Timestamp { .. } => Arrow::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        DataType::Year => Arrow::Int16,
+    }
+}
 
 /// Microseconds since the Unix epoch of a civil date and time (no time zone applied).
 pub(crate) fn microseconds(value: &DateTime) -> i64 {

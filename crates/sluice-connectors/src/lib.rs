@@ -21,6 +21,8 @@ pub mod nats;
 pub mod parquet;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod stdout;
@@ -90,6 +92,17 @@ pub struct TargetSide {
 
 /// Builds a target from a job, fenced for a cluster task when given a fence.
 pub type BuildSink = fn(&JobSpec, Option<Fence>) -> Result<Arc<dyn Sink>>;
+
+/// What a server target (MySQL, PostgreSQL) can do: write a snapshot's rows and apply a change
+/// stream, replacing rows by key, in transactions that check a cluster task's fence.
+pub(crate) const SERVER_TARGET_CAPABILITIES: Capabilities = Capabilities {
+    table_sink: true,
+    change_sink: true,
+    upsert: true,
+    fencing: true,
+    transactions: true,
+    ..Capabilities::NONE
+};
 
 /// The fields of a server target (MySQL, PostgreSQL).
 pub(crate) const SERVER_TARGET_FIELDS: &[&str] = &["type", "url", "write_mode", "create_tables", "namespace"];

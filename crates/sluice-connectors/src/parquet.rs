@@ -9,15 +9,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType as Arrow, Field, Schema, TimeUnit};
+use arrow_schema::{DataType as Arrow, Field, Schema};
 use async_trait::async_trait;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
+use sluice_core::connector::{Capabilities, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
 
-use crate::columnar::ColumnBuilder;
+use crate::columnar::{self, ArrowTypes, ColumnBuilder};
 use crate::file::fence::Fences;
 use crate::file::{check_directory, write_manifest, Part};
 use sluice_core::{DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
@@ -30,37 +30,10 @@ fn io_error(doing: impl std::fmt::Display, error: impl std::fmt::Display) -> Err
     Error::new(ErrorKind::Write, format!("{doing}: {error}")).on(Side::Target)
 }
 
-/// The Arrow type a logical type is written as. Every mapping holds every value: unsigned
-/// integers keep their width, decimals up to 76 digits are exact decimals (wider or unbounded ones
-/// are strings), MySQL TIME (±838 h) is a signed count of microseconds.
+/// The Arrow type a logical type is written as: unsigned integers keep their width, decimals up
+/// to 76 digits are exact decimals (wider or unbounded ones are strings).
 fn arrow_type(data_type: &DataType) -> Arrow {
-    match data_type {
-        DataType::Boolean => Arrow::Boolean,
-        DataType::Integer { bytes: 1, unsigned: false } => Arrow::Int8,
-        DataType::Integer { bytes: 2, unsigned: false } => Arrow::Int16,
-        DataType::Integer { bytes: 3 | 4, unsigned: false } => Arrow::Int32,
-        DataType::Integer { unsigned: false, .. } => Arrow::Int64,
-        DataType::Integer { bytes: 1, unsigned: true } => Arrow::UInt8,
-        DataType::Integer { bytes: 2, unsigned: true } => Arrow::UInt16,
-        DataType::Integer { bytes: 3 | 4, unsigned: true } => Arrow::UInt32,
-        DataType::Integer { .. } | DataType::Bits { .. } => Arrow::UInt64,
-        DataType::Float32 => Arrow::Float32,
-        DataType::Float64 => Arrow::Float64,
-        DataType::Decimal { precision: Some(precision), scale } if *precision <= 38 => {
-            Arrow::Decimal128(*precision as u8, scale.unwrap_or(0) as i8)
-        }
-        DataType::Decimal { precision: Some(precision), scale } if *precision <= 76 => {
-            Arrow::Decimal256(*precision as u8, scale.unwrap_or(0) as i8)
-        }
-        DataType::Decimal { .. } => Arrow::Utf8,
-        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } | DataType::Json => Arrow::Utf8,
-        DataType::Bytes { .. } | DataType::Geometry => Arrow::Binary,
-        DataType::Date => Arrow::Date32,
-        DataType::Time { .. } => Arrow::Int64,
-        DataType::DateTime { .. } => Arrow::Timestamp(TimeUnit::Microsecond, None),
-        DataType::Timestamp { .. } => Arrow::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-        DataType::Year => Arrow::Int16,
-    }
+    columnar::arrow_type(data_type, ArrowTypes { unsigned: true, decimal256: true })
 }
 
 fn arrow_schema(table: &TableSchema) -> Arc<Schema> {
@@ -255,18 +228,12 @@ impl Writer for ParquetWriter {
 pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
     name: "parquet",
     feature: "parquet",
-    capabilities: sluice_core::connector::Capabilities {
-        snapshot_source: false,
-        change_source: false,
-        cursor_source: false,
+    capabilities: Capabilities {
         table_sink: true,
-        change_sink: false,
-        event_sink: false,
-        upsert: false,
         // A moved task's part is refused by its fence file, or is a whole copy of the same split
         // under its own name; the manifest lists one part per split.
         fencing: true,
-        transactions: false,
+        ..Capabilities::NONE
     },
     source: None,
     target: Some(crate::TargetSide {

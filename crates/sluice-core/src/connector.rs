@@ -126,6 +126,22 @@ pub struct Capabilities {
     pub transactions: bool,
 }
 
+impl Capabilities {
+    /// Nothing: what a connector's declaration starts from, naming what it can do
+    /// (`Capabilities { table_sink: true, ..Capabilities::NONE }`).
+    pub const NONE: Capabilities = Capabilities {
+        snapshot_source: false,
+        change_source: false,
+        cursor_source: false,
+        table_sink: false,
+        change_sink: false,
+        event_sink: false,
+        upsert: false,
+        fencing: false,
+        transactions: false,
+    };
+}
+
 /// One line of a `sluice check` report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CheckItem {
@@ -184,11 +200,28 @@ pub trait Source: Send + Sync {
 
     /// Cuts one table into splits whose union is the whole table with no row in two splits.
     /// Called at planning only for tables with no stored plan, so ids stay stable on resume.
-    async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>>;
+    /// The default, for a source without snapshot (a stream of events), is `no_snapshot`.
+    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
+        Err(self.no_snapshot(&table.name))
+    }
 
     /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
-    /// the task that owns the split, possibly again after a retry.
-    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
+    /// the task that owns the split, possibly again after a retry. The default, for a source
+    /// without snapshot, is `no_snapshot`.
+    async fn open(
+        &self,
+        split: &Split,
+        _resume_after: Option<&Position>,
+        _batch_rows: usize,
+    ) -> Result<Box<dyn Reader>> {
+        Err(self.no_snapshot(&split.table.name))
+    }
+
+    /// The error of reading a snapshot of `table` from a source that has none, which the
+    /// default `split` and `open` return (`ErrorKind::Config`).
+    fn no_snapshot(&self, table: &TableName) -> Error {
+        Error::new(ErrorKind::Config, format!("this source has no snapshot of {table}")).on(Side::Source)
+    }
 
     /// The position a `cdc` job names to start from (`source.start_position`), if any. Without
     /// one, a job starts from the position captured when it was first planned.

@@ -15,18 +15,14 @@ pub(crate) const CONNECTOR: Connector = Connector {
     name: "delta",
     feature: "delta",
     capabilities: Capabilities {
-        snapshot_source: false,
-        change_source: false,
-        cursor_source: false,
         table_sink: true,
         // Groups folded per key, merged into the files that hold the keys.
         change_sink: true,
-        event_sink: false,
-        upsert: false,
         // A commit of a task's app transaction fails once another owner committed for it, and a
         // stream group is decided once, in the journal.
         fencing: true,
         transactions: true,
+        ..Capabilities::NONE
     },
     source: None,
     target: Some(TargetSide { fields: FIELDS, validate, build }),

@@ -9,40 +9,16 @@
 use std::sync::Arc;
 
 use arrow_array::{new_null_array, ArrayRef, RecordBatch};
-use arrow_schema::{DataType as Arrow, Field, Schema, SchemaRef, TimeUnit};
+use arrow_schema::{DataType as Arrow, Field, Schema, SchemaRef};
 use sluice_core::change::Row;
 use sluice_core::{DataType, Error, ErrorKind, Result, Side, TableSchema, Value};
 
-use crate::columnar::ColumnBuilder;
+use crate::columnar::{self, ArrowTypes, ColumnBuilder};
 
-/// The Arrow type a column of this logical type has in a Delta table.
+/// The Arrow type a column of this logical type has in a Delta table: no unsigned integers,
+/// decimals of at most 38 digits.
 pub(super) fn arrow_type(data_type: &DataType) -> Arrow {
-    match data_type {
-        DataType::Boolean => Arrow::Boolean,
-        DataType::Integer { bytes: 1, unsigned: false } => Arrow::Int8,
-        DataType::Integer { bytes: 2, unsigned: false } | DataType::Integer { bytes: 1, unsigned: true } => {
-            Arrow::Int16
-        }
-        DataType::Integer { bytes: 3 | 4, unsigned: false } | DataType::Integer { bytes: 2, unsigned: true } => {
-            Arrow::Int32
-        }
-        DataType::Integer { unsigned: false, .. } | DataType::Integer { bytes: 3 | 4, unsigned: true } => Arrow::Int64,
-        DataType::Bits { width } if *width < 64 => Arrow::Int64,
-        DataType::Integer { .. } | DataType::Bits { .. } => Arrow::Decimal128(20, 0),
-        DataType::Float32 => Arrow::Float32,
-        DataType::Float64 => Arrow::Float64,
-        DataType::Decimal { precision: Some(precision), scale } if *precision <= 38 => {
-            Arrow::Decimal128(*precision as u8, scale.unwrap_or(0) as i8)
-        }
-        DataType::Decimal { .. } => Arrow::Utf8,
-        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } | DataType::Json => Arrow::Utf8,
-        DataType::Bytes { .. } | DataType::Geometry => Arrow::Binary,
-        DataType::Date => Arrow::Date32,
-        DataType::Time { .. } => Arrow::Int64,
-        DataType::DateTime { .. } => Arrow::Timestamp(TimeUnit::Microsecond, None),
-        DataType::Timestamp { .. } => Arrow::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-        DataType::Year => Arrow::Int16,
-    }
+    columnar::arrow_type(data_type, ArrowTypes { unsigned: false, decimal256: false })
 }
 
 /// A table's Arrow schema in a Delta table: its columns in order, nullable as in the source.

@@ -16,17 +16,7 @@ use crate::{Connector, SourceSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "directory",
     feature: "file",
-    capabilities: Capabilities {
-        snapshot_source: false,
-        change_source: true,
-        cursor_source: false,
-        table_sink: false,
-        change_sink: false,
-        event_sink: false,
-        upsert: false,
-        fencing: false,
-        transactions: false,
-    },
+    capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
     source: Some(SourceSide {
         fields: &["type", "path", "tables", "format", "delimiter", "table", "ready", "poll_ms", "key"],
         validate,

@@ -2,9 +2,12 @@
 //! options beside the broker's own, the errors of a source without a snapshot or still without
 //! events, and the change an event makes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use sluice_core::change::ChangeKind;
 use sluice_core::spec::{EndpointSpec, SpecError};
-use sluice_core::{Error, ErrorKind, TableName, TableSchema};
+use sluice_core::{Error, ErrorKind, Result, TableName, TableSchema};
 
 use super::decode::{Operation, ReadEvent};
 use super::{text_option, EventFormat, Template};
@@ -79,6 +82,32 @@ impl SourceOptions {
 /// The source's clock, for positions that carry no commit time (a tombstone, the end reached).
 pub fn now_seconds() -> u64 {
     sluice_core::clock::unix_seconds()
+}
+
+/// The tables a stream source found at `discover` (each from its first event), kept for the
+/// streams it opens.
+#[derive(Debug, Default)]
+pub struct FoundTables(Mutex<HashMap<TableName, Arc<TableSchema>>>);
+
+impl FoundTables {
+    /// Keeps `tables`, in place of those kept before; returns them sorted by name.
+    pub fn keep(&self, mut tables: Vec<TableSchema>) -> Vec<TableSchema> {
+        tables.sort_by(|left, right| left.name.cmp(&right.name));
+        *self.0.lock().expect("schemas lock") =
+            tables.iter().map(|table| (table.name.clone(), Arc::new(table.clone()))).collect();
+        tables
+    }
+
+    /// The tables kept, after `discover` (which keeps them) when none are yet.
+    pub async fn or_discover(
+        &self,
+        discover: impl std::future::Future<Output = Result<Vec<TableSchema>>>,
+    ) -> Result<HashMap<TableName, Arc<TableSchema>>> {
+        if self.0.lock().expect("schemas lock").is_empty() {
+            discover.await?;
+        }
+        Ok(self.0.lock().expect("schemas lock").clone())
+    }
 }
 
 /// The error of reading a table's snapshot from a stream source.

@@ -10,17 +10,7 @@ use sluice_core::Result;
 use super::Format;
 use crate::{Connector, SourceSide, TargetSide};
 
-const CAPABILITIES: Capabilities = Capabilities {
-    snapshot_source: true,
-    change_source: false,
-    cursor_source: false,
-    table_sink: true,
-    change_sink: false,
-    event_sink: false,
-    upsert: false,
-    fencing: false,
-    transactions: false,
-};
+const CAPABILITIES: Capabilities = Capabilities { snapshot_source: true, table_sink: true, ..Capabilities::NONE };
 
 const SOURCE_FIELDS: &[&str] = &["type", "path", "tables", "delimiter"];
 const TARGET_FIELDS: &[&str] = &["type", "path", "write_mode", "create_tables", "delimiter"];

@@ -16,18 +16,14 @@ pub(crate) const CONNECTOR: Connector = Connector {
     name: "kafka",
     feature: "kafka",
     capabilities: Capabilities {
-        snapshot_source: false,
         // Topics of change events, read back (`source.rs`).
         change_source: true,
-        cursor_source: false,
         table_sink: true,
-        change_sink: false,
         event_sink: true,
-        upsert: false,
-        // A second producer of a task fences the first by the transactional id's epoch, but a
-        // cluster's epochs are not carried: a standalone job only.
-        fencing: false,
         transactions: true,
+        // Not `fencing`: a second producer of a task fences the first by the transactional id's
+        // epoch, but a cluster's epochs are not carried: a standalone job only.
+        ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: FIELDS, validate, build }),

@@ -8,7 +8,7 @@
 //! event (`debezium-schema`), else the row's columns with types inferred from their JSON values.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -18,13 +18,13 @@ use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint, StreamEvent};
+use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::{Error, ErrorKind, Position, Result, Side, TableName, TableSchema};
 
 use super::{blocking, client_config, client_error, connect_error, KafkaSecurity, REQUEST_TIMEOUT};
 use crate::events::check_item;
 use crate::events::decode::read_event;
-use crate::events::source::{no_events_yet, no_snapshot, now_seconds, SourceOptions};
+use crate::events::source::{no_events_yet, no_snapshot, now_seconds, FoundTables, SourceOptions};
 
 /// How long reading the first event of every table's topic may take.
 const DISCOVER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -64,7 +64,7 @@ fn unavailable(doing: &str, error: impl std::fmt::Display) -> Error {
 pub struct KafkaSource {
     options: KafkaSourceOptions,
     /// Tables as their first events describe them, filled by `discover`.
-    schemas: Mutex<HashMap<TableName, Arc<TableSchema>>>,
+    schemas: FoundTables,
 }
 
 impl std::fmt::Debug for KafkaSource {
@@ -75,7 +75,7 @@ impl std::fmt::Debug for KafkaSource {
 
 impl KafkaSource {
     pub fn new(options: KafkaSourceOptions) -> KafkaSource {
-        KafkaSource { options, schemas: Mutex::new(HashMap::new()) }
+        KafkaSource { options, schemas: FoundTables::default() }
     }
 
     fn topics(&self) -> BTreeSet<String> {
@@ -229,24 +229,11 @@ impl Source for KafkaSource {
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         let this = KafkaSource::new(self.options.clone());
         let found = blocking(move || this.first_events()).await??;
-        let mut tables: Vec<TableSchema> = found.into_values().collect();
-        tables.sort_by(|left, right| left.name.cmp(&right.name));
-        *self.schemas.lock().expect("schemas lock") =
-            tables.iter().map(|table| (table.name.clone(), Arc::new(table.clone()))).collect();
-        Ok(tables)
+        Ok(self.schemas.keep(found.into_values().collect()))
     }
 
-    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-        Err(no_snapshot("Kafka", &table.name))
-    }
-
-    async fn open(
-        &self,
-        split: &Split,
-        _resume_after: Option<&Position>,
-        _batch_rows: usize,
-    ) -> Result<Box<dyn Reader>> {
-        Err(no_snapshot("Kafka", &split.table.name))
+    fn no_snapshot(&self, table: &TableName) -> Error {
+        no_snapshot("Kafka", table)
     }
 
     async fn start_position(&self) -> Result<Option<Position>> {
@@ -255,10 +242,7 @@ impl Source for KafkaSource {
 
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
         let offsets = Offsets::of(after)?;
-        if self.schemas.lock().expect("schemas lock").is_empty() {
-            self.discover().await?;
-        }
-        let schemas = self.schemas.lock().expect("schemas lock").clone();
+        let schemas = self.schemas.or_discover(self.discover()).await?;
         let probe: BaseConsumer = self.consumer()?;
         let this = KafkaSource::new(self.options.clone());
         let partitions = blocking(move || this.partitions(&probe)).await??;

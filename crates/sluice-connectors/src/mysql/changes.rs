@@ -17,26 +17,23 @@ use super::tables::{
 };
 use super::trial::{InsertTrial, TableInserts};
 use super::{decode, mysql_error, quote, refuse_long_names};
-use sluice_core::conflict::{missing_rows, published_over, renamed_over};
+use sluice_core::conflict::missing_rows;
+
+use crate::sql::catalog::{to_publish, to_rename, Catalog};
+use crate::sql::task::WriterTask;
 
 pub(super) struct MysqlChangeWriter {
     pub(super) connection: Conn,
     pub(super) server: String,
-    pub(super) job: String,
-    pub(super) fence: Option<sluice_core::connector::Fence>,
-    pub(super) task: String,
+    pub(super) task: WriterTask,
     pub(super) in_transaction: bool,
     /// The target server's flavor (`mysql`, `mariadb`), read when a table is first created or
     /// altered: which of the source's own types and defaults it takes (`Fidelity`).
     pub(super) flavor: Option<&'static str>,
 }
 
-impl MysqlChangeWriter {
-    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
-        self.connection.query_drop(sql).await.map_err(|error| mysql_error(error, Side::Target, &self.server, doing))
-    }
-
-    /// The table's column names, empty when it does not exist.
+#[async_trait]
+impl Catalog for MysqlChangeWriter {
     async fn columns(&mut self, table: &TableName) -> Result<Vec<String>> {
         self.connection
             .exec(
@@ -47,22 +44,23 @@ impl MysqlChangeWriter {
             .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("describe table {table}")))
     }
 
-    /// Whether a table can be renamed to `to`: it does not exist, or exists empty (made by a
-    /// run's `prepare` while the stream was still behind the statement that makes it) and is
-    /// dropped now. A `to` that holds rows is left alone: false.
-    async fn free_name(&mut self, to: &TableName) -> Result<bool> {
-        if self.columns(to).await?.is_empty() {
-            return Ok(true);
-        }
+    async fn holds_rows(&mut self, table: &TableName) -> Result<bool> {
         let held: Option<u8> = self
             .connection
-            .query_first(format!("SELECT 1 FROM {} LIMIT 1", qualified(to)))
+            .query_first(format!("SELECT 1 FROM {} LIMIT 1", qualified(table)))
             .await
-            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look into table {to}")))?;
-        if held.is_none() {
-            self.execute(&format!("DROP TABLE {}", qualified(to)), &format!("drop the empty table {to}")).await?;
-        }
-        Ok(held.is_none())
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look into table {table}")))?;
+        Ok(held.is_some())
+    }
+
+    async fn drop_empty(&mut self, table: &TableName) -> Result<()> {
+        self.execute(&format!("DROP TABLE {}", qualified(table)), &format!("drop the empty table {table}")).await
+    }
+}
+
+impl MysqlChangeWriter {
+    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
+        self.connection.query_drop(sql).await.map_err(|error| mysql_error(error, Side::Target, &self.server, doing))
     }
 
     async fn flavor(&mut self) -> Result<&'static str> {
@@ -160,7 +158,7 @@ impl MysqlChangeWriter {
 #[async_trait]
 impl ChangeWriter for MysqlChangeWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        read_checkpoint(&mut self.connection, &self.server, &self.job, &self.task).await
+        read_checkpoint(&mut self.connection, &self.server, &self.task.job, &self.task.name).await
     }
 
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
@@ -196,7 +194,8 @@ impl ChangeWriter for MysqlChangeWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint)
+            .await
     }
 
     fn ddl_commits(&self) -> bool {
@@ -206,22 +205,12 @@ impl ChangeWriter for MysqlChangeWriter {
     /// One `RENAME TABLE` of every pair: MySQL renames them together, so a reader waits and
     /// then sees every published table.
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
-        check_fence(&mut self.connection, &self.server, &self.job, self.fence.as_ref()).await?;
-        let mut renames = Vec::new();
-        let mut taken = Vec::new();
-        for (hidden, own) in tables {
-            if self.columns(hidden).await?.is_empty() {
-                continue;
-            }
-            if self.free_name(own).await? {
-                renames.push(format!("{} TO {}", qualified(hidden), qualified(own)));
-            } else {
-                taken.push(format!("{own} (the copy waits as {hidden})"));
-            }
-        }
-        if !taken.is_empty() {
-            return Err(published_over(&taken));
-        }
+        check_fence(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref()).await?;
+        let renames: Vec<String> = to_publish(self, tables)
+            .await?
+            .into_iter()
+            .map(|(hidden, own)| format!("{} TO {}", qualified(hidden), qualified(own)))
+            .collect();
         if renames.is_empty() {
             return Ok(());
         }
@@ -238,7 +227,7 @@ impl ChangeWriter for MysqlChangeWriter {
         }
         // DDL commits on its own, outside the checkpoint's fence: a task whose fence moved
         // applies none (its sessions also ended when the new owner claimed the task).
-        check_fence(&mut self.connection, &self.server, &self.job, self.fence.as_ref()).await?;
+        check_fence(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref()).await?;
         match change {
             SchemaChange::Create(table) => self.create(table).await?,
             SchemaChange::Drop(table) => {
@@ -250,15 +239,8 @@ impl ChangeWriter for MysqlChangeWriter {
                     .await?
             }
             SchemaChange::Rename { from, to } => {
-                if self.columns(from).await?.is_empty() {
-                    if self.columns(to).await?.is_empty() {
-                        return Err(Error::new(ErrorKind::Schema, format!("neither {from} nor {to} exists to rename"))
-                            .on(Side::Target));
-                    }
+                if !to_rename(self, from, to).await? {
                     return Ok(());
-                }
-                if !self.free_name(to).await? {
-                    return Err(renamed_over(from, to));
                 }
                 let database = quote(to.namespace.as_deref().unwrap_or("sluice_default"));
                 let renamed = format!(

@@ -18,12 +18,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         snapshot_source: true,
         change_source: true,
         cursor_source: true,
-        table_sink: true,
-        change_sink: true,
-        event_sink: false,
-        upsert: true,
-        fencing: true,
-        transactions: true,
+        ..crate::SERVER_TARGET_CAPABILITIES
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate: validate_target, build: build_target }),

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
-use sluice_core::change::{Batch, ChangeKind, Rejected};
-use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
+use sluice_core::change::{Batch, Rejected};
+use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Refused, Sink, TableTasks, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
-use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
+use sluice_core::{DataType, Error, Result, Row, Side, TableName, TableSchema, Value};
 
 use super::checkpoints::{
     commit_with_checkpoint, end_older_sessions, forget_binding, read_checkpoint, register_session, verify_binding,
@@ -20,6 +20,9 @@ use super::rows::{delete_keys, insert_rows};
 use super::tables::{add_index_sql, add_missing_indexes, counter_sql, create_table_sql, move_counter, qualified};
 use super::trial::{InsertTrial, Inserts};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
+use crate::sql::snapshot::{write_inserts, TableWriter};
+use crate::sql::target::{refuse_keyless_upsert, to_create};
+use crate::sql::task::WriterTask;
 
 /// A MySQL or MariaDB server written as a target.
 #[derive(Debug)]
@@ -253,14 +256,7 @@ impl Sink for MysqlSink {
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
         connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
         for table in tables {
-            if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
-                )
-                .on(Side::Target)
-                .hint("use write_mode: insert for this table"));
-            }
+            refuse_keyless_upsert(table, self.write_mode)?;
             let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
             let existing: Vec<String> = connection
                 .exec(
@@ -269,31 +265,11 @@ impl Sink for MysqlSink {
                 )
                 .await
                 .map_err(error(&format!("describe table {}", table.name)))?;
-            if existing.is_empty() {
-                if !self.create_tables {
-                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
-                        .on(Side::Target)
-                        .hint("create it, or set target.create_tables: true"));
-                }
+            if to_create(table, &existing, self.create_tables, |known, name| known.eq_ignore_ascii_case(name))? {
                 connection
                     .query_drop(create_table_sql(table, self.flavor.get().map(String::as_str)))
                     .await
                     .map_err(error(&format!("create table {}", table.name)))?;
-                continue;
-            }
-            let missing: Vec<&str> = table
-                .columns
-                .iter()
-                .map(|column| column.name.as_str())
-                .filter(|name| !existing.iter().any(|known| known.eq_ignore_ascii_case(name)))
-                .collect();
-            if !missing.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("table `{}` lacks columns {}", table.name, missing.join(", ")),
-                )
-                .on(Side::Target)
-                .hint("add the columns or drop the table so it is created"));
             }
         }
         Ok(())
@@ -303,9 +279,7 @@ impl Sink for MysqlSink {
         Ok(Box::new(super::changes::MysqlChangeWriter {
             connection: self.task_connection(job).await?,
             server: self.server.clone(),
-            job: job.to_owned(),
-            task: task.to_owned(),
-            fence: self.fence.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
             in_transaction: false,
             flavor: None,
         }))
@@ -346,9 +320,7 @@ impl Sink for MysqlSink {
         Ok(Box::new(MysqlWriter {
             connection,
             server: self.server.clone(),
-            job: job.to_owned(),
-            task: task.to_owned(),
-            fence: self.fence.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
             upsert: self.write_mode == WriteMode::Upsert,
             load_data: self.local_infile.load(std::sync::atomic::Ordering::Relaxed) && loadable(&table),
             table,
@@ -361,9 +333,7 @@ impl Sink for MysqlSink {
 struct MysqlWriter {
     connection: Conn,
     server: String,
-    job: String,
-    fence: Option<Fence>,
-    task: String,
+    task: WriterTask,
     table: Arc<TableSchema>,
     upsert: bool,
     /// Batches go in by `LOAD DATA LOCAL` (single rows, to find a refused one, by INSERT).
@@ -441,14 +411,6 @@ impl MysqlWriter {
         move |error| mysql_error(error, Side::Target, &self.server, &doing)
     }
 
-    async fn begin(&mut self) -> Result<()> {
-        if !self.in_transaction {
-            self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))?;
-            self.in_transaction = true;
-        }
-        Ok(())
-    }
-
     async fn insert_rows(&mut self, rows: &[&Row]) -> std::result::Result<(), mysql_async::Error> {
         if self.upsert {
             let keys: Vec<Vec<Value>> = rows
@@ -514,31 +476,43 @@ impl Inserts for MysqlWriter {
 }
 
 #[async_trait]
+impl TableWriter for MysqlWriter {
+    const TARGET: &'static str = "MySQL";
+
+    fn table(&self) -> &TableSchema {
+        &self.table
+    }
+
+    fn in_transaction(&mut self) -> &mut bool {
+        &mut self.in_transaction
+    }
+
+    async fn start_transaction(&mut self) -> Result<()> {
+        self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))
+    }
+
+    /// Inserted under savepoints: a row whose content fails the batch is found and left out,
+    /// the rest kept.
+    async fn write_rows(&mut self, rows: &[&Row]) -> Result<Vec<Refused>> {
+        InsertTrial { inserts: self, rows, key_conflicts: false }.run().await
+    }
+}
+
+#[async_trait]
 impl Writer for MysqlWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        read_checkpoint(&mut self.connection, &self.server, &self.job, &self.task).await
+        read_checkpoint(&mut self.connection, &self.server, &self.task.job, &self.task.name).await
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
-        self.begin().await?;
-        let mut rows = Vec::with_capacity(batch.changes.len());
-        for change in &batch.changes {
-            let ChangeKind::Insert { after } = &change.kind else {
-                return Err(Error::new(ErrorKind::Write, "the MySQL target applies inserts only (snapshot mode)")
-                    .on(Side::Target));
-            };
-            rows.push(after);
-        }
-        // Inserted under savepoints: a row whose content fails the batch is found and left out,
-        // the rest kept.
-        let refused = InsertTrial { inserts: self, rows: &rows, key_conflicts: false }.run().await?;
-        Ok(refused.into_iter().map(|refused| Rejected::row(&self.table, rows[refused.index], refused.reason)).collect())
+        write_inserts(self, batch).await
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&mut self.connection, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+        commit_with_checkpoint(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint)
+            .await
     }
 
     /// `DELETE` in the open transaction (`TRUNCATE` would commit on its own).

@@ -18,18 +18,13 @@ pub(crate) const CONNECTOR: Connector = Connector {
     name: "nats",
     feature: "nats",
     capabilities: Capabilities {
-        snapshot_source: false,
         // Streams of change events, read back (`source.rs`).
         change_source: true,
-        cursor_source: false,
         table_sink: true,
-        change_sink: false,
         event_sink: true,
-        upsert: false,
-        // A checkpoint commit refuses a second writer of the same job (FENCED), but a cluster's
-        // epochs are not carried: a standalone job only.
-        fencing: false,
-        transactions: false,
+        // Not `fencing`: a checkpoint commit refuses a second writer of the same job (FENCED), but
+        // a cluster's epochs are not carried: a standalone job only.
+        ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: FIELDS, validate, build }),

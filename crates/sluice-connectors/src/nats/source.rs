@@ -7,20 +7,20 @@
 //! on the server). A table's columns come from the first message on its subject.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_nats::jetstream::{self, consumer};
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint, StreamEvent};
+use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::{Error, ErrorKind, Position, Result, Side, TableName, TableSchema};
 
 use super::{connect, shown_url};
 use crate::events::check_item;
 use crate::events::decode::read_event;
-use crate::events::source::{no_events_yet, no_snapshot, now_seconds, SourceOptions};
+use crate::events::source::{no_events_yet, no_snapshot, now_seconds, FoundTables, SourceOptions};
 
 /// A `nats` source's options; `events.template` renders a table's subject.
 #[derive(Debug, Clone)]
@@ -55,7 +55,7 @@ fn key(headers: Option<&async_nats::HeaderMap>) -> Option<Vec<u8>> {
 /// A JetStream stream of change events as a source.
 pub struct NatsSource {
     options: NatsSourceOptions,
-    schemas: Mutex<HashMap<TableName, Arc<TableSchema>>>,
+    schemas: FoundTables,
 }
 
 impl std::fmt::Debug for NatsSource {
@@ -66,7 +66,7 @@ impl std::fmt::Debug for NatsSource {
 
 impl NatsSource {
     pub fn new(options: NatsSourceOptions) -> NatsSource {
-        NatsSource { options, schemas: Mutex::new(HashMap::new()) }
+        NatsSource { options, schemas: FoundTables::default() }
     }
 
     async fn stream(&self) -> Result<jetstream::stream::Stream> {
@@ -161,23 +161,11 @@ impl Source for NatsSource {
         if !missing.is_empty() {
             return Err(no_events_yet(&format!("NATS stream {}", self.options.stream), &missing));
         }
-        tables.sort_by(|left, right| left.name.cmp(&right.name));
-        *self.schemas.lock().expect("schemas lock") =
-            tables.iter().map(|table| (table.name.clone(), Arc::new(table.clone()))).collect();
-        Ok(tables)
+        Ok(self.schemas.keep(tables))
     }
 
-    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-        Err(no_snapshot("NATS", &table.name))
-    }
-
-    async fn open(
-        &self,
-        split: &Split,
-        _resume_after: Option<&Position>,
-        _batch_rows: usize,
-    ) -> Result<Box<dyn Reader>> {
-        Err(no_snapshot("NATS", &split.table.name))
+    fn no_snapshot(&self, table: &TableName) -> Error {
+        no_snapshot("NATS", table)
     }
 
     async fn start_position(&self) -> Result<Option<Position>> {
@@ -186,10 +174,7 @@ impl Source for NatsSource {
 
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
         let start: Sequence = after.read("the NATS source's stream")?;
-        if self.schemas.lock().expect("schemas lock").is_empty() {
-            self.discover().await?;
-        }
-        let schemas = self.schemas.lock().expect("schemas lock").clone();
+        let schemas = self.schemas.or_discover(self.discover()).await?;
         let stream = self.stream().await?;
         let consumer = stream
             .create_consumer(consumer::pull::OrderedConfig {

@@ -3,16 +3,18 @@
 //! also moves the stream's row in `sluice.checkpoints`.
 
 use async_trait::async_trait;
-use sluice_core::conflict::{missing_rows, published_over, renamed_over};
+use sluice_core::conflict::missing_rows;
 use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
-use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
+use sluice_core::{Error, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
 use super::tables::{add_column_sql, altered_table_sql, create_table_sql, finish_sql, qualified, retype_column_sql};
 use super::trial::CopyTrial;
 use super::{column_type, encode_copy, postgres_error, quote, refuse_long_names};
+use crate::sql::catalog::{to_publish, to_rename, Catalog};
+use crate::sql::task::WriterTask;
 
 /// At most this many keys per DELETE; a larger set takes several statements.
 const KEYS_PER_STATEMENT: usize = 10_000;
@@ -20,9 +22,7 @@ const KEYS_PER_STATEMENT: usize = 10_000;
 pub(super) struct PostgresChangeWriter {
     pub(super) client: Client,
     pub(super) server: String,
-    pub(super) job: String,
-    pub(super) fence: Option<sluice_core::connector::Fence>,
-    pub(super) task: String,
+    pub(super) task: WriterTask,
     pub(super) in_transaction: bool,
     pub(super) buffer: String,
 }
@@ -48,12 +48,8 @@ fn text_form(value: &Value) -> Option<String> {
     }
 }
 
-impl PostgresChangeWriter {
-    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
-        self.client.batch_execute(sql).await.map_err(|error| postgres_error(error, Side::Target, &self.server, doing))
-    }
-
-    /// The table's column names, empty when it does not exist.
+#[async_trait]
+impl Catalog for PostgresChangeWriter {
     async fn columns(&mut self, table: &TableName) -> Result<Vec<String>> {
         let namespace = table.namespace.as_deref().unwrap_or("public");
         let rows = self
@@ -67,24 +63,24 @@ impl PostgresChangeWriter {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    /// Whether a table can be renamed to `to`: it does not exist, or exists empty (made by a
-    /// run's `prepare` while the stream was still behind the statement that makes it) and is
-    /// dropped now. A `to` that holds rows is left alone: false.
-    async fn free_name(&mut self, to: &TableName) -> Result<bool> {
-        if self.columns(to).await?.is_empty() {
-            return Ok(true);
-        }
-        let doing = format!("look into table {to}");
-        let held: bool = self
+    async fn holds_rows(&mut self, table: &TableName) -> Result<bool> {
+        let doing = format!("look into table {table}");
+        let held = self
             .client
-            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {})", qualified(to)), &[])
+            .query_one(&format!("SELECT EXISTS (SELECT 1 FROM {})", qualified(table)), &[])
             .await
-            .map_err(self.error(&doing))?
-            .get(0);
-        if !held {
-            self.execute(&format!("DROP TABLE {}", qualified(to)), &format!("drop the empty table {to}")).await?;
-        }
-        Ok(!held)
+            .map_err(self.error(&doing))?;
+        Ok(held.get(0))
+    }
+
+    async fn drop_empty(&mut self, table: &TableName) -> Result<()> {
+        self.execute(&format!("DROP TABLE {}", qualified(table)), &format!("drop the empty table {table}")).await
+    }
+}
+
+impl PostgresChangeWriter {
+    async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
+        self.client.batch_execute(sql).await.map_err(|error| postgres_error(error, Side::Target, &self.server, doing))
     }
 
     fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
@@ -214,7 +210,7 @@ impl PostgresChangeWriter {
 #[async_trait]
 impl ChangeWriter for PostgresChangeWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        read_checkpoint(&self.client, &self.server, &self.job, &self.task).await
+        read_checkpoint(&self.client, &self.server, &self.task.job, &self.task.name).await
     }
 
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
@@ -258,7 +254,7 @@ impl ChangeWriter for PostgresChangeWriter {
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+        commit_with_checkpoint(&self.client, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint).await
     }
 
     /// Renames inside the open transaction, which commits with the checkpoint that ends the
@@ -266,22 +262,7 @@ impl ChangeWriter for PostgresChangeWriter {
     /// and indexes of a hidden copy are named after its own name already (`tables.rs`).
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
         self.begin().await?;
-        let mut renames = Vec::new();
-        let mut taken = Vec::new();
-        for (hidden, own) in tables {
-            if self.columns(hidden).await?.is_empty() {
-                continue;
-            }
-            if self.free_name(own).await? {
-                renames.push((hidden, own));
-            } else {
-                taken.push(format!("{own} (the copy waits as {hidden})"));
-            }
-        }
-        if !taken.is_empty() {
-            return Err(published_over(&taken));
-        }
-        for (hidden, own) in renames {
+        for (hidden, own) in to_publish(self, tables).await? {
             let doing = format!("publish table {own}");
             self.execute(&format!("ALTER TABLE {} RENAME TO {}", qualified(hidden), quote(&own.name)), &doing).await?;
         }
@@ -311,15 +292,8 @@ impl ChangeWriter for PostgresChangeWriter {
                 self.execute(&format!("TRUNCATE {}", qualified(table)), &format!("truncate table {table}")).await?
             }
             SchemaChange::Rename { from, to } => {
-                if self.columns(from).await?.is_empty() {
-                    if self.columns(to).await?.is_empty() {
-                        return Err(Error::new(ErrorKind::Schema, format!("neither {from} nor {to} exists to rename"))
-                            .on(Side::Target));
-                    }
+                if !to_rename(self, from, to).await? {
                     return Ok(());
-                }
-                if !self.free_name(to).await? {
-                    return Err(renamed_over(from, to));
                 }
                 let doing = format!("rename table {from} to {to}");
                 if from.namespace != to.namespace {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::connector::{Capabilities, Fence, Sink};
+use sluice_core::connector::{Fence, Sink};
 use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
 use sluice_core::Result;
 
@@ -12,17 +12,7 @@ use crate::{Connector, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "postgres",
     feature: "postgres",
-    capabilities: Capabilities {
-        snapshot_source: false,
-        change_source: false,
-        cursor_source: false,
-        table_sink: true,
-        change_sink: true,
-        event_sink: false,
-        upsert: true,
-        fencing: true,
-        transactions: true,
-    },
+    capabilities: crate::SERVER_TARGET_CAPABILITIES,
     source: None,
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build }),
 };

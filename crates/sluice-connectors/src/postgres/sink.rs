@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_core::change::{Batch, ChangeKind, Rejected};
-use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
+use sluice_core::change::{Batch, Rejected};
+use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Refused, Sink, TableTasks, Writer};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
-use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
+use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
 use super::checkpoints::{
@@ -17,6 +17,9 @@ use super::checkpoints::{
 use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
 use super::trial::CopyTrial;
 use super::{connect, postgres_error, quote, refuse_long_names};
+use crate::sql::snapshot::{write_inserts, TableWriter};
+use crate::sql::target::{refuse_keyless_upsert, to_create};
+use crate::sql::task::WriterTask;
 
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
@@ -167,14 +170,7 @@ impl Sink for PostgresSink {
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
         for table in tables {
-            if self.write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
-                )
-                .on(Side::Target)
-                .hint("use write_mode: insert for this table"));
-            }
+            refuse_keyless_upsert(table, self.write_mode)?;
             let namespace = table.name.namespace.as_deref().unwrap_or("public");
             let existing: Vec<String> = client
                 .query("SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2", &[&namespace, &table.name.name])
@@ -183,31 +179,11 @@ impl Sink for PostgresSink {
                 .iter()
                 .map(|row| row.get(0))
                 .collect();
-            if existing.is_empty() {
-                if !self.create_tables {
-                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
-                        .on(Side::Target)
-                        .hint("create it, or set target.create_tables: true"));
-                }
+            if to_create(table, &existing, self.create_tables, |known, name| known == name)? {
                 client
                     .batch_execute(&create_table_sql(table))
                     .await
                     .map_err(self.error(&format!("create table {}", table.name)))?;
-                continue;
-            }
-            let missing: Vec<&str> = table
-                .columns
-                .iter()
-                .map(|column| column.name.as_str())
-                .filter(|name| !existing.iter().any(|known| known == name))
-                .collect();
-            if !missing.is_empty() {
-                return Err(Error::new(
-                    ErrorKind::Schema,
-                    format!("table `{}` lacks columns {}", table.name, missing.join(", ")),
-                )
-                .on(Side::Target)
-                .hint("add the columns or drop the table so it is created"));
             }
         }
         Ok(())
@@ -272,9 +248,7 @@ impl Sink for PostgresSink {
         Ok(Box::new(super::changes::PostgresChangeWriter {
             client: self.writer_connection(job).await?,
             server: self.server.clone(),
-            job: job.to_owned(),
-            task: task.to_owned(),
-            fence: self.fence.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
             in_transaction: false,
             buffer: String::new(),
         }))
@@ -325,9 +299,7 @@ impl Sink for PostgresSink {
         Ok(Box::new(PostgresWriter {
             client,
             server: self.server.clone(),
-            job: job.to_owned(),
-            task: task.to_owned(),
-            fence: self.fence.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
             copy: format!("COPY {copy_target} ({}) FROM STDIN", columns.join(", ")),
             upsert: stage.as_ref().map(|stage| upsert_sql(&table, stage)),
             stage,
@@ -359,9 +331,7 @@ fn upsert_sql(table: &TableSchema, stage: &str) -> String {
 struct PostgresWriter {
     client: Client,
     server: String,
-    job: String,
-    fence: Option<Fence>,
-    task: String,
+    task: WriterTask,
     table: Arc<TableSchema>,
     copy: String,
     /// For upsert: the session's staging table and the statement that merges it.
@@ -376,13 +346,39 @@ impl PostgresWriter {
         let doing = doing.to_owned();
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
+}
 
-    async fn begin(&mut self) -> Result<()> {
-        if !self.in_transaction {
-            self.client.batch_execute("BEGIN").await.map_err(self.error("begin a transaction"))?;
-            self.in_transaction = true;
+#[async_trait]
+impl TableWriter for PostgresWriter {
+    const TARGET: &'static str = "PostgreSQL";
+
+    fn table(&self) -> &TableSchema {
+        &self.table
+    }
+
+    fn in_transaction(&mut self) -> &mut bool {
+        &mut self.in_transaction
+    }
+
+    async fn start_transaction(&mut self) -> Result<()> {
+        self.client.batch_execute("BEGIN").await.map_err(self.error("begin a transaction"))
+    }
+
+    /// COPYed (and merged, for upsert) under savepoints: a row whose content fails the batch
+    /// is found and left out, the rest kept.
+    async fn write_rows(&mut self, rows: &[&Row]) -> Result<Vec<Refused>> {
+        CopyTrial {
+            client: &self.client,
+            server: &self.server,
+            table: &self.table,
+            copy: &self.copy,
+            then: self.upsert.as_deref(),
+            rows,
+            buffer: &mut self.buffer,
+            key_conflicts: false,
         }
-        Ok(())
+        .run()
+        .await
     }
 }
 
@@ -396,40 +392,17 @@ impl Writer for PostgresWriter {
             );
             self.client.batch_execute(&create).await.map_err(self.error("create the staging table"))?;
         }
-        read_checkpoint(&self.client, &self.server, &self.job, &self.task).await
+        read_checkpoint(&self.client, &self.server, &self.task.job, &self.task.name).await
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
-        self.begin().await?;
-        let mut rows = Vec::with_capacity(batch.changes.len());
-        for change in &batch.changes {
-            let ChangeKind::Insert { after } = &change.kind else {
-                return Err(Error::new(ErrorKind::Write, "the PostgreSQL target applies inserts only (snapshot mode)")
-                    .on(Side::Target));
-            };
-            rows.push(after);
-        }
-        // COPYed (and merged, for upsert) under savepoints: a row whose content fails the batch
-        // is found and left out, the rest kept.
-        let refused = CopyTrial {
-            client: &self.client,
-            server: &self.server,
-            table: &self.table,
-            copy: &self.copy,
-            then: self.upsert.as_deref(),
-            rows: &rows,
-            buffer: &mut self.buffer,
-            key_conflicts: false,
-        }
-        .run()
-        .await?;
-        Ok(refused.into_iter().map(|refused| Rejected::row(&self.table, rows[refused.index], refused.reason)).collect())
+        write_inserts(self, batch).await
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
-        commit_with_checkpoint(&self.client, &self.server, &self.job, self.fence.as_ref(), checkpoint).await
+        commit_with_checkpoint(&self.client, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint).await
     }
 
     /// `TRUNCATE` in the open transaction: undone with it, should the copy fail.

@@ -14,14 +14,11 @@ pub(crate) const CONNECTOR: Connector = Connector {
     feature: "sqlite",
     capabilities: Capabilities {
         snapshot_source: true,
-        change_source: false,
         cursor_source: true,
         table_sink: true,
-        change_sink: false,
-        event_sink: false,
         upsert: true,
-        fencing: false,
         transactions: true,
+        ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: &["type", "path", "tables"], validate: no_options, build: build_source }),
     target: Some(TargetSide {

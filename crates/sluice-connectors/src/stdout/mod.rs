@@ -17,17 +17,7 @@ use crate::{Connector, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "stdout",
     feature: "default",
-    capabilities: Capabilities {
-        snapshot_source: false,
-        change_source: false,
-        cursor_source: false,
-        table_sink: true,
-        change_sink: false,
-        event_sink: true,
-        upsert: false,
-        fencing: false,
-        transactions: false,
-    },
+    capabilities: Capabilities { table_sink: true, event_sink: true, ..Capabilities::NONE },
     source: None,
     target: Some(TargetSide { fields: FIELDS, validate, build }),
 };

@@ -13,17 +13,7 @@ use crate::{Connector, SourceSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "tcp",
     feature: "tcp",
-    capabilities: Capabilities {
-        snapshot_source: false,
-        change_source: true,
-        cursor_source: false,
-        table_sink: false,
-        change_sink: false,
-        event_sink: false,
-        upsert: false,
-        fencing: false,
-        transactions: false,
-    },
+    capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
     source: Some(SourceSide { fields: &["type", "listen", "table", "columns", "key"], validate, build }),
     target: None,
 };

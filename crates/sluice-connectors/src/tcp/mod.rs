@@ -20,8 +20,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint, StreamEvent};
-use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableSchema};
+use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
+use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableName, TableSchema};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -97,12 +97,8 @@ impl Source for TcpSource {
         Ok(vec![(*self.options.table).clone()])
     }
 
-    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-        Err(crate::events::source::no_snapshot("tcp", &table.name))
-    }
-
-    async fn open(&self, split: &Split, _resume_after: Option<&Position>, _rows: usize) -> Result<Box<dyn Reader>> {
-        Err(crate::events::source::no_snapshot("tcp", &split.table.name))
+    fn no_snapshot(&self, table: &TableName) -> Error {
+        crate::events::source::no_snapshot("tcp", table)
     }
 
     fn applies_by_key(&self) -> bool {

@@ -1,0 +1,53 @@
+//! The checks a server target makes of a job's table before it writes: a key for an upsert, the
+//! table itself, and each of the table's columns.
+
+use sluice_core::spec::WriteMode;
+use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
+
+/// Refuses a table without primary key under `write_mode: upsert`, which replaces rows by key.
+pub(crate) fn refuse_keyless_upsert(table: &TableSchema, write_mode: WriteMode) -> Result<()> {
+    if write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
+        )
+        .on(Side::Target)
+        .hint("use write_mode: insert for this table"));
+    }
+    Ok(())
+}
+
+/// The table in the target, given the names of its columns there (`existing`, empty when it
+/// does not exist): whether it is to be created (it does not exist and `create_tables` allows
+/// it), or an error for a missing table or a column it lacks. `same` compares a column's name
+/// with one of the target's, as the target compares names.
+pub(crate) fn to_create(
+    table: &TableSchema,
+    existing: &[String],
+    create_tables: bool,
+    same: impl Fn(&str, &str) -> bool,
+) -> Result<bool> {
+    if existing.is_empty() {
+        if !create_tables {
+            return Err(Error::new(ErrorKind::Schema, format!("table `{}` does not exist", table.name))
+                .on(Side::Target)
+                .hint("create it, or set target.create_tables: true"));
+        }
+        return Ok(true);
+    }
+    let missing: Vec<&str> = table
+        .columns
+        .iter()
+        .map(|column| column.name.as_str())
+        .filter(|name| !existing.iter().any(|known| same(known, name)))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Schema,
+            format!("table `{}` lacks columns {}", table.name, missing.join(", ")),
+        )
+        .on(Side::Target)
+        .hint("add the columns or drop the table so it is created"));
+    }
+    Ok(false)
+}
