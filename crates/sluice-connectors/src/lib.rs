@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
-use sluice_core::{Error, Result};
+use sluice_core::{Error, Result, Side};
 
 /// Refuses names a target cannot hold as they are, all of them in one error: a target that
 /// truncated them (PostgreSQL does, with only a notice) could merge two names into one.
@@ -172,7 +172,7 @@ pub fn connector(name: &str) -> Option<&'static Connector> {
 pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
     for endpoint in [&job.source, &job.target] {
-        let is_source = endpoint.role == "source";
+        let is_source = endpoint.role == Side::Source;
         let Some(connector) = connector(&endpoint.connector) else {
             let message = match EVERY_TYPE.iter().find(|(name, _)| *name == endpoint.connector) {
                 Some((name, feature)) => {

@@ -15,13 +15,20 @@ pub enum Side {
     State,
 }
 
-impl fmt::Display for Side {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        formatter.write_str(match self {
+impl Side {
+    /// Its name in messages and in a job's field paths: `source`, `target`, `state`.
+    pub fn name(self) -> &'static str {
+        match self {
             Side::Source => "source",
             Side::Target => "target",
             Side::State => "state",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.name())
     }
 }
 

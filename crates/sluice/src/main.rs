@@ -512,7 +512,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
     let scalar = |text: &str| Node { kind: NodeKind::Scalar { text: text.to_owned(), quoted: true }, line: None };
     job.mode = Mode::Cdc;
     job.target = EndpointSpec {
-        role: "target",
+        role: sluice_core::Side::Target,
         connector: "stdout".into(),
         url: None,
         path: None,

@@ -9,6 +9,7 @@ use super::decode::{self, Decoder, Fields, SpecError};
 use super::document::{self, Node};
 use super::schedule::{self, Dependency, ScheduleSpec};
 use super::transform::{self, RouteSpec, TransformSpec};
+use crate::error::Side;
 use crate::secret::{self, Secret};
 
 /// A validated job.
@@ -90,8 +91,9 @@ pub enum WriteMode {
 /// connector's own options, which the connector registry validates.
 #[derive(Debug, Clone)]
 pub struct EndpointSpec {
-    /// `source` or `target`: the field path prefix for messages.
-    pub role: &'static str,
+    /// Which end of the job it is (`Side::Source` or `Side::Target`); its name is the field path
+    /// prefix of messages.
+    pub role: Side,
     pub connector: String,
     /// The server URL; it may hold a password, so it never prints.
     pub url: Option<Secret>,
@@ -264,9 +266,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let mode = decode_mode(decoder, &fields);
     let source = fields
         .require(decoder, "source", "where data comes from")
-        .and_then(|node| decode_endpoint(decoder, node, "source"));
-    let target =
-        fields.require(decoder, "target", "where data goes").and_then(|node| decode_endpoint(decoder, node, "target"));
+        .and_then(|node| decode_endpoint(decoder, node, Side::Source));
+    let target = fields
+        .require(decoder, "target", "where data goes")
+        .and_then(|node| decode_endpoint(decoder, node, Side::Target));
     let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -433,7 +436,8 @@ fn check_cursor(decoder: &mut Decoder, mode: Mode, source: &EndpointSpec, target
     }
 }
 
-fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Option<EndpointSpec> {
+fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<EndpointSpec> {
+    let role = side.name();
     // Connector-specific keys are allowed here and checked by the registry, which knows them.
     let document::NodeKind::Mapping(entries) = &node.kind else {
         decoder.error(role, node.line, format!("expected a mapping with at least `type`, found {}", node.shape()));
@@ -479,7 +483,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, role: &'static str) -> Op
         .map(|(key, value)| (key.clone(), decoder.substituted(value, &fields.path(key))))
         .collect();
     Some(EndpointSpec {
-        role,
+        role: side,
         connector: connector?,
         url,
         path,
