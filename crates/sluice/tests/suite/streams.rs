@@ -523,7 +523,7 @@ fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
 /// (each update adds one to `v`), and is SIGKILLed twice during the copy. Per key, the events
 /// must be exactly its copied row and then every update after it: `v` rising by one from the
 /// copied value to the source's last, never back, none missing, none twice.
-fn copy_then_stream_in_order(bus: Bus, prefix: &str) {
+fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
     const KEYS: u64 = 4_000;
     let database = unique_name(prefix);
     let values: Vec<String> = (1..=KEYS).map(|id| format!("({id}, 0)")).collect();
@@ -588,19 +588,43 @@ fn copy_then_stream_in_order(bus: Bus, prefix: &str) {
             (id.parse().unwrap(), v.parse().unwrap())
         })
         .collect();
-    let per_key = || {
+    let per_key = |bus: &Bus| {
         let mut per_key: BTreeMap<i64, Vec<(String, i64)>> = BTreeMap::new();
         for (id, op, v) in bus.row_events(&topic) {
             per_key.entry(id).or_default().push((op, v));
         }
         per_key
     };
-    wait_on(&child, "every key's last update in the stream", 180, || {
-        let per_key = per_key();
-        last.iter().all(|(id, v)| per_key.get(id).and_then(|events| events.last()).is_some_and(|(_, seen)| seen == v))
-    });
+    // As `Bus::wait_for_events`: a Kafka test broker whose events stopped growing for 45 s is
+    // restarted once (tansu at times stops making anything readable under load).
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let (mut seen, mut progressed) = (0, std::time::Instant::now());
+    loop {
+        let events = per_key(&bus);
+        if last.iter().all(|(id, v)| events.get(id).and_then(|events| events.last()).is_some_and(|(_, seen)| seen == v))
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for every key's last update in the stream; the run says:\n{}",
+            child.stderr_text()
+        );
+        let count: usize = events.values().map(Vec::len).sum();
+        if count > seen {
+            (seen, progressed) = (count, std::time::Instant::now());
+        } else if progressed.elapsed() > Duration::from_secs(45) {
+            if let Bus::Kafka(broker) = &mut bus {
+                if broker.restart_stalled() {
+                    eprintln!("the last updates: the test broker made nothing readable for 45 s; restarted it once");
+                }
+            }
+            progressed = std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     kill(&mut child);
-    let per_key = per_key();
+    let per_key = per_key(&bus);
     let mut wrong = Vec::new();
     // Keys updated both before and after their copy: the ones the switch could take back.
     let mut straddling = 0;
