@@ -10,9 +10,11 @@ use sluice_core::{Error, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
-use super::tables::{add_column_sql, altered_table_sql, create_table_sql, finish_sql, qualified, retype_column_sql};
+use super::tables::{
+    add_column_sql, altered_table_sql, create_table_sql, definition_type, finish_sql, qualified, retype_column_sql,
+};
 use super::trial::CopyTrial;
-use super::{column_type, encode_copy, postgres_error, quote, refuse_long_names};
+use super::{encode_copy, postgres_error, quote, refuse_long_names};
 use crate::sql::catalog::{to_publish, to_rename, Catalog};
 use crate::sql::task::WriterTask;
 
@@ -132,7 +134,7 @@ impl PostgresChangeWriter {
             .iter()
             .enumerate()
             .map(|(index, column)| {
-                format!("t.{} = k.k{index}::{}", quote(&column.name), column_type(&column.data_type))
+                format!("t.{} = k.k{index}::{}", quote(&column.name), definition_type(table, column))
             })
             .collect();
         let sql = format!(
@@ -179,7 +181,7 @@ impl PostgresChangeWriter {
                     "{} IS NOT DISTINCT FROM ${}::text::{}",
                     quote(&column.name),
                     index + 1,
-                    column_type(&column.data_type)
+                    definition_type(table, column)
                 ),
             })
             .collect();

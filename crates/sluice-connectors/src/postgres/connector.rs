@@ -1,25 +1,95 @@
-//! The `postgres` connector: a target (a source is still to come); its capabilities, options
-//! and construction.
+//! The `postgres` connector: a source (snapshot, and the change stream of a logical replication
+//! slot) and a target; their capabilities, options and construction.
 
 use std::sync::Arc;
 
-use sluice_core::connector::{Fence, Sink};
-use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
+use sluice_core::connector::{Capabilities, Fence, Sink, Source};
+use sluice_core::filter::TableFilter;
+use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
 use sluice_core::Result;
 
-use crate::{Connector, TargetSide};
+use crate::{Connector, SourceSide, TargetSide};
 
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "postgres",
     feature: "postgres",
-    capabilities: crate::SERVER_TARGET_CAPABILITIES,
-    source: None,
+    capabilities: Capabilities { snapshot_source: true, change_source: true, ..crate::SERVER_TARGET_CAPABILITIES },
+    source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build }),
 };
 
-fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "slot", "publication"];
+
+/// The source's own options: the replication slot and publication a DBA created, when the job
+/// is not to create its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOptions {
+    pub slot: Option<String>,
+    pub publication: Option<String>,
+}
+
+impl SourceOptions {
+    /// Reads the options of a `postgres` source; every problem, each with its path and line.
+    pub fn read(endpoint: &EndpointSpec) -> std::result::Result<SourceOptions, Vec<SpecError>> {
+        let mut errors = Vec::new();
+        let mut name = |field: &str, rule: fn(&str) -> bool, expected: &str| -> Option<String> {
+            let node = endpoint.options.get(field)?;
+            match &node.kind {
+                NodeKind::Scalar { text, .. } if rule(text) => Some(text.clone()),
+                _ => {
+                    errors.push(endpoint.error(field, expected));
+                    None
+                }
+            }
+        };
+        let slot = name(
+            "slot",
+            |text| {
+                !text.is_empty()
+                    && text.len() <= 63
+                    && text.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_')
+            },
+            "expected a replication slot name: lower-case letters, digits and _, at most 63 characters",
+        );
+        let publication = name(
+            "publication",
+            |text| !text.is_empty() && text.len() <= 63,
+            "expected a publication name of at most 63 bytes",
+        );
+        if errors.is_empty() {
+            Ok(SourceOptions { slot, publication })
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+fn tls_problems(endpoint: &EndpointSpec) -> Vec<SpecError> {
     let Some(url) = &endpoint.url else { return Vec::new() };
     super::TLS_PARAMETERS.problems(url.expose()).into_iter().map(|problem| endpoint.error("url", problem)).collect()
+}
+
+fn validate_source(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+    let mut errors = SourceOptions::read(endpoint).err().unwrap_or_default();
+    errors.extend(tls_problems(endpoint));
+    errors
+}
+
+fn build_source(job: &JobSpec) -> Result<Arc<dyn Source>> {
+    let endpoint = &job.source;
+    let options = SourceOptions::read(endpoint).map_err(crate::invalid)?;
+    Ok(Arc::new(super::PostgresSource::new(
+        crate::url(endpoint)?.clone(),
+        endpoint.display_url(),
+        TableFilter::new(&endpoint.tables),
+        job.mode,
+        super::Replication::named(&job.name, options.slot, options.publication),
+        job.limits.batch_rows,
+    )))
+}
+
+fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+    tls_problems(endpoint)
 }
 
 fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {

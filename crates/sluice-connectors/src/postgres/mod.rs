@@ -1,10 +1,12 @@
-//! PostgreSQL as a target: connections, error classification, the type mapping and the COPY text
-//! encoding.
+//! PostgreSQL as a source (`source`, over the walsender client of `replication`) and as a
+//! target: connections, error classification, the type mapping and the COPY text encoding.
 
 mod changes;
 mod checkpoints;
 pub(crate) mod connector;
+pub(crate) mod replication;
 mod sink;
+mod source;
 mod tables;
 mod trial;
 
@@ -17,6 +19,7 @@ use tokio_postgres::Client;
 use crate::tls::{ClientTls, TlsParameters, Verification};
 
 pub use sink::PostgresSink;
+pub use source::{PostgresSource, Replication};
 
 /// The TLS parameters sluice reads itself, named as libpq names them.
 pub(crate) const TLS_PARAMETERS: TlsParameters = TlsParameters {

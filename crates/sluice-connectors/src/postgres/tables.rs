@@ -29,7 +29,7 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
         .columns
         .iter()
         .map(|column| {
-            let pg_type = column_type(&column.data_type);
+            let pg_type = definition_type(table, column);
             let mut definition = format!("{} {pg_type}", quote(&column.name));
             if is_identity(table, column) {
                 let sequence = bounded_name(&format!("{}_{}_seq", own_name(table), column.name));
@@ -66,10 +66,24 @@ pub(super) fn create_table_sql(table: &TableSchema) -> String {
     sql
 }
 
-/// The default a column takes here: its MySQL source's, translated (`translated_default`).
+/// The type a column is created with here: a PostgreSQL source's own type (a built-in one, which
+/// `native_type` names), else the logical type's mapping.
+pub(super) fn definition_type(table: &TableSchema, column: &sluice_core::Column) -> String {
+    if from_postgres(table) && !column.native_type.is_empty() {
+        column.native_type.clone()
+    } else {
+        column_type(&column.data_type)
+    }
+}
+
+/// The default a column takes here: its MySQL source's, translated (`translated_default`), or
+/// a PostgreSQL source's as it is.
 fn column_default(table: &TableSchema, column: &sluice_core::Column) -> Option<String> {
-    let default = column.details.default.as_deref().filter(|_| from_mysql(table))?;
-    translated_default(default, &column.data_type)
+    let default = column.details.default.as_deref()?;
+    if from_postgres(table) {
+        return Some(default.to_owned());
+    }
+    translated_default(default, &column.data_type).filter(|_| from_mysql(table))
 }
 
 /// `COMMENT ON TABLE` with the table's comment, or none (which removes one).
@@ -102,7 +116,7 @@ pub(super) fn add_column_sql(table: &TableSchema, column: &sluice_core::Column) 
     let name = qualified(&table.name);
     let column_name = quote(&column.name);
     let mut statements =
-        vec![format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {column_name} {}", column_type(&column.data_type))];
+        vec![format!("ALTER TABLE {name} ADD COLUMN IF NOT EXISTS {column_name} {}", definition_type(table, column))];
     if let Some(default) = column_default(table, column) {
         statements.push(format!("ALTER TABLE {name} ALTER COLUMN {column_name} SET DEFAULT {default}"));
     }
@@ -116,7 +130,7 @@ pub(super) fn add_column_sql(table: &TableSchema, column: &sluice_core::Column) 
 /// here. A default the column no longer has stays: dropping one fails on an identity column,
 /// and whether the target's column is one the description cannot say.
 pub(super) fn retype_column_sql(table: &TableSchema, column: &sluice_core::Column) -> Vec<String> {
-    let (name, column_name, pg_type) = (qualified(&table.name), quote(&column.name), column_type(&column.data_type));
+    let (name, column_name, pg_type) = (qualified(&table.name), quote(&column.name), definition_type(table, column));
     let nullability = if column.nullable { "DROP NOT NULL" } else { "SET NOT NULL" };
     let mut statements = vec![format!(
         "ALTER TABLE {name} ALTER COLUMN {column_name} TYPE {pg_type} USING {column_name}::{pg_type}, ALTER COLUMN {column_name} {nullability}"
@@ -142,9 +156,15 @@ fn from_mysql(table: &TableSchema) -> bool {
     matches!(table.details.dialect.as_deref(), Some("mysql" | "mariadb"))
 }
 
-/// An AUTO_INCREMENT column of a MySQL source whose type here can be an identity column.
+/// The table comes from PostgreSQL: its columns' types and defaults are this target's own.
+fn from_postgres(table: &TableSchema) -> bool {
+    table.details.dialect.as_deref() == Some("postgres")
+}
+
+/// A counter column (MySQL AUTO_INCREMENT, PostgreSQL identity or serial) whose type here can
+/// be an identity column.
 fn is_identity(table: &TableSchema, column: &sluice_core::Column) -> bool {
-    from_mysql(table)
+    (from_mysql(table) || from_postgres(table))
         && column.details.auto_increment
         && matches!(column_type(&column.data_type).as_str(), "smallint" | "integer" | "bigint")
 }

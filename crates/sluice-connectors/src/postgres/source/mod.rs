@@ -1,0 +1,490 @@
+//! PostgreSQL as a source: discovery from the catalog (`catalog`), primary-key range splits read
+//! in REPEATABLE READ snapshots (`reader`), and the change stream of a logical replication slot
+//! with `pgoutput` (`stream`), whose slot and publication `slot` manages.
+
+mod catalog;
+mod reader;
+mod slot;
+mod stream;
+mod values;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sluice_core::change::Position;
+use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
+use sluice_core::filter::TableFilter;
+use sluice_core::names::split_task;
+use sluice_core::secret::Secret;
+use sluice_core::spec::Mode;
+use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+
+use super::{postgres_error, quote};
+use catalog::{Described, ReplicaIdentity};
+use reader::{PostgresReader, Selection, Snapshot};
+use slot::Export;
+pub use slot::{ExportedSnapshot, Replication};
+
+/// A split of a PostgreSQL table: the key (text forms, key order) it starts strictly after and
+/// the one it ends at, included; none for the first split's start and the last split's end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRange {
+    pub after: Option<Vec<String>>,
+    pub through: Option<Vec<String>>,
+    /// Only these keys (a replay of the stream's dirty records, `Source::key_split`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<Vec<String>>>,
+    /// The snapshot the job's slot was created at, which the split's first read imports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<ExportedSnapshot>,
+}
+
+/// Where a snapshot read of a split resumes: strictly after this key. A job that streams also
+/// keeps where in the WAL each read of the split stood (`Source::copy_reads`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyPosition {
+    pub key: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reads: Vec<SplitRead>,
+}
+
+/// One read of a split in one snapshot: the keys strictly after `after` up to the next read's
+/// start, as they stood at WAL position `lsn` (every transaction the snapshot saw committed
+/// before it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SplitRead {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<String>>,
+    pub lsn: String,
+}
+
+/// A stream position: the end of a committed transaction in the WAL, `X/Y` as PostgreSQL
+/// prints it. The stream resumes with the transactions that commit after it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WalPosition {
+    pub lsn: String,
+}
+
+/// `X/Y` (two hexadecimal halves) as a 64-bit WAL position.
+pub(crate) fn parse_lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some(u64::from_str_radix(high, 16).ok()? << 32 | u64::from_str_radix(low, 16).ok()?)
+}
+
+/// A 64-bit WAL position as PostgreSQL prints it.
+pub(crate) fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+fn position_lsn(position: &Position) -> Option<u64> {
+    position.0.get("lsn").and_then(serde_json::Value::as_str).and_then(parse_lsn)
+}
+
+/// The session every source connection reads in: values in the text forms `values` reads.
+const SESSION_SETUP: &str = "SET DateStyle = ISO; SET IntervalStyle = postgres; SET bytea_output = hex; \
+                             SET extra_float_digits = 1";
+
+/// A PostgreSQL server read as a source.
+#[derive(Debug)]
+pub struct PostgresSource {
+    url: Secret,
+    /// The URL without its password, for messages.
+    server: String,
+    filter: TableFilter,
+    mode: Mode,
+    replication: Replication,
+    batch_rows: usize,
+    /// The tables as `discover` described them, for splits and checks.
+    described: Mutex<BTreeMap<TableName, Described>>,
+    /// The snapshot of the slot this run created, kept exported until the stream starts.
+    export: Mutex<Option<Export>>,
+}
+
+impl PostgresSource {
+    pub fn new(
+        url: Secret,
+        server: String,
+        filter: TableFilter,
+        mode: Mode,
+        replication: Replication,
+        batch_rows: usize,
+    ) -> PostgresSource {
+        PostgresSource {
+            url,
+            server,
+            filter,
+            mode,
+            replication,
+            batch_rows,
+            described: Mutex::new(BTreeMap::new()),
+            export: Mutex::new(None),
+        }
+    }
+
+    async fn connection(&self) -> Result<Client> {
+        let client = super::connect(&self.url, Side::Source, &self.server).await?;
+        client
+            .batch_execute(SESSION_SETUP)
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, &self.server, "set up the session"))?;
+        Ok(client)
+    }
+
+    fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
+        move |error| postgres_error(error, Side::Source, &self.server, doing)
+    }
+
+    /// The selected tables, described.
+    async fn describe_selected(&self, client: &Client) -> Result<Vec<Described>> {
+        let available = catalog::table_names(client, &self.server).await?;
+        let mut described = Vec::new();
+        for name in self.filter.select(available)? {
+            described.push(catalog::describe(client, &name, &self.server).await?);
+        }
+        Ok(described)
+    }
+
+    /// The tables whose updates and deletes the stream cannot identify, with the fix.
+    fn unidentified(described: &[Described]) -> Vec<String> {
+        described
+            .iter()
+            .filter(|table| match table.identity {
+                ReplicaIdentity::Nothing => true,
+                ReplicaIdentity::Default => table.schema.primary_key.is_empty(),
+                _ => false,
+            })
+            .map(|table| format!("ALTER TABLE {} REPLICA IDENTITY FULL;", catalog::qualified(&table.schema.name)))
+            .collect()
+    }
+
+    /// Key tuples kept as text (`KeyPosition::key`, `KeyRange`) as the values the stream
+    /// decodes for the same key.
+    fn key_values(table: &TableSchema, keys: Option<&Vec<String>>) -> Result<Option<Row>> {
+        let Some(keys) = keys else { return Ok(None) };
+        table
+            .primary_key
+            .iter()
+            .zip(keys)
+            .map(|(&index, text)| {
+                values::parse(text, &table.columns[index].data_type).map_err(|reason| {
+                    Error::new(ErrorKind::State, format!("a stored key of table {}: {reason}", table.name))
+                })
+            })
+            .collect::<Result<Row>>()
+            .map(Some)
+    }
+
+    async fn integer_bounds(
+        &self,
+        client: &Client,
+        table: &TableSchema,
+        estimated: u64,
+        hint: SplitHint,
+    ) -> Result<Vec<(Option<Vec<String>>, Option<Vec<String>>)>> {
+        let key = quote(&table.columns[table.primary_key[0]].name);
+        let doing = format!("read the key range of table {}", table.name);
+        let row = client
+            .query_one(
+                &format!("SELECT min({key})::int8, max({key})::int8 FROM {}", catalog::qualified(&table.name)),
+                &[],
+            )
+            .await
+            .map_err(self.error(&doing))?;
+        let (Some(low), Some(high)) = (row.get::<_, Option<i64>>(0), row.get::<_, Option<i64>>(1)) else {
+            return Ok(vec![(None, None)]);
+        };
+        let count = estimated.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
+        let width = ((i128::from(high) - i128::from(low)) / i128::from(count)).max(1);
+        let mut bounds = Vec::new();
+        let mut after: Option<i128> = None;
+        for index in 1..=count {
+            let through = if index == count { None } else { Some(i128::from(low) + width * i128::from(index)) };
+            if through.is_some_and(|through| through >= i128::from(high)) {
+                bounds.push((after.map(|after| vec![after.to_string()]), None));
+                return Ok(bounds);
+            }
+            bounds.push((after.map(|after| vec![after.to_string()]), through.map(|through| vec![through.to_string()])));
+            after = through;
+        }
+        Ok(bounds)
+    }
+
+    /// Bounds from a sample of the table's pages, sorted by the key as the server orders it.
+    async fn sampled_bounds(
+        &self,
+        client: &Client,
+        table: &TableSchema,
+        estimated: u64,
+        hint: SplitHint,
+    ) -> Result<Vec<(Option<Vec<String>>, Option<Vec<String>>)>> {
+        let count = estimated.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
+        let wanted = count * 20;
+        let percent = (100.0 * wanted as f64 / estimated.max(1) as f64).clamp(0.001, 100.0);
+        let key: Vec<String> =
+            (0..table.primary_key.len()).map(|index| reader::key_expression(table, table.primary_key[index])).collect();
+        let texts: Vec<String> = key.iter().map(|expression| format!("({expression})::text")).collect();
+        let sql = format!(
+            "SELECT {} FROM {} TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+            texts.join(", "),
+            catalog::qualified(&table.name),
+            key.join(", ")
+        );
+        let doing = format!("sample the keys of table {}", table.name);
+        let rows = client.query(&sql, &[]).await.map_err(self.error(&doing))?;
+        let step = (rows.len() / count as usize).max(1);
+        let mut bounds = Vec::new();
+        let mut after: Option<Vec<String>> = None;
+        for row in rows.iter().skip(step - 1).step_by(step) {
+            let through: Vec<String> = (0..key.len()).map(|index| row.get(index)).collect();
+            if after.as_ref() == Some(&through) {
+                continue;
+            }
+            bounds.push((after.replace(through.clone()), Some(through)));
+        }
+        bounds.push((after, None));
+        Ok(bounds)
+    }
+}
+
+#[async_trait]
+impl Source for PostgresSource {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let client = self.connection().await?;
+        let mut items = vec![CheckItem { what: "source connection".into(), ok: true, detail: self.server.clone() }];
+        let described = self.describe_selected(&client).await?;
+        let readable: Vec<String> = {
+            let mut denied = Vec::new();
+            for table in &described {
+                let relation = catalog::qualified(&table.schema.name);
+                let row = client
+                    .query_one("SELECT has_table_privilege($1::text::regclass, 'SELECT')", &[&relation])
+                    .await
+                    .map_err(self.error("read the table privileges"))?;
+                if !row.get::<_, bool>(0) {
+                    denied.push(table.schema.name.to_string());
+                }
+            }
+            denied
+        };
+        items.push(CheckItem {
+            what: "source tables readable".into(),
+            ok: readable.is_empty(),
+            detail: if readable.is_empty() {
+                format!("{} tables", described.len())
+            } else {
+                format!("the user lacks SELECT on {}; grant it", readable.join(", "))
+            },
+        });
+        if self.mode.streams() {
+            items.extend(self.replication.check(&client, &self.server, &described).await?);
+            let unidentified = Self::unidentified(&described);
+            let toasted: Vec<String> = described
+                .iter()
+                .filter(|table| table.identity != ReplicaIdentity::Full && !table.toasted.is_empty())
+                .map(|table| table.schema.name.to_string())
+                .collect();
+            if !toasted.is_empty() {
+                items.push(CheckItem {
+                    what: "source large values".into(),
+                    ok: true,
+                    detail: format!(
+                        "{} may store values out of line: an UPDATE that leaves such a value unchanged stops the stream (the server does not send it) unless the table has REPLICA IDENTITY FULL",
+                        toasted.join(", ")
+                    ),
+                });
+            }
+            items.push(CheckItem {
+                what: "source replica identity".into(),
+                ok: unidentified.is_empty(),
+                detail: if unidentified.is_empty() {
+                    "every table's updates and deletes name their rows".into()
+                } else {
+                    format!(
+                        "these tables' updates and deletes cannot be identified in the stream; run: {}",
+                        unidentified.join(" ")
+                    )
+                },
+            });
+        }
+        Ok(items)
+    }
+
+    async fn discover(&self) -> Result<Vec<TableSchema>> {
+        let client = self.connection().await?;
+        let described = self.describe_selected(&client).await?;
+        if self.mode.streams() {
+            let unidentified = Self::unidentified(&described);
+            if !unidentified.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "{} table(s) have no primary key and no replica identity that names their rows in the change stream",
+                        unidentified.len()
+                    ),
+                )
+                .on(Side::Source)
+                .hint(format!("give them one: {}", unidentified.join(" "))));
+            }
+        }
+        let schemas = described.iter().map(|table| table.schema.clone()).collect();
+        let mut kept = self.described.lock().await;
+        for table in described {
+            kept.insert(table.schema.name.clone(), table);
+        }
+        Ok(schemas)
+    }
+
+    async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
+        let client = self.connection().await?;
+        let estimated = match self.described.lock().await.get(&table.name) {
+            Some(described) => described.estimated_rows,
+            None => catalog::describe(&client, &table.name, &self.server).await?.estimated_rows,
+        };
+        let snapshot = self.export.lock().await.as_ref().map(|export| export.snapshot.clone());
+        if table.primary_key.is_empty() {
+            let range = KeyRange { after: None, through: None, keys: None, snapshot };
+            return Ok(vec![Split::new(split_task(&table.name, 0), table.clone(), &range, estimated).read_whole()]);
+        }
+        let integer_key = table.primary_key.len() == 1
+            && matches!(table.columns[table.primary_key[0]].data_type, DataType::Integer { .. });
+        let bounds = if estimated <= hint.rows_per_split.saturating_mul(3) / 2 {
+            vec![(None, None)]
+        } else if integer_key {
+            self.integer_bounds(&client, table, estimated, hint).await?
+        } else {
+            self.sampled_bounds(&client, table, estimated, hint).await?
+        };
+        let count = bounds.len() as u64;
+        Ok(bounds
+            .into_iter()
+            .enumerate()
+            .map(|(index, (after, through))| {
+                let range = KeyRange { after, through, keys: None, snapshot: snapshot.clone() };
+                Split::new(split_task(&table.name, index), table.clone(), &range, estimated / count)
+            })
+            .collect())
+    }
+
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
+        let client = self.connection().await?;
+        let range: KeyRange = split.read_descriptor()?;
+        let resumed = if split.whole {
+            None
+        } else {
+            resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?
+        };
+        let selection = Selection::of(&range, resumed.as_ref());
+        // A job that streams reads each split in one snapshot whose WAL position says which
+        // changes its rows hold. A resumed read whose earlier reads were not kept stays without.
+        let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
+        let snapshot =
+            (self.mode.streams() && split.window.is_none() && range.keys.is_none() && known).then(|| match resumed {
+                Some(resumed) => Snapshot { earlier: resumed.reads, import: None },
+                None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone() },
+            });
+        Ok(Box::new(
+            PostgresReader::start(client, self.server.clone(), split.table.clone(), selection, batch_rows, snapshot)
+                .await?,
+        ))
+    }
+
+    fn copy_reads(&self, split: &Split, copied: Option<&Position>) -> Result<Vec<CopyRead>> {
+        if split.whole {
+            return Ok(Vec::new());
+        }
+        let Some(copied) = copied else {
+            let range: KeyRange = split.read_descriptor()?;
+            return Ok(vec![CopyRead { after: Self::key_values(&split.table, range.after.as_ref())?, as_of: None }]);
+        };
+        copied
+            .read::<KeyPosition>(&split.id)?
+            .reads
+            .into_iter()
+            .map(|read| {
+                Ok(CopyRead {
+                    after: Self::key_values(&split.table, read.after.as_ref())?,
+                    as_of: Some(Position::of(&WalPosition { lsn: read.lsn })),
+                })
+            })
+            .collect()
+    }
+
+    fn key_split(&self, table: &Arc<TableSchema>, keys: &[Row]) -> Result<Split> {
+        if table.primary_key.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("table {} has no primary key: its rows cannot be read by key", table.name),
+            )
+            .on(Side::Source)
+            .hint("fix the rows in the target by hand, then discard their records"));
+        }
+        let tuples = keys
+            .iter()
+            .map(|key| key.iter().map(|value| values::text_form(value).unwrap_or_default()).collect())
+            .collect();
+        let range = KeyRange { after: None, through: None, keys: Some(tuples), snapshot: None };
+        Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
+    }
+
+    async fn log_position(&self) -> Result<Option<Position>> {
+        if !self.mode.streams() {
+            return Ok(None);
+        }
+        let client = self.connection().await?;
+        let described = self.describe_selected(&client).await?;
+        let tables: Vec<TableName> = described.iter().map(|table| table.schema.name.clone()).collect();
+        let (lsn, export) = self.replication.prepare(&self.url, &client, &self.server, &tables).await?;
+        *self.export.lock().await = export;
+        Ok(Some(Position::of(&WalPosition { lsn: format_lsn(lsn) })))
+    }
+
+    async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {
+        let Some(at) = position_lsn(position) else { return Ok(None) };
+        let client = self.connection().await?;
+        let row = client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .map_err(self.error("read the WAL position"))?;
+        let current = parse_lsn(row.get(0)).unwrap_or(at);
+        // The slot keeps every WAL file the stream has yet to read: none is at risk.
+        Ok(Some(LogBacklog { files_behind: 0, bytes_behind: current.saturating_sub(at), files_to_spare: u64::MAX }))
+    }
+
+    fn reached(&self, position: &Position, mark: &Position) -> bool {
+        match (position_lsn(position), position_lsn(mark)) {
+            (Some(position), Some(mark)) => position >= mark,
+            _ => false,
+        }
+    }
+
+    async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
+        let Some(after) = position_lsn(after) else {
+            return Err(Error::new(ErrorKind::State, format!("{} is not a PostgreSQL WAL position", after.brief()))
+                .on(Side::State)
+                .hint("reset the job: its checkpoint was written by another source"));
+        };
+        // The copy is read: the exported snapshot may go.
+        if let Some(export) = self.export.lock().await.take() {
+            if let Err(error) = export.session.close().await {
+                log::debug!("closing the session that exported the slot's snapshot: {error}");
+            }
+        }
+        let client = self.connection().await?;
+        self.replication.verify(&client, &self.server, after).await?;
+        let stream = stream::WalChangeStream::open(
+            &self.url,
+            self.server.clone(),
+            client,
+            self.filter.clone(),
+            &self.replication,
+            after,
+            self.batch_rows,
+        )
+        .await?;
+        Ok(Box::new(stream))
+    }
+}

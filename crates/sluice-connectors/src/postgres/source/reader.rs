@@ -1,0 +1,290 @@
+//! Reading one split of a PostgreSQL table: one ordered query per read, streamed in batches,
+//! inside a REPEATABLE READ snapshot whose WAL position says which changes its rows hold.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use sluice_core::change::{Batch, Change, Position, Rejected};
+use sluice_core::connector::Reader;
+use sluice_core::{Result, Side, TableSchema, Value};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, RowStream};
+
+use super::super::{postgres_error, quote};
+use super::catalog::qualified;
+use super::slot::ExportedSnapshot;
+use super::{values, KeyPosition, KeyRange, SplitRead};
+
+/// How a split's rows are selected beyond its key range.
+#[derive(Debug, Default)]
+pub(crate) struct Selection {
+    /// Strictly after this key (text forms, key order): the split's start or where it resumes.
+    pub after: Option<Vec<String>>,
+    /// Up to this key, included.
+    pub through: Option<Vec<String>>,
+    /// Only these keys (a replay's `Source::key_split`).
+    pub keys: Option<Vec<Vec<String>>>,
+}
+
+impl Selection {
+    pub(crate) fn of(range: &KeyRange, resumed: Option<&KeyPosition>) -> Selection {
+        Selection {
+            after: resumed.map(|resumed| resumed.key.clone()).or_else(|| range.after.clone()),
+            through: range.through.clone(),
+            keys: range.keys.clone(),
+        }
+    }
+}
+
+/// `SELECT <every column as text> FROM t WHERE <selection> ORDER BY <key>`: bounds are bound
+/// as text and cast to the key columns' own types, so the server compares them in its own
+/// order and collation, as the ORDER BY does.
+fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>) {
+    let key_types: Vec<String> = table.primary_key.iter().map(|&index| bound_cast(table, index)).collect();
+    let key: Vec<String> = table.primary_key.iter().map(|&index| key_expression(table, index)).collect();
+    let mut parameters: Vec<String> = Vec::new();
+    let bound = |values: &[String], parameters: &mut Vec<String>| -> String {
+        let placeholders: Vec<String> = values
+            .iter()
+            .zip(&key_types)
+            .map(|(value, cast)| {
+                parameters.push(value.clone());
+                format!("${}::text{cast}", parameters.len())
+            })
+            .collect();
+        format!("ROW({})", placeholders.join(", "))
+    };
+    let mut conditions = Vec::new();
+    let key_row = format!("ROW({})", key.join(", "));
+    if let Some(after) = &selection.after {
+        let bound = bound(after, &mut parameters);
+        conditions.push(format!("{key_row} > {bound}"));
+    }
+    if let Some(through) = &selection.through {
+        let bound = bound(through, &mut parameters);
+        conditions.push(format!("{key_row} <= {bound}"));
+    }
+    if let Some(keys) = &selection.keys {
+        let rows: Vec<String> = keys.iter().map(|tuple| bound(tuple, &mut parameters)).collect();
+        conditions.push(if rows.is_empty() {
+            "false".to_owned()
+        } else {
+            format!("{key_row} IN ({})", rows.join(", "))
+        });
+    }
+    let columns: Vec<String> = table.columns.iter().map(|column| format!("{}::text", quote(&column.name))).collect();
+    let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
+    let order = if key.is_empty() { String::new() } else { format!(" ORDER BY {}", key.join(", ")) };
+    (format!("SELECT {} FROM {}{filter}{order}", columns.join(", "), qualified(&table.name)), parameters)
+}
+
+/// A key column as the reads compare and order it: itself, or its text form when its type has
+/// no name a bound could be cast to (`Column::native_type` empty: an enum, a user's type).
+pub(crate) fn key_expression(table: &TableSchema, index: usize) -> String {
+    let column = &table.columns[index];
+    if column.native_type.is_empty() {
+        format!("{}::text", quote(&column.name))
+    } else {
+        quote(&column.name)
+    }
+}
+
+/// The cast of a bound on key column `index`, after `::text`: to the column's own type, or none
+/// (`key_expression` compares that column as text).
+fn bound_cast(table: &TableSchema, index: usize) -> String {
+    let column = &table.columns[index];
+    if column.native_type.is_empty() {
+        String::new()
+    } else {
+        format!("::{}", column.native_type)
+    }
+}
+
+/// The snapshot a split's read is taken in, in a job that streams.
+#[derive(Debug, Default)]
+pub(crate) struct Snapshot {
+    /// The split's earlier reads (`KeyPosition::reads`), kept in its position.
+    pub earlier: Vec<SplitRead>,
+    /// The slot's exported snapshot, which a first read imports while it lives.
+    pub import: Option<ExportedSnapshot>,
+}
+
+/// Begins a REPEATABLE READ snapshot and returns the WAL position its rows stand at: the
+/// slot's own when the exported snapshot is imported (exactly the rows before the slot's first
+/// change), else the WAL insert position read inside a snapshot of its own (every transaction
+/// it sees committed before that position; the stream's changes up to it are applied again
+/// by key).
+async fn begin_snapshot(
+    client: &Client,
+    import: Option<&ExportedSnapshot>,
+) -> std::result::Result<String, tokio_postgres::Error> {
+    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+    if let Some(import) = import {
+        client.batch_execute(BEGIN).await?;
+        let name = import.name.replace('\'', "''");
+        match client.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{name}'")).await {
+            Ok(()) => return Ok(import.lsn.clone()),
+            Err(error) => {
+                // The exporting session ended (the copy resumed after a restart): a snapshot
+                // of the read's own.
+                log::debug!("snapshot {} is no longer exported ({error}); reading in a new one", import.name);
+                client.batch_execute("ROLLBACK").await?;
+            }
+        }
+    }
+    client.batch_execute(BEGIN).await?;
+    let row = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?;
+    Ok(row.get(0))
+}
+
+/// A split being read: the open query's rows, turned into batches.
+pub(crate) struct PostgresReader {
+    client: Client,
+    server: String,
+    table: Arc<TableSchema>,
+    rows: Option<Pin<Box<RowStream>>>,
+    batch_rows: usize,
+    /// The rows are read in a snapshot, ended once the split is read.
+    snapshot: bool,
+    /// The split's reads so far, this one last (`KeyPosition::reads`).
+    reads: Vec<SplitRead>,
+    /// The key of the last row read, as text.
+    last_key: Option<Vec<String>>,
+}
+
+impl std::fmt::Debug for PostgresReader {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("PostgresReader").field("table", &self.table.name).finish_non_exhaustive()
+    }
+}
+
+impl PostgresReader {
+    /// Starts the read; in a job that streams, inside a snapshot (`begin_snapshot`) whose
+    /// position the read's batches carry.
+    pub(crate) async fn start(
+        client: Client,
+        server: String,
+        table: Arc<TableSchema>,
+        selection: Selection,
+        batch_rows: usize,
+        snapshot: Option<Snapshot>,
+    ) -> Result<PostgresReader> {
+        let doing = format!("read table {}", table.name);
+        let error = |error| postgres_error(error, Side::Source, &server, &doing);
+        let mut reads = Vec::new();
+        if let Some(snapshot) = snapshot.as_ref() {
+            let lsn = begin_snapshot(&client, snapshot.import.as_ref()).await.map_err(error)?;
+            reads = snapshot.earlier.clone();
+            reads.push(SplitRead { after: selection.after.clone(), lsn });
+        }
+        let (sql, parameters) = statement(&table, &selection);
+        let prepared = client.prepare_typed(&sql, &vec![Type::TEXT; parameters.len()]).await.map_err(error)?;
+        let rows =
+            client.query_raw(&prepared, parameters.iter().map(|value| Some(value.as_str()))).await.map_err(error)?;
+        Ok(PostgresReader {
+            client,
+            server,
+            table,
+            rows: Some(Box::pin(rows)),
+            batch_rows,
+            snapshot: snapshot.is_some(),
+            reads,
+            last_key: None,
+        })
+    }
+
+    /// Reads one row's values; a value its column's type cannot hold is the row's rejection.
+    fn decode(&self, row: &tokio_postgres::Row) -> std::result::Result<(Vec<Value>, usize), (Vec<Value>, String)> {
+        let mut values = Vec::with_capacity(self.table.columns.len());
+        let mut bytes = 0;
+        let mut problem = None;
+        for (index, column) in self.table.columns.iter().enumerate() {
+            let text: Option<&str> = row.get(index);
+            let value = match text {
+                None => Value::Null,
+                Some(text) => {
+                    bytes += text.len();
+                    match values::parse(text, &column.data_type) {
+                        Ok(value) => value,
+                        Err(reason) => {
+                            problem.get_or_insert(format!("source column {}: {reason}", column.name));
+                            Value::Text(text.to_owned())
+                        }
+                    }
+                }
+            };
+            values.push(value);
+        }
+        match problem {
+            None => Ok((values, bytes)),
+            Some(reason) => Err((values, reason)),
+        }
+    }
+}
+
+#[async_trait]
+impl Reader for PostgresReader {
+    async fn next(&mut self) -> Result<Option<Batch>> {
+        let Some(mut rows) = self.rows.take() else { return Ok(None) };
+        let mut changes = Vec::with_capacity(self.batch_rows);
+        let mut rejected = Vec::new();
+        let mut bytes = 0u64;
+        let mut finished = false;
+        while changes.len() + rejected.len() < self.batch_rows {
+            match rows.next().await {
+                Some(Ok(row)) => match self.decode(&row) {
+                    Ok((values, size)) => {
+                        bytes += size as u64;
+                        self.last_key = Some(key_text(&self.table, &values));
+                        changes.push(Change::insert(self.table.clone(), values));
+                    }
+                    Err((values, reason)) => {
+                        self.last_key = Some(key_text(&self.table, &values));
+                        rejected.push(Rejected::row(&self.table, &values, reason));
+                    }
+                },
+                Some(Err(error)) => {
+                    return Err(postgres_error(
+                        error,
+                        Side::Source,
+                        &self.server,
+                        &format!("read table {}", self.table.name),
+                    ))
+                }
+                None => {
+                    finished = true;
+                    break;
+                }
+            }
+        }
+        if !finished {
+            self.rows = Some(rows);
+        } else if self.snapshot {
+            {
+                self.client.batch_execute("COMMIT").await.map_err(|error| {
+                    postgres_error(
+                        error,
+                        Side::Source,
+                        &self.server,
+                        &format!("end the snapshot of table {}", self.table.name),
+                    )
+                })?;
+            }
+        }
+        if changes.is_empty() && rejected.is_empty() {
+            return Ok(None);
+        }
+        let key = self.last_key.clone().unwrap_or_default();
+        let position = Position::of(&KeyPosition { key, reads: self.reads.clone() });
+        let mut batch = Batch::counted(changes, position, bytes);
+        batch.rejected = rejected;
+        Ok(Some(batch))
+    }
+}
+
+/// A row's key as the text forms its bounds are written in.
+fn key_text(table: &TableSchema, values: &[Value]) -> Vec<String> {
+    table.primary_key.iter().map(|&index| values::text_form(&values[index]).unwrap_or_default()).collect()
+}

@@ -1,0 +1,326 @@
+//! The replication slot and publication a job's change stream reads through: created by the job
+//! when it names none (named after the job) or named by the user (a DBA created them), checked
+//! before every stream, never created again behind the job's back.
+
+use serde::{Deserialize, Serialize};
+use sluice_core::connector::CheckItem;
+use sluice_core::secret::Secret;
+use sluice_core::{Error, ErrorKind, Result, Side, TableName};
+use tokio_postgres::Client;
+
+use super::super::replication::{ReplicationConnection, ReplicationError};
+use super::super::{endpoint, postgres_error, quote};
+use super::catalog::{qualified, Described};
+use super::{format_lsn, parse_lsn};
+
+/// The snapshot a new slot starts at, as its creating session exports it: its name for `SET
+/// TRANSACTION SNAPSHOT`, and the slot's first position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportedSnapshot {
+    pub name: String,
+    pub lsn: String,
+}
+
+/// An exported snapshot and the replication session that keeps it alive.
+#[derive(Debug)]
+pub(crate) struct Export {
+    pub snapshot: ExportedSnapshot,
+    pub session: ReplicationConnection,
+}
+
+/// The slot and publication of a job, and whether the job made them (a user's are never
+/// altered or dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replication {
+    pub slot: String,
+    pub publication: String,
+    pub own_slot: bool,
+    pub own_publication: bool,
+}
+
+impl Replication {
+    /// The job's names: the user's, or `sluice_<job>` (lower case letters, digits and `_`, at
+    /// most 63 bytes, as slot names must be).
+    pub fn named(job: &str, slot: Option<String>, publication: Option<String>) -> Replication {
+        let derived = default_name(job);
+        Replication {
+            own_slot: slot.is_none(),
+            own_publication: publication.is_none(),
+            slot: slot.unwrap_or_else(|| derived.clone()),
+            publication: publication.unwrap_or(derived),
+        }
+    }
+
+    /// What `sluice check` says of logical replication on the source.
+    pub(crate) async fn check(&self, client: &Client, server: &str, tables: &[Described]) -> Result<Vec<CheckItem>> {
+        let error = |error| postgres_error(error, Side::Source, server, "read the replication settings");
+        let row = client
+            .query_one(
+                "SELECT current_setting('wal_level'), \
+                 (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), \
+                 current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int, \
+                 EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1), current_user::text",
+                &[&self.slot],
+            )
+            .await
+            .map_err(error)?;
+        let (wal_level, replication, free, slot_exists, user): (String, Option<bool>, i32, bool, String) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let mut items = vec![
+            CheckItem {
+                what: "source wal_level".into(),
+                ok: wal_level == "logical",
+                detail: if wal_level == "logical" {
+                    "logical".into()
+                } else {
+                    format!(
+                        "wal_level is {wal_level}; set wal_level = logical in postgresql.conf and restart the server"
+                    )
+                },
+            },
+            CheckItem {
+                what: "source REPLICATION attribute".into(),
+                ok: replication == Some(true),
+                detail: if replication == Some(true) {
+                    format!("{user} may replicate")
+                } else {
+                    format!("{user} lacks the REPLICATION attribute; ALTER ROLE {} REPLICATION", quote(&user))
+                },
+            },
+        ];
+        items.push(match (slot_exists, self.own_slot) {
+            (true, _) => CheckItem { what: "source replication slot".into(), ok: true, detail: format!("slot {} exists", self.slot) },
+            (false, false) => CheckItem {
+                what: "source replication slot".into(),
+                ok: false,
+                detail: format!(
+                    "slot {} named in source.slot does not exist; create it: SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
+                    self.slot, self.slot
+                ),
+            },
+            (false, true) => CheckItem {
+                what: "source replication slot".into(),
+                ok: free > 0,
+                detail: if free > 0 {
+                    format!("slot {} is created at the job's first run ({free} free)", self.slot)
+                } else {
+                    "no free replication slot: raise max_replication_slots or drop an unused slot".into()
+                },
+            },
+        });
+        if !self.own_publication {
+            let names: Vec<TableName> = tables.iter().map(|table| table.schema.name.clone()).collect();
+            let missing = self.unpublished(client, server, &names).await?;
+            items.push(CheckItem {
+                what: "source publication".into(),
+                ok: missing.is_empty(),
+                detail: if missing.is_empty() {
+                    format!("publication {} covers the tables", self.publication)
+                } else {
+                    self.missing_detail(&missing)
+                },
+            });
+        }
+        Ok(items)
+    }
+
+    fn missing_detail(&self, missing: &[TableName]) -> String {
+        let list: Vec<String> = missing.iter().map(qualified).collect();
+        format!(
+            "publication {} does not publish {}; ALTER PUBLICATION {} ADD TABLE {}",
+            self.publication,
+            missing.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            quote(&self.publication),
+            list.join(", ")
+        )
+    }
+
+    /// The tables of `tables` the publication does not publish (all when it does not exist).
+    async fn unpublished(&self, client: &Client, server: &str, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let rows = client
+            .query(
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                &[&self.publication],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the publication's tables"))?;
+        let published: Vec<TableName> =
+            rows.iter().map(|row| TableName::new(Some(row.get::<_, &str>(0)), row.get::<_, &str>(1))).collect();
+        Ok(tables.iter().filter(|table| !published.contains(table)).cloned().collect())
+    }
+
+    /// Makes the publication publish `tables` (the job's own) or checks that it does (the
+    /// user's), then creates the slot if the job has none yet, and returns the WAL position
+    /// from which the slot keeps changes, with the exported snapshot of a slot just created.
+    pub(crate) async fn prepare(
+        &self,
+        url: &Secret,
+        client: &Client,
+        server: &str,
+        tables: &[TableName],
+    ) -> Result<(u64, Option<Export>)> {
+        let error = |doing: &'static str| move |error| postgres_error(error, Side::Source, server, doing);
+        if self.own_publication {
+            let list: Vec<String> = tables.iter().map(qualified).collect();
+            let exists = client
+                .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.publication])
+                .await
+                .map_err(error("read the publications"))?
+                .is_some();
+            let publication = quote(&self.publication);
+            let sql = match (exists, list.is_empty()) {
+                (false, true) => format!("CREATE PUBLICATION {publication}"),
+                (false, false) => format!("CREATE PUBLICATION {publication} FOR TABLE {}", list.join(", ")),
+                (true, true) => String::new(),
+                (true, false) => format!("ALTER PUBLICATION {publication} SET TABLE {}", list.join(", ")),
+            };
+            if !sql.is_empty() {
+                client.batch_execute(&sql).await.map_err(|failure| {
+                    postgres_error(failure, Side::Source, server, "create the job's publication").hint(
+                        "the user must own the tables (or name a publication a DBA created in source.publication)",
+                    )
+                })?;
+            }
+        } else {
+            let missing = self.unpublished(client, server, tables).await?;
+            if !missing.is_empty() {
+                return Err(Error::new(ErrorKind::Config, self.missing_detail(&missing)).on(Side::Source));
+            }
+        }
+        let existing = client
+            .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
+            .await
+            .map_err(error("read the replication slots"))?;
+        let lsn: Option<String> = match existing {
+            Some(row) => row.get(0),
+            None if self.own_slot => return self.create(url, server).await.map(|(lsn, export)| (lsn, Some(export))),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("replication slot {} named in source.slot does not exist", self.slot),
+                )
+                .on(Side::Source)
+                .hint(format!("create it: SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", self.slot)))
+            }
+        };
+        let lsn = lsn.as_deref().and_then(parse_lsn).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                format!("replication slot {} is not a logical slot with a position", self.slot),
+            )
+            .on(Side::Source)
+            .hint("name a logical slot created with the pgoutput plugin")
+        })?;
+        Ok((lsn, None))
+    }
+
+    /// Creates the job's slot on a replication session that exports the snapshot the slot
+    /// starts at: reads that import it see exactly the rows before the slot's first change.
+    /// The snapshot lives as long as the session, which the caller keeps idle until the copy
+    /// is read.
+    async fn create(&self, url: &Secret, server: &str) -> Result<(u64, Export)> {
+        let (config, mode, tls) = endpoint(url, Side::Source)?;
+        let failed = |error: ReplicationError| {
+            Error::new(ErrorKind::Read, format!("create replication slot {} on {server}: {error}", self.slot))
+                .on(Side::Source)
+                .hint("the user needs the REPLICATION attribute and a free replication slot")
+        };
+        let mut session = ReplicationConnection::connect(&config, mode, &tls).await.map_err(failed)?;
+        // PostgreSQL 15 takes the options in parentheses; older servers only the keyword.
+        let modern = session
+            .server_version()
+            .and_then(|version| version.split(['.', ' ']).next()?.parse::<u32>().ok())
+            .is_some_and(|major| major >= 15);
+        let options = if modern { "(SNAPSHOT 'export')" } else { "EXPORT_SNAPSHOT" };
+        let slot = self.slot.replace('"', "\"\"");
+        let created = session
+            .simple_query(&format!("CREATE_REPLICATION_SLOT \"{slot}\" LOGICAL pgoutput {options}"))
+            .await
+            .map_err(failed)?;
+        let lsn = created.get(0, "consistent_point").and_then(parse_lsn);
+        let snapshot = created.get(0, "snapshot_name").map(str::to_owned);
+        let (Some(lsn), Some(snapshot)) = (lsn, snapshot) else {
+            return Err(failed(ReplicationError::Protocol(
+                "CREATE_REPLICATION_SLOT returned no position or snapshot".into(),
+            )));
+        };
+        log::info!(
+            "created replication slot {} on {server} at {}, exporting snapshot {snapshot}",
+            self.slot,
+            format_lsn(lsn)
+        );
+        Ok((lsn, Export { snapshot: ExportedSnapshot { name: snapshot, lsn: format_lsn(lsn) }, session }))
+    }
+
+    /// Before a stream opens: the slot still exists, decodes with `pgoutput` in this database,
+    /// and has not confirmed past `after` (the changes between would be gone). A slot that was
+    /// dropped is never created again here: a new one would skip what happened meanwhile.
+    pub(crate) async fn verify(&self, client: &Client, server: &str, after: u64) -> Result<()> {
+        let row = client
+            .query_opt(
+                "SELECT plugin::text, database::text = current_database(), confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the replication slot"))?;
+        let Some(row) = row else {
+            return Err(Error::new(
+                ErrorKind::PositionLost,
+                format!("replication slot {} on {server} is gone: the changes since the job's checkpoint {} cannot be read", self.slot, format_lsn(after)),
+            )
+            .on(Side::Source)
+            .hint("reset the job and run it again (its copy is taken anew); sluice does not create a new slot by itself, which would skip changes"));
+        };
+        let (plugin, here, confirmed): (Option<String>, Option<bool>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        if plugin.as_deref() != Some("pgoutput") || here != Some(true) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("replication slot {} is not a pgoutput slot of this database", self.slot),
+            )
+            .on(Side::Source)
+            .hint("name a logical slot created with pgoutput in the source database"));
+        }
+        if let Some(confirmed) = confirmed.as_deref().and_then(parse_lsn) {
+            if confirmed > after {
+                return Err(Error::new(
+                    ErrorKind::PositionLost,
+                    format!(
+                        "replication slot {} has confirmed WAL position {} past the job's checkpoint {}: the changes between are gone (was the slot dropped and created again, or read by another client?)",
+                        self.slot,
+                        format_lsn(confirmed),
+                        format_lsn(after)
+                    ),
+                )
+                .on(Side::Source)
+                .hint("reset the job and run it again; give each job its own slot"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `sluice_<job>`: the job's name in the characters a slot name may hold.
+fn default_name(job: &str) -> String {
+    let cleaned: String = job
+        .chars()
+        .map(|character| if character.is_ascii_alphanumeric() { character.to_ascii_lowercase() } else { '_' })
+        .collect();
+    let mut name = format!("sluice_{cleaned}");
+    name.truncate(63);
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_names_come_from_the_job_and_user_names_are_kept() {
+        let names = Replication::named("Orders-Sync.v2", None, Some("dba_pub".into()));
+        assert_eq!(names.slot, "sluice_orders_sync_v2");
+        assert_eq!(names.publication, "dba_pub");
+        assert!(names.own_slot && !names.own_publication);
+        assert_eq!(Replication::named(&"x".repeat(80), None, None).slot.len(), 63);
+    }
+}

@@ -1,0 +1,564 @@
+//! The change stream of a logical replication slot: `pgoutput` messages (protocol 1: the server
+//! sends a transaction once it committed) turned into the engine's transactions of row changes.
+//! Positions are the WAL position past each commit; the slot confirms a position only once the
+//! target has stored it (`ack`).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::json;
+use sluice_core::change::{Change, ChangeKind, Position};
+use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
+use sluice_core::filter::TableFilter;
+use sluice_core::secret::Secret;
+use sluice_core::{Column, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
+use tokio_postgres::Client;
+
+use super::super::replication::{
+    decode, LogicalMessage, Lsn, OldTuple, Relation, ReplicationConnection, ReplicationError, ReplicationMessage,
+    Tuple, TupleValue,
+};
+use super::super::{endpoint, postgres_error};
+use super::catalog::{self, data_type};
+use super::{format_lsn, values, Replication, WalPosition};
+
+/// Seconds from the Unix epoch to PostgreSQL's (2000-01-01).
+const POSTGRES_EPOCH_SECONDS: i64 = 946_684_800;
+
+/// Longer than the server's keepalive interval (half of `wal_sender_timeout`, 30 s by default):
+/// a stream silent this long has lost its server.
+const SILENCE_LIMIT: Duration = Duration::from_secs(120);
+
+/// How a stream keeps a table of the publication.
+#[derive(Debug)]
+struct Known {
+    /// The table as the stream decodes its rows; `None` for a table the job does not read.
+    table: Option<Arc<TableSchema>>,
+}
+
+/// A slot's change stream.
+pub(crate) struct WalChangeStream {
+    connection: ReplicationConnection,
+    /// A plain session on the same database, for the catalog.
+    client: Client,
+    server: String,
+    /// The slot's name, for messages.
+    slot: String,
+    filter: TableFilter,
+    relations: HashMap<u32, Known>,
+    /// The tables as last given to the engine in this stream, by name.
+    shapes: HashMap<TableName, Arc<TableSchema>>,
+    /// Events ready to return, in order.
+    ready: VecDeque<StreamEvent>,
+    /// Changes of the open transaction not yet returned.
+    changes: Vec<Change>,
+    batch_rows: usize,
+    /// The open transaction has returned changes already (a schema change can no longer come
+    /// before them).
+    returned: bool,
+    in_transaction: bool,
+    /// The last transaction boundary returned.
+    boundary: u64,
+    /// The last position the target stored (`ack`): what the slot may confirm.
+    acknowledged: u64,
+    /// Where the server's WAL stood at its last message.
+    received: u64,
+}
+
+impl std::fmt::Debug for WalChangeStream {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("WalChangeStream")
+            .field("server", &self.server)
+            .field("boundary", &self.boundary)
+            .finish()
+    }
+}
+
+/// A replication error as the engine's: an I/O failure is worth a new stream, a slot taken by
+/// another reader too (it may be this job's previous stream, still ending), a server error on
+/// the slot stops the job saying why.
+fn replication_error(error: ReplicationError, server: &str, slot: &str) -> Error {
+    let (kind, hint) = match error.code() {
+        Some("42704") => (ErrorKind::PositionLost, Some("the slot is gone: reset the job and run it again".to_owned())),
+        Some("55006") => {
+            (ErrorKind::Unavailable, Some(format!("another client reads slot {slot}; each job needs its own slot")))
+        }
+        Some("58P01") => (ErrorKind::PositionLost, Some("the WAL the slot needs is gone: reset the job".to_owned())),
+        Some("28P01" | "28000") => (ErrorKind::Auth, Some("check the user and password in source.url".to_owned())),
+        Some("42501") => (ErrorKind::Auth, Some("grant the user the REPLICATION attribute".to_owned())),
+        Some(_) => (ErrorKind::Read, None),
+        None => match &error {
+            ReplicationError::Tls(_) | ReplicationError::Auth(_) => (ErrorKind::Auth, None),
+            ReplicationError::Protocol(_) => (ErrorKind::Read, None),
+            _ => (ErrorKind::Unavailable, None),
+        },
+    };
+    let error = Error::new(kind, format!("replication slot {slot} on {server}: {error}")).on(Side::Source);
+    match hint {
+        Some(hint) => error.hint(hint),
+        None => error,
+    }
+}
+
+impl WalChangeStream {
+    /// Starts streaming the slot strictly after `after` (a commit's end).
+    pub(crate) async fn open(
+        url: &Secret,
+        server: String,
+        client: Client,
+        filter: TableFilter,
+        replication: &Replication,
+        after: u64,
+        batch_rows: usize,
+    ) -> Result<WalChangeStream> {
+        let (mut config, mode, tls) = endpoint(url, Side::Source)?;
+        // pgoutput writes values with the session's output functions: the forms `values` reads.
+        let session =
+            "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=1";
+        let options = match config.get_options() {
+            Some(given) => format!("{given} {session}"),
+            None => session.to_owned(),
+        };
+        config.options(&options);
+        let error = |error| replication_error(error, &server, &replication.slot);
+        let mut connection = ReplicationConnection::connect(&config, mode, &tls).await.map_err(error)?;
+        let publication = format!("\"{}\"", replication.publication.replace('"', "\"\""));
+        connection
+            .start_logical(
+                &replication.slot,
+                Lsn(after),
+                &[("proto_version", "1"), ("publication_names", &publication)],
+            )
+            .await
+            .map_err(error)?;
+        Ok(WalChangeStream {
+            connection,
+            client,
+            server,
+            slot: replication.slot.clone(),
+            filter,
+            relations: HashMap::new(),
+            shapes: HashMap::new(),
+            ready: VecDeque::new(),
+            changes: Vec::new(),
+            batch_rows: batch_rows.max(1),
+            returned: false,
+            in_transaction: false,
+            boundary: after,
+            acknowledged: after,
+            received: after,
+        })
+    }
+
+    fn slot_error(&self, message: String) -> Error {
+        Error::new(ErrorKind::Read, message).on(Side::Source)
+    }
+
+    /// Takes one message of the slot's stream into `ready` / `changes`.
+    async fn take(&mut self, message: LogicalMessage) -> Result<()> {
+        match message {
+            LogicalMessage::Begin { .. } => {
+                self.in_transaction = true;
+                self.returned = false;
+            }
+            LogicalMessage::Commit { end_lsn, commit_time, .. } => {
+                self.in_transaction = false;
+                self.boundary = end_lsn.0;
+                let position = Position::of(&WalPosition { lsn: end_lsn.to_string() });
+                let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
+                if self.changes.is_empty() && !self.returned {
+                    self.ready.push_back(StreamEvent::Advance { position, committed_at });
+                } else {
+                    if !self.changes.is_empty() {
+                        self.ready.push_back(StreamEvent::Changes(std::mem::take(&mut self.changes)));
+                    }
+                    self.ready.push_back(StreamEvent::Commit { position, committed_at });
+                }
+            }
+            LogicalMessage::Relation(relation) => self.relation(relation).await?,
+            LogicalMessage::Insert { relation, new, .. } => {
+                if let Some(table) = self.table(relation)? {
+                    let after = self.row(&table, relation, &new, None)?;
+                    self.push(Change { table, kind: ChangeKind::Insert { after } });
+                }
+            }
+            LogicalMessage::Update { relation, old, new, .. } => {
+                if let Some(table) = self.table(relation)? {
+                    let old_values = old.as_ref().map(OldTuple::values);
+                    let after = self.row(&table, relation, &new, old_values)?;
+                    let before = match &old {
+                        Some(old) => self.row(&table, relation, old.values(), None)?,
+                        // The key did not change: the row before has the same key.
+                        None => after.clone(),
+                    };
+                    self.push(Change { table, kind: ChangeKind::Update { before, after } });
+                }
+            }
+            LogicalMessage::Delete { relation, old, .. } => {
+                if let Some(table) = self.table(relation)? {
+                    let before = self.row(&table, relation, old.values(), None)?;
+                    self.push(Change { table, kind: ChangeKind::Delete { before } });
+                }
+            }
+            LogicalMessage::Truncate { relations, .. } => {
+                let mut truncated = Vec::new();
+                for relation in relations {
+                    if let Some(table) = self.table(relation)? {
+                        truncated.push(table.name.clone());
+                    }
+                }
+                if !truncated.is_empty() {
+                    self.before_changes("TRUNCATE", &truncated)?;
+                    // Changes of the same tables earlier in the transaction are emptied anyway.
+                    self.changes.retain(|change| !truncated.contains(&change.table.name));
+                    let statement = format!(
+                        "TRUNCATE {}",
+                        truncated.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+                    );
+                    let changes = truncated.into_iter().map(SourceSchemaChange::Truncate).collect();
+                    self.ready.push_back(self.schema_event(statement, changes));
+                }
+            }
+            LogicalMessage::Type { .. } | LogicalMessage::Origin { .. } | LogicalMessage::Message { .. } => {}
+            LogicalMessage::StreamStart { .. }
+            | LogicalMessage::StreamStop
+            | LogicalMessage::StreamCommit { .. }
+            | LogicalMessage::StreamAbort { .. } => {
+                return Err(
+                    self.slot_error("the server streamed an uncommitted transaction, which protocol 1 does not".into())
+                )
+            }
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, change: Change) {
+        self.changes.push(change);
+        if self.changes.len() >= self.batch_rows {
+            self.ready.push_back(StreamEvent::Changes(std::mem::take(&mut self.changes)));
+            self.returned = true;
+        }
+    }
+
+    /// A schema change must reach the engine before any change of its transaction; one that
+    /// comes after some were returned (a transaction of more than a batch of rows changed the
+    /// table's shape part-way) stops the stream, naming the table.
+    fn before_changes(&self, what: &str, tables: &[TableName]) -> Result<()> {
+        if !self.returned {
+            return Ok(());
+        }
+        let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+        Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "{what} of {} comes after more than {} row changes of the same source transaction; sluice applies it only before them",
+                names.join(", "),
+                self.batch_rows
+            ),
+        )
+        .on(Side::Source)
+        .hint("raise limits.batch_rows above the transaction's row changes, or run the schema change in a transaction of its own"))
+    }
+
+    /// A schema change event, placed at the last boundary: it is applied before the open
+    /// transaction, and read again with it after a restart (applying it twice changes nothing).
+    fn schema_event(&self, statement: String, changes: Vec<SourceSchemaChange>) -> StreamEvent {
+        StreamEvent::SchemaChange {
+            statement,
+            changes,
+            position: Position::of(&WalPosition { lsn: format_lsn(self.boundary) }),
+            committed_at: sluice_core::clock::unix_seconds(),
+        }
+    }
+
+    fn table(&self, relation: u32) -> Result<Option<Arc<TableSchema>>> {
+        match self.relations.get(&relation) {
+            Some(known) => Ok(known.table.clone()),
+            None => Err(self.slot_error(format!("the stream sent a row of relation {relation} before describing it"))),
+        }
+    }
+
+    /// A row's values from a tuple, in the table's columns. A TOASTed value the update did not
+    /// touch is taken from the old row when the server sent it (REPLICA IDENTITY FULL);
+    /// without it the stream stops naming the table and column, never writing a wrong value.
+    fn row(&self, table: &TableSchema, relation: u32, tuple: &Tuple, old: Option<&Tuple>) -> Result<Row> {
+        let mut row = Vec::with_capacity(table.columns.len());
+        for (index, (column, value)) in table.columns.iter().zip(tuple).enumerate() {
+            let value = match value {
+                TupleValue::Null => Value::Null,
+                TupleValue::Text(bytes) => self.value(table, column, bytes)?,
+                TupleValue::Binary(_) => {
+                    return Err(
+                        self.slot_error(format!("relation {relation} sent a binary value, which was not asked for"))
+                    )
+                }
+                TupleValue::UnchangedToast => match old.and_then(|old| old.get(index)) {
+                    Some(TupleValue::Text(bytes)) => self.value(table, column, bytes)?,
+                    _ => return Err(unchanged_toast(table, column)),
+                },
+            };
+            row.push(value);
+        }
+        if row.len() != table.columns.len() {
+            return Err(self.slot_error(format!(
+                "a row of table {} has {} values for {} columns",
+                table.name,
+                row.len(),
+                table.columns.len()
+            )));
+        }
+        Ok(row)
+    }
+
+    fn value(&self, table: &TableSchema, column: &Column, bytes: &[u8]) -> Result<Value> {
+        let text = std::str::from_utf8(bytes).map_err(|_| {
+            self.slot_error(format!("table {} column {}: a value is not UTF-8", table.name, column.name))
+        })?;
+        values::parse(text, &column.data_type).map_err(|reason| {
+            Error::new(ErrorKind::Read, format!("table {} column {}: {reason}", table.name, column.name))
+                .on(Side::Source)
+        })
+    }
+
+    /// Takes a table's description: the catalog's when it agrees with the relation (keys,
+    /// indexes, defaults as a snapshot has them), else the relation's own columns. A shape
+    /// other than the one last given for the table is a schema change: columns added, or
+    /// dropped, or retyped; a column dropped and another added in one step could be a rename,
+    /// which the stream cannot tell, and stops it.
+    async fn relation(&mut self, relation: Relation) -> Result<()> {
+        let name = TableName::new(
+            Some(if relation.namespace.is_empty() { "pg_catalog" } else { &relation.namespace }),
+            &relation.name,
+        );
+        if !self.filter.matches(&name) {
+            self.relations.insert(relation.oid, Known { table: None });
+            return Ok(());
+        }
+        let shape = Arc::new(self.shape(&name, &relation).await?);
+        let previous = self.shapes.get(&name).cloned();
+        let change = match &previous {
+            Some(previous) => column_changes(previous, &shape),
+            None => None,
+        };
+        if let Some((added, dropped, retyped)) = change {
+            if !added.is_empty() && !dropped.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "table {name} lost columns {} and gained {} in one change: a rename cannot be told from a drop and an add in PostgreSQL's stream",
+                        dropped.join(", "),
+                        added.join(", ")
+                    ),
+                )
+                .on(Side::Source)
+                .hint("add and drop columns in separate transactions, or reset the job to copy the table again"));
+            }
+            self.before_changes("a schema change", std::slice::from_ref(&name))?;
+            let statement = format!(
+                "ALTER TABLE {name} (from the stream's relation message: added {:?}, dropped {:?}, retyped {:?})",
+                added, dropped, retyped
+            );
+            let changes = vec![SourceSchemaChange::Alter { table: name.clone(), renamed: Vec::new(), retyped }];
+            self.ready.push_back(self.schema_event(statement, changes));
+        }
+        self.shapes.insert(name, shape.clone());
+        self.relations.insert(relation.oid, Known { table: Some(shape) });
+        Ok(())
+    }
+
+    /// The table's schema at the relation: the catalog's description if its columns are the
+    /// relation's, else one built from the relation (types looked up by oid).
+    async fn shape(&self, name: &TableName, relation: &Relation) -> Result<TableSchema> {
+        let described = match catalog::describe(&self.client, name, &self.server).await {
+            Ok(described) => Some(described.schema),
+            Err(error) if error.kind() == ErrorKind::Schema => None,
+            Err(error) => return Err(error),
+        };
+        let mut columns = Vec::with_capacity(relation.columns.len());
+        for column in &relation.columns {
+            let described =
+                described.as_ref().and_then(|table| table.columns.iter().find(|known| known.name == column.name));
+            let (data_type, native_type) = self.column_type(column.type_oid, column.type_modifier).await?;
+            match described {
+                Some(known) if known.data_type == data_type => columns.push(known.clone()),
+                _ => columns.push(Column { native_type, ..Column::new(column.name.clone(), data_type, !column.key) }),
+            }
+        }
+        let Some(described) = described else {
+            let details =
+                sluice_core::schema::TableDetails { dialect: Some(catalog::DIALECT.to_owned()), ..Default::default() };
+            return Ok(TableSchema {
+                name: name.clone(),
+                columns,
+                primary_key: key_of(relation),
+                indexes: Vec::new(),
+                details,
+            });
+        };
+        if described.columns == columns {
+            return Ok(described);
+        }
+        let names: Vec<&str> = columns.iter().map(|column| column.name.as_str()).collect();
+        let key: Option<Vec<usize>> = described
+            .primary_key
+            .iter()
+            .map(|&index| names.iter().position(|name| *name == described.columns[index].name))
+            .collect();
+        let primary_key = key.filter(|key| !key.is_empty()).unwrap_or_else(|| key_of(relation));
+        let indexes = described
+            .indexes
+            .iter()
+            .filter_map(|index| {
+                let columns: Option<Vec<usize>> = index
+                    .columns
+                    .iter()
+                    .map(|&column| names.iter().position(|name| *name == described.columns[column].name))
+                    .collect();
+                Some(sluice_core::Index { columns: columns?, ..index.clone() })
+            })
+            .collect();
+        Ok(TableSchema { name: name.clone(), columns, primary_key, indexes, details: described.details })
+    }
+
+    /// A type oid and modifier as the catalog module maps it, with the built-in type's name.
+    async fn column_type(&self, oid: u32, modifier: i32) -> Result<(sluice_core::DataType, String)> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT COALESCE(bt.typname, t.typname)::text, COALESCE(bt.typtype, t.typtype)::text, \
+                 COALESCE(bt.typcategory, t.typcategory)::text, COALESCE(bt.typnamespace, t.typnamespace) = 'pg_catalog'::regnamespace, \
+                 CASE WHEN t.typtype = 'd' THEN format_type(t.typbasetype, t.typtypmod) ELSE format_type(t.oid, $2) END, \
+                 CASE WHEN t.typtype = 'd' THEN t.typtypmod ELSE $2 END, \
+                 (SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = COALESCE(bt.oid, t.oid)) \
+                 FROM pg_type t LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype WHERE t.oid = $1",
+                &[&oid, &modifier],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, &self.server, "read a column's type"))?;
+        let builtin: bool = row.get(3);
+        let data_type = data_type(row.get(0), row.get(5), row.get(1), row.get(2), row.get(6));
+        Ok((data_type, if builtin { row.get(4) } else { String::new() }))
+    }
+}
+
+/// The relation's key columns, unless every column is one (REPLICA IDENTITY FULL).
+fn key_of(relation: &Relation) -> Vec<usize> {
+    let key: Vec<usize> =
+        relation.columns.iter().enumerate().filter(|(_, column)| column.key).map(|(index, _)| index).collect();
+    if relation.replica_identity == b'f' || key.len() == relation.columns.len() {
+        Vec::new()
+    } else {
+        key
+    }
+}
+
+/// Columns added, dropped and retyped from `before` to `after`; `None` when none.
+fn column_changes(before: &TableSchema, after: &TableSchema) -> Option<(Vec<String>, Vec<String>, Vec<String>)> {
+    let named = |table: &TableSchema, name: &str| table.columns.iter().find(|column| column.name == name).cloned();
+    let added: Vec<String> = after
+        .columns
+        .iter()
+        .filter(|column| named(before, &column.name).is_none())
+        .map(|column| column.name.clone())
+        .collect();
+    let dropped: Vec<String> = before
+        .columns
+        .iter()
+        .filter(|column| named(after, &column.name).is_none())
+        .map(|column| column.name.clone())
+        .collect();
+    let retyped: Vec<String> = after
+        .columns
+        .iter()
+        .filter(|column| named(before, &column.name).is_some_and(|old| old.data_type != column.data_type))
+        .map(|column| column.name.clone())
+        .collect();
+    (!added.is_empty() || !dropped.is_empty() || !retyped.is_empty()).then_some((added, dropped, retyped))
+}
+
+fn unchanged_toast(table: &TableSchema, column: &Column) -> Error {
+    Error::new(
+        ErrorKind::Read,
+        format!(
+            "table {} column {}: an UPDATE left this large value unchanged and the server did not send it; sluice does not write a guess",
+            table.name, column.name
+        ),
+    )
+    .on(Side::Source)
+    .hint(format!(
+        "ALTER TABLE {} REPLICA IDENTITY FULL (the server then sends the old row), then reset the job",
+        catalog::qualified(&table.name)
+    ))
+}
+
+#[async_trait]
+impl ChangeStream for WalChangeStream {
+    async fn next(&mut self) -> Result<StreamEvent> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(event);
+            }
+            let message = match tokio::time::timeout(SILENCE_LIMIT, self.connection.recv()).await {
+                Ok(Ok(message)) => message,
+                Ok(Err(error)) => return Err(replication_error(error, &self.server, &self.slot)),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "the replication stream of {} was silent for {} s",
+                            self.server,
+                            SILENCE_LIMIT.as_secs()
+                        ),
+                    )
+                    .on(Side::Source))
+                }
+            };
+            match message {
+                ReplicationMessage::XLogData { wal_end, data, .. } => {
+                    self.received = self.received.max(wal_end.0);
+                    let decoded =
+                        decode(data, false).map_err(|error| replication_error(error, &self.server, &self.slot))?;
+                    self.take(decoded).await?;
+                }
+                ReplicationMessage::Keepalive { wal_end, reply_requested, .. } => {
+                    self.received = self.received.max(wal_end.0);
+                    if reply_requested {
+                        self.status().await?;
+                    }
+                    // Between transactions the server has sent everything before `wal_end`:
+                    // the job's place may move there, so the slot frees the WAL of other
+                    // tables' changes.
+                    if !self.in_transaction && wal_end.0 > self.boundary && self.changes.is_empty() {
+                        self.boundary = wal_end.0;
+                        return Ok(StreamEvent::Advance {
+                            position: Position(json!({ "lsn": wal_end.to_string() })),
+                            committed_at: sluice_core::clock::unix_seconds(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ack(&mut self, position: &Position) -> Result<()> {
+        if let Some(lsn) = super::position_lsn(position) {
+            self.acknowledged = self.acknowledged.max(lsn);
+        }
+        self.status().await
+    }
+}
+
+impl WalChangeStream {
+    /// Reports the target's stored position as flushed: the slot confirms it and frees the WAL
+    /// before it.
+    async fn status(&mut self) -> Result<()> {
+        let stored = Lsn(self.acknowledged);
+        self.connection
+            .send_status(Lsn(self.received.max(self.acknowledged)), stored, stored, false)
+            .await
+            .map_err(|error| replication_error(error, &self.server, &self.slot))
+    }
+}

@@ -1,0 +1,155 @@
+//! A PostgreSQL value's text form (what `::text`, COPY and `pgoutput` give, in a session with
+//! `DateStyle = ISO`, `TimeZone = UTC`, `bytea_output = hex`) read as a sluice value of its
+//! column's type. The snapshot and the change stream read values through this one function, so
+//! a key read by one compares equal to the same key read by the other.
+
+use sluice_core::value::{Date, DateTime, Decimal, Time};
+use sluice_core::{DataType, Value};
+
+/// The value of `text` for a column of `data_type`; a value the type cannot hold (a date of
+/// year 10000 or BC, `infinity`, a numeric `NaN`) is an error saying which, never changed.
+pub(crate) fn parse(text: &str, data_type: &DataType) -> Result<Value, String> {
+    let invalid = |expected: &str| {
+        let shown: String = text.chars().take(64).collect();
+        Err(format!("'{shown}' is not {expected} this target column can hold"))
+    };
+    Ok(match data_type {
+        DataType::Boolean => match text {
+            "t" | "true" => Value::Bool(true),
+            "f" | "false" => Value::Bool(false),
+            _ => return invalid("a boolean"),
+        },
+        DataType::Integer { .. } => match text.parse() {
+            Ok(value) => Value::Int(value),
+            Err(_) => return invalid("an integer"),
+        },
+        DataType::Float32 => match float(text) {
+            Some(value) => Value::Float32(value as f32),
+            None => return invalid("a number"),
+        },
+        DataType::Float64 => match float(text) {
+            Some(value) => Value::Float64(value),
+            None => return invalid("a number"),
+        },
+        DataType::Decimal { .. } => match Decimal::parse(text) {
+            Some(value) => Value::Decimal(value),
+            None => return invalid("a finite decimal number"),
+        },
+        DataType::Bytes { .. } => match hex_bytes(text) {
+            Some(bytes) => Value::Bytes(bytes),
+            None => return invalid("a bytea in hex form"),
+        },
+        DataType::Bits { width } => match u64::from_str_radix(text, 2) {
+            Ok(value) if text.len() <= 64 => Value::Bits { width: *width, value },
+            _ => return invalid("a bit string"),
+        },
+        DataType::Date => match Date::parse(text) {
+            Some(value) => Value::Date(value),
+            None => return invalid("a date of years 1 to 9999"),
+        },
+        DataType::Time { .. } => match Time::parse(text) {
+            Some(value) => Value::Time(value),
+            None => return invalid("a time of day"),
+        },
+        DataType::DateTime { .. } => match DateTime::parse(text) {
+            Some(value) => Value::DateTime(value),
+            None => return invalid("a timestamp of years 1 to 9999"),
+        },
+        DataType::Timestamp { .. } => match text.strip_suffix("+00").and_then(DateTime::parse) {
+            Some(value) => Value::Timestamp(value),
+            None => return invalid("a UTC timestamp of years 1 to 9999"),
+        },
+        DataType::Json => Value::Json(text.to_owned()),
+        DataType::Year => match text.parse() {
+            Ok(value) => Value::Int(value),
+            Err(_) => return invalid("a year"),
+        },
+        DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. } | DataType::Geometry => {
+            Value::Text(text.to_owned())
+        }
+    })
+}
+
+/// The text form of a value as PostgreSQL reads it back (`$1::text::type`): how a key read by
+/// the snapshot or the stream is bound in the next read's bounds.
+pub(crate) fn text_form(value: &Value) -> Option<String> {
+    use std::fmt::Write;
+    Some(match value {
+        Value::Null => return None,
+        Value::Bool(value) => if *value { "t" } else { "f" }.to_owned(),
+        Value::Int(value) => value.to_string(),
+        Value::UInt(value) => value.to_string(),
+        Value::Float32(value) => value.to_string(),
+        Value::Float64(value) => value.to_string(),
+        Value::Decimal(value) => value.to_string(),
+        Value::Text(text) | Value::Json(text) => text.clone(),
+        Value::Bytes(bytes) => {
+            let mut text = String::with_capacity(2 + bytes.len() * 2);
+            text.push_str("\\x");
+            for byte in bytes {
+                let _ = write!(text, "{byte:02x}");
+            }
+            text
+        }
+        Value::Bits { width, value } => format!("{value:0width$b}", width = *width as usize),
+        Value::Date(value) => value.to_string(),
+        Value::Time(value) => value.to_string(),
+        Value::DateTime(value) => value.to_string(),
+        Value::Timestamp(value) => format!("{value}+00"),
+    })
+}
+
+/// A float's text form, with PostgreSQL's words for the values that are no numbers.
+fn float(text: &str) -> Option<f64> {
+    match text {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        _ => text.parse().ok(),
+    }
+}
+
+/// `\x0aff` as its bytes.
+fn hex_bytes(text: &str) -> Option<Vec<u8>> {
+    let digits = text.strip_prefix("\\x")?.as_bytes();
+    if digits.len() % 2 != 0 {
+        return None;
+    }
+    let nibble = |digit: u8| (digit as char).to_digit(16).map(|value| value as u8);
+    digits.chunks(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_forms_read_as_their_types_and_back() {
+        let cases = [
+            ("t", DataType::Boolean),
+            ("-42", DataType::Integer { bytes: 8, unsigned: false }),
+            ("1.50", DataType::Decimal { precision: Some(5), scale: Some(2) }),
+            ("\\x00ff", DataType::Bytes { length: None, fixed: false }),
+            ("0101", DataType::Bits { width: 4 }),
+            ("2024-02-29", DataType::Date),
+            ("2024-02-29 23:59:59.000001", DataType::DateTime { precision: 6 }),
+            ("2024-02-29 23:59:59.5+00", DataType::Timestamp { precision: 6 }),
+            ("{\"b\": 1, \"a\": [1.0]}", DataType::Json),
+        ];
+        for (text, data_type) in cases {
+            let value = parse(text, &data_type).unwrap();
+            let back = text_form(&value).unwrap();
+            assert_eq!(parse(&back, &data_type).unwrap(), value, "{text}");
+        }
+        assert!(matches!(parse("NaN", &DataType::Float64), Ok(Value::Float64(value)) if value.is_nan()));
+    }
+
+    #[test]
+    fn values_a_type_cannot_hold_are_refused_by_name() {
+        let decimal = DataType::Decimal { precision: None, scale: None };
+        assert!(parse("NaN", &decimal).unwrap_err().contains("'NaN'"));
+        assert!(parse("infinity", &DataType::Date).is_err());
+        assert!(parse("0044-03-15 BC", &DataType::Date).is_err());
+        assert!(parse("2024-01-01 00:00:00+02", &DataType::Timestamp { precision: 6 }).is_err());
+    }
+}
