@@ -24,6 +24,7 @@ mod suite {
     mod mysql_edge_cases;
     mod mysql_to_postgres;
     mod parquet_target;
+    mod postgres_source;
     mod schedules;
     mod server_api;
     mod snapshot_resume;

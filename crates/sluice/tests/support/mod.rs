@@ -9,6 +9,7 @@ pub mod kafka;
 pub mod lake;
 pub mod mariadb_server;
 pub mod nats;
+pub mod postgres_source;
 pub mod stream_job;
 pub mod webhook;
 pub mod workload;

@@ -51,7 +51,8 @@ pub(crate) enum ReplicaIdentity {
 pub(crate) struct Described {
     pub schema: TableSchema,
     pub identity: ReplicaIdentity,
-    /// Rows the planner estimates (`pg_class.reltuples`; 0 when never analyzed).
+    /// Rows the planner estimates (`pg_class.reltuples`), or the table's bytes / 100 when it was
+    /// never analyzed.
     pub estimated_rows: u64,
     /// Columns whose values PostgreSQL may store out of line (TOAST), which an UPDATE that
     /// leaves them unchanged does not carry.
@@ -88,7 +89,9 @@ WHERE i.indrelid = $1::text::regclass AND i.indisvalid
 ORDER BY i.indisprimary DESC, ic.relname";
 
 const TABLE_SQL: &str = "\
-SELECT c.relreplident::text, GREATEST(c.reltuples, 0)::float8, obj_description(c.oid, 'pg_class')
+SELECT c.relreplident::text,
+       CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE pg_total_relation_size(c.oid) / 100 END::float8,
+       obj_description(c.oid, 'pg_class')
 FROM pg_class c WHERE c.oid = $1::text::regclass";
 
 /// Describes one table; a table that does not exist is a `Schema` error naming it.

@@ -228,7 +228,7 @@ impl PostgresSource {
             (0..table.primary_key.len()).map(|index| reader::key_expression(table, table.primary_key[index])).collect();
         let texts: Vec<String> = key.iter().map(|expression| format!("({expression})::text")).collect();
         let sql = format!(
-            "SELECT {} FROM {} TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+            "SELECT {} FROM {} AS row TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
             texts.join(", "),
             catalog::qualified(&table.name),
             key.join(", ")
@@ -430,6 +430,9 @@ impl Source for PostgresSource {
         Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 
+    /// The WAL's insert position now, once the job's slot and publication exist: past every
+    /// transaction a snapshot taken before sees. A slot created now gives its own position,
+    /// where the snapshot it exports stands.
     async fn log_position(&self) -> Result<Option<Position>> {
         if !self.mode.streams() {
             return Ok(None);
@@ -437,9 +440,22 @@ impl Source for PostgresSource {
         let client = self.connection().await?;
         let described = self.describe_selected(&client).await?;
         let tables: Vec<TableName> = described.iter().map(|table| table.schema.name.clone()).collect();
-        let (lsn, export) = self.replication.prepare(&self.url, &client, &self.server, &tables).await?;
-        *self.export.lock().await = export;
-        Ok(Some(Position::of(&WalPosition { lsn: format_lsn(lsn) })))
+        let created = self.replication.prepare(&self.url, &client, &self.server, &tables).await?;
+        let lsn = match created {
+            Some(export) => {
+                let lsn = export.snapshot.lsn.clone();
+                *self.export.lock().await = Some(export);
+                lsn
+            }
+            None => {
+                let row = client
+                    .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+                    .await
+                    .map_err(self.error("read the WAL position"))?;
+                row.get(0)
+            }
+        };
+        Ok(Some(Position::of(&WalPosition { lsn })))
     }
 
     async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {

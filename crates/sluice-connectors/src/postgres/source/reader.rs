@@ -74,20 +74,24 @@ fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>
             format!("{key_row} IN ({})", rows.join(", "))
         });
     }
-    let columns: Vec<String> = table.columns.iter().map(|column| format!("{}::text", quote(&column.name))).collect();
+    let columns: Vec<String> =
+        table.columns.iter().map(|column| format!("row.{}::text", quote(&column.name))).collect();
     let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
     let order = if key.is_empty() { String::new() } else { format!(" ORDER BY {}", key.join(", ")) };
-    (format!("SELECT {} FROM {}{filter}{order}", columns.join(", "), qualified(&table.name)), parameters)
+    // Columns are named through the table's alias: an unqualified ORDER BY name would sort by
+    // the output column of that name, which is the text form.
+    (format!("SELECT {} FROM {} AS row{filter}{order}", columns.join(", "), qualified(&table.name)), parameters)
 }
 
-/// A key column as the reads compare and order it: itself, or its text form when its type has
-/// no name a bound could be cast to (`Column::native_type` empty: an enum, a user's type).
+/// A key column as the reads compare and order it, through the table's alias `row`: itself,
+/// or its text form when its type has no name a bound could be cast to (`Column::native_type`
+/// empty: an enum, a user's type).
 pub(crate) fn key_expression(table: &TableSchema, index: usize) -> String {
     let column = &table.columns[index];
     if column.native_type.is_empty() {
-        format!("{}::text", quote(&column.name))
+        format!("row.{}::text", quote(&column.name))
     } else {
-        quote(&column.name)
+        format!("row.{}", quote(&column.name))
     }
 }
 

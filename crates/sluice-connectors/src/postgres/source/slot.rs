@@ -150,15 +150,15 @@ impl Replication {
     }
 
     /// Makes the publication publish `tables` (the job's own) or checks that it does (the
-    /// user's), then creates the slot if the job has none yet, and returns the WAL position
-    /// from which the slot keeps changes, with the exported snapshot of a slot just created.
+    /// user's), then creates the slot if the job has none yet: the slot just created, with
+    /// its position and exported snapshot.
     pub(crate) async fn prepare(
         &self,
         url: &Secret,
         client: &Client,
         server: &str,
         tables: &[TableName],
-    ) -> Result<(u64, Option<Export>)> {
+    ) -> Result<Option<Export>> {
         let error = |doing: &'static str| move |error| postgres_error(error, Side::Source, server, doing);
         if self.own_publication {
             let list: Vec<String> = tables.iter().map(qualified).collect();
@@ -188,37 +188,26 @@ impl Replication {
             }
         }
         let existing = client
-            .query_opt("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
+            .query_opt("SELECT 1 FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
             .await
             .map_err(error("read the replication slots"))?;
-        let lsn: Option<String> = match existing {
-            Some(row) => row.get(0),
-            None if self.own_slot => return self.create(url, server).await.map(|(lsn, export)| (lsn, Some(export))),
-            None => {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    format!("replication slot {} named in source.slot does not exist", self.slot),
-                )
-                .on(Side::Source)
-                .hint(format!("create it: SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", self.slot)))
-            }
-        };
-        let lsn = lsn.as_deref().and_then(parse_lsn).ok_or_else(|| {
-            Error::new(
+        match existing {
+            Some(_) => Ok(None),
+            None if self.own_slot => self.create(url, server).await.map(Some),
+            None => Err(Error::new(
                 ErrorKind::Config,
-                format!("replication slot {} is not a logical slot with a position", self.slot),
+                format!("replication slot {} named in source.slot does not exist", self.slot),
             )
             .on(Side::Source)
-            .hint("name a logical slot created with the pgoutput plugin")
-        })?;
-        Ok((lsn, None))
+            .hint(format!("create it: SELECT pg_create_logical_replication_slot('{}', 'pgoutput')", self.slot))),
+        }
     }
 
     /// Creates the job's slot on a replication session that exports the snapshot the slot
     /// starts at: reads that import it see exactly the rows before the slot's first change.
     /// The snapshot lives as long as the session, which the caller keeps idle until the copy
     /// is read.
-    async fn create(&self, url: &Secret, server: &str) -> Result<(u64, Export)> {
+    async fn create(&self, url: &Secret, server: &str) -> Result<Export> {
         let (config, mode, tls) = endpoint(url, Side::Source)?;
         let failed = |error: ReplicationError| {
             Error::new(ErrorKind::Read, format!("create replication slot {} on {server}: {error}", self.slot))
@@ -249,7 +238,7 @@ impl Replication {
             self.slot,
             format_lsn(lsn)
         );
-        Ok((lsn, Export { snapshot: ExportedSnapshot { name: snapshot, lsn: format_lsn(lsn) }, session }))
+        Ok(Export { snapshot: ExportedSnapshot { name: snapshot, lsn: format_lsn(lsn) }, session })
     }
 
     /// Before a stream opens: the slot still exists, decodes with `pgoutput` in this database,

@@ -1,0 +1,121 @@
+//! PostgreSQL as a source through the real binary and a real PostgreSQL 15 with
+//! `wal_level = logical`: the copy in the slot's snapshot, the stream of its slot, exactly once
+//! through kills, into PostgreSQL and MariaDB.
+
+use crate::support;
+
+use std::time::Duration;
+
+use support::postgres_source::{create_tables_sql, stream_lsn, Load, SourceDatabase, ACCOUNTS};
+use support::workload::{assert_same, Random};
+use support::{canary, kill, postgres_url, psql, Guard, Workspace};
+
+/// `sluice run` of `job` from `source` into `target`, in the background.
+fn start(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase, target: &str) -> Guard {
+    workspace.start_run(job, &source.url(), target, &["--summary-json", "summary.json"])
+}
+
+fn job_file(workspace: &Workspace, name: &str, schema: &str, target: &str, extra: &str) -> std::path::PathBuf {
+    workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: {target}\n  url: ${{TARGET}}\n  create_tables: true\n{extra}"
+        ),
+    )
+}
+
+/// The rows of `schema.table` as text lines ordered by `order`, on the source or the PostgreSQL
+/// target.
+fn table_text(sql: impl Fn(&str) -> String, schema: &str, table: &str, order: &str) -> Vec<String> {
+    sql(&format!("SELECT t::text FROM {schema}.{table} t ORDER BY {order}")).lines().map(str::to_owned).collect()
+}
+
+/// Waits for `condition` while `run` goes on; a run that ends, or a wait that times out, fails
+/// the test with what the run printed.
+fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    loop {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended while waiting for {what}:\n{}", run.stderr_text());
+        if condition() {
+            return;
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}; the run printed:\n{}", run.stderr_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the job's stream has stored a position at or past the source's WAL position now.
+fn wait_converged(job: &str, source: &SourceDatabase, run: &mut Guard) {
+    let now = source.wal_position();
+    wait_running("the stream to reach the source", Duration::from_secs(90), run, || {
+        stream_lsn(job).is_some_and(|at| at >= now)
+    });
+}
+
+#[test]
+fn a_postgres_source_copies_and_streams_into_postgres_exactly_once_through_kills() {
+    let source = SourceDatabase::create("pgsrc");
+    let schema = source.name.clone();
+    source.sql(&create_tables_sql(&schema, 40_000));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    // Slow enough that a kill lands in the copy.
+    let job = job_file(
+        &workspace,
+        &name,
+        &schema,
+        "postgres",
+        "limits: {split_rows: 5000, batch_rows: 500, rows_per_sec: 20000}\nparallelism: 2\n",
+    );
+    let load = Load::start(&source, &schema, Random::from_environment("pg-source-kills"), 300, 1_000_000);
+
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    let copied = || {
+        let sql = format!("SELECT coalesce(sum(rows_written), 0) FROM sluice.checkpoints WHERE job = '{name}'");
+        psql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice'").trim() != "0"
+            && psql(&sql).trim().parse::<u64>().unwrap_or(0) > 0
+    };
+    wait_running("part of the copy", Duration::from_secs(60), &mut run, copied);
+    kill(&mut run);
+    assert!(stream_lsn(&name).is_none(), "the first kill lands in the copy");
+
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(120), &mut run, || stream_lsn(&name).is_some());
+    // A sampler: once the tables are visible, no transfer is ever half-applied.
+    let total = (ACCOUNTS * 1000).to_string();
+    let mut samples = 0;
+    let started = source.wal_position();
+    wait_running("the stream to move on", Duration::from_secs(60), &mut run, || {
+        let sum = psql(&format!("SELECT sum(balance) FROM {schema}.accounts"));
+        assert_eq!(sum.trim(), total, "a transfer is half-applied in the target");
+        samples += 1;
+        stream_lsn(&name).is_some_and(|at| at > started)
+    });
+    kill(&mut run);
+
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream again", Duration::from_secs(60), &mut run, || {
+        stream_lsn(&name).is_some_and(|at| at > started)
+    });
+    load.stop();
+    wait_converged(&name, &source, &mut run);
+    assert!(samples > 0);
+
+    for (table, order) in [("accounts", "id"), ("items", "id"), ("docs", "id"), ("pairs", "a, b")] {
+        let expected = table_text(|sql| source.sql(sql), &schema, table, order);
+        let actual = table_text(psql, &schema, table, order);
+        assert_same(table, &expected, &actual);
+    }
+    assert_eq!(psql(&format!("SELECT sum(balance) FROM {schema}.accounts")).trim(), total);
+    // The slot has confirmed what the target stored, and keeps no more.
+    let confirmed = source
+        .sql(&format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'sluice_{}'", schema));
+    assert!(
+        support::postgres_source::lsn(confirmed.trim()).is_some_and(|at| at <= stream_lsn(&name).unwrap()),
+        "the slot confirms no more than the target stored: {confirmed}"
+    );
+    drop(run);
+    assert!(!psql(&format!("SELECT count(*) FROM {schema}.items")).is_empty());
+    let _ = canary();
+}

@@ -1,0 +1,198 @@
+//! A PostgreSQL source database of its own on the test server (`scripts/test.sh` starts it with
+//! `wal_level = logical`), SQL on it, its WAL position, and a load of transactions on it.
+
+use std::io::Write;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use super::workload::Random;
+use super::{postgres_url, psql, unique_name};
+
+/// A database created for one test; its replication slots are dropped with it.
+pub struct SourceDatabase {
+    pub name: String,
+}
+
+impl SourceDatabase {
+    pub fn create(prefix: &str) -> SourceDatabase {
+        let name = unique_name(prefix);
+        psql(&format!("CREATE DATABASE {name}"));
+        SourceDatabase { name }
+    }
+
+    /// The database's URL, with the test server's user and password.
+    pub fn url(&self) -> String {
+        let server = postgres_url();
+        let (base, _) = server.rsplit_once('/').expect("the test URL names a database");
+        format!("{base}/{}", self.name)
+    }
+
+    /// Runs SQL in the database; the rows, `|`-separated.
+    pub fn sql(&self, sql: &str) -> String {
+        let output = Command::new("psql")
+            .args([self.url().as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .output()
+            .expect("run psql");
+        assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The server's WAL write position now, as a number.
+    pub fn wal_position(&self) -> u64 {
+        lsn(self.sql("SELECT pg_current_wal_lsn()").trim()).expect("a WAL position")
+    }
+
+    /// The slots of this database.
+    pub fn slots(&self) -> Vec<String> {
+        let sql = format!("SELECT slot_name FROM pg_replication_slots WHERE database = '{}'", self.name);
+        psql(&sql).lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for SourceDatabase {
+    fn drop(&mut self) {
+        let sql = format!(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = '{0}' AND active_pid IS NOT NULL; \
+             SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{0}' AND NOT active",
+            self.name
+        );
+        let _ = Command::new("psql").args([postgres_url().as_str(), "-X", "-q", "-c", &sql]).output();
+    }
+}
+
+/// `X/Y` as a number.
+pub fn lsn(text: &str) -> Option<u64> {
+    let (high, low) = text.split_once('/')?;
+    Some(u64::from_str_radix(high, 16).ok()? << 32 | u64::from_str_radix(low, 16).ok()?)
+}
+
+/// The WAL position a job's stream has stored in a PostgreSQL target's checkpoints.
+pub fn stream_lsn(job: &str) -> Option<u64> {
+    if psql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice'").trim() == "0" {
+        return None;
+    }
+    let text = psql(&format!("SELECT position FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"));
+    let position: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+    lsn(position["at"]["lsn"].as_str()?)
+}
+
+/// A `psql` reading statements from a pipe, going on after an error (a random key taken).
+struct Client {
+    child: Child,
+    input: ChildStdin,
+}
+
+impl Client {
+    fn start(url: &str) -> Client {
+        let mut child = Command::new("psql")
+            .args([url, "-X", "-q"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start psql");
+        let input = child.stdin.take().expect("a piped stdin");
+        Client { child, input }
+    }
+}
+
+/// The tables of `SourceDatabase::create_tables` and a load on them: inserts, updates, deletes
+/// and key moves of `items`, updates of `docs`' small column beside large out-of-line values,
+/// and transfers between `accounts` in transactions that keep the balances' sum at
+/// `ACCOUNTS * 1000`.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    pub statements: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+pub const ACCOUNTS: u64 = 100;
+
+/// `accounts (id, balance)`, `items (id, v, note, tags, uid, at)` with `items` rows, `docs (id,
+/// small, body)` with 20 values of 40 kB that PostgreSQL stores out of line (REPLICA IDENTITY
+/// FULL), and `pairs (a text, b int)` with a composite text key; in schema `schema`.
+pub fn create_tables_sql(schema: &str, items: u64) -> String {
+    format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+         INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g;
+         CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, note text, tags int[], uid uuid, at timestamptz);
+         INSERT INTO items SELECT g, g % 1000, 'item ' || g, ARRAY[g, NULL], md5(g::text)::uuid, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 second' FROM generate_series(1, {items}) g;
+         CREATE TABLE docs (id int PRIMARY KEY, small int NOT NULL, body text);
+         ALTER TABLE docs REPLICA IDENTITY FULL;
+         INSERT INTO docs SELECT g, 0, (SELECT string_agg(md5(g::text || '-' || i), '') FROM generate_series(1, 1250) i) FROM generate_series(1, 20) g;
+         CREATE TABLE pairs (a text, b int, v int, PRIMARY KEY (a, b));
+         INSERT INTO pairs SELECT 'k' || (g % 37), g, 0 FROM generate_series(1, 2000) g;"
+    )
+}
+
+impl Load {
+    /// Starts the load at about `per_second` statements a second on `database`'s tables in
+    /// `schema`; new items take ids from `first_id` on.
+    pub fn start(database: &SourceDatabase, schema: &str, mut random: Random, per_second: u64, first_id: u64) -> Load {
+        let mut client = Client::start(&database.url());
+        writeln!(client.input, "SET search_path = {schema};").expect("psql reads");
+        let stop = Arc::new(AtomicBool::new(false));
+        let statements = Arc::new(AtomicU64::new(0));
+        let (flag, counter) = (stop.clone(), statements.clone());
+        let thread = std::thread::spawn(move || {
+            let mut next_id = first_id;
+            let started = std::time::Instant::now();
+            let mut sent = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                let due = started + std::time::Duration::from_secs_f64(sent as f64 / per_second as f64);
+                if let Some(early) = due.checked_duration_since(std::time::Instant::now()) {
+                    std::thread::sleep(early);
+                }
+                sent += 1;
+                let id = 1 + random.below(next_id);
+                let sql = match random.below(20) {
+                    0..=5 => {
+                        next_id += 1;
+                        format!(
+                            "INSERT INTO items VALUES ({}, {}, 'new {}', '{{1,2}}', NULL, now());",
+                            next_id - 1,
+                            random.below(1000),
+                            random.next()
+                        )
+                    }
+                    6..=8 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
+                    9 => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
+                    10 => format!("UPDATE pairs SET v = v + 1 WHERE a = 'k{}';", random.below(37)),
+                    11..=12 => format!("DELETE FROM items WHERE id = {id};"),
+                    13 => {
+                        next_id += 1;
+                        format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1)
+                    }
+                    _ => {
+                        let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
+                        let amount = 1 + random.below(50);
+                        next_id += 1;
+                        format!(
+                            "BEGIN; UPDATE accounts SET balance = balance - {amount} WHERE id = {from}; \
+                             INSERT INTO items VALUES ({}, 0, 'transfer', NULL, NULL, NULL); \
+                             UPDATE accounts SET balance = balance + {amount} WHERE id = {to}; COMMIT;",
+                            next_id - 1
+                        )
+                    }
+                };
+                writeln!(client.input, "{sql}").expect("psql reads");
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            let Client { mut child, input } = client;
+            drop(input);
+            child.wait().expect("psql ends");
+        });
+        Load { stop, statements, thread: Some(thread) }
+    }
+
+    /// Stops the load and waits until every statement sent has run.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the load thread ends");
+        }
+    }
+}
