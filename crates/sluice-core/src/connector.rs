@@ -281,6 +281,13 @@ pub trait Source: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// The job is reset or deleted: releases what the source keeps for this job alone (a
+    /// PostgreSQL job's own replication slot, which holds the server's WAL until it is dropped,
+    /// and its publication), never what the user named. The default keeps nothing.
+    async fn forget(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The window of a cursor-incremental batch of `table` (`crate::cursor`): from `mark` (the
     /// previous batch's, in this source's JSON form; `None` on the first batch) lowered by
     /// `cursor.lookback_secs`, through the column's highest value now. A column the table lacks,

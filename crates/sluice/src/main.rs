@@ -378,7 +378,8 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
         let sink = sluice_connectors::sink(&job)?;
         let state = SqliteStateStore::open(&state_dir)?;
         let previous = sluice_core::state::StateStore::load_plan(&state, &job.name)?;
-        let planned = sluice_core::planner::Planner::new(job.clone(), source, sink.clone()).plan(previous).await?;
+        let planned =
+            sluice_core::planner::Planner::new(job.clone(), source.clone(), sink.clone()).plan(previous).await?;
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &job.name).await?;
         sink.prepare(&hidden.schemas(&planned.targets)).await?;
         let mut tables = hidden.tasks(planned.plan.table_tasks());
@@ -386,6 +387,7 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
             tables.clear();
         }
         sink.reset(&job.name, &tables).await?;
+        source.forget().await?;
         sluice_core::state::StateStore::forget(&state, &job.name)?;
         Ok::<_, Error>(tables.len())
     }

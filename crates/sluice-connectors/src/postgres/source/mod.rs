@@ -477,6 +477,16 @@ impl Source for PostgresSource {
         }
     }
 
+    async fn forget(&self) -> Result<()> {
+        if !self.mode.streams() {
+            return Ok(());
+        }
+        if let Some(export) = self.export.lock().await.take() {
+            drop(export.session);
+        }
+        self.replication.forget(&self.connection().await?, &self.server).await
+    }
+
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
         let Some(after) = position_lsn(after) else {
             return Err(Error::new(ErrorKind::State, format!("{} is not a PostgreSQL WAL position", after.brief()))

@@ -289,6 +289,40 @@ impl Replication {
     }
 }
 
+impl Replication {
+    /// Drops the job's own slot and publication (`Source::forget`); a slot still read by a
+    /// running job is an error saying so.
+    pub(crate) async fn forget(&self, client: &Client, server: &str) -> Result<()> {
+        if self.own_slot {
+            let row = client
+                .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
+                .await
+                .map_err(|error| postgres_error(error, Side::Source, server, "read the replication slots"))?;
+            match row.map(|row| row.get::<_, bool>(0)) {
+                Some(true) => {
+                    return Err(Error::new(ErrorKind::Config, format!("replication slot {} is being read", self.slot))
+                        .on(Side::Source)
+                        .hint("stop the job's run first, then reset it"))
+                }
+                Some(false) => {
+                    client.execute("SELECT pg_drop_replication_slot($1)", &[&self.slot]).await.map_err(|error| {
+                        postgres_error(error, Side::Source, server, "drop the job's replication slot")
+                    })?;
+                    log::info!("dropped replication slot {} on {server}", self.slot);
+                }
+                None => {}
+            }
+        }
+        if self.own_publication {
+            client
+                .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote(&self.publication)))
+                .await
+                .map_err(|error| postgres_error(error, Side::Source, server, "drop the job's publication"))?;
+        }
+        Ok(())
+    }
+}
+
 /// `sluice_<job>`: the job's name in the characters a slot name may hold.
 fn default_name(job: &str) -> String {
     let cleaned: String = job
