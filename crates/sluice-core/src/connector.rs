@@ -186,6 +186,15 @@ pub trait Source: Send + Sync {
         Ok(None)
     }
 
+    /// The position a job's change stream starts from, called once, when the job is first
+    /// planned, in place of `log_position`: a source that keeps its log for its readers makes
+    /// the job's place in it first (a PostgreSQL replication slot). Never called again for the
+    /// same plan, so a place lost later is found missing, not made again. The default is
+    /// `log_position`.
+    async fn start_log(&self) -> Result<Option<Position>> {
+        self.log_position().await
+    }
+
     /// How much of the source's change log lies past `position` (the stream's checkpoint), and
     /// how much the server keeps before it: what the source may purge before the stream loses
     /// its place. `None` for sources without a log. Called by the stream every few seconds.

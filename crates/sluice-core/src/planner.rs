@@ -111,7 +111,7 @@ impl Planner {
         // it continues.
         let source_position = match previous.source_position {
             Some(position) => Some(position),
-            None => self.with_retry("read the source's log position", || self.source.log_position()).await?,
+            None => self.with_retry("read the source's log position", || self.source.start_log()).await?,
         };
         if let Some(position) = &source_position {
             let when = if split { "snapshot start" } else { "the job's first run" };

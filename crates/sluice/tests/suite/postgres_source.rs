@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::postgres_source::{create_tables_sql, stream_lsn, Load, SourceDatabase, ACCOUNTS};
 use support::workload::{assert_same, Random};
-use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, Guard, Workspace};
+use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, Guard, Run, Workspace};
 
 /// `sluice run` of `job` from `source` into `target`, in the background.
 fn start(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase, target: &str) -> Guard {
@@ -85,22 +85,34 @@ fn a_postgres_source_copies_and_streams_into_postgres_exactly_once_through_kills
     // A sampler: once the tables are visible, no transfer is ever half-applied.
     let total = (ACCOUNTS * 1000).to_string();
     let mut samples = 0;
+    let mut sample = || {
+        // Published whole once the stream passes the copy's end; never seen before.
+        if psql(&format!("SELECT to_regclass('{schema}.accounts') IS NOT NULL")).trim() == "t" {
+            let sum = psql(&format!("SELECT sum(balance) FROM {schema}.accounts"));
+            assert_eq!(sum.trim(), total, "a transfer is half-applied in the target");
+            samples += 1;
+        }
+    };
     let started = source.wal_position();
     wait_running("the stream to move on", Duration::from_secs(60), &mut run, || {
-        let sum = psql(&format!("SELECT sum(balance) FROM {schema}.accounts"));
-        assert_eq!(sum.trim(), total, "a transfer is half-applied in the target");
-        samples += 1;
+        sample();
         stream_lsn(&name).is_some_and(|at| at > started)
     });
     kill(&mut run);
 
     let mut run = start(&workspace, &job, &source, &postgres_url());
+    let again = source.wal_position();
     wait_running("the stream again", Duration::from_secs(60), &mut run, || {
-        stream_lsn(&name).is_some_and(|at| at > started)
+        sample();
+        stream_lsn(&name).is_some_and(|at| at > again)
     });
     load.stop();
-    wait_converged(&name, &source, &mut run);
-    assert!(samples > 0);
+    let stopped = source.wal_position();
+    wait_running("the stream to reach the source", Duration::from_secs(90), &mut run, || {
+        sample();
+        stream_lsn(&name).is_some_and(|at| at >= stopped)
+    });
+    assert!(samples > 0, "the sampler saw the tables while the load ran");
 
     for (table, order) in [("accounts", "id"), ("items", "id"), ("docs", "id"), ("pairs", "a, b")] {
         let expected = table_text(|sql| source.sql(sql), &schema, table, order);
@@ -184,4 +196,79 @@ fn postgres_values_reach_mariadb_through_the_copy_and_the_stream() {
     assert_eq!(trimmed, expected_trimmed, "every value equal in MariaDB");
     assert_eq!(mariadb(&format!("SELECT bits + 0 FROM {schema}.every_type ORDER BY id")), "5\nNULL\n5\n");
     assert!(!run.stderr_text().contains(&canary()));
+}
+
+#[test]
+fn a_dropped_slot_stops_the_job_naming_it_and_reset_drops_the_jobs_own() {
+    let source = SourceDatabase::create("pgslot");
+    let schema = source.name.clone();
+    source.sql(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v int); INSERT INTO {schema}.t VALUES (1, 1)"));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let slot = format!("sluice_{schema}");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    assert_eq!(source.slots(), vec![slot.clone()]);
+
+    // The slot is dropped under the running job: its reader ended, the slot gone before the job
+    // reconnects. A new slot would skip what happened meanwhile: the job stops instead.
+    let drop_slot = format!(
+        "DO $$ BEGIN LOOP PERFORM pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active_pid IS NOT NULL; \
+         BEGIN PERFORM pg_drop_replication_slot('{slot}'); EXIT; EXCEPTION WHEN object_in_use THEN PERFORM pg_sleep(0.01); END; END LOOP; END $$"
+    );
+    source.sql(&drop_slot);
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (2, 2)"));
+    let output = run.into_inner().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the job stops:\n{stderr}");
+    assert!(stderr.contains(&format!("replication slot {slot}")) && stderr.contains("gone"), "{stderr}");
+    assert!(source.slots().is_empty(), "no slot is created again behind the job's back");
+
+    // Reset forgets the job's progress and drops what it owns at the source; the next run
+    // makes a new slot and copies again.
+    let reset = Run::from(
+        workspace
+            .command(&["reset", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    reset.assert_code(0);
+    assert!(source.slots().is_empty(), "reset drops the slot its planning made");
+    assert_eq!(source.sql(&format!("SELECT count(*) FROM pg_publication WHERE pubname = '{slot}'")).trim(), "0");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream after the reset", Duration::from_secs(60), &mut run, || {
+        stream_lsn(&name).is_some() && psql(&format!("SELECT count(*) FROM {schema}.t")).trim() == "2"
+    });
+    assert_eq!(source.slots(), vec![slot]);
+}
+
+#[test]
+fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
+    let source = SourceDatabase::create("pglarge");
+    let schema = source.name.clone();
+    source.sql(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text)"));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\nlimits: {{batch_rows: 2000}}\n"
+        ),
+    );
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    const ROWS: u32 = 200_000;
+    source.sql(&format!(
+        "BEGIN; INSERT INTO {schema}.t SELECT g, 'rolled back ' || g FROM generate_series(1, {ROWS}) g; ROLLBACK;
+         BEGIN; INSERT INTO {schema}.t SELECT g, 'kept ' || g FROM generate_series(1, {ROWS}) g; UPDATE {schema}.t SET v = v || '!' WHERE id % 2 = 0; COMMIT;"
+    ));
+    wait_converged(&name, &source, &mut run);
+    assert_eq!(
+        psql(&format!("SELECT count(*), count(*) FILTER (WHERE v LIKE 'kept %'), count(*) FILTER (WHERE v LIKE '%!') FROM {schema}.t")),
+        format!("{ROWS}|{ROWS}|{}\n", ROWS / 2)
+    );
 }

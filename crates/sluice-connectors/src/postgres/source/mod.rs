@@ -430,32 +430,37 @@ impl Source for PostgresSource {
         Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 
-    /// The WAL's insert position now, once the job's slot and publication exist: past every
-    /// transaction a snapshot taken before sees. A slot created now gives its own position,
-    /// where the snapshot it exports stands.
-    async fn log_position(&self) -> Result<Option<Position>> {
+    /// The job's slot and publication made (or the user's checked), then the position the
+    /// stream starts from: a slot created now gives its own, where the snapshot it exports
+    /// stands; an existing one the WAL's insert position now (the copy is read after it).
+    async fn start_log(&self) -> Result<Option<Position>> {
         if !self.mode.streams() {
             return Ok(None);
         }
         let client = self.connection().await?;
         let described = self.describe_selected(&client).await?;
         let tables: Vec<TableName> = described.iter().map(|table| table.schema.name.clone()).collect();
-        let created = self.replication.prepare(&self.url, &client, &self.server, &tables).await?;
-        let lsn = match created {
+        match self.replication.prepare(&self.url, &client, &self.server, &tables).await? {
             Some(export) => {
                 let lsn = export.snapshot.lsn.clone();
                 *self.export.lock().await = Some(export);
-                lsn
+                Ok(Some(Position::of(&WalPosition { lsn })))
             }
-            None => {
-                let row = client
-                    .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-                    .await
-                    .map_err(self.error("read the WAL position"))?;
-                row.get(0)
-            }
-        };
-        Ok(Some(Position::of(&WalPosition { lsn })))
+            None => self.log_position().await,
+        }
+    }
+
+    /// The WAL's insert position now: past every transaction a snapshot taken before sees.
+    async fn log_position(&self) -> Result<Option<Position>> {
+        if !self.mode.streams() {
+            return Ok(None);
+        }
+        let client = self.connection().await?;
+        let row = client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .map_err(self.error("read the WAL position"))?;
+        Ok(Some(Position::of(&WalPosition { lsn: row.get(0) })))
     }
 
     async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {

@@ -89,6 +89,9 @@ fn replication_error(error: ReplicationError, server: &str, slot: &str) -> Error
         Some("58P01") => (ErrorKind::PositionLost, Some("the WAL the slot needs is gone: reset the job".to_owned())),
         Some("28P01" | "28000") => (ErrorKind::Auth, Some("check the user and password in source.url".to_owned())),
         Some("42501") => (ErrorKind::Auth, Some("grant the user the REPLICATION attribute".to_owned())),
+        // Connection exceptions, operator intervention (a terminated backend, a shutdown):
+        // the server or its reader went away, not the stream's place.
+        Some(code) if code.starts_with("08") || code.starts_with("57") => (ErrorKind::Unavailable, None),
         Some(_) => (ErrorKind::Read, None),
         None => match &error {
             ReplicationError::Tls(_) | ReplicationError::Auth(_) => (ErrorKind::Auth, None),
