@@ -91,7 +91,13 @@ impl Fidelity {
 pub(super) fn column_definition(column: &sluice_core::Column, fidelity: Fidelity, counter: bool) -> String {
     // MariaDB's JSON is LONGTEXT with a check: spelt JSON, it gets that check again.
     let own_type = fidelity.same_flavor && !column.native_type.is_empty() && column.data_type != DataType::Json;
-    let type_text = if own_type { column.native_type.clone() } else { column_type(&column.data_type) };
+    let type_text = match &column.data_type {
+        _ if own_type => column.native_type.clone(),
+        // TIMESTAMP holds 1970 to 2038 only: an instant from another database is kept, in UTC,
+        // in a DATETIME, which holds years 1000 to 9999.
+        DataType::Timestamp { precision } if !fidelity.family => format!("DATETIME({precision})"),
+        data_type => column_type(data_type),
+    };
     let collation = match (&column.data_type, &column.collation) {
         (DataType::Text { .. } | DataType::Enum { .. } | DataType::Set { .. }, Some(collation))
             if !collation.is_empty()

@@ -35,8 +35,12 @@ async fn replication(url: &Secret) -> ReplicationConnection {
     ReplicationConnection::connect(&config, mode, &tls).await.expect("a replication connection")
 }
 
+/// A SQL session whose unqualified tables are in `public` (the test user's own schema, which
+/// other tests' checkpoints create, would come first).
 async fn sql(url: &Secret) -> tokio_postgres::Client {
-    super::super::connect(url, Side::Source, "the test server").await.expect("a SQL connection")
+    let client = super::super::connect(url, Side::Source, "the test server").await.expect("a SQL connection");
+    client.batch_execute("SET search_path = public").await.expect("a search path");
+    client
 }
 
 /// Drops what an earlier failed run may have left.

@@ -80,6 +80,20 @@ pub(crate) fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
 }
 
+/// A size setting as PostgreSQL shows it (`16MB`, `1GB`, `8kB`), in bytes.
+fn parse_size(text: &str) -> Option<u64> {
+    let digits: String = text.chars().take_while(char::is_ascii_digit).collect();
+    let unit = match &text[digits.len()..] {
+        "" | "B" => 1,
+        "kB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        _ => return None,
+    };
+    Some(digits.parse::<u64>().ok()? * unit)
+}
+
 fn position_lsn(position: &Position) -> Option<u64> {
     position.0.get("lsn").and_then(serde_json::Value::as_str).and_then(parse_lsn)
 }
@@ -463,16 +477,29 @@ impl Source for PostgresSource {
         Ok(Some(Position::of(&WalPosition { lsn: row.get(0) })))
     }
 
+    /// The WAL past the stream's checkpoint, and how much more the server keeps for the slot
+    /// before `max_slot_wal_keep_size` lets it go (unlimited when that is unset), in WAL
+    /// segments.
     async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {
         let Some(at) = position_lsn(position) else { return Ok(None) };
         let client = self.connection().await?;
         let row = client
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .query_one(
+                "SELECT pg_current_wal_lsn()::text, current_setting('wal_segment_size')::text, \
+                 (SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = $1)",
+                &[&self.replication.slot],
+            )
             .await
             .map_err(self.error("read the WAL position"))?;
         let current = parse_lsn(row.get(0)).unwrap_or(at);
-        // The slot keeps every WAL file the stream has yet to read: none is at risk.
-        Ok(Some(LogBacklog { files_behind: 0, bytes_behind: current.saturating_sub(at), files_to_spare: u64::MAX }))
+        let segment = parse_size(row.get(1)).unwrap_or(16 << 20).max(1);
+        let safe: Option<i64> = row.get(2);
+        let bytes_behind = current.saturating_sub(at);
+        Ok(Some(LogBacklog {
+            files_behind: bytes_behind.div_ceil(segment),
+            bytes_behind,
+            files_to_spare: safe.map_or(u64::MAX, |safe| safe.max(0) as u64 / segment),
+        }))
     }
 
     fn reached(&self, position: &Position, mark: &Position) -> bool {
@@ -517,5 +544,21 @@ impl Source for PostgresSource {
         )
         .await?;
         Ok(Box::new(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wal_positions_and_sizes_read_as_postgresql_prints_them() {
+        assert_eq!(parse_lsn("16/B374D848"), Some(0x16_B374_D848));
+        assert_eq!(format_lsn(0x16_B374_D848), "16/B374D848");
+        assert_eq!(parse_lsn("16"), None);
+        assert_eq!(parse_size("16MB"), Some(16 << 20));
+        assert_eq!(parse_size("8kB"), Some(8 << 10));
+        assert_eq!(parse_size("1GB"), Some(1 << 30));
+        assert_eq!(parse_size("-1"), None);
     }
 }
