@@ -1,5 +1,5 @@
 //! What PostgreSQL's catalog says of the tables a job reads: their columns with types mapped to
-//! sluice's, keys, secondary indexes, defaults, identity and generated columns, comments, enum
+//! sluice's, keys, secondary indexes, defaults, identity columns, comments, enum
 //! labels, domains (as their base types) and the replica identity the change stream relies on.
 
 use sluice_core::schema::{ColumnDetails, TableDetails};
@@ -79,7 +79,7 @@ FROM pg_attribute a
 JOIN pg_type t ON t.oid = a.atttypid
 LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype
 LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum";
 
 const INDEXES_SQL: &str = "\
@@ -94,7 +94,9 @@ SELECT c.relreplident::text,
        obj_description(c.oid, 'pg_class')
 FROM pg_class c WHERE c.oid = $1::text::regclass";
 
-/// Describes one table; a table that does not exist is a `Schema` error naming it.
+/// Describes one table; a table that does not exist is a `Schema` error naming it. Generated
+/// columns are left out: the change stream does not carry their values (PostgreSQL computes
+/// them), so the copy does not either.
 pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) -> Result<Described, Error> {
     let doing = format!("describe table {name}");
     let error = |error| postgres_error(error, Side::Source, server, &doing);
@@ -124,14 +126,13 @@ pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) ->
         let category: &str = row.get(7);
         let labels: Option<Vec<String>> = row.get(13);
         let data_type = data_type(base, modifier, type_kind, category, labels);
-        let generated = row.get::<_, &str>(11) == "s";
         let identity = row.get::<_, &str>(10);
         if row.get::<_, &str>(14) != "p" {
             toasted.push(name.clone());
         }
         let default: Option<String> = row.get(9);
         let details = ColumnDetails {
-            default: default.filter(|_| !generated && !default_is_sequence(row.get(9))),
+            default: default.filter(|_| !default_is_sequence(row.get(9))),
             auto_increment: matches!(identity, "a" | "d")
                 || row.get::<_, Option<&str>>(9).is_some_and(|default| default_is_sequence(Some(default))),
             on_update: None,
@@ -186,7 +187,8 @@ pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) ->
 async fn attribute_numbers(client: &Client, relation: &str, server: &str, doing: &str) -> Result<Vec<i16>, Error> {
     let rows = client
         .query(
-            "SELECT attnum FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            "SELECT attnum FROM pg_attribute WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped \
+             AND attgenerated = '' ORDER BY attnum",
             &[&relation],
         )
         .await

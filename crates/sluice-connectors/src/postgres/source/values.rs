@@ -6,9 +6,32 @@
 use sluice_core::value::{Date, DateTime, Decimal, Time};
 use sluice_core::{DataType, Value};
 
-/// The value of `text` for a column of `data_type`; a value the type cannot hold (a date of
-/// year 10000 or BC, `infinity`, a numeric `NaN`) is an error saying which, never changed.
+/// The value of `text` for a column of `data_type`. A value the logical type cannot hold (a
+/// date or timestamp BC, past year 9999 or `infinity`; a numeric `NaN` or `Infinity`) is kept
+/// as the server's text, unchanged: a PostgreSQL target stores it as it was, a target that
+/// cannot refuses the row naming the column.
 pub(crate) fn parse(text: &str, data_type: &DataType) -> Result<Value, String> {
+    match typed(text, data_type) {
+        Err(_) if beyond_the_logical_type(data_type) => Ok(Value::Text(text.to_owned())),
+        result => result,
+    }
+}
+
+/// Types whose PostgreSQL values reach past what sluice's value holds.
+fn beyond_the_logical_type(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Decimal { .. }
+            | DataType::Date
+            | DataType::Time { .. }
+            | DataType::DateTime { .. }
+            | DataType::Timestamp { .. }
+            | DataType::Float32
+            | DataType::Float64
+    )
+}
+
+fn typed(text: &str, data_type: &DataType) -> Result<Value, String> {
     let invalid = |expected: &str| {
         let shown: String = text.chars().take(64).collect();
         Err(format!("'{shown}' is not {expected} this target column can hold"))
@@ -145,11 +168,18 @@ mod tests {
     }
 
     #[test]
-    fn values_a_type_cannot_hold_are_refused_by_name() {
+    fn values_beyond_the_logical_type_stay_the_servers_text() {
         let decimal = DataType::Decimal { precision: None, scale: None };
-        assert!(parse("NaN", &decimal).unwrap_err().contains("'NaN'"));
-        assert!(parse("infinity", &DataType::Date).is_err());
-        assert!(parse("0044-03-15 BC", &DataType::Date).is_err());
-        assert!(parse("2024-01-01 00:00:00+02", &DataType::Timestamp { precision: 6 }).is_err());
+        for (text, data_type) in [
+            ("NaN", decimal.clone()),
+            ("-Infinity", decimal),
+            ("infinity", DataType::Date),
+            ("0044-03-15 BC", DataType::Date),
+            ("12024-01-01", DataType::Date),
+            ("2024-01-01 00:00:00+00 BC", DataType::Timestamp { precision: 6 }),
+        ] {
+            assert_eq!(parse(text, &data_type), Ok(Value::Text(text.to_owned())), "{text}");
+        }
+        assert!(parse("maybe", &DataType::Boolean).unwrap_err().contains("'maybe'"));
     }
 }
