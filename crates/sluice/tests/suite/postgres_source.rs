@@ -118,7 +118,9 @@ fn a_postgres_source_copies_and_streams_into_postgres_exactly_once_through_kills
     });
     assert!(samples > 0, "the sampler saw the tables while the load ran");
 
-    for (table, order) in [("accounts", "id"), ("items", "id"), ("docs", "id"), ("pairs", "a, b")] {
+    for (table, order) in
+        [("accounts", "id"), ("items", "id"), ("docs", "id"), ("pairs", "a, b"), ("events", "k, note")]
+    {
         let expected = table_text(|sql| source.sql(sql), &schema, table, order);
         let actual = table_text(psql, &schema, table, order);
         assert_same(table, &expected, &actual);
@@ -326,4 +328,48 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
         ))
     };
     assert_eq!(types(&psql), types(&|sql: &str| source.sql(sql)));
+}
+
+#[test]
+fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_ones_stream_exactly() {
+    let source = SourceDatabase::create("pgkeyless");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE unnamed (a int, b text); INSERT INTO unnamed VALUES (1, 'x');
+         CREATE TABLE logged (a int, b text); ALTER TABLE logged REPLICA IDENTITY FULL;
+         INSERT INTO logged VALUES (1, 'x'), (1, 'x'), (2, 'y');"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let check = Run::from(
+        workspace
+            .command(&["check", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    assert_ne!(check.code, 0);
+    let fix = format!("ALTER TABLE \"{schema}\".\"unnamed\" REPLICA IDENTITY FULL");
+    assert!(check.all().contains(&fix) && !check.all().contains("\"logged\" REPLICA"), "{}", check.all());
+    let mut refused = start(&workspace, &job, &source, &postgres_url());
+    let output = refused.into_inner().wait_with_output().unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains(&fix), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(source.slots().is_empty(), "nothing is made at the source for a refused job");
+
+    source.sql(&format!("DROP TABLE {schema}.unnamed"));
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    source.sql(&format!(
+        "SET search_path = {schema}; INSERT INTO logged VALUES (3, 'z'), (1, 'x');
+         DELETE FROM logged WHERE ctid = (SELECT ctid FROM logged WHERE a = 1 LIMIT 1);
+         UPDATE logged SET b = 'w' WHERE a = 2;"
+    ));
+    wait_converged(&name, &source, &mut run);
+    let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT a, b FROM {schema}.logged ORDER BY a, b"));
+    assert_eq!(rows(&psql), rows(&|sql: &str| source.sql(sql)));
+    assert_eq!(rows(&psql), "1|x\n1|x\n2|w\n3|z\n");
 }

@@ -112,7 +112,8 @@ pub const ACCOUNTS: u64 = 100;
 
 /// `accounts (id, balance)`, `items (id, v, note, tags, uid, at)` with `items` rows, `docs (id,
 /// small, body)` with 20 values of 40 kB that PostgreSQL stores out of line (REPLICA IDENTITY
-/// FULL), and `pairs (a text, b int)` with a composite text key; in schema `schema`.
+/// FULL), `pairs (a text, b int)` with a composite text key and `events (k, note)` without a key
+/// (REPLICA IDENTITY FULL); in schema `schema`.
 pub fn create_tables_sql(schema: &str, items: u64) -> String {
     format!(
         "CREATE SCHEMA {schema}; SET search_path = {schema};
@@ -124,7 +125,10 @@ pub fn create_tables_sql(schema: &str, items: u64) -> String {
          ALTER TABLE docs REPLICA IDENTITY FULL;
          INSERT INTO docs SELECT g, 0, (SELECT string_agg(md5(g::text || '-' || i), '') FROM generate_series(1, 1250) i) FROM generate_series(1, 20) g;
          CREATE TABLE pairs (a text, b int, v int, PRIMARY KEY (a, b));
-         INSERT INTO pairs SELECT 'k' || (g % 37), g, 0 FROM generate_series(1, 2000) g;"
+         INSERT INTO pairs SELECT 'k' || (g % 37), g, 0 FROM generate_series(1, 2000) g;
+         CREATE TABLE events (k int, note text);
+         ALTER TABLE events REPLICA IDENTITY FULL;
+         INSERT INTO events SELECT g % 100, 'event' FROM generate_series(1, {items} / 4) g;"
     )
 }
 
@@ -161,6 +165,12 @@ impl Load {
                     6..=8 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
                     9 => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
                     10 => format!("UPDATE pairs SET v = v + 1 WHERE a = 'k{}';", random.below(37)),
+                    // A table without a key: duplicates, and one of two equal rows deleted.
+                    15 => format!("INSERT INTO events VALUES ({}, 'new');", random.below(100)),
+                    16 => format!(
+                        "DELETE FROM events WHERE ctid = (SELECT ctid FROM events WHERE k = {} LIMIT 1);",
+                        random.below(100)
+                    ),
                     11..=12 => format!("DELETE FROM items WHERE id = {id};"),
                     13 => {
                         next_id += 1;

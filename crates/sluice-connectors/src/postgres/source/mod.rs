@@ -94,8 +94,14 @@ fn parse_size(text: &str) -> Option<u64> {
     Some(digits.parse::<u64>().ok()? * unit)
 }
 
+/// The WAL position of a stream position, or of a copy's (`KeyPosition`: its last read's, which
+/// is what the engine compares a table read whole with).
 fn position_lsn(position: &Position) -> Option<u64> {
-    position.0.get("lsn").and_then(serde_json::Value::as_str).and_then(parse_lsn)
+    let lsn = match position.0.get("lsn") {
+        Some(lsn) => lsn,
+        None => position.0.get("reads")?.as_array()?.last()?.get("lsn")?,
+    };
+    lsn.as_str().and_then(parse_lsn)
 }
 
 /// The session every source connection reads in: values in the text forms `values` reads.
@@ -397,8 +403,8 @@ impl Source for PostgresSource {
         let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
         let snapshot =
             (self.mode.streams() && split.window.is_none() && range.keys.is_none() && known).then(|| match resumed {
-                Some(resumed) => Snapshot { earlier: resumed.reads, import: None },
-                None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone() },
+                Some(resumed) => Snapshot { earlier: resumed.reads, import: None, lock: split.whole },
+                None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone(), lock: split.whole },
             });
         Ok(Box::new(
             PostgresReader::start(client, self.server.clone(), split.table.clone(), selection, batch_rows, snapshot)

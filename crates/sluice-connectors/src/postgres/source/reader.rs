@@ -113,6 +113,9 @@ pub(crate) struct Snapshot {
     pub earlier: Vec<SplitRead>,
     /// The slot's exported snapshot, which a first read imports while it lives.
     pub import: Option<ExportedSnapshot>,
+    /// The split is the whole of a table without a key: a snapshot of its own is taken under a
+    /// SHARE lock, so its position is exact (`begin_snapshot`).
+    pub lock: bool,
 }
 
 /// Begins a REPEATABLE READ snapshot and returns the WAL position its rows stand at: the
@@ -120,10 +123,18 @@ pub(crate) struct Snapshot {
 /// change), else the WAL insert position read inside a snapshot of its own (every transaction
 /// it sees committed before that position; the stream's changes up to it are applied again
 /// by key).
+///
+/// A table without a key is copied whole and its changes before the copy's position are left
+/// out, not applied again: its position must be exact. Without the exported snapshot, the read
+/// takes `LOCK TABLE … IN SHARE MODE` before its snapshot: writers of the table still open have
+/// finished (and are in the snapshot, their commits before the position read), later ones wait
+/// until the copy ends (their commits after it).
 async fn begin_snapshot(
     client: &Client,
-    import: Option<&ExportedSnapshot>,
+    table: &TableSchema,
+    snapshot: &Snapshot,
 ) -> std::result::Result<String, tokio_postgres::Error> {
+    let import = snapshot.import.as_ref();
     const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
     if let Some(import) = import {
         client.batch_execute(BEGIN).await?;
@@ -139,6 +150,9 @@ async fn begin_snapshot(
         }
     }
     client.batch_execute(BEGIN).await?;
+    if snapshot.lock {
+        client.batch_execute(&format!("LOCK TABLE {} IN SHARE MODE", qualified(&table.name))).await?;
+    }
     let row = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await?;
     Ok(row.get(0))
 }
@@ -179,7 +193,7 @@ impl PostgresReader {
         let error = |error| postgres_error(error, Side::Source, &server, &doing);
         let mut reads = Vec::new();
         if let Some(snapshot) = snapshot.as_ref() {
-            let lsn = begin_snapshot(&client, snapshot.import.as_ref()).await.map_err(error)?;
+            let lsn = begin_snapshot(&client, &table, snapshot).await.map_err(error)?;
             reads = snapshot.earlier.clone();
             reads.push(SplitRead { after: selection.after.clone(), lsn });
         }

@@ -163,7 +163,18 @@ impl WalChangeStream {
     /// Takes one message of the slot's stream into `ready` / `changes`.
     async fn take(&mut self, message: LogicalMessage) -> Result<()> {
         match message {
-            LogicalMessage::Begin { .. } => {
+            LogicalMessage::Begin { final_lsn, commit_time, .. } => {
+                // The start of the transaction's commit record is a place to resume from with
+                // the transaction ahead (the server skips only transactions committed before
+                // it): the engine compares the copy's positions with it, so a transaction
+                // counts as after a snapshot exactly when it commits after the snapshot's
+                // position.
+                if final_lsn.0 > self.boundary {
+                    self.boundary = final_lsn.0;
+                    let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
+                    let position = Position::of(&WalPosition { lsn: final_lsn.to_string() });
+                    self.ready.push_back(StreamEvent::Advance { position, committed_at });
+                }
                 self.in_transaction = true;
                 self.returned = false;
             }
