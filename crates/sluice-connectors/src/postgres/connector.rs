@@ -13,7 +13,12 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "postgres",
     feature: "postgres",
-    capabilities: Capabilities { snapshot_source: true, change_source: true, ..crate::SERVER_TARGET_CAPABILITIES },
+    capabilities: Capabilities {
+        snapshot_source: true,
+        change_source: true,
+        cursor_source: true,
+        ..crate::SERVER_TARGET_CAPABILITIES
+    },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build }),
 };

@@ -373,3 +373,52 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     assert_eq!(rows(&psql), rows(&|sql: &str| source.sql(sql)));
     assert_eq!(rows(&psql), "1|x\n1|x\n2|w\n3|z\n");
 }
+
+#[test]
+fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
+    let source = SourceDatabase::create("pgcursor");
+    let schema = source.name.clone();
+    // 1,000 orders a second apart from 2026-01-01 00:00:01 (the last at 00:16:40), one without
+    // a cursor value.
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE orders (id int PRIMARY KEY, note text, updated_at timestamptz);
+         INSERT INTO orders SELECT g, 'n' || g, '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 second' FROM generate_series(1, 1000) g;
+         INSERT INTO orders VALUES (5000, 'no cursor', NULL);"
+    ));
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {}\nmode: incremental-cursor\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [{schema}.orders]\n  \
+             cursor: {{column: updated_at, lookback_secs: 60}}\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n",
+            schema.replace('_', "-")
+        ),
+    );
+    let run = |summary: &str| -> u64 {
+        let output = workspace
+            .command(&["run", job.to_str().unwrap(), "--summary-json", summary])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap();
+        Run::from(output).assert_code(0);
+        support::summary(&workspace.path(summary))["rows_read"].as_u64().unwrap()
+    };
+    let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT id, note FROM {schema}.orders ORDER BY id"));
+    assert_eq!(run("first.json"), 1_001);
+    assert_eq!(rows(&psql), rows(&|sql: &str| source.sql(sql)));
+    source.sql(&format!(
+        "SET search_path = {schema};
+         UPDATE orders SET note = note || ' changed', updated_at = '2026-01-02 00:00:00+00' WHERE id <= 10;
+         INSERT INTO orders SELECT g, 'new', '2026-01-02 00:00:01+00' FROM generate_series(2001, 2005) g;
+         INSERT INTO orders VALUES (3001, 'late', '2026-01-01 00:16:10+00'), (3002, 'too late', '2026-01-01 00:10:00+00');"
+    ));
+    // The window (00:15:40, 2026-01-02 00:00:01]: ids 941 to 1000, the ten changed, the five new
+    // and the late one.
+    assert_eq!(run("second.json"), 60 + 10 + 5 + 1);
+    let expected: Vec<String> =
+        rows(&|sql: &str| source.sql(sql)).lines().filter(|row| !row.starts_with("3002|")).map(str::to_owned).collect();
+    assert_eq!(rows(&psql).lines().map(str::to_owned).collect::<Vec<_>>(), expected);
+    assert_eq!(run("third.json"), 15, "nothing changed: only the lookback window again");
+}

@@ -15,10 +15,11 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Position;
 use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
+use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::names::split_task;
 use sluice_core::secret::Secret;
-use sluice_core::spec::Mode;
+use sluice_core::spec::{CursorSpec, Mode};
 use sluice_core::{DataType, Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio::sync::Mutex;
 use tokio_postgres::Client;
@@ -96,6 +97,15 @@ fn parse_size(text: &str) -> Option<u64> {
 
 /// The WAL position of a stream position, or of a copy's (`KeyPosition`: its last read's, which
 /// is what the engine compares a table read whole with).
+/// The cast of a bound on `column` after `::text`: to its own type, or none (compared as text).
+fn cast(column: &sluice_core::Column) -> String {
+    if column.native_type.is_empty() {
+        String::new()
+    } else {
+        format!("::{}", column.native_type)
+    }
+}
+
 fn position_lsn(position: &Position) -> Option<u64> {
     let lsn = match position.0.get("lsn") {
         Some(lsn) => lsn,
@@ -397,7 +407,17 @@ impl Source for PostgresSource {
         } else {
             resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?
         };
-        let selection = Selection::of(&range, resumed.as_ref());
+        let mut selection = Selection::of(&range, resumed.as_ref());
+        if let Some(window) = &split.window {
+            let column = cursor::column(&split.table, &CursorSpec { column: window.column.clone(), lookback_secs: 0 })?;
+            let (condition, values) =
+                window.condition(&format!("row.{}", quote(&column.name)), |_| format!("?::text{}", cast(column)));
+            let values = values.into_iter().map(|value| match value {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            });
+            selection.window = Some((condition, values.collect()));
+        }
         // A job that streams reads each split in one snapshot whose WAL position says which
         // changes its rows hold. A resumed read whose earlier reads were not kept stays without.
         let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
@@ -513,6 +533,53 @@ impl Source for PostgresSource {
             (Some(position), Some(mark)) => position >= mark,
             _ => false,
         }
+    }
+
+    /// From `mark` (lowered by the lookback, by the server, in the column's own type) through
+    /// the column's highest value now; values are the server's text forms.
+    async fn cursor_window(
+        &self,
+        table: &TableSchema,
+        spec: &CursorSpec,
+        mark: Option<&serde_json::Value>,
+    ) -> Result<CursorWindow> {
+        let column = cursor::column(table, spec)?;
+        let doing = format!("read the highest {} of table {}", spec.column, table.name);
+        let client = self.connection().await?;
+        let highest = client
+            .query_one(
+                &format!(
+                    "SELECT max(row.{})::text FROM {} AS row",
+                    quote(&column.name),
+                    catalog::qualified(&table.name)
+                ),
+                &[],
+            )
+            .await
+            .map_err(self.error(&doing))?;
+        let through: Option<String> = highest.get(0);
+        let text = |value: &serde_json::Value| match value {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let after = match mark {
+            Some(mark) if spec.lookback_secs > 0 => {
+                let sql = format!("SELECT ($1::text{} - make_interval(secs => $2::float8))::text", cast(column));
+                let lowered = client
+                    .query_one(&sql, &[&text(mark), &(spec.lookback_secs as f64)])
+                    .await
+                    .map_err(self.error(&doing))?;
+                lowered.get::<_, Option<String>>(0).map(serde_json::Value::String)
+            }
+            _ => mark.cloned(),
+        };
+        Ok(CursorWindow {
+            column: column.name.clone(),
+            through: through.map(serde_json::Value::String).or_else(|| mark.cloned()),
+            after,
+            mark: mark.cloned(),
+            rerun: false,
+        })
     }
 
     async fn forget(&self) -> Result<()> {

@@ -26,6 +26,8 @@ pub(crate) struct Selection {
     pub through: Option<Vec<String>>,
     /// Only these keys (a replay's `Source::key_split`).
     pub keys: Option<Vec<Vec<String>>>,
+    /// A cursor batch's condition on its column, with `?` for each value (text forms, in order).
+    pub window: Option<(String, Vec<String>)>,
 }
 
 impl Selection {
@@ -34,6 +36,7 @@ impl Selection {
             after: resumed.map(|resumed| resumed.key.clone()).or_else(|| range.after.clone()),
             through: range.through.clone(),
             keys: range.keys.clone(),
+            window: None,
         }
     }
 }
@@ -42,7 +45,7 @@ impl Selection {
 /// as text and cast to the key columns' own types, so the server compares them in its own
 /// order and collation, as the ORDER BY does.
 fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>) {
-    let key_types: Vec<String> = table.primary_key.iter().map(|&index| bound_cast(table, index)).collect();
+    let key_types: Vec<String> = table.primary_key.iter().map(|&index| super::cast(&table.columns[index])).collect();
     let key: Vec<String> = table.primary_key.iter().map(|&index| key_expression(table, index)).collect();
     let mut parameters: Vec<String> = Vec::new();
     let bound = |values: &[String], parameters: &mut Vec<String>| -> String {
@@ -74,6 +77,14 @@ fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>
             format!("{key_row} IN ({})", rows.join(", "))
         });
     }
+    if let Some((condition, values)) = &selection.window {
+        let mut condition = condition.clone();
+        for value in values {
+            parameters.push(value.clone());
+            condition = condition.replacen('?', &format!("${}", parameters.len()), 1);
+        }
+        conditions.push(condition);
+    }
     let columns: Vec<String> =
         table.columns.iter().map(|column| format!("row.{}::text", quote(&column.name))).collect();
     let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
@@ -92,17 +103,6 @@ pub(crate) fn key_expression(table: &TableSchema, index: usize) -> String {
         format!("row.{}::text", quote(&column.name))
     } else {
         format!("row.{}", quote(&column.name))
-    }
-}
-
-/// The cast of a bound on key column `index`, after `::text`: to the column's own type, or none
-/// (`key_expression` compares that column as text).
-fn bound_cast(table: &TableSchema, index: usize) -> String {
-    let column = &table.columns[index];
-    if column.native_type.is_empty() {
-        String::new()
-    } else {
-        format!("::{}", column.native_type)
     }
 }
 
