@@ -273,6 +273,24 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
         psql(&format!("SELECT count(*), count(*) FILTER (WHERE v LIKE 'kept %'), count(*) FILTER (WHERE v LIKE '%!') FROM {schema}.t")),
         format!("{ROWS}|{ROWS}|{}\n", ROWS / 2)
     );
+    // Stopped, the job's slot still holds WAL: `check` says so.
+    drop(run);
+    support::wait_for("the slot's reader to end", Duration::from_secs(30), || {
+        source.sql("SELECT count(*) FROM pg_replication_slots WHERE active").trim() == "0"
+            || !source
+                .sql(&format!("SELECT active FROM pg_replication_slots WHERE database = '{}'", source.name))
+                .contains('t')
+    });
+    let check = Run::from(
+        workspace
+            .command(&["check", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    check.assert_code(0);
+    assert!(check.all().contains("is not being read and holds"), "{}", check.all());
 }
 
 #[test]

@@ -89,7 +89,7 @@ impl Replication {
             },
         ];
         items.push(match (slot_exists, self.own_slot) {
-            (true, _) => CheckItem { what: "source replication slot".into(), ok: true, detail: format!("slot {} exists", self.slot) },
+            (true, _) => self.held_wal(client, server).await?,
             (false, false) => CheckItem {
                 what: "source replication slot".into(),
                 ok: false,
@@ -122,6 +122,31 @@ impl Replication {
             });
         }
         Ok(items)
+    }
+
+    /// The slot's line of `sluice check`: the WAL it holds, and whether a job reads it now (a
+    /// slot no one reads keeps the server's WAL growing).
+    async fn held_wal(&self, client: &Client, server: &str) -> Result<CheckItem> {
+        let row = client
+            .query_one(
+                "SELECT active, pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)) \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the replication slot"))?;
+        let (active, held): (bool, Option<String>) = (row.get(0), row.get(1));
+        let held = held.unwrap_or_else(|| "no".into());
+        let detail = if active {
+            format!("slot {} is being read; it holds {held} of WAL", self.slot)
+        } else {
+            log::warn!("replication slot {} on {server} is not being read and holds {held} of WAL", self.slot);
+            format!(
+                "slot {} is not being read and holds {held} of WAL, which grows until the job runs again (or `sluice reset` drops the slot)",
+                self.slot
+            )
+        };
+        Ok(CheckItem { what: "source replication slot".into(), ok: true, detail })
     }
 
     fn missing_detail(&self, missing: &[TableName]) -> String {
