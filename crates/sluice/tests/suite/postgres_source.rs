@@ -368,7 +368,7 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     assert_ne!(check.code, 0);
     let fix = format!("ALTER TABLE \"{schema}\".\"unnamed\" REPLICA IDENTITY FULL");
     assert!(check.all().contains(&fix) && !check.all().contains("\"logged\" REPLICA"), "{}", check.all());
-    let mut refused = start(&workspace, &job, &source, &postgres_url());
+    let refused = start(&workspace, &job, &source, &postgres_url());
     let output = refused.into_inner().wait_with_output().unwrap();
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains(&fix), "{}", String::from_utf8_lossy(&output.stderr));
