@@ -1,14 +1,15 @@
 //! The change stream of a logical replication slot: `pgoutput` messages (protocol 1: the server
 //! sends a transaction once it committed) turned into the engine's transactions of row changes.
-//! Positions are the WAL position past each commit; the slot confirms a position only once the
-//! target has stored it (`ack`).
+//! Positions are WAL positions at transaction boundaries: the start of a transaction's commit
+//! record before its changes, the end of it after them, and the server's position at a
+//! keepalive between transactions. The slot confirms a position only once the target has stored
+//! it (`ack`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::json;
 use sluice_core::change::{Change, ChangeKind, Position};
 use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
 use sluice_core::filter::TableFilter;
@@ -31,13 +32,6 @@ const POSTGRES_EPOCH_SECONDS: i64 = 946_684_800;
 /// a stream silent this long has lost its server.
 const SILENCE_LIMIT: Duration = Duration::from_secs(120);
 
-/// How a stream keeps a table of the publication.
-#[derive(Debug)]
-struct Known {
-    /// The table as the stream decodes its rows; `None` for a table the job does not read.
-    table: Option<Arc<TableSchema>>,
-}
-
 /// A slot's change stream.
 pub(crate) struct WalChangeStream {
     connection: ReplicationConnection,
@@ -47,7 +41,9 @@ pub(crate) struct WalChangeStream {
     /// The slot's name, for messages.
     slot: String,
     filter: TableFilter,
-    relations: HashMap<u32, Known>,
+    /// Each relation of the publication as the stream decodes its rows; `None` for a table the
+    /// job does not read.
+    relations: HashMap<u32, Option<Arc<TableSchema>>>,
     /// The tables as last given to the engine in this stream, by name.
     shapes: HashMap<TableName, Arc<TableSchema>>,
     /// Events ready to return, in order.
@@ -290,7 +286,7 @@ impl WalChangeStream {
 
     fn table(&self, relation: u32) -> Result<Option<Arc<TableSchema>>> {
         match self.relations.get(&relation) {
-            Some(known) => Ok(known.table.clone()),
+            Some(table) => Ok(table.clone()),
             None => Err(self.slot_error(format!("the stream sent a row of relation {relation} before describing it"))),
         }
     }
@@ -348,7 +344,7 @@ impl WalChangeStream {
             &relation.name,
         );
         if !self.filter.matches(&name) {
-            self.relations.insert(relation.oid, Known { table: None });
+            self.relations.insert(relation.oid, None);
             return Ok(());
         }
         let shape = Arc::new(self.shape(&name, &relation).await?);
@@ -379,7 +375,7 @@ impl WalChangeStream {
             self.ready.push_back(self.schema_event(statement, changes));
         }
         self.shapes.insert(name, shape.clone());
-        self.relations.insert(relation.oid, Known { table: Some(shape) });
+        self.relations.insert(relation.oid, Some(shape));
         Ok(())
     }
 
@@ -548,7 +544,7 @@ impl ChangeStream for WalChangeStream {
                     if !self.in_transaction && wal_end.0 > self.boundary && self.changes.is_empty() {
                         self.boundary = wal_end.0;
                         return Ok(StreamEvent::Advance {
-                            position: Position(json!({ "lsn": wal_end.to_string() })),
+                            position: Position::of(&WalPosition { lsn: wal_end.to_string() }),
                             committed_at: sluice_core::clock::unix_seconds(),
                         });
                     }
