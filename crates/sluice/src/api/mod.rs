@@ -539,7 +539,9 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
 #[utoipa::path(delete, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
     responses((status = 204, description = "deleted"), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
-    job(&api, &name).await?;
+    let record = job(&api, &name).await?;
+    // Read before the versions go: what the job keeps at its source is released after.
+    let spec = crate::cluster::model::load_spec(&*api.node.store, &name, record.version).await.ok();
     let store = &api.node.store;
     // The job record last: a delete that fails half-way leaves a job that can be deleted again.
     // Its workers stop its tasks when they see it gone, and write nothing more.
@@ -552,7 +554,33 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     store.delete_prefix(&plan_pieces_prefix(&name)).await?;
     store.delete(&job_key(&name)).await?;
     log::info!("job {name}: deleted");
+    if let Some(spec) = spec {
+        tokio::spawn(forget_at_source(spec));
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Releases what a deleted job kept at its source (a PostgreSQL job's own replication slot):
+/// its workers stop its tasks when they see it gone, so the slot is tried again for a minute
+/// while its last reader ends.
+async fn forget_at_source(spec: sluice_core::spec::JobSpec) {
+    let name = spec.name.clone();
+    let source = match sluice_connectors::source(&spec) {
+        Ok(source) => source,
+        Err(error) => return log::warn!("job {name}: its source keeps what it held: {error}"),
+    };
+    let mut attempt = 0;
+    loop {
+        match source.forget().await {
+            Ok(()) => return,
+            Err(error) if attempt < 30 => {
+                log::debug!("job {name}: releasing what its source keeps: {error}; trying again");
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+            Err(error) => return log::warn!("job {name}: deleted, but its source keeps what it held: {error}"),
+        }
+    }
 }
 
 /// The job's versions.

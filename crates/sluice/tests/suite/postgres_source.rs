@@ -436,3 +436,31 @@ fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookbac
     assert_eq!(rows(&psql).lines().map(str::to_owned).collect::<Vec<_>>(), expected);
     assert_eq!(run("third.json"), 15, "nothing changed: only the lookback window again");
 }
+
+#[test]
+fn a_job_deleted_from_a_server_drops_its_slot_once_its_reader_ends() {
+    let source = SourceDatabase::create("pgdelete");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY); INSERT INTO {schema}.t VALUES (1)"
+    ));
+    let workspace = Workspace::new();
+    let admin = "admin-token-0123456789";
+    let environment = [("SLUICE_ADMIN_TOKEN", admin.to_owned()), ("SOURCE", source.url()), ("TARGET", postgres_url())];
+    let server = support::cluster::start_server(&workspace, "solo", None, &environment);
+    let name = schema.replace('_', "-");
+    let yaml = format!(
+        "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
+    );
+    let (status, body) = server.call("POST", "/jobs", Some(admin), Some(("application/yaml", &yaml)));
+    assert_eq!(status, 201, "{body}");
+    let slot = format!("sluice_{schema}");
+    let active = format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
+    support::wait_for("the job's stream to read its slot", Duration::from_secs(60), || {
+        source.sql(&active).trim() == "1"
+    });
+    assert_eq!(server.call("DELETE", &format!("/jobs/{name}"), Some(admin), None).0, 204);
+    support::wait_for("the slot to be dropped", Duration::from_secs(60), || source.slots().is_empty());
+    assert_eq!(source.sql(&format!("SELECT count(*) FROM pg_publication WHERE pubname = '{slot}'")).trim(), "0");
+}
