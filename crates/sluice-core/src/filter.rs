@@ -23,6 +23,18 @@ impl TableFilter {
         filter
     }
 
+    /// The namespaces the filter selects whole, when that is all it includes (`app.*`,
+    /// `sales.*`; excludes apart): a source may then follow tables created in them later.
+    pub fn whole_namespaces(&self) -> Option<Vec<&str>> {
+        if self.includes.is_empty() {
+            return None;
+        }
+        self.includes
+            .iter()
+            .map(|pattern| pattern.strip_suffix(".*").filter(|namespace| !namespace.contains(['*', '?', '.'])))
+            .collect()
+    }
+
     /// The include patterns that name one table exactly (no glob characters) and match none of
     /// `available`: typos, or tables the user cannot see.
     pub fn unmatched_literals(&self, available: &[TableName]) -> Vec<&str> {
@@ -105,6 +117,17 @@ fn glob(pattern: &str, text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_namespaces_only_when_every_include_is_one() {
+        let filter = |patterns: &[&str]| {
+            TableFilter::new(&patterns.iter().map(|pattern| pattern.to_string()).collect::<Vec<_>>())
+        };
+        assert_eq!(filter(&["app.*", "sales.*", "!app.tmp"]).whole_namespaces(), Some(vec!["app", "sales"]));
+        assert_eq!(filter(&["app.*", "sales.orders"]).whole_namespaces(), None);
+        assert_eq!(filter(&["a*.*"]).whole_namespaces(), None);
+        assert_eq!(filter(&[]).whole_namespaces(), None);
+    }
 
     fn names(filter: &TableFilter, tables: &[&str]) -> Vec<String> {
         let available = tables.iter().map(|table| TableName::parse(table)).collect();

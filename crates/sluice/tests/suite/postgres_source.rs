@@ -386,6 +386,15 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT a, b FROM {schema}.logged ORDER BY a, b"));
     assert_eq!(rows(&psql), rows(&|sql: &str| source.sql(sql)));
     assert_eq!(rows(&psql), "1|x\n1|x\n2|w\n3|z\n");
+
+    // A table created in the schema while the job runs is published from its creation (the
+    // job's tables are the whole schema) and created in the target before its first rows.
+    source.sql(&format!(
+        "SET search_path = {schema}; CREATE TABLE later (id int PRIMARY KEY, v text DEFAULT 'd');
+         INSERT INTO later (id) VALUES (1), (2); UPDATE later SET v = 'w' WHERE id = 1;"
+    ));
+    wait_converged(&name, &source, &mut run);
+    assert_eq!(psql(&format!("SELECT id, v FROM {schema}.later ORDER BY id")), "1|w\n2|d\n");
 }
 
 #[test]

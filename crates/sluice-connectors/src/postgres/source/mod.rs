@@ -480,7 +480,8 @@ impl Source for PostgresSource {
         let client = self.connection().await?;
         let described = self.describe_selected(&client).await?;
         let tables: Vec<TableName> = described.iter().map(|table| table.schema.name.clone()).collect();
-        match self.replication.prepare(&self.url, &client, &self.server, &tables).await? {
+        let schemas = self.filter.whole_namespaces();
+        match self.replication.prepare(&self.url, &client, &self.server, &tables, schemas).await? {
             Some(export) => {
                 let lsn = export.snapshot.lsn.clone();
                 *self.export.lock().await = Some(export);
@@ -490,12 +491,16 @@ impl Source for PostgresSource {
         }
     }
 
-    /// The WAL's insert position now: past every transaction a snapshot taken before sees.
+    /// The WAL's insert position now: past every transaction a snapshot taken before sees. The
+    /// job's tables are published first, so a stream that must cover them from here does (a
+    /// table added to a running job).
     async fn log_position(&self) -> Result<Option<Position>> {
         if !self.mode.streams() {
             return Ok(None);
         }
         let client = self.connection().await?;
+        let tables = self.filter.select(catalog::table_names(&client, &self.server).await?)?;
+        self.replication.publish(&client, &self.server, &tables, self.filter.whole_namespaces()).await?;
         let row = client
             .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
             .await
@@ -606,16 +611,7 @@ impl Source for PostgresSource {
         }
         let client = self.connection().await?;
         self.replication.verify(&client, &self.server, after).await?;
-        let stream = stream::WalChangeStream::open(
-            &self.url,
-            self.server.clone(),
-            client,
-            self.filter.clone(),
-            &self.replication,
-            after,
-            self.batch_rows,
-        )
-        .await?;
+        let stream = stream::WalChangeStream::open(self, client, after).await?;
         Ok(Box::new(stream))
     }
 }

@@ -174,6 +174,59 @@ impl Replication {
         Ok(tables.iter().filter(|table| !published.contains(table)).cloned().collect())
     }
 
+    /// Makes the job's own publication publish `tables` (created with them, or the missing
+    /// ones added), or checks that the user's does. A table is published from the moment it is
+    /// added: the caller does this before it reads a position the stream must cover from.
+    ///
+    /// A job whose tables are whole schemas (`app.*`) gets a publication of those schemas where
+    /// the server has them (PostgreSQL 15) and the user may (a superuser): tables created in
+    /// them later are published from their creation, and the stream takes them in.
+    pub(crate) async fn publish(
+        &self,
+        client: &Client,
+        server: &str,
+        tables: &[TableName],
+        schemas: Option<Vec<&str>>,
+    ) -> Result<()> {
+        let exists = client
+            .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.publication])
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the publications"))?
+            .is_some();
+        let missing = if exists { self.unpublished(client, server, tables).await? } else { tables.to_vec() };
+        if !self.own_publication {
+            return match missing.is_empty() {
+                true => Ok(()),
+                false => Err(Error::new(ErrorKind::Config, self.missing_detail(&missing)).on(Side::Source)),
+            };
+        }
+        let publication = quote(&self.publication);
+        if let (false, Some(schemas)) = (exists, schemas) {
+            let list: Vec<String> = schemas.iter().map(|schema| quote(schema)).collect();
+            let sql = format!("CREATE PUBLICATION {publication} FOR TABLES IN SCHEMA {}", list.join(", "));
+            match client.batch_execute(&sql).await {
+                Ok(()) => return Ok(()),
+                // An older server, or a user who is no superuser: the tables one by one.
+                Err(error) => log::info!(
+                    "publication {} lists the job's tables one by one (a publication of schemas {} was refused: {error}); tables created later are not published",
+                    self.publication,
+                    schemas.join(", ")
+                ),
+            }
+        }
+        let list: Vec<String> = missing.iter().map(qualified).collect();
+        let sql = match (exists, list.is_empty()) {
+            (false, true) => format!("CREATE PUBLICATION {publication}"),
+            (false, false) => format!("CREATE PUBLICATION {publication} FOR TABLE {}", list.join(", ")),
+            (true, true) => return Ok(()),
+            (true, false) => format!("ALTER PUBLICATION {publication} ADD TABLE {}", list.join(", ")),
+        };
+        client.batch_execute(&sql).await.map_err(|failure| {
+            postgres_error(failure, Side::Source, server, "publish the job's tables")
+                .hint("the user must own the tables (or name a publication a DBA created in source.publication)")
+        })
+    }
+
     /// Makes the publication publish `tables` (the job's own) or checks that it does (the
     /// user's), then creates the slot if the job has none yet: the slot just created, with
     /// its position and exported snapshot.
@@ -183,35 +236,10 @@ impl Replication {
         client: &Client,
         server: &str,
         tables: &[TableName],
+        schemas: Option<Vec<&str>>,
     ) -> Result<Option<Export>> {
         let error = |doing: &'static str| move |error| postgres_error(error, Side::Source, server, doing);
-        if self.own_publication {
-            let list: Vec<String> = tables.iter().map(qualified).collect();
-            let exists = client
-                .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.publication])
-                .await
-                .map_err(error("read the publications"))?
-                .is_some();
-            let publication = quote(&self.publication);
-            let sql = match (exists, list.is_empty()) {
-                (false, true) => format!("CREATE PUBLICATION {publication}"),
-                (false, false) => format!("CREATE PUBLICATION {publication} FOR TABLE {}", list.join(", ")),
-                (true, true) => String::new(),
-                (true, false) => format!("ALTER PUBLICATION {publication} SET TABLE {}", list.join(", ")),
-            };
-            if !sql.is_empty() {
-                client.batch_execute(&sql).await.map_err(|failure| {
-                    postgres_error(failure, Side::Source, server, "create the job's publication").hint(
-                        "the user must own the tables (or name a publication a DBA created in source.publication)",
-                    )
-                })?;
-            }
-        } else {
-            let missing = self.unpublished(client, server, tables).await?;
-            if !missing.is_empty() {
-                return Err(Error::new(ErrorKind::Config, self.missing_detail(&missing)).on(Side::Source));
-            }
-        }
+        self.publish(client, server, tables, schemas).await?;
         let existing = client
             .query_opt("SELECT 1 FROM pg_replication_slots WHERE slot_name = $1", &[&self.slot])
             .await

@@ -5,7 +5,7 @@
 //! keepalive between transactions. The slot confirms a position only once the target has stored
 //! it (`ack`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,6 @@ use async_trait::async_trait;
 use sluice_core::change::{Change, ChangeKind, Position};
 use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
 use sluice_core::filter::TableFilter;
-use sluice_core::secret::Secret;
 use sluice_core::{Column, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
 
@@ -23,7 +22,7 @@ use super::super::replication::{
 };
 use super::super::{endpoint, postgres_error};
 use super::catalog::{self, data_type};
-use super::{format_lsn, values, Replication, WalPosition};
+use super::{format_lsn, values, PostgresSource, WalPosition};
 
 /// Seconds from the Unix epoch to PostgreSQL's (2000-01-01).
 const POSTGRES_EPOCH_SECONDS: i64 = 946_684_800;
@@ -41,6 +40,8 @@ pub(crate) struct WalChangeStream {
     /// The slot's name, for messages.
     slot: String,
     filter: TableFilter,
+    /// The tables that existed when the job was planned (`discover`); empty when unknown.
+    known: HashSet<TableName>,
     /// Each relation of the publication as the stream decodes its rows; `None` for a table the
     /// job does not read.
     relations: HashMap<u32, Option<Arc<TableSchema>>>,
@@ -104,16 +105,13 @@ fn replication_error(error: ReplicationError, server: &str, slot: &str) -> Error
 
 impl WalChangeStream {
     /// Starts streaming the slot strictly after `after` (a commit's end).
-    pub(crate) async fn open(
-        url: &Secret,
-        server: String,
-        client: Client,
-        filter: TableFilter,
-        replication: &Replication,
-        after: u64,
-        batch_rows: usize,
-    ) -> Result<WalChangeStream> {
-        let (mut config, mode, tls) = endpoint(url, Side::Source)?;
+    pub(crate) async fn open(source: &PostgresSource, client: Client, after: u64) -> Result<WalChangeStream> {
+        let (server, replication) = (source.server.clone(), &source.replication);
+        // The tables `discover` found: one the stream meets that was not among them was created
+        // since, and the target gets it first. (A node that only streams discovered nothing,
+        // and leaves that to the tables' planning.)
+        let known: HashSet<TableName> = source.described.lock().await.keys().cloned().collect();
+        let (mut config, mode, tls) = endpoint(&source.url, Side::Source)?;
         // pgoutput writes values with the session's output functions: the forms `values` reads.
         let session =
             "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=1";
@@ -138,12 +136,13 @@ impl WalChangeStream {
             client,
             server,
             slot: replication.slot.clone(),
-            filter,
+            filter: source.filter.clone(),
+            known,
             relations: HashMap::new(),
             shapes: HashMap::new(),
             ready: VecDeque::new(),
             changes: Vec::new(),
-            batch_rows: batch_rows.max(1),
+            batch_rows: source.batch_rows.max(1),
             returned: false,
             in_transaction: false,
             boundary: after,
@@ -353,6 +352,14 @@ impl WalChangeStream {
             Some(previous) => column_changes(previous, &shape),
             None => None,
         };
+        if previous.is_none() && !self.known.is_empty() && !self.known.contains(&name) {
+            // Created since the job was planned (a publication of whole schemas publishes it):
+            // the target creates it before its first rows.
+            self.before_changes("CREATE TABLE", std::slice::from_ref(&name))?;
+            self.known.insert(name.clone());
+            let statement = format!("CREATE TABLE {name} (from the stream's first relation message for it)");
+            self.ready.push_back(self.schema_event(statement, vec![SourceSchemaChange::Create(name.clone())]));
+        }
         if let Some((added, dropped, retyped)) = change {
             if !added.is_empty() && !dropped.is_empty() {
                 return Err(Error::new(
