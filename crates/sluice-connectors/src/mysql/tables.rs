@@ -83,6 +83,45 @@ impl Fidelity {
     }
 }
 
+/// InnoDB's longest key, in bytes.
+const KEY_BYTES: u32 = 3072;
+
+/// The table with its key and index columns of unbounded text or bytes (PostgreSQL `text`,
+/// `bytea`, `uuid` as text) given a length MySQL can index: the primary key's share the key's
+/// 3,072 bytes (4 a character), an index's other columns 255 characters or 1,020 bytes. A
+/// longer value is refused by the target as a dirty record, never cut.
+fn keyable(table: &TableSchema) -> TableSchema {
+    let unbounded = |index: &usize| {
+        matches!(
+            table.columns[*index].data_type,
+            DataType::Text { length: None, .. } | DataType::Bytes { length: None, .. }
+        )
+    };
+    let mut table = table.clone();
+    let in_key: Vec<usize> = table.primary_key.iter().copied().filter(unbounded).collect();
+    let fixed = (table.primary_key.len() - in_key.len()) as u32;
+    let share = KEY_BYTES.saturating_sub(16 * fixed) / in_key.len().max(1) as u32;
+    let mut bound = |index: usize, bytes: u32| {
+        let column = &mut table.columns[index];
+        column.data_type = match column.data_type {
+            DataType::Text { fixed, .. } => DataType::Text { length: Some(bytes / 4), fixed },
+            DataType::Bytes { fixed, .. } => DataType::Bytes { length: Some(bytes), fixed },
+            ref other => other.clone(),
+        };
+    };
+    for &index in &in_key {
+        bound(index, share);
+    }
+    let indexed: Vec<usize> =
+        table.indexes.iter().flat_map(|index| index.columns.clone()).filter(|index| !in_key.contains(index)).collect();
+    for index in indexed {
+        if unbounded(&index) {
+            bound(index, 1020);
+        }
+    }
+    table
+}
+
 /// A column as `CREATE TABLE` and `ALTER TABLE` spell it: name, type, the source's collation
 /// for text (so keys compare as they did), an explicit NULL or NOT NULL (TIMESTAMP columns get
 /// no implicit default), and what `fidelity` carries of the source's definition; AUTO_INCREMENT
@@ -179,6 +218,7 @@ pub(super) fn string_literal(text: &str) -> String {
 
 /// `CREATE TABLE` (and its database) for a target of `flavor` (see `Fidelity::of`).
 pub(super) fn create_table_sql(table: &TableSchema, flavor: Option<&str>) -> String {
+    let table = &keyable(table);
     let fidelity = Fidelity::of(table, flavor);
     let first_key = table.primary_key.first().copied();
     let mut definitions: Vec<String> = table

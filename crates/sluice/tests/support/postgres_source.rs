@@ -70,10 +70,27 @@ pub fn lsn(text: &str) -> Option<u64> {
 
 /// The WAL position a job's stream has stored in a PostgreSQL target's checkpoints.
 pub fn stream_lsn(job: &str) -> Option<u64> {
-    if psql("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice'").trim() == "0" {
+    stream_lsn_in("postgres", job)
+}
+
+/// SQL on the test target server of `target` (`postgres` or `mysql`); the rows, one a line.
+pub fn target_sql(target: &str, sql: &str) -> String {
+    match target {
+        "postgres" => psql(sql),
+        _ => super::mariadb(sql),
+    }
+}
+
+/// The WAL position a job's stream has stored in the checkpoints of a `postgres` or `mysql`
+/// target.
+pub fn stream_lsn_in(target: &str, job: &str) -> Option<u64> {
+    let exists =
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice' AND table_name = 'checkpoints'";
+    if target_sql(target, exists).trim() == "0" {
         return None;
     }
-    let text = psql(&format!("SELECT position FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"));
+    let text =
+        target_sql(target, &format!("SELECT position FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"));
     let position: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
     lsn(position["at"]["lsn"].as_str()?)
 }
