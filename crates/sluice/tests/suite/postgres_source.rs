@@ -27,16 +27,6 @@ fn job_file(workspace: &Workspace, name: &str, schema: &str, target: &str, extra
     )
 }
 
-/// The rows of `schema.table` as text lines ordered by `order`, on the source or the PostgreSQL
-/// target.
-fn table_text(sql: impl Fn(&str) -> String, schema: &str, table: &str, order: &str) -> Vec<String> {
-    // A row's text may hold line breaks: each is shown as `\n`, one row a line.
-    sql(&format!("SELECT replace(t::text, chr(10), '\\n') FROM {schema}.{table} t ORDER BY {order}"))
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// Waits for `condition` while `run` goes on; a run that ends, or a wait that times out, fails
 /// the test with what the run printed.
 fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: impl FnMut() -> bool) {
@@ -505,4 +495,50 @@ fn a_job_deleted_from_a_server_drops_its_slot_once_its_reader_ends() {
     assert_eq!(server.call("DELETE", &format!("/jobs/{name}"), Some(admin), None).0, 204);
     support::wait_for("the slot to be dropped", Duration::from_secs(60), || source.slots().is_empty());
     assert_eq!(source.sql(&format!("SELECT count(*) FROM pg_publication WHERE pubname = '{slot}'")).trim(), "0");
+}
+
+#[test]
+fn the_replication_session_outlives_a_long_target_commit() {
+    let source = SourceDatabase::create("pgslow");
+    let schema = source.name.clone();
+    source.sql(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text)"));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\nlimits: {{batch_rows: 1000}}\n"
+        ),
+    );
+    // The server ends a replication session it has not heard from for 1.5 s.
+    let url = format!("{}?options=-c%20wal_sender_timeout%3D1500", source.url());
+    let mut run = workspace.start_run(&job, &url, &postgres_url(), &[]);
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (0, 'first')"));
+    wait_running("the first row", Duration::from_secs(60), &mut run, || {
+        psql(&format!("SELECT count(*) FROM {schema}.t")).trim() == "1"
+    });
+    // The target's table is locked for 6 s while a backlog far larger than the stream reads
+    // ahead arrives: the engine waits on its commit, the session keeps reporting.
+    let mut lock = std::process::Command::new("psql")
+        .args([
+            postgres_url().as_str(),
+            "-X",
+            "-q",
+            "-c",
+            &format!("BEGIN; LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT;"),
+        ])
+        .spawn()
+        .unwrap();
+    source.sql(&format!("INSERT INTO {schema}.t SELECT g, 'backlog ' || g FROM generate_series(1, 200000) g"));
+    assert!(lock.wait().unwrap().success());
+    wait_converged(&name, &source, &mut run);
+    assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.t")).trim(), "200001");
+    let printed = run.stderr_text();
+    assert_eq!(
+        printed.matches("change stream starts after").count(),
+        1,
+        "the stream never had to start again:\n{printed}"
+    );
 }

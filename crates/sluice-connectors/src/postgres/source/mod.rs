@@ -3,6 +3,7 @@
 //! with `pgoutput` (`stream`), whose slot and publication `slot` manages.
 
 mod catalog;
+mod pump;
 mod reader;
 mod slot;
 mod stream;

@@ -22,6 +22,7 @@ use super::super::replication::{
 };
 use super::super::{endpoint, postgres_error};
 use super::catalog::{self, data_type};
+use super::pump::Pump;
 use super::{format_lsn, values, PostgresSource, WalPosition};
 
 /// Seconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -33,7 +34,8 @@ const SILENCE_LIMIT: Duration = Duration::from_secs(120);
 
 /// A slot's change stream.
 pub(crate) struct WalChangeStream {
-    connection: ReplicationConnection,
+    /// The replication session, on a task of its own.
+    pump: Pump,
     /// A plain session on the same database, for the catalog.
     client: Client,
     server: String,
@@ -58,10 +60,6 @@ pub(crate) struct WalChangeStream {
     in_transaction: bool,
     /// The last transaction boundary returned.
     boundary: u64,
-    /// The last position the target stored (`ack`): what the slot may confirm.
-    acknowledged: u64,
-    /// Where the server's WAL stood at its last message.
-    received: u64,
 }
 
 impl std::fmt::Debug for WalChangeStream {
@@ -123,6 +121,14 @@ impl WalChangeStream {
         let error = |error| replication_error(error, &server, &replication.slot);
         let mut connection = ReplicationConnection::connect(&config, mode, &tls).await.map_err(error)?;
         let publication = format!("\"{}\"", replication.publication.replace('"', "\"\""));
+        // The session reports the stored position often enough for the server's timeout.
+        let timeout = match connection.simple_query("SHOW wal_sender_timeout").await {
+            Ok(rows) => rows.get(0, "wal_sender_timeout").and_then(super::pump::parse_timeout),
+            Err(error) => {
+                log::debug!("reading wal_sender_timeout on {server}: {error}");
+                None
+            }
+        };
         connection
             .start_logical(
                 &replication.slot,
@@ -132,7 +138,7 @@ impl WalChangeStream {
             .await
             .map_err(error)?;
         Ok(WalChangeStream {
-            connection,
+            pump: Pump::start(connection, after, timeout),
             client,
             server,
             slot: replication.slot.clone(),
@@ -146,8 +152,6 @@ impl WalChangeStream {
             returned: false,
             in_transaction: false,
             boundary: after,
-            acknowledged: after,
-            received: after,
         })
     }
 
@@ -518,9 +522,16 @@ impl ChangeStream for WalChangeStream {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(event);
             }
-            let message = match tokio::time::timeout(SILENCE_LIMIT, self.connection.recv()).await {
-                Ok(Ok(message)) => message,
-                Ok(Err(error)) => return Err(replication_error(error, &self.server, &self.slot)),
+            let message = match tokio::time::timeout(SILENCE_LIMIT, self.pump.recv()).await {
+                Ok(Some(Ok(message))) => message,
+                Ok(Some(Err(error))) => return Err(replication_error(error, &self.server, &self.slot)),
+                Ok(None) => {
+                    return Err(Error::new(
+                        ErrorKind::Unavailable,
+                        format!("the replication session with {} ended", self.server),
+                    )
+                    .on(Side::Source))
+                }
                 Err(_) => {
                     return Err(Error::new(
                         ErrorKind::Unavailable,
@@ -534,17 +545,12 @@ impl ChangeStream for WalChangeStream {
                 }
             };
             match message {
-                ReplicationMessage::XLogData { wal_end, data, .. } => {
-                    self.received = self.received.max(wal_end.0);
+                ReplicationMessage::XLogData { data, .. } => {
                     let decoded =
                         decode(data, false).map_err(|error| replication_error(error, &self.server, &self.slot))?;
                     self.take(decoded).await?;
                 }
-                ReplicationMessage::Keepalive { wal_end, reply_requested, .. } => {
-                    self.received = self.received.max(wal_end.0);
-                    if reply_requested {
-                        self.status().await?;
-                    }
+                ReplicationMessage::Keepalive { wal_end, .. } => {
                     // Between transactions the server has sent everything before `wal_end`:
                     // the job's place may move there, so the slot frees the WAL of other
                     // tables' changes.
@@ -562,20 +568,8 @@ impl ChangeStream for WalChangeStream {
 
     async fn ack(&mut self, position: &Position) -> Result<()> {
         if let Some(lsn) = super::position_lsn(position) {
-            self.acknowledged = self.acknowledged.max(lsn);
+            self.pump.stored(lsn);
         }
-        self.status().await
-    }
-}
-
-impl WalChangeStream {
-    /// Reports the target's stored position as flushed: the slot confirms it and frees the WAL
-    /// before it.
-    async fn status(&mut self) -> Result<()> {
-        let stored = Lsn(self.acknowledged);
-        self.connection
-            .send_status(Lsn(self.received.max(self.acknowledged)), stored, stored, false)
-            .await
-            .map_err(|error| replication_error(error, &self.server, &self.slot))
+        Ok(())
     }
 }
