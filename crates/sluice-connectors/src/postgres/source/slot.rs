@@ -13,6 +13,9 @@ use super::super::{endpoint, postgres_error, quote};
 use super::catalog::{qualified, Described};
 use super::{format_lsn, parse_lsn};
 
+/// WAL held by a slot no one reads past which the log warns (1 GiB).
+const HELD_WARNING_BYTES: f64 = (1u64 << 30) as f64;
+
 /// The snapshot a new slot starts at, as its creating session exports it: its name for `SET
 /// TRANSACTION SNAPSHOT`, and the slot's first position.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -129,18 +132,22 @@ impl Replication {
     async fn held_wal(&self, client: &Client, server: &str) -> Result<CheckItem> {
         let row = client
             .query_one(
-                "SELECT active, pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)) \
+                "SELECT active, pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)), \
+                 pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 \
                  FROM pg_replication_slots WHERE slot_name = $1",
                 &[&self.slot],
             )
             .await
             .map_err(|error| postgres_error(error, Side::Source, server, "read the replication slot"))?;
-        let (active, held): (bool, Option<String>) = (row.get(0), row.get(1));
+        let (active, held, bytes): (bool, Option<String>, Option<f64>) = (row.get(0), row.get(1), row.get(2));
         let held = held.unwrap_or_else(|| "no".into());
         let detail = if active {
             format!("slot {} is being read; it holds {held} of WAL", self.slot)
         } else {
-            log::warn!("replication slot {} on {server} is not being read and holds {held} of WAL", self.slot);
+            // Every run starts with its slot unread: the log warns only of a slot left long.
+            if bytes.unwrap_or(0.0) >= HELD_WARNING_BYTES {
+                log::warn!("replication slot {} on {server} is not being read and holds {held} of WAL", self.slot);
+            }
             format!(
                 "slot {} is not being read and holds {held} of WAL, which grows until the job runs again (or `sluice reset` drops the slot)",
                 self.slot
