@@ -9,8 +9,7 @@ use futures_util::StreamExt;
 use sluice_core::change::{Batch, Change, Position, Rejected};
 use sluice_core::connector::Reader;
 use sluice_core::{Result, Side, TableSchema, Value};
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, RowStream};
+use tokio_postgres::{Client, CopyOutStream};
 
 use super::super::{postgres_error, quote};
 use super::catalog::qualified;
@@ -41,36 +40,30 @@ impl Selection {
     }
 }
 
-/// `SELECT <every column as text> FROM t WHERE <selection> ORDER BY <key>`: bounds are bound
-/// as text and cast to the key columns' own types, so the server compares them in its own
-/// order and collation, as the ORDER BY does.
-fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>) {
+/// `COPY (SELECT <every column> FROM t WHERE <selection> ORDER BY <key>) TO STDOUT`: the rows in
+/// COPY's text form, the server's cheapest way out (about half the work of a query whose
+/// columns are cast to text). Bounds are cast to the key columns' own types, so the server
+/// compares them in its own order and collation, as the ORDER BY does. COPY takes no
+/// parameters: the bounds, key values the source itself gave, are written as escaped string
+/// literals (`literal`).
+fn statement(table: &TableSchema, selection: &Selection) -> String {
     let key_types: Vec<String> = table.primary_key.iter().map(|&index| super::cast(&table.columns[index])).collect();
     let key: Vec<String> = table.primary_key.iter().map(|&index| key_expression(table, index)).collect();
-    let mut parameters: Vec<String> = Vec::new();
-    let bound = |values: &[String], parameters: &mut Vec<String>| -> String {
-        let placeholders: Vec<String> = values
-            .iter()
-            .zip(&key_types)
-            .map(|(value, cast)| {
-                parameters.push(value.clone());
-                format!("${}::text{cast}", parameters.len())
-            })
-            .collect();
-        format!("ROW({})", placeholders.join(", "))
+    let bound = |values: &[String]| -> String {
+        let values: Vec<String> =
+            values.iter().zip(&key_types).map(|(value, cast)| format!("{}{cast}", literal(value))).collect();
+        format!("ROW({})", values.join(", "))
     };
     let mut conditions = Vec::new();
     let key_row = format!("ROW({})", key.join(", "));
     if let Some(after) = &selection.after {
-        let bound = bound(after, &mut parameters);
-        conditions.push(format!("{key_row} > {bound}"));
+        conditions.push(format!("{key_row} > {}", bound(after)));
     }
     if let Some(through) = &selection.through {
-        let bound = bound(through, &mut parameters);
-        conditions.push(format!("{key_row} <= {bound}"));
+        conditions.push(format!("{key_row} <= {}", bound(through)));
     }
     if let Some(keys) = &selection.keys {
-        let rows: Vec<String> = keys.iter().map(|tuple| bound(tuple, &mut parameters)).collect();
+        let rows: Vec<String> = keys.iter().map(|tuple| bound(tuple)).collect();
         conditions.push(if rows.is_empty() {
             "false".to_owned()
         } else {
@@ -80,18 +73,21 @@ fn statement(table: &TableSchema, selection: &Selection) -> (String, Vec<String>
     if let Some((condition, values)) = &selection.window {
         let mut condition = condition.clone();
         for value in values {
-            parameters.push(value.clone());
-            condition = condition.replacen('?', &format!("${}", parameters.len()), 1);
+            condition = condition.replacen('?', &literal(value), 1);
         }
         conditions.push(condition);
     }
-    let columns: Vec<String> =
-        table.columns.iter().map(|column| format!("row.{}::text", quote(&column.name))).collect();
+    let columns: Vec<String> = table.columns.iter().map(|column| format!("row.{}", quote(&column.name))).collect();
     let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
     let order = if key.is_empty() { String::new() } else { format!(" ORDER BY {}", key.join(", ")) };
-    // Columns are named through the table's alias: an unqualified ORDER BY name would sort by
-    // the output column of that name, which is the text form.
-    (format!("SELECT {} FROM {} AS row{filter}{order}", columns.join(", "), qualified(&table.name)), parameters)
+    // Columns are named through the table's alias: an unqualified ORDER BY name could be taken
+    // for an output column.
+    format!("COPY (SELECT {} FROM {} AS row{filter}{order}) TO STDOUT", columns.join(", "), qualified(&table.name))
+}
+
+/// A string literal PostgreSQL reads back as `text` whatever `standard_conforming_strings` says.
+fn literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
 
 /// A key column as the reads compare and order it, through the table's alias `row`: itself,
@@ -162,7 +158,7 @@ pub(crate) struct PostgresReader {
     client: Client,
     server: String,
     table: Arc<TableSchema>,
-    rows: Option<Pin<Box<RowStream>>>,
+    rows: Option<Pin<Box<CopyOutStream>>>,
     batch_rows: usize,
     /// The rows are read in a snapshot, ended once the split is read.
     snapshot: bool,
@@ -197,10 +193,7 @@ impl PostgresReader {
             reads = snapshot.earlier.clone();
             reads.push(SplitRead { after: selection.after.clone(), lsn });
         }
-        let (sql, parameters) = statement(&table, &selection);
-        let prepared = client.prepare_typed(&sql, &vec![Type::TEXT; parameters.len()]).await.map_err(error)?;
-        let rows =
-            client.query_raw(&prepared, parameters.iter().map(|value| Some(value.as_str()))).await.map_err(error)?;
+        let rows = client.copy_out(&statement(&table, &selection)).await.map_err(error)?;
         Ok(PostgresReader {
             client,
             server,
@@ -213,30 +206,39 @@ impl PostgresReader {
         })
     }
 
-    /// Reads one row's values; a value its column's type cannot hold is the row's rejection.
-    fn decode(&self, row: &tokio_postgres::Row) -> std::result::Result<(Vec<Value>, usize), (Vec<Value>, String)> {
+    /// Reads one row of COPY text (tab-separated fields, `\\N` for NULL, backslash escapes);
+    /// a value its column's type cannot hold is the row's rejection.
+    fn decode(&self, line: &[u8]) -> std::result::Result<Vec<Value>, (Vec<Value>, String)> {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
         let mut values = Vec::with_capacity(self.table.columns.len());
-        let mut bytes = 0;
         let mut problem = None;
-        for (index, column) in self.table.columns.iter().enumerate() {
-            let text: Option<&str> = row.get(index);
-            let value = match text {
-                None => Value::Null,
-                Some(text) => {
-                    bytes += text.len();
-                    match values::parse(text, &column.data_type) {
-                        Ok(value) => value,
-                        Err(reason) => {
-                            problem.get_or_insert(format!("source column {}: {reason}", column.name));
-                            Value::Text(text.to_owned())
-                        }
-                    }
+        let mut fields = line.split(|byte| *byte == b'\t');
+        for column in self.table.columns.iter() {
+            let value = match fields.next().map(values::unescape_copy) {
+                None => {
+                    problem.get_or_insert(format!(
+                        "the source sent fewer fields than the {} columns",
+                        self.table.columns.len()
+                    ));
+                    Value::Null
                 }
+                Some(None) => Value::Null,
+                Some(Some(Err(reason))) => {
+                    problem.get_or_insert(format!("source column {}: {reason}", column.name));
+                    Value::Null
+                }
+                Some(Some(Ok(text))) => match values::parse(&text, &column.data_type) {
+                    Ok(value) => value,
+                    Err(reason) => {
+                        problem.get_or_insert(format!("source column {}: {reason}", column.name));
+                        Value::Text(text)
+                    }
+                },
             };
             values.push(value);
         }
         match problem {
-            None => Ok((values, bytes)),
+            None => Ok(values),
             Some(reason) => Err((values, reason)),
         }
     }
@@ -252,9 +254,9 @@ impl Reader for PostgresReader {
         let mut finished = false;
         while changes.len() + rejected.len() < self.batch_rows {
             match rows.next().await {
-                Some(Ok(row)) => match self.decode(&row) {
-                    Ok((values, size)) => {
-                        bytes += size as u64;
+                Some(Ok(line)) => match self.decode(&line) {
+                    Ok(values) => {
+                        bytes += line.len() as u64;
                         self.last_key = Some(key_text(&self.table, &values));
                         changes.push(Change::insert(self.table.clone(), values));
                     }
@@ -305,4 +307,29 @@ impl Reader for PostgresReader {
 /// A row's key as the text forms its bounds are written in.
 fn key_text(table: &TableSchema, values: &[Value]) -> Vec<String> {
     table.primary_key.iter().map(|&index| values::text_form(&values[index]).unwrap_or_default()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::{Column, DataType, TableName};
+
+    #[test]
+    fn bounds_are_escaped_literals_cast_to_the_key_types() {
+        let mut name = Column::new("name", DataType::Text { length: None, fixed: false }, false);
+        name.native_type = "text".into();
+        let mut id = Column::new("id", DataType::Integer { bytes: 4, unsigned: false }, false);
+        id.native_type = "integer".into();
+        let table = TableSchema {
+            primary_key: vec![0, 1],
+            columns: vec![name, id],
+            ..TableSchema::named(TableName::new(Some("app"), "t"))
+        };
+        let selection = Selection { after: Some(vec!["o'k\\".into(), "7".into()]), ..Selection::default() };
+        assert_eq!(
+            statement(&table, &selection),
+            "COPY (SELECT row.\"name\", row.\"id\" FROM \"app\".\"t\" AS row WHERE ROW(row.\"name\", row.\"id\") > \
+             ROW(E'o''k\\\\'::text, E'7'::integer) ORDER BY row.\"name\", row.\"id\") TO STDOUT"
+        );
+    }
 }

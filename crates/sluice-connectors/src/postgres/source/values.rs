@@ -142,6 +142,52 @@ fn hex_bytes(text: &str) -> Option<Vec<u8>> {
     digits.chunks(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
 }
 
+/// A COPY text field with its backslash escapes undone; `None` for `\N` (NULL).
+pub(crate) fn unescape_copy(field: &[u8]) -> Option<Result<String, String>> {
+    if field == b"\\N" {
+        return None;
+    }
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| "a value is not UTF-8".to_owned());
+    if !field.contains(&b'\\') {
+        return Some(text(field.to_vec()));
+    }
+    let mut bytes = Vec::with_capacity(field.len());
+    let mut rest = field.iter().copied().peekable();
+    while let Some(byte) = rest.next() {
+        if byte != b'\\' {
+            bytes.push(byte);
+            continue;
+        }
+        let Some(escaped) = rest.next() else {
+            bytes.push(byte);
+            break;
+        };
+        bytes.push(match escaped {
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'b' => 8,
+            b'f' => 12,
+            b'v' => 11,
+            b'0'..=b'7' => {
+                let mut value = u32::from(escaped - b'0');
+                for _ in 0..2 {
+                    match rest.peek() {
+                        Some(digit @ b'0'..=b'7') => {
+                            value = value * 8 + u32::from(digit - b'0');
+                            rest.next();
+                        }
+                        _ => break,
+                    }
+                }
+                value as u8
+            }
+            other => other,
+        });
+    }
+    Some(text(bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,6 +211,14 @@ mod tests {
             assert_eq!(parse(&back, &data_type).unwrap(), value, "{text}");
         }
         assert!(matches!(parse("NaN", &DataType::Float64), Ok(Value::Float64(value)) if value.is_nan()));
+    }
+
+    #[test]
+    fn copy_escapes_are_undone() {
+        assert_eq!(unescape_copy(b"\\N"), None);
+        assert_eq!(unescape_copy(b"plain").unwrap().unwrap(), "plain");
+        assert_eq!(unescape_copy(b"a\\tb\\\\c\\nd\\101").unwrap().unwrap(), "a\tb\\c\ndA");
+        assert_eq!(unescape_copy(b"\\\\x00ff").unwrap().unwrap(), "\\x00ff");
     }
 
     #[test]
