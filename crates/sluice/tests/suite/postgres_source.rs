@@ -529,6 +529,7 @@ fn the_replication_session_outlives_a_long_target_commit() {
             "-c",
             &format!("BEGIN; LOCK TABLE {schema}.t IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(6); COMMIT;"),
         ])
+        .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
     source.sql(&format!("INSERT INTO {schema}.t SELECT g, 'backlog ' || g FROM generate_series(1, 200000) g"));
@@ -541,4 +542,53 @@ fn the_replication_session_outlives_a_long_target_commit() {
         1,
         "the stream never had to start again:\n{printed}"
     );
+}
+
+#[test]
+fn columns_added_dropped_and_retyped_and_truncates_reach_the_target_and_a_rename_stops_the_stream() {
+    let source = SourceDatabase::create("pgddl");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE t (id int PRIMARY KEY, a int, gone text); INSERT INTO t VALUES (1, 1, 'x');
+         CREATE TABLE u (id int PRIMARY KEY); INSERT INTO u VALUES (1), (2);"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    // Each statement a transaction of its own (one `psql -c` string would be one transaction).
+    for statement in [
+        "ALTER TABLE t ADD COLUMN note varchar(20)",
+        "UPDATE t SET note = 'added' WHERE id = 1",
+        "INSERT INTO t VALUES (2, 2, 'y', 'two')",
+        "ALTER TABLE t DROP COLUMN gone",
+        "INSERT INTO t VALUES (3, 3, 'three')",
+        "ALTER TABLE t ALTER COLUMN a TYPE bigint",
+        "INSERT INTO t VALUES (4, 9000000000, 'four')",
+        "TRUNCATE u",
+        "INSERT INTO u VALUES (3)",
+    ] {
+        source.sql(&statement.replace(" t ", &format!(" {schema}.t ")).replace(" u", &format!(" {schema}.u")));
+    }
+    wait_converged(&name, &source, &mut run);
+    let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT * FROM {schema}.t ORDER BY id"));
+    assert_eq!(rows(&psql), rows(&|sql: &str| source.sql(sql)));
+    assert_eq!(rows(&psql), "1|1|added\n2|2|two\n3|3|three\n4|9000000000|four\n");
+    let types = format!(
+        "SELECT string_agg(column_name || ' ' || data_type, ', ' ORDER BY ordinal_position) FROM information_schema.columns \
+         WHERE table_schema = '{schema}' AND table_name = 't'"
+    );
+    assert_eq!(psql(&types).trim(), "id integer, a bigint, note character varying");
+    assert_eq!(psql(&format!("SELECT string_agg(id::text, ',') FROM {schema}.u")).trim(), "3");
+
+    // A rename looks like a column dropped and one added: the stream cannot tell, and stops.
+    source.sql(&format!(
+        "ALTER TABLE {schema}.t RENAME COLUMN note TO label; INSERT INTO {schema}.t VALUES (5, 5, 'five')"
+    ));
+    let output = run.into_inner().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains(&format!("table {schema}.t lost columns note and gained label")), "{stderr}");
 }

@@ -191,7 +191,7 @@ impl Bus {
             } else if progressed.elapsed() > Duration::from_secs(45) {
                 if let Bus::Kafka(broker) = self {
                     if broker.restart_stalled() {
-                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it once");
+                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it");
                     }
                 }
                 progressed = std::time::Instant::now();
@@ -348,11 +348,13 @@ fn split_across(mut bus: Bus, format: &str) {
         let before = committed("postgres", &consumer_name);
         let started = std::time::Instant::now();
         let mut deadline = started + Duration::from_secs(90);
+        let mut stalled_since = started;
         while committed("postgres", &consumer_name) <= before {
             if let Bus::Kafka(broker) = &mut bus {
-                if started.elapsed() > Duration::from_secs(45) && broker.restart_stalled() {
-                    eprintln!("round {round}: the test broker made nothing readable for 45 s; restarted it once");
-                    deadline = std::time::Instant::now() + Duration::from_secs(90);
+                if stalled_since.elapsed() > Duration::from_secs(45) && broker.restart_stalled() {
+                    eprintln!("round {round}: the test broker made nothing readable for 45 s; restarted it");
+                    stalled_since = std::time::Instant::now();
+                    deadline = stalled_since + Duration::from_secs(90);
                 }
             }
             assert!(
@@ -616,7 +618,7 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
         } else if progressed.elapsed() > Duration::from_secs(45) {
             if let Bus::Kafka(broker) = &mut bus {
                 if broker.restart_stalled() {
-                    eprintln!("the last updates: the test broker made nothing readable for 45 s; restarted it once");
+                    eprintln!("the last updates: the test broker made nothing readable for 45 s; restarted it");
                 }
             }
             progressed = std::time::Instant::now();

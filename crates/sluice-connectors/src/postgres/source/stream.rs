@@ -5,7 +5,7 @@
 //! keepalive between transactions. The slot confirms a position only once the target has stored
 //! it (`ack`).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,8 +42,9 @@ pub(crate) struct WalChangeStream {
     /// The slot's name, for messages.
     slot: String,
     filter: TableFilter,
-    /// The tables that existed when the job was planned (`discover`); empty when unknown.
-    known: HashSet<TableName>,
+    /// The tables as the job was planned (`discover`): what a table's first relation message
+    /// in a stream is compared with. Empty when unknown (a node that only streams).
+    planned: HashMap<TableName, Arc<TableSchema>>,
     /// Each relation of the publication as the stream decodes its rows; `None` for a table the
     /// job does not read.
     relations: HashMap<u32, Option<Arc<TableSchema>>>,
@@ -108,7 +109,13 @@ impl WalChangeStream {
         // The tables `discover` found: one the stream meets that was not among them was created
         // since, and the target gets it first. (A node that only streams discovered nothing,
         // and leaves that to the tables' planning.)
-        let known: HashSet<TableName> = source.described.lock().await.keys().cloned().collect();
+        let planned: HashMap<TableName, Arc<TableSchema>> = source
+            .described
+            .lock()
+            .await
+            .iter()
+            .map(|(name, described)| (name.clone(), Arc::new(described.schema.clone())))
+            .collect();
         let (mut config, mode, tls) = endpoint(&source.url, Side::Source)?;
         // pgoutput writes values with the session's output functions: the forms `values` reads.
         let session =
@@ -143,7 +150,7 @@ impl WalChangeStream {
             server,
             slot: replication.slot.clone(),
             filter: source.filter.clone(),
-            known,
+            planned,
             relations: HashMap::new(),
             shapes: HashMap::new(),
             ready: VecDeque::new(),
@@ -351,16 +358,15 @@ impl WalChangeStream {
             return Ok(());
         }
         let shape = Arc::new(self.shape(&name, &relation).await?);
-        let previous = self.shapes.get(&name).cloned();
+        let previous = self.shapes.get(&name).or_else(|| self.planned.get(&name)).cloned();
         let change = match &previous {
             Some(previous) => column_changes(previous, &shape),
             None => None,
         };
-        if previous.is_none() && !self.known.is_empty() && !self.known.contains(&name) {
+        if previous.is_none() && !self.planned.is_empty() {
             // Created since the job was planned (a publication of whole schemas publishes it):
             // the target creates it before its first rows.
             self.before_changes("CREATE TABLE", std::slice::from_ref(&name))?;
-            self.known.insert(name.clone());
             let statement = format!("CREATE TABLE {name} (from the stream's first relation message for it)");
             self.ready.push_back(self.schema_event(statement, vec![SourceSchemaChange::Create(name.clone())]));
         }
@@ -378,6 +384,16 @@ impl WalChangeStream {
                 .hint("add and drop columns in separate transactions, or reset the job to copy the table again"));
             }
             self.before_changes("a schema change", std::slice::from_ref(&name))?;
+            if self.changes.iter().any(|change| change.table.name == name) {
+                return Err(Error::new(
+                    ErrorKind::Schema,
+                    format!(
+                        "a source transaction changed rows of table {name}, then its columns (added {added:?}, dropped {dropped:?}, retyped {retyped:?}), then more rows: sluice applies a schema change only before a transaction's rows of the table"
+                    ),
+                )
+                .on(Side::Source)
+                .hint("run the ALTER TABLE in a transaction of its own (or before the transaction's first change of the table)"));
+            }
             let statement = format!(
                 "ALTER TABLE {name} (from the stream's relation message: added {:?}, dropped {:?}, retyped {:?})",
                 added, dropped, retyped
