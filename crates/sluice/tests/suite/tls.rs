@@ -193,6 +193,44 @@ fn a_snapshot_and_its_changes_move_over_verified_tls_only() {
     assert_eq!(copied.replace('\t', "|"), source_rows(&driver), "{}", run.all());
 }
 
+#[test]
+fn a_postgres_source_copies_and_streams_over_verified_tls() {
+    let schema = unique_name("tls_pgsrc");
+    psql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text);
+         INSERT INTO {schema}.t SELECT g, 'v' || g FROM generate_series(1, 500) g"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = workspace.write(
+        "pg.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n"
+        ),
+    );
+    // The source over TLS only, verified (the copy's sessions and the replication session).
+    let child = workspace.start_run(&job, &postgres_verified(), &support::postgres_url(), &[]);
+    let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT count(*), sum(length(v)) FROM {schema}.t"));
+    let target_rows = || {
+        let exists = format!("SELECT to_regclass('{schema}.t') IS NOT NULL");
+        (support::psql(&exists).trim() == "t").then(|| rows(&support::psql))
+    };
+    wait_for("the copy over TLS", Duration::from_secs(60), || target_rows() == Some(rows(&psql)));
+    psql(&format!("INSERT INTO {schema}.t VALUES (501, 'new'); UPDATE {schema}.t SET v = 'changed' WHERE id = 7; DELETE FROM {schema}.t WHERE id = 8"));
+    wait_for("the changes over TLS", Duration::from_secs(60), || target_rows() == Some(rows(&psql)));
+    let child = child.into_inner();
+    signal(&child, "INT");
+    let run = Run::from(child.wait_with_output().expect("the run ends"));
+    run.assert_code(0);
+    assert!(!run.all().contains(&canary()), "the password never prints");
+    let slot = format!("sluice_{schema}");
+    wait_for("the slot's reader to end", Duration::from_secs(30), || {
+        psql(&format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active")).trim() == "0"
+    });
+    psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+}
+
 /// Runs a snapshot job from `source` to `target` and expects it to fail fast, naming `side`
 /// and saying something of `cause`.
 fn assert_refused(workspace: &Workspace, source: (&str, &str), target: (&str, &str), side: &str, cause: &[&str]) {
