@@ -32,8 +32,9 @@ pub(crate) fn parse_timeout(text: &str) -> Option<Duration> {
     })
 }
 
-/// Messages read ahead.
-const AHEAD: usize = 256;
+/// Messages read ahead of the stream, each one row change (or a transaction's begin or end):
+/// on top of the engine's own read-ahead, which is bounded by rows, a few rows more.
+const AHEAD: usize = 64;
 
 type Message = Result<ReplicationMessage, ReplicationError>;
 
