@@ -342,8 +342,9 @@ fn split_across(mut bus: Bus, format: &str) {
     let load = Load::start(&database, Random::from_environment("split"), 300);
     let mut consuming = run(&consumer, "consumer-state");
     // tansu 0.6's last stable offset at times stops moving under load, and then no
-    // read_committed reader gets past it (see `one_at_a_time`): once per run, a stalled Kafka
-    // broker is restarted, a fault the consumer has to take anyway.
+    // read_committed reader gets past it (see `one_at_a_time`): a stalled Kafka broker is
+    // restarted, and the producer with it (its new session with the same transactional id ends
+    // the transaction the broker still counts as open), faults the jobs have to take anyway.
     for round in 0..KILLS {
         let before = committed("postgres", &consumer_name);
         let started = std::time::Instant::now();
@@ -352,7 +353,11 @@ fn split_across(mut bus: Bus, format: &str) {
         while committed("postgres", &consumer_name) <= before {
             if let Bus::Kafka(broker) = &mut bus {
                 if stalled_since.elapsed() > Duration::from_secs(45) && broker.restart_stalled() {
-                    eprintln!("round {round}: the test broker made nothing readable for 45 s; restarted it");
+                    eprintln!(
+                        "round {round}: the test broker made nothing readable for 45 s; restarted it and the producer"
+                    );
+                    kill(&mut producing);
+                    producing = run(&producer, "producer-state");
                     stalled_since = std::time::Instant::now();
                     deadline = stalled_since + Duration::from_secs(90);
                 }
