@@ -592,3 +592,32 @@ fn columns_added_dropped_and_retyped_and_truncates_reach_the_target_and_a_rename
     assert!(!output.status.success());
     assert!(stderr.contains(&format!("table {schema}.t lost columns note and gained label")), "{stderr}");
 }
+
+#[test]
+fn a_slot_confirmed_past_the_targets_checkpoint_stops_the_job_naming_it() {
+    let source = SourceDatabase::create("pgahead");
+    let schema = source.name.clone();
+    source.sql(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY)"));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let slot = format!("sluice_{schema}");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    drop(run);
+    let reading = format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
+    support::wait_for("the slot's reader to end", Duration::from_secs(30), || source.sql(&reading).trim() == "0");
+    // Another client reads the job's slot past what the target stored: those changes are gone.
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (1)"));
+    source.sql(&format!("SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"));
+    let run = start(&workspace, &job, &source, &postgres_url());
+    let output = run.into_inner().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "the job stops:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("replication slot {slot} has confirmed WAL position"))
+            && stderr.contains("past the job's checkpoint"),
+        "{stderr}"
+    );
+    assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.t")).trim(), "0", "nothing is applied from a lost place");
+}
