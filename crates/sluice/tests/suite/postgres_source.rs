@@ -7,7 +7,7 @@ use crate::support;
 use std::time::Duration;
 
 use support::postgres_source::{
-    create_tables_sql, stream_lsn, stream_lsn_in, target_sql, Load, SourceDatabase, ACCOUNTS,
+    create_tables_sql, load, stream_lsn, stream_lsn_in, target_sql, SourceDatabase, ACCOUNTS,
 };
 use support::workload::{assert_same, Random};
 use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, Guard, Run, Workspace};
@@ -24,6 +24,18 @@ fn job_file(workspace: &Workspace, name: &str, schema: &str, target: &str, extra
             "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
              target:\n  type: {target}\n  url: ${{TARGET}}\n  create_tables: true\n{extra}"
         ),
+    )
+}
+
+/// `sluice check` of `job` from `source` into the test PostgreSQL.
+fn check(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase) -> Run {
+    Run::from(
+        workspace
+            .command(&["check", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
     )
 }
 
@@ -76,7 +88,7 @@ fn copy_and_stream_through_kills(target: &str, target_url: &str) {
         target,
         "limits: {split_rows: 5000, batch_rows: 500, rows_per_sec: 20000}\nparallelism: 2\n",
     );
-    let load = Load::start(&source, &schema, Random::from_environment("pg-source-kills"), 300, 1_000_000);
+    let load = load(&source, &schema, Random::from_environment("pg-source-kills"), 300, 1_000_000);
     let on_target = |sql: &str| target_sql(target, sql);
     let stored = || stream_lsn_in(target, &name);
 
@@ -298,16 +310,8 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
     );
     // Stopped, the job's slot still holds WAL: `check` says so.
     drop(run);
-    let reading = format!("SELECT count(*) FROM pg_replication_slots WHERE database = '{}' AND active", source.name);
-    support::wait_for("the slot's reader to end", Duration::from_secs(30), || source.sql(&reading).trim() == "0");
-    let check = Run::from(
-        workspace
-            .command(&["check", job.to_str().unwrap()])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    source.wait_slots_released();
+    let check = check(&workspace, &job, &source);
     check.assert_code(0);
     assert!(check.all().contains("is not being read and holds"), "{}", check.all());
 }
@@ -380,14 +384,7 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     let workspace = Workspace::new();
     let name = schema.replace('_', "-");
     let job = job_file(&workspace, &name, &schema, "postgres", "");
-    let check = Run::from(
-        workspace
-            .command(&["check", job.to_str().unwrap()])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let check = check(&workspace, &job, &source);
     assert_ne!(check.code, 0);
     let fix = format!("ALTER TABLE \"{schema}\".\"unnamed\" REPLICA IDENTITY FULL");
     assert!(check.all().contains(&fix) && !check.all().contains("\"logged\" REPLICA"), "{}", check.all());
@@ -605,8 +602,7 @@ fn a_slot_confirmed_past_the_targets_checkpoint_stops_the_job_naming_it() {
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
     drop(run);
-    let reading = format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
-    support::wait_for("the slot's reader to end", Duration::from_secs(30), || source.sql(&reading).trim() == "0");
+    source.wait_slots_released();
     // Another client reads the job's slot past what the target stored: those changes are gone.
     source.sql(&format!("INSERT INTO {schema}.t VALUES (1)"));
     source.sql(&format!("SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"));

@@ -1,13 +1,9 @@
 //! A PostgreSQL source database of its own on the test server (`scripts/test.sh` starts it with
 //! `wal_level = logical`), SQL on it, its WAL position, and a load of transactions on it.
 
-use std::io::Write;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
+use std::process::Command;
 
-use super::workload::Random;
+use super::workload::{Client, Load, Random};
 use super::{postgres_url, psql, unique_name};
 
 /// A database created for one test; its replication slots are dropped with it.
@@ -42,6 +38,15 @@ impl SourceDatabase {
     /// The server's WAL write position now, as a number.
     pub fn wal_position(&self) -> u64 {
         lsn(self.sql("SELECT pg_current_wal_lsn()").trim()).expect("a WAL position")
+    }
+
+    /// Waits until no replication slot of this database is read (a stopped job's reader has
+    /// ended on the server too).
+    pub fn wait_slots_released(&self) {
+        let reading = format!("SELECT count(*) FROM pg_replication_slots WHERE database = '{}' AND active", self.name);
+        super::wait_for("the slots' readers to end", std::time::Duration::from_secs(30), || {
+            self.sql(&reading).trim() == "0"
+        });
     }
 
     /// The slots of this database.
@@ -95,36 +100,6 @@ pub fn stream_lsn_in(target: &str, job: &str) -> Option<u64> {
     lsn(position["at"]["lsn"].as_str()?)
 }
 
-/// A `psql` reading statements from a pipe, going on after an error (a random key taken).
-struct Client {
-    child: Child,
-    input: ChildStdin,
-}
-
-impl Client {
-    fn start(url: &str) -> Client {
-        let mut child = Command::new("psql")
-            .args([url, "-X", "-q"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start psql");
-        let input = child.stdin.take().expect("a piped stdin");
-        Client { child, input }
-    }
-}
-
-/// The tables of `SourceDatabase::create_tables` and a load on them: inserts, updates, deletes
-/// and key moves of `items`, updates of `docs`' small column beside large out-of-line values,
-/// and transfers between `accounts` in transactions that keep the balances' sum at
-/// `ACCOUNTS * 1000`.
-pub struct Load {
-    stop: Arc<AtomicBool>,
-    pub statements: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
-}
-
 pub const ACCOUNTS: u64 = 100;
 
 /// `accounts (id, balance)`, `items (id, v, note, tags, uid, at)` with `items` rows, `docs (id,
@@ -149,77 +124,57 @@ pub fn create_tables_sql(schema: &str, items: u64) -> String {
     )
 }
 
-impl Load {
-    /// Starts the load at about `per_second` statements a second on `database`'s tables in
-    /// `schema`; new items take ids from `first_id` on.
-    pub fn start(database: &SourceDatabase, schema: &str, mut random: Random, per_second: u64, first_id: u64) -> Load {
-        let mut client = Client::start(&database.url());
-        writeln!(client.input, "SET search_path = {schema};").expect("psql reads");
-        let stop = Arc::new(AtomicBool::new(false));
-        let statements = Arc::new(AtomicU64::new(0));
-        let (flag, counter) = (stop.clone(), statements.clone());
-        let thread = std::thread::spawn(move || {
-            let mut next_id = first_id;
-            let started = std::time::Instant::now();
-            let mut sent = 0u64;
-            while !flag.load(Ordering::Relaxed) {
-                let due = started + std::time::Duration::from_secs_f64(sent as f64 / per_second as f64);
-                if let Some(early) = due.checked_duration_since(std::time::Instant::now()) {
-                    std::thread::sleep(early);
-                }
-                sent += 1;
-                let id = 1 + random.below(next_id);
-                let sql = match random.below(20) {
-                    0..=5 => {
-                        next_id += 1;
-                        format!(
-                            "INSERT INTO items VALUES ({}, {}, 'new {}', '{{1,2}}', NULL, now());",
-                            next_id - 1,
-                            random.below(1000),
-                            random.next()
-                        )
-                    }
-                    6..=8 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
-                    9 => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
-                    10 => format!("UPDATE pairs SET v = v + 1 WHERE a = 'k{}';", random.below(37)),
-                    // A table without a key: duplicates, and one of two equal rows deleted.
-                    15 => format!("INSERT INTO events VALUES ({}, 'new');", random.below(100)),
-                    16 => format!(
-                        "DELETE FROM events WHERE ctid = (SELECT ctid FROM events WHERE k = {} LIMIT 1);",
-                        random.below(100)
-                    ),
-                    11..=12 => format!("DELETE FROM items WHERE id = {id};"),
-                    13 => {
-                        next_id += 1;
-                        format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1)
-                    }
-                    _ => {
-                        let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
-                        let amount = 1 + random.below(50);
-                        next_id += 1;
-                        format!(
-                            "BEGIN; UPDATE accounts SET balance = balance - {amount} WHERE id = {from}; \
-                             INSERT INTO items VALUES ({}, 0, 'transfer', NULL, NULL, NULL); \
-                             UPDATE accounts SET balance = balance + {amount} WHERE id = {to}; COMMIT;",
-                            next_id - 1
-                        )
-                    }
-                };
-                writeln!(client.input, "{sql}").expect("psql reads");
-                counter.fetch_add(1, Ordering::Relaxed);
+/// A load on the tables of `create_tables_sql` in `schema` of `database`, at about `per_second`
+/// statements a second: inserts, updates, deletes and key moves of `items`, updates of `docs`'
+/// small column beside large out-of-line values, rows of the keyless `events`, and transfers
+/// between `accounts` in transactions that keep the balances' sum at `ACCOUNTS * 1000`; new
+/// items take ids from `first_id` on.
+pub fn load(database: &SourceDatabase, schema: &str, mut random: Random, per_second: u64, first_id: u64) -> Load {
+    let mut client = Client::spawn({
+        let mut psql = Command::new("psql");
+        psql.args([database.url().as_str(), "-X", "-q"]);
+        psql
+    });
+    client.send(&format!("SET search_path = {schema};"));
+    let mut next_id = first_id;
+    Load::paced(client, per_second, move || {
+        let id = 1 + random.below(next_id);
+        let sql = match random.below(20) {
+            0..=5 => {
+                next_id += 1;
+                format!(
+                    "INSERT INTO items VALUES ({}, {}, 'new {}', '{{1,2}}', NULL, now());",
+                    next_id - 1,
+                    random.below(1000),
+                    random.next()
+                )
             }
-            let Client { mut child, input } = client;
-            drop(input);
-            child.wait().expect("psql ends");
-        });
-        Load { stop, statements, thread: Some(thread) }
-    }
-
-    /// Stops the load and waits until every statement sent has run.
-    pub fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.join().expect("the load thread ends");
-        }
-    }
+            6..=8 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
+            9 => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
+            10 => format!("UPDATE pairs SET v = v + 1 WHERE a = 'k{}';", random.below(37)),
+            // A table without a key: duplicates, and one of two equal rows deleted.
+            15 => format!("INSERT INTO events VALUES ({}, 'new');", random.below(100)),
+            16 => format!(
+                "DELETE FROM events WHERE ctid = (SELECT ctid FROM events WHERE k = {} LIMIT 1);",
+                random.below(100)
+            ),
+            11..=12 => format!("DELETE FROM items WHERE id = {id};"),
+            13 => {
+                next_id += 1;
+                format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1)
+            }
+            _ => {
+                let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
+                let amount = 1 + random.below(50);
+                next_id += 1;
+                format!(
+                    "BEGIN; UPDATE accounts SET balance = balance - {amount} WHERE id = {from}; \
+                     INSERT INTO items VALUES ({}, 0, 'transfer', NULL, NULL, NULL); \
+                     UPDATE accounts SET balance = balance + {amount} WHERE id = {to}; COMMIT;",
+                    next_id - 1
+                )
+            }
+        };
+        sql
+    })
 }

@@ -54,13 +54,19 @@ impl Client {
 
     /// A client of the server `client` (a `mariadb` command) reaches.
     pub fn start_with(mut client: std::process::Command, database: &str) -> Client {
+        client.args(["--force", database]);
+        Client::spawn(client)
+    }
+
+    /// Any SQL client that reads statements from its standard input and goes on after an
+    /// error (`mariadb --force`, `psql`).
+    pub fn spawn(mut client: std::process::Command) -> Client {
         let mut child = client
-            .args(["--force", database])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start the mariadb client");
+            .expect("start the SQL client");
         let input = child.stdin.take().expect("a piped stdin");
         Client { child, input }
     }
@@ -113,55 +119,62 @@ impl Load {
     }
 
     /// The load through `client`, making new items from `first_id` on.
-    pub fn start_with(mut client: Client, mut random: Random, per_second: u64, first_id: u64) -> Load {
+    pub fn start_with(client: Client, mut random: Random, per_second: u64, first_id: u64) -> Load {
+        let mut next_id = first_id;
+        Load::paced(client, per_second, move || {
+            let id = 1 + random.below(next_id);
+            let sql = match random.below(20) {
+                0..=5 => {
+                    next_id += 1;
+                    format!(
+                        "INSERT INTO items VALUES ({}, {}, 'new {}');",
+                        next_id - 1,
+                        random.below(1000),
+                        random.next()
+                    )
+                }
+                6..=9 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
+                10..=11 => format!("UPDATE items SET v = v + 1 WHERE id = {};", 1 + random.below(5)),
+                12..=13 => format!("DELETE FROM items WHERE id = {id};"),
+                14 => {
+                    // A primary-key move, to a key no one else uses.
+                    next_id += 1;
+                    format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1)
+                }
+                _ => {
+                    let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
+                    let amount = 1 + random.below(50);
+                    format!(
+                        "BEGIN; UPDATE accounts SET balance = balance - {amount} WHERE id = {from}; \
+                     INSERT INTO items VALUES ({}, 0, 'transfer'); \
+                     UPDATE accounts SET balance = balance + {amount} WHERE id = {to}; COMMIT;",
+                        {
+                            next_id += 1;
+                            next_id - 1
+                        }
+                    )
+                }
+            };
+            sql
+        })
+    }
+
+    /// A load of the statements `next` makes, sent through `client` at about `per_second` a
+    /// second (a rate, not whatever the client can take) until `stop`.
+    pub fn paced(mut client: Client, per_second: u64, mut next: impl FnMut() -> String + Send + 'static) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let statements = Arc::new(AtomicU64::new(0));
         let (flag, counter) = (stop.clone(), statements.clone());
         let thread = std::thread::spawn(move || {
-            let mut next_id = first_id;
             let started = std::time::Instant::now();
             let mut sent = 0u64;
             while !flag.load(Ordering::Relaxed) {
-                // Paced, so the load is a rate rather than whatever the client can take.
                 let due = started + std::time::Duration::from_secs_f64(sent as f64 / per_second as f64);
                 if let Some(early) = due.checked_duration_since(std::time::Instant::now()) {
                     std::thread::sleep(early);
                 }
                 sent += 1;
-                let id = 1 + random.below(next_id);
-                let sql = match random.below(20) {
-                    0..=5 => {
-                        next_id += 1;
-                        format!(
-                            "INSERT INTO items VALUES ({}, {}, 'new {}');",
-                            next_id - 1,
-                            random.below(1000),
-                            random.next()
-                        )
-                    }
-                    6..=9 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
-                    10..=11 => format!("UPDATE items SET v = v + 1 WHERE id = {};", 1 + random.below(5)),
-                    12..=13 => format!("DELETE FROM items WHERE id = {id};"),
-                    14 => {
-                        // A primary-key move, to a key no one else uses.
-                        next_id += 1;
-                        format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1)
-                    }
-                    _ => {
-                        let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
-                        let amount = 1 + random.below(50);
-                        format!(
-                            "BEGIN; UPDATE accounts SET balance = balance - {amount} WHERE id = {from}; \
-                             INSERT INTO items VALUES ({}, 0, 'transfer'); \
-                             UPDATE accounts SET balance = balance + {amount} WHERE id = {to}; COMMIT;",
-                            {
-                                next_id += 1;
-                                next_id - 1
-                            }
-                        )
-                    }
-                };
-                client.send(&sql);
+                client.send(&next());
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             client.finish();

@@ -115,9 +115,33 @@ fn position_lsn(position: &Position) -> Option<u64> {
     lsn.as_str().and_then(parse_lsn)
 }
 
-/// The session every source connection reads in: values in the text forms `values` reads.
-const SESSION_SETUP: &str = "SET DateStyle = ISO; SET IntervalStyle = postgres; SET bytea_output = hex; \
-                             SET extra_float_digits = 1";
+/// The settings every source session reads in, SQL and replication alike: values in the text
+/// forms `values` reads (`connect` pins the SQL sessions' TimeZone to UTC).
+const SESSION_SETTINGS: [(&str, &str); 5] = [
+    ("DateStyle", "ISO"),
+    ("IntervalStyle", "postgres"),
+    ("TimeZone", "UTC"),
+    ("bytea_output", "hex"),
+    ("extra_float_digits", "1"),
+];
+
+/// `SESSION_SETTINGS` as SQL.
+fn session_setup() -> String {
+    SESSION_SETTINGS.iter().map(|(name, value)| format!("SET {name} = {value}")).collect::<Vec<_>>().join("; ")
+}
+
+/// `SESSION_SETTINGS` as a session's startup `options` (`-c name=value ...`).
+fn session_options() -> String {
+    SESSION_SETTINGS.iter().map(|(name, value)| format!("-c {name}={value}")).collect::<Vec<_>>().join(" ")
+}
+
+/// A cursor mark or bound (JSON) as the text form it is bound with.
+fn json_text(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
 
 /// A PostgreSQL server read as a source.
 #[derive(Debug)]
@@ -159,7 +183,7 @@ impl PostgresSource {
     async fn connection(&self) -> Result<Client> {
         let client = super::connect(&self.url, Side::Source, &self.server).await?;
         client
-            .batch_execute(SESSION_SETUP)
+            .batch_execute(&session_setup())
             .await
             .map_err(|error| postgres_error(error, Side::Source, &self.server, "set up the session"))?;
         Ok(client)
@@ -413,11 +437,7 @@ impl Source for PostgresSource {
             let column = cursor::column(&split.table, &CursorSpec { column: window.column.clone(), lookback_secs: 0 })?;
             let (condition, values) =
                 window.condition(&format!("row.{}", quote(&column.name)), |_| format!("?::text{}", cast(column)));
-            let values = values.into_iter().map(|value| match value {
-                serde_json::Value::String(text) => text.clone(),
-                other => other.to_string(),
-            });
-            selection.window = Some((condition, values.collect()));
+            selection.window = Some((condition, values.into_iter().map(json_text).collect()));
         }
         // A job that streams reads each split in one snapshot whose WAL position says which
         // changes its rows hold. A resumed read whose earlier reads were not kept stays without.
@@ -564,15 +584,11 @@ impl Source for PostgresSource {
             .await
             .map_err(self.error(&doing))?;
         let through: Option<String> = highest.get(0);
-        let text = |value: &serde_json::Value| match value {
-            serde_json::Value::String(text) => text.clone(),
-            other => other.to_string(),
-        };
         let after = match mark {
             Some(mark) if spec.lookback_secs > 0 => {
                 let sql = format!("SELECT ($1::text{} - make_interval(secs => $2::float8))::text", cast(column));
                 let lowered = client
-                    .query_one(&sql, &[&text(mark), &(spec.lookback_secs as f64)])
+                    .query_one(&sql, &[&json_text(mark), &(spec.lookback_secs as f64)])
                     .await
                     .map_err(self.error(&doing))?;
                 lowered.get::<_, Option<String>>(0).map(serde_json::Value::String)

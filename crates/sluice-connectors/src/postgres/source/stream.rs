@@ -118,11 +118,10 @@ impl WalChangeStream {
             .collect();
         let (mut config, mode, tls) = endpoint(&source.url, Side::Source)?;
         // pgoutput writes values with the session's output functions: the forms `values` reads.
-        let session =
-            "-c DateStyle=ISO -c IntervalStyle=postgres -c TimeZone=UTC -c bytea_output=hex -c extra_float_digits=1";
+        let session = super::session_options();
         let options = match config.get_options() {
             Some(given) => format!("{given} {session}"),
-            None => session.to_owned(),
+            None => session,
         };
         config.options(&options);
         let error = |error| replication_error(error, &server, &replication.slot);
