@@ -15,7 +15,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
-use sluice_core::connector::{Capabilities, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
+use sluice_core::connector::{Capabilities, CheckItem, Checkpoint, Fence, Sink, TableTasks, TableWriter};
 
 use crate::columnar::{self, ArrowTypes, ColumnBuilder};
 use crate::file::fence::Fences;
@@ -122,7 +122,7 @@ impl Sink for ParquetSink {
         Ok(())
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let part = Part::new(&self.directory, &table.name, task, "parquet");
         let fence = self.fence.clone().map(|fence| (Fences::new(&self.directory, job), job.to_owned(), fence));
         Ok(Box::new(ParquetWriter { table, part, writer: None, fence }))
@@ -155,7 +155,7 @@ impl ParquetWriter {
 }
 
 #[async_trait]
-impl Writer for ParquetWriter {
+impl TableWriter for ParquetWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         self.part.recover()
     }

@@ -25,7 +25,7 @@ pub struct Split {
     pub estimated_rows: u64,
     /// The split is read in one pass and cannot resume part-way (a table with no key to resume
     /// by): it is the table's only split, and a task that finds an earlier attempt's rows in the
-    /// target replaces them (`Writer::replace_all`) as it copies the split again.
+    /// target replaces them (`TableWriter::replace_all`) as it copies the split again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub whole: bool,
     /// `incremental-cursor` jobs: only the rows whose cursor lies in this window are read.
@@ -59,7 +59,7 @@ impl Split {
     }
 }
 
-/// Advice to `Source::split` on how finely to cut.
+/// Advice to `SnapshotSource::split` on how finely to cut.
 #[derive(Debug, Clone, Copy)]
 pub struct SplitHint {
     pub rows_per_split: u64,
@@ -110,13 +110,13 @@ pub struct Capabilities {
     pub snapshot_source: bool,
     /// Follows a change log (`cdc`, `snapshot+cdc`).
     pub change_source: bool,
-    /// Reads the rows of a cursor window (`incremental-cursor`, `Source::cursor_window`).
+    /// Reads the rows of a cursor window (`incremental-cursor`, `CursorSource::cursor_window`).
     pub cursor_source: bool,
     /// Writes the rows of a snapshot.
     pub table_sink: bool,
-    /// Applies a change stream folded per key (`ChangeShape::Folded`: updates and deletes).
+    /// Applies a change stream folded per key (`Sink::folded_changes`).
     pub change_sink: bool,
-    /// Takes a change stream as raw row events (`ChangeShape::Raw`).
+    /// Takes a change stream as row events (`Sink::event_changes`).
     pub event_sink: bool,
     /// Replaces rows by primary key (`write_mode: upsert`).
     pub upsert: bool,
@@ -150,7 +150,7 @@ pub struct CheckItem {
     pub detail: String,
 }
 
-/// The source's change log around a stream's checkpoint (`Source::log_backlog`).
+/// The source's change log around a stream's checkpoint (`ChangeSource::log_backlog`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogBacklog {
     /// Log files from the checkpoint's on (its own included) the stream has yet to read.
@@ -162,7 +162,7 @@ pub struct LogBacklog {
     pub files_to_spare: u64,
 }
 
-/// One read of a split's copy, for a stream that must meet it exactly (`Source::copy_reads`):
+/// One read of a split's copy, for a stream that must meet it exactly (`SnapshotSource::copy_reads`):
 /// the rows of keys strictly after `after` (the split's start when `None` is the table's start),
 /// up to the next read's `after`, as they stood at log position `as_of`. `as_of` is `None` when
 /// the copy holds none of them (nothing was read there).
@@ -172,13 +172,110 @@ pub struct CopyRead {
     pub as_of: Option<Position>,
 }
 
-/// A place data is read from.
+/// A place data is read from: what every source does (probe, list its tables, forget what it
+/// keeps for a job), and which of the reading capabilities it has. A capability is a trait of
+/// its own ([`SnapshotSource`], [`ChangeSource`], [`CursorSource`]) that a source implements only
+/// when it can; the engine asks for it here and never calls a method a source cannot honour.
+/// The registry's declared [`Capabilities`] say the same before a source is built (the
+/// conformance suite checks that they agree).
 #[async_trait]
 pub trait Source: Send + Sync {
     /// Probes connectivity, credentials and settings without reading data. Called by
     /// `sluice check` and at the start of every run; an error names the source side.
     async fn check(&self) -> Result<Vec<CheckItem>>;
 
+    /// Lists the tables that the job's `tables` filter selects, with their schemas, sorted by
+    /// name. Called once per run at planning. A filter entry that names a table which does not
+    /// exist (no glob characters) is an error.
+    async fn discover(&self) -> Result<Vec<TableSchema>>;
+
+    /// The job is reset or deleted: releases what the source keeps for this job alone (a
+    /// PostgreSQL job's own replication slot, which holds the server's WAL until it is dropped,
+    /// and its publication), never what the user named. The default keeps nothing.
+    async fn forget(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The source's snapshot reader: its tables in splits. `None` for a log of events only.
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+        None
+    }
+
+    /// The source's change log. `None` for a source without one.
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        None
+    }
+
+    /// The source's cursor reads (`incremental-cursor`). `None` for a source that cannot read a
+    /// table by a column's range.
+    fn cursor(&self) -> Option<&dyn CursorSource> {
+        None
+    }
+}
+
+impl<'s> dyn Source + 's {
+    /// The snapshot reader, for a job that needs one; the registry refuses such a job from a
+    /// source without one before it runs, so this error is a last guard.
+    pub fn needs_snapshot(&self) -> Result<&dyn SnapshotSource> {
+        self.snapshot().ok_or_else(|| {
+            Error::new(ErrorKind::Config, "this source has no snapshot of its tables")
+                .on(Side::Source)
+                .hint("use mode: cdc")
+        })
+    }
+
+    /// The change log, for a job that streams.
+    pub fn needs_changes(&self) -> Result<&dyn ChangeSource> {
+        self.changes().ok_or_else(|| {
+            Error::new(ErrorKind::Config, "this source has no change log").on(Side::Source).hint("use mode: snapshot")
+        })
+    }
+
+    /// The cursor reads, for an `incremental-cursor` job.
+    pub fn needs_cursor(&self) -> Result<&dyn CursorSource> {
+        self.cursor().ok_or_else(|| {
+            Error::new(ErrorKind::Config, "this source cannot read a table by a cursor column")
+                .on(Side::Source)
+                .hint("use mode snapshot, or a MySQL, PostgreSQL or SQLite source")
+        })
+    }
+}
+
+/// A source whose tables can be read in splits: the snapshot, the copy of `snapshot+cdc`, the
+/// rows of a cursor window, and the rows of dirty records read again.
+#[async_trait]
+pub trait SnapshotSource: Send + Sync {
+    /// Cuts one table into splits whose union is the whole table with no row in two splits.
+    /// Called at planning only for tables with no stored plan, so ids stay stable on resume.
+    async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>>;
+
+    /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
+    /// the task that owns the split, possibly again after a retry.
+    async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
+
+    /// A split of `table` holding exactly the rows with these primary keys (values in key
+    /// order), read as any split (`open`): how a dirty record of the change stream is read again
+    /// from the source for a replay. A source that cannot read rows by key says so
+    /// (`ErrorKind::Config`).
+    fn key_split(&self, table: &Arc<TableSchema>, _keys: &[Row]) -> Result<Split> {
+        Err(Error::new(ErrorKind::Config, format!("this source cannot read rows of table {} by their key", table.name))
+            .on(Side::Source)
+            .hint("fix the rows in the target by hand, then discard their records"))
+    }
+
+    /// Where in the log the copy of `split` read its rows, from the split's last durable copy
+    /// position (`None`: nothing copied yet): its reads in key order, the first starting at the
+    /// split's own start. A stream into event targets uses them to send, per key, only the
+    /// changes after the copied row, so no consumer sees a key go back in time at the switch.
+    /// Empty when the source cannot tell (its reads are not consistent snapshots at a position).
+    fn copy_reads(&self, _split: &Split, _copied: Option<&Position>) -> Result<Vec<CopyRead>> {
+        Ok(Vec::new())
+    }
+}
+
+/// A source with a change log: `cdc` and the stream of `snapshot+cdc`.
+#[async_trait]
+pub trait ChangeSource: Send + Sync {
     /// The source's current change-log position (for MySQL: the GTID set and binlog file:pos),
     /// or `None` for sources without a log. Called once, when a job is first planned and before
     /// any split is read, so a change stream started from it misses nothing the snapshot missed.
@@ -202,36 +299,6 @@ pub trait Source: Send + Sync {
         Ok(None)
     }
 
-    /// Lists the tables that the job's `tables` filter selects, with their schemas, sorted by
-    /// name. Called once per run at planning. A filter entry that names a table which does not
-    /// exist (no glob characters) is an error.
-    async fn discover(&self) -> Result<Vec<TableSchema>>;
-
-    /// Cuts one table into splits whose union is the whole table with no row in two splits.
-    /// Called at planning only for tables with no stored plan, so ids stay stable on resume.
-    /// The default, for a source without snapshot (a stream of events), is `no_snapshot`.
-    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-        Err(self.no_snapshot(&table.name))
-    }
-
-    /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
-    /// the task that owns the split, possibly again after a retry. The default, for a source
-    /// without snapshot, is `no_snapshot`.
-    async fn open(
-        &self,
-        split: &Split,
-        _resume_after: Option<&Position>,
-        _batch_rows: usize,
-    ) -> Result<Box<dyn Reader>> {
-        Err(self.no_snapshot(&split.table.name))
-    }
-
-    /// The error of reading a snapshot of `table` from a source that has none, which the
-    /// default `split` and `open` return (`ErrorKind::Config`).
-    fn no_snapshot(&self, table: &TableName) -> Error {
-        Error::new(ErrorKind::Config, format!("this source has no snapshot of {table}")).on(Side::Source)
-    }
-
     /// The position a `cdc` job names to start from (`source.start_position`), if any. Without
     /// one, a job starts from the position captured when it was first planned.
     async fn start_position(&self) -> Result<Option<Position>> {
@@ -242,19 +309,7 @@ pub trait Source: Send + Sync {
     /// boundary (a position from `log_position`, `start_position` or a `Commit`). Called by the
     /// stream task, again after every retry, always from the last position durable in the target.
     /// A position the source no longer has is an `ErrorKind::PositionLost` error, at once.
-    async fn stream(&self, _after: &Position) -> Result<Box<dyn ChangeStream>> {
-        Err(Error::new(ErrorKind::Config, "this source cannot stream changes").on(Side::Source))
-    }
-
-    /// A split of `table` holding exactly the rows with these primary keys (values in key
-    /// order), read as any split (`open`): how a dirty record of the change stream is read again
-    /// from the source for a replay. A source that cannot read rows by key says so
-    /// (`ErrorKind::Config`).
-    fn key_split(&self, table: &Arc<TableSchema>, _keys: &[Row]) -> Result<Split> {
-        Err(Error::new(ErrorKind::Config, format!("this source cannot read rows of table {} by their key", table.name))
-            .on(Side::Source)
-            .hint("fix the rows in the target by hand, then discard their records"))
-    }
+    async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>>;
 
     /// The schema a target gives a table that DDL in the change stream created or altered, so
     /// that it is the table a snapshot would have made (types with their own widths, defaults,
@@ -280,39 +335,23 @@ pub trait Source: Send + Sync {
     fn reached(&self, _position: &Position, _mark: &Position) -> bool {
         true
     }
+}
 
-    /// Where in the log the copy of `split` read its rows, from the split's last durable copy
-    /// position (`None`: nothing copied yet): its reads in key order, the first starting at the
-    /// split's own start. A stream into event targets uses them to send, per key, only the
-    /// changes after the copied row, so no consumer sees a key go back in time at the switch.
-    /// Empty when the source cannot tell (its reads are not consistent snapshots at a position).
-    fn copy_reads(&self, _split: &Split, _copied: Option<&Position>) -> Result<Vec<CopyRead>> {
-        Ok(Vec::new())
-    }
-
-    /// The job is reset or deleted: releases what the source keeps for this job alone (a
-    /// PostgreSQL job's own replication slot, which holds the server's WAL until it is dropped,
-    /// and its publication), never what the user named. The default keeps nothing.
-    async fn forget(&self) -> Result<()> {
-        Ok(())
-    }
-
+/// A source that reads a table by a cursor column's range (`incremental-cursor`).
+#[async_trait]
+pub trait CursorSource: Send + Sync {
     /// The window of a cursor-incremental batch of `table` (`crate::cursor`): from `mark` (the
     /// previous batch's, in this source's JSON form; `None` on the first batch) lowered by
     /// `cursor.lookback_secs`, through the column's highest value now. A column the table lacks,
     /// or a lookback on a column that is not a time, is an error naming the table and column.
-    /// Called once per table and batch, at planning; `Source::open` then reads only the rows of
-    /// `Split::window`.
+    /// Called once per table and batch, at planning; `SnapshotSource::open` then reads only the
+    /// rows of `Split::window`.
     async fn cursor_window(
         &self,
         table: &TableSchema,
-        _cursor: &CursorSpec,
-        _mark: Option<&serde_json::Value>,
-    ) -> Result<CursorWindow> {
-        Err(Error::new(ErrorKind::Config, format!("this source cannot read table {} by a cursor column", table.name))
-            .on(Side::Source)
-            .hint("use mode snapshot, or a MySQL or SQLite source"))
-    }
+        cursor: &CursorSpec,
+        mark: Option<&serde_json::Value>,
+    ) -> Result<CursorWindow>;
 }
 
 /// What a change stream yields, in log order.
@@ -393,19 +432,6 @@ pub trait ChangeStream: Send {
     }
 }
 
-/// How a change sink takes a stream's transactions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChangeShape {
-    /// Folded per key within a group of transactions: one delete of the keys that existed and
-    /// one insert of the final rows per table (`ChangeWriter::delete` and `insert`). SQL tables
-    /// show only the end state of a group, and this is their fast path.
-    Folded,
-    /// Every row event as the source wrote it, in order, with each transaction's end
-    /// (`ChangeWriter::events` and `transaction_end`): event streams and lakes, whose readers
-    /// see updates, order and transaction bounds.
-    Raw,
-}
-
 /// When a change writer wants the stream's groups committed, if not at every pause of the
 /// stream: a lake table takes a commit every few seconds (each one rewrites the files holding the
 /// keys it changes), not one per source transaction.
@@ -417,7 +443,7 @@ pub struct CommitCadence {
     pub rows: u64,
 }
 
-/// The end of one source transaction, as a raw change sink sees it.
+/// The end of one source transaction, as an event writer sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TransactionEnd {
     /// Names the transaction: unique, and increasing in log order (the source's commit
@@ -515,18 +541,6 @@ pub trait Sink: Send + Sync {
         false
     }
 
-    /// Whether a `snapshot+cdc` copy is written under a hidden name and published by the
-    /// stream (`crate::hidden`): a target whose change writer can rename tables at a group's
-    /// commit (`ChangeWriter::publish`) and which answers `existing_tables`.
-    fn hides_copies(&self) -> bool {
-        false
-    }
-
-    /// Which of `tables` (target names) the target has now. Only called when `hides_copies`.
-    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
-        Ok(tables.to_vec())
-    }
-
     /// The name a source table gets in this target.
     fn target_name(&self, source: &TableName) -> TableName;
 
@@ -575,31 +589,139 @@ pub trait Sink: Send + Sync {
     }
 
     /// The checkpoints the target holds for these tasks (missing ones left out). The default
-    /// asks a change writer per task.
+    /// asks the change writer of each task.
     async fn checkpoints(&self, job: &str, tasks: &[String]) -> Result<Vec<Checkpoint>> {
         let mut found = Vec::with_capacity(tasks.len());
         for task in tasks {
-            if let Some(checkpoint) = self.open_changes(job, task).await?.recover().await? {
+            if let Some(checkpoint) = AnyChangeWriter::open(self, job, task).await?.recover().await? {
                 found.push(checkpoint);
             }
         }
         Ok(found)
     }
 
-    /// Opens the writer of one task. `table` carries the target name.
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>>;
+    /// Opens the writer of one task's snapshot rows. `table` carries the target name.
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>>;
 
-    /// Opens the writer that applies a change stream's transactions. Called by the stream task,
-    /// again after every retry.
-    async fn open_changes(&self, _job: &str, _task: &str) -> Result<Box<dyn ChangeWriter>> {
-        Err(Error::new(ErrorKind::Config, "this target cannot apply a change stream").on(Side::Target))
+    /// The target's writer of change streams folded per key (SQL tables, lakes). `None` for a
+    /// target that takes no stream, or takes it as events.
+    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
+        None
+    }
+
+    /// The target's writer of change streams as row events (brokers, standard output). `None`
+    /// for a target that takes no stream, or takes it folded.
+    fn event_changes(&self) -> Option<&dyn EventChangeSink> {
+        None
     }
 }
 
-/// Applies a change stream to a target, in transactions that carry the stream's checkpoint.
+/// A target that applies change streams folded per key.
+#[async_trait]
+pub trait FoldedChangeSink: Send + Sync {
+    /// Opens the writer that applies a change stream's transactions. Called by the stream task,
+    /// again after every retry.
+    async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>>;
+
+    /// Whether a `snapshot+cdc` copy is written under a hidden name and published by the
+    /// stream (`crate::hidden`): a target whose change writer can rename tables at a group's
+    /// commit (`FoldedChangeWriter::publish`) and which answers `existing_tables`.
+    fn hides_copies(&self) -> bool {
+        false
+    }
+
+    /// Which of `tables` (target names) the target has now. Only called when `hides_copies`.
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        Ok(tables.to_vec())
+    }
+}
+
+/// A target that takes change streams as row events.
+#[async_trait]
+pub trait EventChangeSink: Send + Sync {
+    /// Opens the writer that sends a change stream's events. Called by the stream task, again
+    /// after every retry.
+    async fn open_events(&self, job: &str, task: &str) -> Result<Box<dyn EventWriter>>;
+}
+
+/// A change writer of either shape, as a target opens it for a stream (`AnyChangeWriter::open`).
+pub enum AnyChangeWriter {
+    Folded(Box<dyn FoldedChangeWriter>),
+    Events(Box<dyn EventWriter>),
+}
+
+impl std::fmt::Debug for AnyChangeWriter {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            AnyChangeWriter::Folded(_) => "AnyChangeWriter::Folded",
+            AnyChangeWriter::Events(_) => "AnyChangeWriter::Events",
+        })
+    }
+}
+
+impl AnyChangeWriter {
+    /// Opens the change writer of `task`: folded when the target applies changes folded per
+    /// key, else events. A target with neither is a configuration error (the registry refuses
+    /// such a job before it runs).
+    pub async fn open<S: Sink + ?Sized>(sink: &S, job: &str, task: &str) -> Result<AnyChangeWriter> {
+        if let Some(folded) = sink.folded_changes() {
+            return Ok(AnyChangeWriter::Folded(folded.open_folded(job, task).await?));
+        }
+        if let Some(events) = sink.event_changes() {
+            return Ok(AnyChangeWriter::Events(events.open_events(job, task).await?));
+        }
+        Err(Error::new(ErrorKind::Config, "this target cannot apply a change stream").on(Side::Target))
+    }
+
+    /// What writers of both shapes do.
+    pub fn common(&mut self) -> &mut dyn ChangeWriter {
+        match self {
+            AnyChangeWriter::Folded(writer) => writer.as_mut(),
+            AnyChangeWriter::Events(writer) => writer.as_mut(),
+        }
+    }
+
+    /// The stream's checkpoint as the target holds it (`ChangeWriter::recover`).
+    pub async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        self.common().recover().await
+    }
+
+    /// When the writer wants groups committed (`ChangeWriter::cadence`).
+    pub fn cadence(&self) -> Option<CommitCadence> {
+        match self {
+            AnyChangeWriter::Folded(writer) => writer.cadence(),
+            AnyChangeWriter::Events(writer) => writer.cadence(),
+        }
+    }
+
+    /// Whether DDL commits the open transaction on its own (`FoldedChangeWriter::ddl_commits`;
+    /// an event writer's never does).
+    pub fn ddl_commits(&self) -> bool {
+        match self {
+            AnyChangeWriter::Folded(writer) => writer.ddl_commits(),
+            AnyChangeWriter::Events(_) => false,
+        }
+    }
+
+    /// The folded writer, where the caller needs one (hidden copies are published only by a
+    /// target that applies changes folded: `FoldedChangeSink::hides_copies`).
+    pub fn folded(&mut self) -> Result<&mut dyn FoldedChangeWriter> {
+        match self {
+            AnyChangeWriter::Folded(writer) => Ok(writer.as_mut()),
+            AnyChangeWriter::Events(_) => Err(Error::new(
+                ErrorKind::Config,
+                "this target takes change events; it has no tables to rename or apply changes to by key",
+            )
+            .on(Side::Target)),
+        }
+    }
+}
+
+/// What every change writer does, folded or events: recover the stream's checkpoint, carry DDL,
+/// and commit.
 ///
-/// The protocol: `recover` once, then any number of `delete` and `insert` (all in one open
-/// target transaction) and `commit`. Like `Writer`, a crash leaves the target before or after a
+/// The protocol: `recover` once, then any number of writes (all in one open target
+/// transaction) and `commit`. Like a `TableWriter`, a crash leaves the target before or after a
 /// whole commit, so the stream resumes exactly after the last transaction applied. Tables carry
 /// target names; keys and rows are in the order of the table's primary key and columns.
 #[async_trait]
@@ -607,6 +729,29 @@ pub trait ChangeWriter: Send {
     /// The stream's checkpoint as the target holds it, or `None` before its first commit.
     async fn recover(&mut self) -> Result<Option<Checkpoint>>;
 
+    /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
+    /// none of it is.
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
+
+    /// When groups commit. `None` (the default): as soon as no more transactions wait, a group
+    /// of `limits.batch_rows` changes at most, 50 ms after its first transaction at the latest.
+    /// Either way a group ends only at a source commit.
+    fn cadence(&self) -> Option<CommitCadence> {
+        None
+    }
+
+    /// Carries a DDL statement's effect to the target. Idempotent, because a target whose DDL
+    /// commits on its own (MySQL) may see it again after a crash before the checkpoint: creating
+    /// an existing table, dropping a missing one, renaming a renamed one, adding an existing
+    /// column or dropping a missing one are no-ops. Followed by `commit`.
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()>;
+}
+
+/// Applies a change stream folded per key within a group of transactions: one delete of the
+/// keys that existed and one insert of the final rows per table. SQL tables show only the end
+/// state of a group, and this is their fast path.
+#[async_trait]
+pub trait FoldedChangeWriter: ChangeWriter {
     /// Deletes the rows with these primary keys. With `expect_all`, a key with no row is an
     /// `ErrorKind::Conflict` error naming the table and the key; without it, missing rows are
     /// fine (the replay of changes a snapshot may already hold). For a table without a primary
@@ -621,44 +766,6 @@ pub trait ChangeWriter: Send {
     /// tell fails the call instead.
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>>;
 
-    /// Makes everything since the last commit durable together with `checkpoint`; on `Err`,
-    /// none of it is.
-    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
-
-    /// How this writer takes the stream: folded per key (the default) or as raw row events.
-    fn shape(&self) -> ChangeShape {
-        ChangeShape::Folded
-    }
-
-    /// When groups commit. `None` (the default): as soon as no more transactions wait, a group
-    /// of `limits.batch_rows` changes at most, 50 ms after its first transaction at the latest.
-    /// Either way a group ends only at a source commit.
-    fn cadence(&self) -> Option<CommitCadence> {
-        None
-    }
-
-    /// Raw writers: the next row events of the open source transaction, in source order (an
-    /// update carries its before and after images; tables carry target names). A large
-    /// transaction comes in several calls; all of them become durable with the `commit` after
-    /// its `transaction_end`.
-    async fn events(&mut self, _changes: &[Change]) -> Result<()> {
-        Err(Error::new(ErrorKind::Config, "this target takes changes folded per key, not raw events").on(Side::Target))
-    }
-
-    /// Raw writers: the open source transaction ended. One or more transactions are followed by
-    /// `commit`, which makes them durable with the checkpoint after the last one.
-    async fn transaction_end(&mut self, _end: &TransactionEnd) -> Result<()> {
-        Ok(())
-    }
-
-    /// Carries a DDL statement's effect to the target. Idempotent, because a target whose DDL
-    /// commits on its own (MySQL) may see it again after a crash before the checkpoint: creating
-    /// an existing table, dropping a missing one, renaming a renamed one, adding an existing
-    /// column or dropping a missing one are no-ops. Followed by `commit`.
-    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
-        Err(Error::new(ErrorKind::Schema, format!("this target cannot apply DDL ({change:?})")).on(Side::Target))
-    }
-
     /// Whether DDL commits the open transaction on its own (MySQL), so a schema change or a
     /// `publish` cannot share a transaction with rows and their checkpoint.
     fn ddl_commits(&self) -> bool {
@@ -670,10 +777,21 @@ pub trait ChangeWriter: Send {
     /// hidden table is gone (published already, or dropped by the stream's DDL) is skipped; one
     /// whose own name is taken fails, naming both. Part of the open transaction where DDL is
     /// transactional; else (`ddl_commits`) one statement of its own, between commits.
-    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
-        Err(Error::new(ErrorKind::Schema, format!("this target cannot publish hidden copies ({tables:?})"))
-            .on(Side::Target))
-    }
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()>;
+}
+
+/// Sends a change stream as row events, each as the source wrote it, in order, with each
+/// transaction's end: event streams, whose readers see updates, order and transaction bounds.
+#[async_trait]
+pub trait EventWriter: ChangeWriter {
+    /// The next row events of the open source transaction, in source order (an update carries
+    /// its before and after images; tables carry target names). A large transaction comes in
+    /// several calls; all of them become durable with the `commit` after its `transaction_end`.
+    async fn events(&mut self, changes: &[Change]) -> Result<()>;
+
+    /// The open source transaction ended. One or more transactions are followed by `commit`,
+    /// which makes them durable with the checkpoint after the last one.
+    async fn transaction_end(&mut self, end: &TransactionEnd) -> Result<()>;
 }
 
 /// A row a writer left out because the target refused its content.
@@ -718,13 +836,13 @@ pub async fn find_refused(trial: &mut dyn RowTrial, count: usize) -> Result<Vec<
     Ok(refused)
 }
 
-/// Writes one task's batches.
+/// Writes one task's snapshot rows into a target table (or file).
 ///
 /// The protocol: `recover` once, then any number of `write` and `commit`. What `write` stages
 /// becomes durable only with the next `commit`, together with the checkpoint it is given, so a
 /// crash at any instant leaves the target either before or after the whole commit.
 #[async_trait]
-pub trait Writer: Send {
+pub trait TableWriter: Send {
     /// The checkpoint the target holds for this task, or `None` to start the split from scratch
     /// (a file target discards a partial file here). The engine resumes from this answer only:
     /// the target, not the local state, is the truth.

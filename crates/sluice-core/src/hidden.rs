@@ -4,9 +4,9 @@
 //! replays the changes since the snapshot's start until the stream passes the copy's end (the
 //! replay window). In between, the rows of a table are a mix of moments no source ever showed
 //! (a transfer's debit from a later split beside its credit from an earlier one). So a target
-//! that can rename tables inside its transactions (`Sink::hides_copies`) takes each copy under a
+//! that can rename tables inside its transactions (`FoldedChangeSink::hides_copies`) takes each copy under a
 //! hidden name (`hidden_name`), and the stream renames every hidden table to its own name in the
-//! commit that ends the window (`ChangeWriter::publish`): readers see no table, then the whole of
+//! commit that ends the window (`FoldedChangeWriter::publish`): readers see no table, then the whole of
 //! it at a source state, and every state after that is one too.
 //!
 //! Only tables the target does not have when the job is first planned are hidden: a table that
@@ -29,7 +29,8 @@ const MAX_NAME_BYTES: usize = 63;
 
 /// The tables a new plan hides: those of a `snapshot+cdc` job the target does not have yet.
 pub async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<Vec<TableName>> {
-    if !sink.hides_copies() || targets.is_empty() {
+    let Some(folded) = sink.folded_changes().filter(|folded| folded.hides_copies()) else { return Ok(Vec::new()) };
+    if targets.is_empty() {
         return Ok(Vec::new());
     }
     let (names, long): (Vec<TableName>, Vec<TableName>) = targets
@@ -44,7 +45,7 @@ pub async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<
             MAX_NAME_BYTES - HIDDEN_PREFIX.len()
         );
     }
-    let existing = sink.existing_tables(&names).await?;
+    let existing = folded.existing_tables(&names).await?;
     Ok(names.into_iter().filter(|name| !existing.contains(name)).collect())
 }
 
@@ -68,7 +69,8 @@ impl HiddenCopies {
         if plan.hidden.is_empty() {
             return Ok(HiddenCopies::default());
         }
-        let mut writer = sink.open_changes(job, crate::names::STREAM_TASK).await?;
+        let Some(folded) = sink.folded_changes() else { return Ok(HiddenCopies::default()) };
+        let mut writer = folded.open_folded(job, crate::names::STREAM_TASK).await?;
         let listed: Vec<TableName> = match writer.recover().await? {
             Some(Checkpoint { position: Some(position), .. }) => match position.0.get("hidden") {
                 Some(hidden) => serde_json::from_value::<HiddenCopies>(hidden.clone())
@@ -90,7 +92,7 @@ impl HiddenCopies {
         if listed.is_empty() {
             return Ok(HiddenCopies::default());
         }
-        let published = sink.existing_tables(&listed).await?;
+        let published = folded.existing_tables(&listed).await?;
         let tables = listed.into_iter().filter(|name| !published.contains(name)).collect();
         Ok(HiddenCopies { tables })
     }
@@ -100,7 +102,7 @@ impl HiddenCopies {
     }
 
     /// Each table still hidden: (the name it is written under, its own name), for
-    /// `ChangeWriter::publish`.
+    /// `FoldedChangeWriter::publish`.
     pub fn pairs(&self) -> Vec<(TableName, TableName)> {
         self.tables.iter().map(|table| (hidden_name(table), table.clone())).collect()
     }

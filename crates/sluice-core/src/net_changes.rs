@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::change::{key_text, Change, ChangeKind, Row};
-use crate::connector::ChangeWriter;
+use crate::connector::FoldedChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::TableSchema;
 
@@ -115,7 +115,7 @@ pub enum ApplyMode {
     Dirty,
 }
 
-/// A row the target refused for its content when the fold was applied (`ChangeWriter::insert`):
+/// A row the target refused for its content when the fold was applied (`FoldedChangeWriter::insert`):
 /// left out of the target, the key's earlier row deleted, to be kept as a dirty record.
 #[derive(Debug, Clone)]
 pub struct Refusal {
@@ -272,7 +272,7 @@ impl NetChanges {
     /// its rows are written into (a hidden copy's name). Leaves the fold empty.
     pub async fn apply(
         &mut self,
-        writer: &mut dyn ChangeWriter,
+        writer: &mut dyn FoldedChangeWriter,
         target: &mut (dyn FnMut(&Arc<TableSchema>) -> Arc<TableSchema> + Send),
     ) -> Result<Applied> {
         let tables = std::mem::take(&mut self.tables);
@@ -354,7 +354,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::connector::{Checkpoint, Refused};
+    use crate::connector::{ChangeWriter, Checkpoint, Refused};
     use crate::schema::{Column, DataType, TableName};
     use crate::value::Value;
 
@@ -392,6 +392,16 @@ mod tests {
         async fn recover(&mut self) -> Result<Option<Checkpoint>> {
             Ok(None)
         }
+        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+            Ok(())
+        }
+        async fn apply_schema_change(&mut self, change: &crate::connector::SchemaChange) -> Result<()> {
+            unreachable!("no DDL here: {change:?}")
+        }
+    }
+
+    #[async_trait]
+    impl FoldedChangeWriter for MemoryTarget {
         async fn delete(&mut self, _table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
             self.statements += 1;
             for key in keys {
@@ -420,8 +430,8 @@ mod tests {
             }
             Ok(refused)
         }
-        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
-            Ok(())
+        async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+            unreachable!("nothing hidden here: {tables:?}")
         }
     }
 
@@ -616,6 +626,16 @@ mod tests {
         async fn recover(&mut self) -> Result<Option<Checkpoint>> {
             Ok(None)
         }
+        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
+            Ok(())
+        }
+        async fn apply_schema_change(&mut self, change: &crate::connector::SchemaChange) -> Result<()> {
+            unreachable!("no DDL here: {change:?}")
+        }
+    }
+
+    #[async_trait]
+    impl FoldedChangeWriter for KeylessTarget {
         async fn delete(&mut self, _table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
             for key in keys {
                 match self.rows.iter().position(|row| row == key) {
@@ -630,8 +650,8 @@ mod tests {
             self.rows.extend(rows.iter().cloned());
             Ok(Vec::new())
         }
-        async fn commit(&mut self, _checkpoint: &Checkpoint) -> Result<()> {
-            Ok(())
+        async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+            unreachable!("nothing hidden here: {tables:?}")
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::connector::{replaced_tables, Binding, Sink, Source, SplitHint, TableTasks};
+use crate::connector::{replaced_tables, AnyChangeWriter, Binding, Sink, Source, SplitHint, TableTasks};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::retry;
 use crate::schema::{TableName, TableSchema};
@@ -111,7 +111,10 @@ impl Planner {
         // it continues.
         let source_position = match previous.source_position {
             Some(position) => Some(position),
-            None => self.with_retry("read the source's log position", || self.source.start_log()).await?,
+            None => match self.source.changes() {
+                Some(changes) => self.with_retry("read the source's log position", || changes.start_log()).await?,
+                None => None,
+            },
         };
         if let Some(position) = &source_position {
             let when = if split { "snapshot start" } else { "the job's first run" };
@@ -142,18 +145,17 @@ impl Planner {
                     PlannedTable { target, splits: Vec::new() }
                 }
                 None => {
-                    let mut splits = self
-                        .with_retry("split the source table", || {
-                            self.source.split(&table, SplitHint { rows_per_split: self.job.limits.split_rows })
-                        })
-                        .await?;
+                    let snapshot = self.source.needs_snapshot()?;
+                    let hint = SplitHint { rows_per_split: self.job.limits.split_rows };
+                    let mut splits = self.with_retry("split the source table", || snapshot.split(&table, hint)).await?;
                     if let Some(cursor) = &self.job.source.cursor {
                         let mark = self.marks.get(&table.name).cloned().flatten();
                         let window = match self.windows.get(&table.name) {
                             Some(given) => given.clone(),
                             None => {
+                                let reads = self.source.needs_cursor()?;
                                 self.with_retry("read the cursor's highest value", || {
-                                    self.source.cursor_window(&table, cursor, mark.as_ref())
+                                    reads.cursor_window(&table, cursor, mark.as_ref())
                                 })
                                 .await?
                             }
@@ -247,7 +249,7 @@ fn refuse_whole_merges(plan: &Plan) -> Result<()> {
 /// stream finds missing or present.
 pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {
     if job.mode.streams() {
-        let mut writer = sink.open_changes(&job.name, crate::names::STREAM_TASK).await?;
+        let mut writer = AnyChangeWriter::open(sink, &job.name, crate::names::STREAM_TASK).await?;
         if writer.recover().await?.is_some() {
             return Ok(());
         }

@@ -12,7 +12,7 @@ use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use sluice_core::change::Row;
-use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, Refused, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange};
 use sluice_core::names::own_name;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -417,33 +417,6 @@ impl ChangeWriter for DeltaChanges {
         Ok(Some(entry.checkpoint))
     }
 
-    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
-        self.staged(table)?.delete(keys, expect_all)
-    }
-
-    /// Stages the rows; one with a value its Delta column cannot hold is left out and returned.
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
-        let refused: Vec<Refused> = rows
-            .iter()
-            .enumerate()
-            .filter_map(|(index, row)| {
-                types::misfit(table, row).map(|reason| Refused { index, reason: format!("target: {reason}") })
-            })
-            .collect();
-        if refused.is_empty() {
-            self.staged(table)?.insert(rows)?;
-        } else {
-            let kept: Vec<Row> = rows
-                .iter()
-                .enumerate()
-                .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
-                .map(|(_, row)| row.clone())
-                .collect();
-            self.staged(table)?.insert(&kept)?;
-        }
-        Ok(refused)
-    }
-
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.lake.check_fence(&self.job)?;
         let (tables, discard) = self.table_commits().await?;
@@ -495,6 +468,36 @@ impl ChangeWriter for DeltaChanges {
             SchemaChange::Drop(name) => Err(unsupported(name, "the table is dropped")),
             SchemaChange::Rename { from, to } => Err(unsupported(from, &format!("the table is renamed to {to}"))),
         }
+    }
+}
+
+#[async_trait]
+impl FoldedChangeWriter for DeltaChanges {
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+        self.staged(table)?.delete(keys, expect_all)
+    }
+
+    /// Stages the rows; one with a value its Delta column cannot hold is left out and returned.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
+        let refused: Vec<Refused> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| {
+                types::misfit(table, row).map(|reason| Refused { index, reason: format!("target: {reason}") })
+            })
+            .collect();
+        if refused.is_empty() {
+            self.staged(table)?.insert(rows)?;
+        } else {
+            let kept: Vec<Row> = rows
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
+                .map(|(_, row)| row.clone())
+                .collect();
+            self.staged(table)?.insert(&kept)?;
+        }
+        Ok(refused)
     }
 
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {

@@ -30,7 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sluice_core::connector::{ChangeWriter, CheckItem, Checkpoint, Fence, Sink, TableTasks, Writer};
+use sluice_core::connector::{
+    CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
+};
 use sluice_core::names::HIDDEN_PREFIX;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -266,14 +268,6 @@ impl Sink for DeltaSink {
         Ok(items)
     }
 
-    fn hides_copies(&self) -> bool {
-        true
-    }
-
-    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
-        Ok(tables.iter().filter(|name| LakeTable::exists(&self.lake.root(name))).cloned().collect())
-    }
-
     fn target_name(&self, source: &TableName) -> TableName {
         source.clone()
     }
@@ -351,7 +345,7 @@ impl Sink for DeltaSink {
         }
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         Ok(Box::new(writer::CopyWriter {
             lake: self.lake.clone(),
             job: job.to_owned(),
@@ -366,7 +360,22 @@ impl Sink for DeltaSink {
         }))
     }
 
-    async fn open_changes(&self, job: &str, _task: &str) -> Result<Box<dyn ChangeWriter>> {
+    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FoldedChangeSink for DeltaSink {
+    fn hides_copies(&self) -> bool {
+        true
+    }
+
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        Ok(tables.iter().filter(|name| LakeTable::exists(&self.lake.root(name))).cloned().collect())
+    }
+
+    async fn open_folded(&self, job: &str, _task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
         Ok(Box::new(changes::DeltaChanges::new(self.lake.clone(), job)))
     }
 }

@@ -12,7 +12,7 @@ use deltalake_core::kernel::Action;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::writer::{DeltaWriter, RecordBatchWriter};
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected, Row};
-use sluice_core::connector::{Checkpoint, Writer};
+use sluice_core::connector::{Checkpoint, TableWriter};
 use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
 
 use super::journal::Intent;
@@ -62,7 +62,7 @@ impl CopyWriter {
 }
 
 #[async_trait]
-impl Writer for CopyWriter {
+impl TableWriter for CopyWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         let app = self.app();
         let (job, task) = (self.job.clone(), self.task.clone());

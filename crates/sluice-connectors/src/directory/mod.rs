@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sluice_core::connector::{ChangeStream, CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Error, ErrorKind, Position, Result, Side, TableName, TableSchema};
 
@@ -167,6 +167,34 @@ impl Source for DirectorySource {
         }])
     }
 
+    async fn discover(&self) -> Result<Vec<TableSchema>> {
+        let directories = self.directories()?;
+        let selected = self.options.filter.select(directories.iter().map(|(name, _)| name.clone()).collect())?;
+        let mut tables = Vec::new();
+        let mut problems = Vec::new();
+        for (name, directory) in directories.into_iter().filter(|(name, _)| selected.contains(name)) {
+            match self.schema(&name, &directory) {
+                Ok(schema) => tables.push(WatchedTable { schema: Arc::new(schema), directory }),
+                Err(error) => problems.push(error),
+            }
+        }
+        if let Some(first) = problems.first() {
+            let kind = first.kind();
+            let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            return Err(Error::new(kind, all.join("; ")).on(Side::Source));
+        }
+        let schemas = tables.iter().map(|table| (*table.schema).clone()).collect();
+        *self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tables;
+        Ok(schemas)
+    }
+
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeSource for DirectorySource {
     /// The files complete now, as the manifest that has them all: where a batch ends.
     async fn log_position(&self) -> Result<Option<Position>> {
         let mut files = std::collections::BTreeSet::new();
@@ -189,35 +217,6 @@ impl Source for DirectorySource {
             (Ok(position), Ok(mark)) => mark.files.is_subset(&position.files),
             _ => false,
         }
-    }
-
-    async fn discover(&self) -> Result<Vec<TableSchema>> {
-        let directories = self.directories()?;
-        let selected = self.options.filter.select(directories.iter().map(|(name, _)| name.clone()).collect())?;
-        let mut tables = Vec::new();
-        let mut problems = Vec::new();
-        for (name, directory) in directories.into_iter().filter(|(name, _)| selected.contains(name)) {
-            match self.schema(&name, &directory) {
-                Ok(schema) => tables.push(WatchedTable { schema: Arc::new(schema), directory }),
-                Err(error) => problems.push(error),
-            }
-        }
-        if let Some(first) = problems.first() {
-            let kind = first.kind();
-            let all: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            return Err(Error::new(kind, all.join("; ")).on(Side::Source));
-        }
-        let schemas = tables.iter().map(|table| (*table.schema).clone()).collect();
-        *self.tables.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tables;
-        Ok(schemas)
-    }
-
-    async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-        Err(crate::events::source::no_snapshot("directory", &table.name))
-    }
-
-    async fn open(&self, split: &Split, _resume_after: Option<&Position>, _rows: usize) -> Result<Box<dyn Reader>> {
-        Err(crate::events::source::no_snapshot("directory", &split.table.name))
     }
 
     /// A file sent again replaces its rows by key; a keyless table takes each file once anyway.

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 use sluice_core::change::ChangeKind;
 use sluice_core::connector::{
-    ChangeShape, ChangeWriter, CheckItem, Checkpoint, SchemaChange, Sink, TableTasks, TransactionEnd, Writer,
+    ChangeWriter, CheckItem, Checkpoint, EventChangeSink, EventWriter, SchemaChange, Sink, TableTasks, TableWriter,
+    TransactionEnd,
 };
-use sluice_core::{Batch, Change, Error, ErrorKind, Rejected, Result, Row, Side, TableName, TableSchema};
+use sluice_core::{Batch, Change, Error, ErrorKind, Rejected, Result, Side, TableName, TableSchema};
 
 use super::format::{Event, EventKind, TransactionInfo};
 use super::{Channel, EventOptions, Message, Origin, Transport};
@@ -123,7 +124,7 @@ impl Sink for EventSink {
         self.transport.forget(job, &tasks).await
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let destination = self.destinations(&[&table.name])?.remove(0);
         Ok(Box::new(SnapshotWriter {
             channel: self.transport.open(job, task).await?,
@@ -138,8 +139,15 @@ impl Sink for EventSink {
         }))
     }
 
-    async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
-        Ok(Box::new(EventWriter {
+    fn event_changes(&self) -> Option<&dyn EventChangeSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl EventChangeSink for EventSink {
+    async fn open_events(&self, job: &str, task: &str) -> Result<Box<dyn EventWriter>> {
+        Ok(Box::new(ChangeEventWriter {
             channel: self.transport.open(job, task).await?,
             sink: self.clone(),
             origin: self.origin(job),
@@ -167,7 +175,7 @@ struct SnapshotWriter {
 }
 
 #[async_trait]
-impl Writer for SnapshotWriter {
+impl TableWriter for SnapshotWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         let checkpoint = self.channel.recover().await?;
         self.ordinal = checkpoint.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
@@ -217,7 +225,7 @@ impl Writer for SnapshotWriter {
 }
 
 /// Writes a raw change stream, a whole transaction at a time.
-struct EventWriter {
+struct ChangeEventWriter {
     channel: Box<dyn Channel>,
     sink: EventSink,
     origin: Origin,
@@ -230,7 +238,7 @@ struct EventWriter {
     ready: Vec<Message>,
 }
 
-impl EventWriter {
+impl ChangeEventWriter {
     fn destination(&mut self, table: &TableName) -> Result<String> {
         if let Some(destination) = self.destinations.get(table) {
             return Ok(destination.clone());
@@ -242,17 +250,35 @@ impl EventWriter {
 }
 
 #[async_trait]
-impl ChangeWriter for EventWriter {
+impl ChangeWriter for ChangeEventWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         self.open.clear();
         self.ready.clear();
         self.channel.recover().await
     }
 
-    fn shape(&self) -> ChangeShape {
-        ChangeShape::Raw
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        if !self.ready.is_empty() {
+            self.channel.send(std::mem::take(&mut self.ready)).await?;
+        }
+        self.channel.commit(checkpoint).await
     }
 
+    /// Events carry each row's columns, so a schema change needs nothing but the destination
+    /// of a table the stream creates or renames.
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        let table = match change {
+            SchemaChange::Create(table) => table.name.clone(),
+            SchemaChange::Rename { to, .. } => to.clone(),
+            _ => return Ok(()),
+        };
+        let destination = self.destination(&table)?;
+        self.sink.transport.prepare(&[destination]).await
+    }
+}
+
+#[async_trait]
+impl EventWriter for ChangeEventWriter {
     async fn events(&mut self, changes: &[Change]) -> Result<()> {
         let limit = self.sink.options.max_transaction_events;
         if (self.open.len() + changes.len()) as u64 > limit {
@@ -300,32 +326,5 @@ impl ChangeWriter for EventWriter {
             self.channel.send(std::mem::take(&mut self.ready)).await?;
         }
         Ok(())
-    }
-
-    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
-        if !self.ready.is_empty() {
-            self.channel.send(std::mem::take(&mut self.ready)).await?;
-        }
-        self.channel.commit(checkpoint).await
-    }
-
-    async fn delete(&mut self, _table: &TableSchema, _keys: &[Row], _expect_all: bool) -> Result<()> {
-        Err(Error::new(ErrorKind::Config, "a stream target takes raw events, not folded deletes").on(Side::Target))
-    }
-
-    async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<Vec<sluice_core::connector::Refused>> {
-        Err(Error::new(ErrorKind::Config, "a stream target takes raw events, not folded inserts").on(Side::Target))
-    }
-
-    /// Events carry each row's columns, so a schema change needs nothing but the destination
-    /// of a table the stream creates or renames.
-    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
-        let table = match change {
-            SchemaChange::Create(table) => table.name.clone(),
-            SchemaChange::Rename { to, .. } => to.clone(),
-            _ => return Ok(()),
-        };
-        let destination = self.destination(&table)?;
-        self.sink.transport.prepare(&[destination]).await
     }
 }

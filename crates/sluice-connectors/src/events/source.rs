@@ -110,13 +110,6 @@ impl FoundTables {
     }
 }
 
-/// The error of reading a table's snapshot from a stream source.
-pub fn no_snapshot(broker: &str, table: &TableName) -> Error {
-    Error::new(ErrorKind::Config, format!("a {broker} source has no snapshot of {table}"))
-        .on(sluice_core::Side::Source)
-        .hint("use mode: cdc; the events of the producing job's snapshot come through the stream")
-}
-
 /// The error of tables whose events are not there yet: `Unavailable`, so a run waits (with the
 /// retry's backoff) for the producing job. `missing` names each table and its destination.
 pub fn no_events_yet(broker: &str, missing: &[String]) -> Error {

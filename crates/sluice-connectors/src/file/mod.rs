@@ -18,7 +18,9 @@ use std::sync::Arc;
 use crate::json::inferred_type;
 use async_trait::async_trait;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
-use sluice_core::connector::{CheckItem, Checkpoint, Reader, Sink, Source, Split, SplitHint, TableTasks, Writer};
+use sluice_core::connector::{
+    CheckItem, Checkpoint, Reader, Sink, SnapshotSource, Source, Split, SplitHint, TableTasks, TableWriter,
+};
 use sluice_core::filter::TableFilter;
 use sluice_core::names::split_task;
 use sluice_core::{Column, DataType, Error, ErrorKind, Result, Side, TableName, TableSchema};
@@ -141,7 +143,7 @@ impl Sink for FileSink {
         Ok(())
     }
 
-    async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, _job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         Ok(Box::new(FileWriter {
             format: self.format,
             part: Part::new(&self.directory, &table.name, task, self.format.extension()),
@@ -183,7 +185,7 @@ impl FileWriter {
 }
 
 #[async_trait]
-impl Writer for FileWriter {
+impl TableWriter for FileWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         self.part.recover()
     }
@@ -385,6 +387,13 @@ impl Source for FileSource {
             .collect()
     }
 
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl SnapshotSource for FileSource {
     async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
         let tables = self.tables()?;
         let files =

@@ -18,13 +18,13 @@ use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
+use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::{Error, ErrorKind, Position, Result, Side, TableName, TableSchema};
 
 use super::{blocking, client_config, client_error, connect_error, KafkaSecurity, REQUEST_TIMEOUT};
 use crate::events::check_item;
 use crate::events::decode::read_event;
-use crate::events::source::{no_events_yet, no_snapshot, now_seconds, FoundTables, SourceOptions};
+use crate::events::source::{no_events_yet, now_seconds, FoundTables, SourceOptions};
 
 /// How long reading the first event of every table's topic may take.
 const DISCOVER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -220,20 +220,23 @@ impl Source for KafkaSource {
             .collect())
     }
 
-    async fn log_position(&self) -> Result<Option<Position>> {
-        let this = KafkaSource::new(self.options.clone());
-        let offsets = blocking(move || this.watermarks()).await??;
-        Ok(Some(Position::of(&offsets)))
-    }
-
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         let this = KafkaSource::new(self.options.clone());
         let found = blocking(move || this.first_events()).await??;
         Ok(self.schemas.keep(found.into_values().collect()))
     }
 
-    fn no_snapshot(&self, table: &TableName) -> Error {
-        no_snapshot("Kafka", table)
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeSource for KafkaSource {
+    async fn log_position(&self) -> Result<Option<Position>> {
+        let this = KafkaSource::new(self.options.clone());
+        let offsets = blocking(move || this.watermarks()).await??;
+        Ok(Some(Position::of(&offsets)))
     }
 
     async fn start_position(&self) -> Result<Option<Position>> {

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
@@ -161,60 +161,11 @@ impl ChangeWriter for MysqlChangeWriter {
         read_checkpoint(&mut self.connection, &self.server, &self.task.job, &self.task.name).await
     }
 
-    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
-        self.begin().await?;
-        if table.primary_key.is_empty() {
-            let missing = delete_rows(&mut self.connection, table, keys).await.map_err(|error| {
-                mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name))
-            })?;
-            if expect_all && !missing.is_empty() {
-                return Err(missing_rows(table, &missing.iter().map(|&index| &keys[index]).collect::<Vec<_>>()));
-            }
-            return Ok(());
-        }
-        let deleted = delete_keys(&mut self.connection, table, keys)
-            .await
-            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name)))?;
-        if expect_all && deleted < keys.len() as u64 {
-            let missing = self.missing_keys(table, keys).await?;
-            return Err(missing_rows(table, &missing));
-        }
-        Ok(())
-    }
-
-    /// Inserts the rows under savepoints: a row whose content MySQL refuses is found and left
-    /// out (`InsertTrial`), a row whose key exists stops the stream.
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
-        self.begin().await?;
-        let rows: Vec<&Row> = rows.iter().collect();
-        let mut inserts = TableInserts { connection: &mut self.connection, server: &self.server, table };
-        InsertTrial { inserts: &mut inserts, rows: &rows, key_conflicts: true }.run().await
-    }
-
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint)
             .await
-    }
-
-    fn ddl_commits(&self) -> bool {
-        true
-    }
-
-    /// One `RENAME TABLE` of every pair: MySQL renames them together, so a reader waits and
-    /// then sees every published table.
-    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
-        check_fence(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref()).await?;
-        let renames: Vec<String> = to_publish(self, tables)
-            .await?
-            .into_iter()
-            .map(|(hidden, own)| format!("{} TO {}", qualified(hidden), qualified(own)))
-            .collect();
-        if renames.is_empty() {
-            return Ok(());
-        }
-        self.execute(&format!("RENAME TABLE {}", renames.join(", ")), "publish the copied tables").await
     }
 
     /// MySQL commits DDL on its own, before the checkpoint: each change is written to be a
@@ -253,5 +204,57 @@ impl ChangeWriter for MysqlChangeWriter {
             SchemaChange::Alter { table, renamed, retyped } => self.alter(table, renamed, retyped).await?,
         }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl FoldedChangeWriter for MysqlChangeWriter {
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+        self.begin().await?;
+        if table.primary_key.is_empty() {
+            let missing = delete_rows(&mut self.connection, table, keys).await.map_err(|error| {
+                mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name))
+            })?;
+            if expect_all && !missing.is_empty() {
+                return Err(missing_rows(table, &missing.iter().map(|&index| &keys[index]).collect::<Vec<_>>()));
+            }
+            return Ok(());
+        }
+        let deleted = delete_keys(&mut self.connection, table, keys)
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("delete from {}", table.name)))?;
+        if expect_all && deleted < keys.len() as u64 {
+            let missing = self.missing_keys(table, keys).await?;
+            return Err(missing_rows(table, &missing));
+        }
+        Ok(())
+    }
+
+    /// Inserts the rows under savepoints: a row whose content MySQL refuses is found and left
+    /// out (`InsertTrial`), a row whose key exists stops the stream.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
+        self.begin().await?;
+        let rows: Vec<&Row> = rows.iter().collect();
+        let mut inserts = TableInserts { connection: &mut self.connection, server: &self.server, table };
+        InsertTrial { inserts: &mut inserts, rows: &rows, key_conflicts: true }.run().await
+    }
+
+    fn ddl_commits(&self) -> bool {
+        true
+    }
+
+    /// One `RENAME TABLE` of every pair: MySQL renames them together, so a reader waits and
+    /// then sees every published table.
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        check_fence(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref()).await?;
+        let renames: Vec<String> = to_publish(self, tables)
+            .await?
+            .into_iter()
+            .map(|(hidden, own)| format!("{} TO {}", qualified(hidden), qualified(own)))
+            .collect();
+        if renames.is_empty() {
+            return Ok(());
+        }
+        self.execute(&format!("RENAME TABLE {}", renames.join(", ")), "publish the copied tables").await
     }
 }

@@ -1,7 +1,7 @@
 //! Tables without a key to resume by (no primary key, no unique NOT NULL key): each is one split,
 //! read whole in one pass inside one consistent snapshot. A read cut short cannot resume, so the
 //! split is copied again from its start and the runner replaces what the earlier attempt wrote
-//! (`Split::whole`, `Writer::replace_all`).
+//! (`Split::whole`, `TableWriter::replace_all`).
 //!
 //! The snapshot's binlog position (MariaDB's `binlog_snapshot_file` and `_position`, set by
 //! `START TRANSACTION WITH CONSISTENT SNAPSHOT`) is every batch's position: a `snapshot+cdc`
@@ -26,7 +26,7 @@ use super::quote;
 use super::tables::qualified;
 
 /// Where a whole-table read stands: rows read so far, and the binlog position of its snapshot
-/// (`file`, `position`, as in a source log position, so `Source::reached` compares it) when the
+/// (`file`, `position`, as in a source log position, so `ChangeSource::reached` compares it) when the
 /// server reports one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotRead {

@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool};
 use sluice_core::change::{Batch, Rejected};
-use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Refused, Sink, TableTasks, Writer};
+use sluice_core::connector::{
+    Binding, CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Refused, Sink, TableTasks, TableWriter,
+};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{DataType, Error, Result, Row, Side, TableName, TableSchema, Value};
@@ -20,7 +22,7 @@ use super::rows::{delete_keys, insert_rows};
 use super::tables::{add_index_sql, add_missing_indexes, counter_sql, create_table_sql, move_counter, qualified};
 use super::trial::{InsertTrial, Inserts};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
-use crate::sql::snapshot::{write_inserts, TableWriter};
+use crate::sql::snapshot::{write_inserts, InsertTarget};
 use crate::sql::target::{refuse_keyless_upsert, to_create};
 use crate::sql::task::WriterTask;
 
@@ -209,28 +211,6 @@ impl Sink for MysqlSink {
             .map_err(error("forget the job's table identities"))
     }
 
-    fn hides_copies(&self) -> bool {
-        true
-    }
-
-    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
-        let mut connection = self.connection().await?;
-        let mut existing = Vec::new();
-        for table in tables {
-            let found: Option<u8> = connection
-                .exec_first(
-                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                    (table.namespace.as_deref().unwrap_or(""), &table.name),
-                )
-                .await
-                .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look up table {table}")))?;
-            if found.is_some() {
-                existing.push(table.clone());
-            }
-        }
-        Ok(existing)
-    }
-
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let mut connection = self.connection().await?;
@@ -275,16 +255,6 @@ impl Sink for MysqlSink {
         Ok(())
     }
 
-    async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
-        Ok(Box::new(super::changes::MysqlChangeWriter {
-            connection: self.task_connection(job).await?,
-            server: self.server.clone(),
-            task: WriterTask::new(job, task, self.fence.as_ref()),
-            in_transaction: false,
-            flavor: None,
-        }))
-    }
-
     async fn claim(&self, job: &str) -> Result<()> {
         let Some(fence) = &self.fence else { return Ok(()) };
         let mut connection = self.connection().await?;
@@ -315,7 +285,7 @@ impl Sink for MysqlSink {
         connection.query_drop("COMMIT").await.map_err(error("commit the fence"))
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let connection = self.task_connection(job).await?;
         Ok(Box::new(MysqlWriter {
             connection,
@@ -326,6 +296,45 @@ impl Sink for MysqlSink {
             table,
             in_transaction: false,
             buffer: Vec::new(),
+        }))
+    }
+
+    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FoldedChangeSink for MysqlSink {
+    fn hides_copies(&self) -> bool {
+        true
+    }
+
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let mut connection = self.connection().await?;
+        let mut existing = Vec::new();
+        for table in tables {
+            let found: Option<u8> = connection
+                .exec_first(
+                    "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                    (table.namespace.as_deref().unwrap_or(""), &table.name),
+                )
+                .await
+                .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("look up table {table}")))?;
+            if found.is_some() {
+                existing.push(table.clone());
+            }
+        }
+        Ok(existing)
+    }
+
+    async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
+        Ok(Box::new(super::changes::MysqlChangeWriter {
+            connection: self.task_connection(job).await?,
+            server: self.server.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
+            in_transaction: false,
+            flavor: None,
         }))
     }
 }
@@ -476,7 +485,7 @@ impl Inserts for MysqlWriter {
 }
 
 #[async_trait]
-impl TableWriter for MysqlWriter {
+impl InsertTarget for MysqlWriter {
     const TARGET: &'static str = "MySQL";
 
     fn table(&self) -> &TableSchema {
@@ -499,7 +508,7 @@ impl TableWriter for MysqlWriter {
 }
 
 #[async_trait]
-impl Writer for MysqlWriter {
+impl TableWriter for MysqlWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         read_checkpoint(&mut self.connection, &self.server, &self.task.job, &self.task.name).await
     }

@@ -10,7 +10,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
 use sluice_core::change::{Batch, Position};
-use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{
+    ChangeSource, ChangeStream, CheckItem, CopyRead, CursorSource, LogBacklog, Reader, SnapshotSource, Source, Split,
+    SplitHint,
+};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::names::split_task;
@@ -40,13 +43,13 @@ pub struct KeyRange {
     pub after: Option<serde_json::Value>,
     pub through: Option<serde_json::Value>,
     /// Only these key tuples (a replay of the change stream's dirty records,
-    /// `Source::key_split`).
+    /// `SnapshotSource::key_split`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<serde_json::Value>>,
 }
 
 /// Where a snapshot read of a split resumes: strictly after this key tuple. A job that streams
-/// also keeps where in the binlog each read of the split stood (`Source::copy_reads`).
+/// also keeps where in the binlog each read of the split stood (`SnapshotSource::copy_reads`).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct KeyPosition {
     pub key: Vec<serde_json::Value>,
@@ -205,6 +208,96 @@ impl Source for MysqlSource {
         Ok(items)
     }
 
+    async fn discover(&self) -> Result<Vec<TableSchema>> {
+        let mut connection = self.connection().await?;
+        let names: Vec<(String, String)> = connection
+            .query("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+            .await
+            .map_err(self.error("list tables"))?;
+        let available = names
+            .into_iter()
+            .filter(|(schema, _)| !SYSTEM_SCHEMAS.contains(&schema.to_ascii_lowercase().as_str()))
+            .map(|(schema, table)| TableName::new(Some(&schema), &table))
+            .collect::<Vec<_>>();
+        // information_schema hides tables the user has no privilege on: a named table missing
+        // from it may exist. Ask the server, so the error says "no privilege", not "no table".
+        let mut denied = Vec::new();
+        for pattern in self.filter.unmatched_literals(&available) {
+            let name = TableName::parse(pattern);
+            if let Err(error) = connection.query_drop(format!("SELECT 1 FROM {} LIMIT 0", qualified(&name))).await {
+                if matches!(&error, mysql_async::Error::Server(server) if server.code == 1142) {
+                    denied.push(name.to_string());
+                }
+            }
+        }
+        if !denied.is_empty() {
+            let user: Option<String> =
+                connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
+            let user = user.unwrap_or_default();
+            return Err(Error::new(ErrorKind::Auth, format!("user {user} lacks SELECT on {}", denied.join(", ")))
+                .on(Side::Source)
+                .hint(format!("GRANT SELECT ON <database>.* TO {user}")));
+        }
+        // The binlog names a row by its PRIMARY KEY only, so a job that streams lets no unique
+        // key stand in for one: such a table is keyless to the stream, and copied as keyless.
+        let stand_in = !self.mode.streams();
+        let mariadb = self.mariadb(&mut connection).await?;
+        uncached_statistics(&mut connection).await;
+        let mut tables = Vec::new();
+        for name in self.filter.select(available)? {
+            tables.push(describe_table(&mut connection, &name, &self.server, stand_in, mariadb).await?);
+        }
+        let keyless: Vec<String> =
+            tables.iter().filter(|table| table.primary_key.is_empty()).map(|table| table.name.to_string()).collect();
+        if self.mode == Mode::SnapshotAndCdc && !keyless.is_empty() {
+            if !mariadb {
+                return Err(no_snapshot_position(&keyless));
+            }
+            // A consistent snapshot holds for transactional tables only.
+            let mut other_engines = Vec::new();
+            for table in tables.iter().filter(|table| table.primary_key.is_empty()) {
+                let engine: Option<Option<String>> = connection
+                    .exec_first(
+                        "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
+                        (schema_of(&table.name), &table.name.name),
+                    )
+                    .await
+                    .map_err(self.error("read the storage engines"))?;
+                let engine = engine.flatten().unwrap_or_default();
+                if !engine.eq_ignore_ascii_case("InnoDB") {
+                    other_engines.push(format!("{} ({engine})", table.name));
+                }
+            }
+            if !other_engines.is_empty() {
+                return Err(not_transactional(&other_engines));
+            }
+        }
+        if self.mode == Mode::Cdc && !keyless.is_empty() {
+            log::warn!(
+                "{} {} no primary key: the stream applies {} changes by whole rows; rows the target held before the stream's start cannot be told from the ones it inserts",
+                keyless.join(", "),
+                if keyless.len() == 1 { "has" } else { "have" },
+                if keyless.len() == 1 { "its" } else { "their" }
+            );
+        }
+        Ok(tables)
+    }
+
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+        Some(self)
+    }
+
+    fn cursor(&self) -> Option<&dyn CursorSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeSource for MysqlSource {
     async fn start_position(&self) -> Result<Option<Position>> {
         Ok(self.stream.start_position.clone())
     }
@@ -222,31 +315,6 @@ impl Source for MysqlSource {
         )
         .await?;
         Ok(Box::new(stream))
-    }
-
-    /// A split of exactly these keys: `KeyRange::keys`, read in key order like any split.
-    fn key_split(&self, table: &Arc<TableSchema>, keys: &[sluice_core::Row]) -> Result<Split> {
-        if table.primary_key.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("table {} has no primary key: its rows cannot be read by key", table.name),
-            )
-            .on(Side::Source)
-            .hint("fix the rows in the target by hand, then discard their records"));
-        }
-        let tuple = |key: &sluice_core::Row| {
-            serde_json::Value::Array(
-                key.iter()
-                    .map(|value| match value {
-                        // Bound as text, which the server reads in the session's zone.
-                        Value::Timestamp(instant) => json!(instant.to_string()),
-                        value => key_to_json(value),
-                    })
-                    .collect(),
-            )
-        };
-        let range = KeyRange { after: None, through: None, keys: Some(keys.iter().map(tuple).collect()) };
-        Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 
     /// The table map's schema completed by information_schema, read as `discover` reads it,
@@ -342,80 +410,33 @@ impl Source for MysqlSource {
             "server": identity,
         }))))
     }
+}
 
-    async fn discover(&self) -> Result<Vec<TableSchema>> {
-        let mut connection = self.connection().await?;
-        let names: Vec<(String, String)> = connection
-            .query("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
-            .await
-            .map_err(self.error("list tables"))?;
-        let available = names
-            .into_iter()
-            .filter(|(schema, _)| !SYSTEM_SCHEMAS.contains(&schema.to_ascii_lowercase().as_str()))
-            .map(|(schema, table)| TableName::new(Some(&schema), &table))
-            .collect::<Vec<_>>();
-        // information_schema hides tables the user has no privilege on: a named table missing
-        // from it may exist. Ask the server, so the error says "no privilege", not "no table".
-        let mut denied = Vec::new();
-        for pattern in self.filter.unmatched_literals(&available) {
-            let name = TableName::parse(pattern);
-            if let Err(error) = connection.query_drop(format!("SELECT 1 FROM {} LIMIT 0", qualified(&name))).await {
-                if matches!(&error, mysql_async::Error::Server(server) if server.code == 1142) {
-                    denied.push(name.to_string());
-                }
-            }
+#[async_trait]
+impl SnapshotSource for MysqlSource {
+    /// A split of exactly these keys: `KeyRange::keys`, read in key order like any split.
+    fn key_split(&self, table: &Arc<TableSchema>, keys: &[sluice_core::Row]) -> Result<Split> {
+        if table.primary_key.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("table {} has no primary key: its rows cannot be read by key", table.name),
+            )
+            .on(Side::Source)
+            .hint("fix the rows in the target by hand, then discard their records"));
         }
-        if !denied.is_empty() {
-            let user: Option<String> =
-                connection.query_first("SELECT CURRENT_USER()").await.map_err(self.error("read the user"))?;
-            let user = user.unwrap_or_default();
-            return Err(Error::new(ErrorKind::Auth, format!("user {user} lacks SELECT on {}", denied.join(", ")))
-                .on(Side::Source)
-                .hint(format!("GRANT SELECT ON <database>.* TO {user}")));
-        }
-        // The binlog names a row by its PRIMARY KEY only, so a job that streams lets no unique
-        // key stand in for one: such a table is keyless to the stream, and copied as keyless.
-        let stand_in = !self.mode.streams();
-        let mariadb = self.mariadb(&mut connection).await?;
-        uncached_statistics(&mut connection).await;
-        let mut tables = Vec::new();
-        for name in self.filter.select(available)? {
-            tables.push(describe_table(&mut connection, &name, &self.server, stand_in, mariadb).await?);
-        }
-        let keyless: Vec<String> =
-            tables.iter().filter(|table| table.primary_key.is_empty()).map(|table| table.name.to_string()).collect();
-        if self.mode == Mode::SnapshotAndCdc && !keyless.is_empty() {
-            if !mariadb {
-                return Err(no_snapshot_position(&keyless));
-            }
-            // A consistent snapshot holds for transactional tables only.
-            let mut other_engines = Vec::new();
-            for table in tables.iter().filter(|table| table.primary_key.is_empty()) {
-                let engine: Option<Option<String>> = connection
-                    .exec_first(
-                        "SELECT ENGINE FROM information_schema.TABLES WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                        (schema_of(&table.name), &table.name.name),
-                    )
-                    .await
-                    .map_err(self.error("read the storage engines"))?;
-                let engine = engine.flatten().unwrap_or_default();
-                if !engine.eq_ignore_ascii_case("InnoDB") {
-                    other_engines.push(format!("{} ({engine})", table.name));
-                }
-            }
-            if !other_engines.is_empty() {
-                return Err(not_transactional(&other_engines));
-            }
-        }
-        if self.mode == Mode::Cdc && !keyless.is_empty() {
-            log::warn!(
-                "{} {} no primary key: the stream applies {} changes by whole rows; rows the target held before the stream's start cannot be told from the ones it inserts",
-                keyless.join(", "),
-                if keyless.len() == 1 { "has" } else { "have" },
-                if keyless.len() == 1 { "its" } else { "their" }
-            );
-        }
-        Ok(tables)
+        let tuple = |key: &sluice_core::Row| {
+            serde_json::Value::Array(
+                key.iter()
+                    .map(|value| match value {
+                        // Bound as text, which the server reads in the session's zone.
+                        Value::Timestamp(instant) => json!(instant.to_string()),
+                        value => key_to_json(value),
+                    })
+                    .collect(),
+            )
+        };
+        let range = KeyRange { after: None, through: None, keys: Some(keys.iter().map(tuple).collect()) };
+        Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 
     async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
@@ -544,7 +565,10 @@ impl Source for MysqlSource {
             })
             .collect()
     }
+}
 
+#[async_trait]
+impl CursorSource for MysqlSource {
     async fn cursor_window(
         &self,
         table: &TableSchema,

@@ -14,13 +14,13 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
+use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::{Error, ErrorKind, Position, Result, Side, TableName, TableSchema};
 
 use super::{connect, shown_url};
 use crate::events::check_item;
 use crate::events::decode::read_event;
-use crate::events::source::{no_events_yet, no_snapshot, now_seconds, FoundTables, SourceOptions};
+use crate::events::source::{no_events_yet, now_seconds, FoundTables, SourceOptions};
 
 /// A `nats` source's options; `events.template` renders a table's subject.
 #[derive(Debug, Clone)]
@@ -119,12 +119,6 @@ impl Source for NatsSource {
         )])
     }
 
-    async fn log_position(&self) -> Result<Option<Position>> {
-        let mut stream = self.stream().await?;
-        let info = stream.info().await.map_err(|error| unavailable("reading the stream", error))?;
-        Ok(Some(Position::of(&Sequence { next: info.state.last_sequence + 1 })))
-    }
-
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         let stream = self.stream().await?;
         let mut tables = Vec::new();
@@ -164,8 +158,17 @@ impl Source for NatsSource {
         Ok(self.schemas.keep(tables))
     }
 
-    fn no_snapshot(&self, table: &TableName) -> Error {
-        no_snapshot("NATS", table)
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeSource for NatsSource {
+    async fn log_position(&self) -> Result<Option<Position>> {
+        let mut stream = self.stream().await?;
+        let info = stream.info().await.map_err(|error| unavailable("reading the stream", error))?;
+        Ok(Some(Position::of(&Sequence { next: info.state.last_sequence + 1 })))
     }
 
     async fn start_position(&self) -> Result<Option<Position>> {

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 use sluice_core::conflict::missing_rows;
-use sluice_core::connector::{ChangeWriter, Checkpoint, Refused, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, SchemaChange};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
@@ -215,60 +215,10 @@ impl ChangeWriter for PostgresChangeWriter {
         read_checkpoint(&self.client, &self.server, &self.task.job, &self.task.name).await
     }
 
-    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
-        self.begin().await?;
-        let mut missing = Vec::new();
-        if table.primary_key.is_empty() {
-            missing.extend(self.delete_rows(table, keys).await?.into_iter().map(|index| &keys[index]));
-        } else {
-            for (chunk_number, chunk) in keys.chunks(KEYS_PER_STATEMENT).enumerate() {
-                let offset = chunk_number * KEYS_PER_STATEMENT;
-                missing.extend(self.delete_chunk(table, chunk).await?.into_iter().map(|index| &keys[offset + index]));
-            }
-        }
-        if expect_all && !missing.is_empty() {
-            return Err(missing_rows(table, &missing));
-        }
-        Ok(())
-    }
-
-    /// COPYs the rows under savepoints: a row whose content PostgreSQL refuses is found and
-    /// left out (`CopyTrial`), a row whose key exists stops the stream.
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
-        self.begin().await?;
-        let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
-        let copy = format!("COPY {} ({}) FROM STDIN", qualified(&table.name), columns.join(", "));
-        let rows: Vec<&Row> = rows.iter().collect();
-        CopyTrial {
-            client: &self.client,
-            server: &self.server,
-            table,
-            copy: &copy,
-            then: None,
-            rows: &rows,
-            buffer: &mut self.buffer,
-            key_conflicts: true,
-        }
-        .run()
-        .await
-    }
-
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         self.begin().await?;
         self.in_transaction = false;
         commit_with_checkpoint(&self.client, &self.server, &self.task.job, self.task.fence.as_ref(), checkpoint).await
-    }
-
-    /// Renames inside the open transaction, which commits with the checkpoint that ends the
-    /// replay window: readers see no table, then the published one. The key, identity sequences
-    /// and indexes of a hidden copy are named after its own name already (`tables.rs`).
-    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
-        self.begin().await?;
-        for (hidden, own) in to_publish(self, tables).await? {
-            let doing = format!("publish table {own}");
-            self.execute(&format!("ALTER TABLE {} RENAME TO {}", qualified(hidden), quote(&own.name)), &doing).await?;
-        }
-        Ok(())
     }
 
     /// PostgreSQL's DDL is transactional: the change commits with the checkpoint.
@@ -313,6 +263,59 @@ impl ChangeWriter for PostgresChangeWriter {
                 }
             }
             SchemaChange::Alter { table, renamed, retyped } => self.alter(table, renamed, retyped).await?,
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl FoldedChangeWriter for PostgresChangeWriter {
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+        self.begin().await?;
+        let mut missing = Vec::new();
+        if table.primary_key.is_empty() {
+            missing.extend(self.delete_rows(table, keys).await?.into_iter().map(|index| &keys[index]));
+        } else {
+            for (chunk_number, chunk) in keys.chunks(KEYS_PER_STATEMENT).enumerate() {
+                let offset = chunk_number * KEYS_PER_STATEMENT;
+                missing.extend(self.delete_chunk(table, chunk).await?.into_iter().map(|index| &keys[offset + index]));
+            }
+        }
+        if expect_all && !missing.is_empty() {
+            return Err(missing_rows(table, &missing));
+        }
+        Ok(())
+    }
+
+    /// COPYs the rows under savepoints: a row whose content PostgreSQL refuses is found and
+    /// left out (`CopyTrial`), a row whose key exists stops the stream.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
+        self.begin().await?;
+        let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
+        let copy = format!("COPY {} ({}) FROM STDIN", qualified(&table.name), columns.join(", "));
+        let rows: Vec<&Row> = rows.iter().collect();
+        CopyTrial {
+            client: &self.client,
+            server: &self.server,
+            table,
+            copy: &copy,
+            then: None,
+            rows: &rows,
+            buffer: &mut self.buffer,
+            key_conflicts: true,
+        }
+        .run()
+        .await
+    }
+
+    /// Renames inside the open transaction, which commits with the checkpoint that ends the
+    /// replay window: readers see no table, then the published one. The key, identity sequences
+    /// and indexes of a hidden copy are named after its own name already (`tables.rs`).
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        self.begin().await?;
+        for (hidden, own) in to_publish(self, tables).await? {
+            let doing = format!("publish table {own}");
+            self.execute(&format!("ALTER TABLE {} RENAME TO {}", qualified(hidden), quote(&own.name)), &doing).await?;
         }
         Ok(())
     }

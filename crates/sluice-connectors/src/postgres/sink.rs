@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sluice_core::change::{Batch, Rejected};
-use sluice_core::connector::{Binding, ChangeWriter, CheckItem, Checkpoint, Fence, Refused, Sink, TableTasks, Writer};
+use sluice_core::connector::{
+    Binding, CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Refused, Sink, TableTasks, TableWriter,
+};
 use sluice_core::secret::Secret;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
@@ -17,7 +19,7 @@ use super::checkpoints::{
 use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
 use super::trial::CopyTrial;
 use super::{connect, postgres_error, quote, refuse_long_names};
-use crate::sql::snapshot::{write_inserts, TableWriter};
+use crate::sql::snapshot::{write_inserts, InsertTarget};
 use crate::sql::target::{refuse_keyless_upsert, to_create};
 use crate::sql::task::WriterTask;
 
@@ -137,24 +139,6 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
-    fn hides_copies(&self) -> bool {
-        true
-    }
-
-    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
-        let client = connect(&self.url, Side::Target, &self.server).await?;
-        let mut existing = Vec::new();
-        for table in tables {
-            let found = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified(table)]).await.map_err(
-                |error| postgres_error(error, Side::Target, &self.server, &format!("look up table {table}")),
-            )?;
-            if found.get::<_, bool>(0) {
-                existing.push(table.clone());
-            }
-        }
-        Ok(existing)
-    }
-
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let client = connect(&self.url, Side::Target, &self.server).await?;
@@ -244,16 +228,6 @@ impl Sink for PostgresSink {
         client.batch_execute("COMMIT").await.map_err(self.error("commit the reset"))
     }
 
-    async fn open_changes(&self, job: &str, task: &str) -> Result<Box<dyn ChangeWriter>> {
-        Ok(Box::new(super::changes::PostgresChangeWriter {
-            client: self.writer_connection(job).await?,
-            server: self.server.clone(),
-            task: WriterTask::new(job, task, self.fence.as_ref()),
-            in_transaction: false,
-            buffer: String::new(),
-        }))
-    }
-
     async fn claim(&self, job: &str) -> Result<()> {
         let Some(fence) = &self.fence else { return Ok(()) };
         let mut client = connect(&self.url, Side::Target, &self.server).await?;
@@ -291,7 +265,7 @@ impl Sink for PostgresSink {
         transaction.commit().await.map_err(self.error("commit the fence"))
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let client = self.writer_connection(job).await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let stage = (self.write_mode == WriteMode::Upsert).then(|| format!("sluice_stage_{}", std::process::id()));
@@ -304,6 +278,41 @@ impl Sink for PostgresSink {
             upsert: stage.as_ref().map(|stage| upsert_sql(&table, stage)),
             stage,
             table,
+            in_transaction: false,
+            buffer: String::new(),
+        }))
+    }
+
+    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FoldedChangeSink for PostgresSink {
+    fn hides_copies(&self) -> bool {
+        true
+    }
+
+    async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        let mut existing = Vec::new();
+        for table in tables {
+            let found = client.query_one("SELECT to_regclass($1) IS NOT NULL", &[&qualified(table)]).await.map_err(
+                |error| postgres_error(error, Side::Target, &self.server, &format!("look up table {table}")),
+            )?;
+            if found.get::<_, bool>(0) {
+                existing.push(table.clone());
+            }
+        }
+        Ok(existing)
+    }
+
+    async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
+        Ok(Box::new(super::changes::PostgresChangeWriter {
+            client: self.writer_connection(job).await?,
+            server: self.server.clone(),
+            task: WriterTask::new(job, task, self.fence.as_ref()),
             in_transaction: false,
             buffer: String::new(),
         }))
@@ -349,7 +358,7 @@ impl PostgresWriter {
 }
 
 #[async_trait]
-impl TableWriter for PostgresWriter {
+impl InsertTarget for PostgresWriter {
     const TARGET: &'static str = "PostgreSQL";
 
     fn table(&self) -> &TableSchema {
@@ -383,7 +392,7 @@ impl TableWriter for PostgresWriter {
 }
 
 #[async_trait]
-impl Writer for PostgresWriter {
+impl TableWriter for PostgresWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         if let Some(stage) = &self.stage {
             let create = format!(

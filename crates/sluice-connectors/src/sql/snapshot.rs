@@ -9,14 +9,14 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableSchema};
 
 /// A server target's writer of one table, as [`write_inserts`] drives it.
 #[async_trait]
-pub(crate) trait TableWriter: Send {
+pub(crate) trait InsertTarget: Send {
     /// The target's name in messages: `MySQL`, `PostgreSQL`.
     const TARGET: &'static str;
 
     /// The table written.
     fn table(&self) -> &TableSchema;
 
-    /// Whether a transaction is open: set by [`TableWriter::begin`], cleared by a commit.
+    /// Whether a transaction is open: set by [`InsertTarget::begin`], cleared by a commit.
     fn in_transaction(&mut self) -> &mut bool;
 
     /// Starts a transaction on the server.
@@ -38,7 +38,7 @@ pub(crate) trait TableWriter: Send {
 
 /// Writes a snapshot's batch of inserts through `writer`; returns the refused rows as dirty
 /// records. Any other change fails: a table target of a snapshot applies inserts only.
-pub(crate) async fn write_inserts<W: TableWriter>(writer: &mut W, batch: &Batch) -> Result<Vec<Rejected>> {
+pub(crate) async fn write_inserts<W: InsertTarget>(writer: &mut W, batch: &Batch) -> Result<Vec<Rejected>> {
     writer.begin().await?;
     let mut rows = Vec::with_capacity(batch.changes.len());
     for change in &batch.changes {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rusqlite::{Connection, ErrorCode, OptionalExtension};
 use sluice_core::change::{key_text, Batch, ChangeKind, Position, Rejected};
-use sluice_core::connector::{Binding, CheckItem, Checkpoint, Sink, TableTasks, Writer};
+use sluice_core::connector::{Binding, CheckItem, Checkpoint, Sink, TableTasks, TableWriter};
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -205,7 +205,7 @@ impl Sink for SqliteSink {
         .await
     }
 
-    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let path = self.path.clone();
         let connection = tokio::task::spawn_blocking(move || open(&path, Side::Target)).await.map_err(|error| {
             Error::new(ErrorKind::Write, format!("SQLite worker failed: {error}")).on(Side::Target)
@@ -339,7 +339,7 @@ impl SqliteWriter {
 }
 
 #[async_trait]
-impl Writer for SqliteWriter {
+impl TableWriter for SqliteWriter {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         self.blocking(|state| {
             let row = state

@@ -9,7 +9,7 @@ use rusqlite::types::ValueRef;
 use rusqlite::Connection;
 use serde_json::json;
 use sluice_core::change::{key_text, Batch, Change, Position, Rejected};
-use sluice_core::connector::{CheckItem, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{CheckItem, CursorSource, Reader, SnapshotSource, Source, Split, SplitHint};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::names::split_task;
@@ -70,6 +70,17 @@ impl Source for SqliteSource {
         .await
     }
 
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+        Some(self)
+    }
+
+    fn cursor(&self) -> Option<&dyn CursorSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl SnapshotSource for SqliteSource {
     async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
         let table = table.clone();
         self.blocking(move |connection| {
@@ -122,7 +133,10 @@ impl Source for SqliteSource {
         .map_err(|error| Error::new(ErrorKind::Read, format!("SQLite worker failed: {error}")).on(Side::Source))??;
         Ok(Box::new(SqliteReader { state: Some(state) }))
     }
+}
 
+#[async_trait]
+impl CursorSource for SqliteSource {
     async fn cursor_window(
         &self,
         table: &TableSchema,

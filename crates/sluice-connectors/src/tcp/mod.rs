@@ -20,8 +20,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
-use sluice_core::connector::{ChangeStream, CheckItem, Source, StreamEvent};
-use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableName, TableSchema};
+use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
+use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableSchema};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -89,16 +89,19 @@ impl Source for TcpSource {
         }])
     }
 
-    async fn start_position(&self) -> Result<Option<Position>> {
-        Ok(Some(Position::of(&Lines::default())))
-    }
-
     async fn discover(&self) -> Result<Vec<TableSchema>> {
         Ok(vec![(*self.options.table).clone()])
     }
 
-    fn no_snapshot(&self, table: &TableName) -> Error {
-        crate::events::source::no_snapshot("tcp", table)
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ChangeSource for TcpSource {
+    async fn start_position(&self) -> Result<Option<Position>> {
+        Ok(Some(Position::of(&Lines::default())))
     }
 
     fn applies_by_key(&self) -> bool {

@@ -3,7 +3,7 @@
 //!
 //! The stream starts at the position the job was planned at, before any split was read, and
 //! each split is read later, in consistent snapshots at positions of their own
-//! (`Source::copy_reads`). A SQL target takes the changes in between idempotently (the replay
+//! (`SnapshotSource::copy_reads`). A SQL target takes the changes in between idempotently (the replay
 //! window); an event target cannot take anything back, so without this a consumer would see a
 //! key's copied row followed by changes older than it. With it, each key's events are its
 //! copied row and then exactly the changes after the read that copied it, in source order.
@@ -14,7 +14,7 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
 use crate::change::{Change, ChangeKind, Position, Row};
-use crate::connector::{CopyRead, Source};
+use crate::connector::{ChangeSource, CopyRead};
 use crate::schema::{TableName, TableSchema};
 use crate::value::Value;
 
@@ -48,7 +48,7 @@ impl CopiedKeys {
 
     /// Orders each table's reads by the key they start after, once all are added, and finds
     /// their latest position.
-    pub(super) fn sorted(mut self, source: &dyn Source) -> CopiedKeys {
+    pub(super) fn sorted(mut self, source: &dyn ChangeSource) -> CopiedKeys {
         for table in &self.unknown {
             self.tables.remove(table);
         }
@@ -82,7 +82,7 @@ impl CopiedKeys {
     /// The changes of the transaction that starts at `at`, less what the copy holds of them.
     /// A table whose latest read is behind `at` is forgotten: the copy holds none of its
     /// changes from here on.
-    pub(super) fn leave_out(&mut self, source: &dyn Source, at: &Position, changes: Vec<Change>) -> Vec<Change> {
+    pub(super) fn leave_out(&mut self, source: &dyn ChangeSource, at: &Position, changes: Vec<Change>) -> Vec<Change> {
         let mut kept = Vec::with_capacity(changes.len());
         for change in changes {
             let name = &change.table.name;
@@ -124,7 +124,7 @@ fn key_of(table: &TableSchema, row: &Row) -> Row {
 
 /// Whether the read that copied `key` holds the transaction starting at `at`: it read the key
 /// at a position past `at`.
-fn holds(reads: &[CopyRead], key: &[Value], source: &dyn Source, at: &Position) -> bool {
+fn holds(reads: &[CopyRead], key: &[Value], source: &dyn ChangeSource, at: &Position) -> bool {
     // The last read starting strictly before the key covers it.
     let covering = reads.partition_point(|read| match &read.after {
         None => true,
@@ -222,26 +222,21 @@ mod tests {
     struct Numbered;
 
     #[async_trait::async_trait]
-    impl Source for Numbered {
+    impl crate::connector::Source for Numbered {
         async fn check(&self) -> crate::Result<Vec<crate::connector::CheckItem>> {
             Ok(Vec::new())
         }
         async fn discover(&self) -> crate::Result<Vec<TableSchema>> {
             Ok(Vec::new())
         }
-        async fn split(
-            &self,
-            _table: &Arc<TableSchema>,
-            _hint: crate::connector::SplitHint,
-        ) -> crate::Result<Vec<crate::connector::Split>> {
-            Ok(Vec::new())
+        fn changes(&self) -> Option<&dyn ChangeSource> {
+            Some(self)
         }
-        async fn open(
-            &self,
-            _split: &crate::connector::Split,
-            _after: Option<&Position>,
-            _rows: usize,
-        ) -> crate::Result<Box<dyn crate::connector::Reader>> {
+    }
+
+    #[async_trait::async_trait]
+    impl ChangeSource for Numbered {
+        async fn stream(&self, _after: &Position) -> crate::Result<Box<dyn crate::connector::ChangeStream>> {
             unreachable!("not read")
         }
         fn reached(&self, position: &Position, mark: &Position) -> bool {

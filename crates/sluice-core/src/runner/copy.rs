@@ -172,7 +172,7 @@ impl SnapshotCopy {
             position = None;
         }
         TableStats::add(&stats.rows_expected, split.estimated_rows.saturating_sub(rows_written));
-        let reader = context.source.open(split, position.as_ref(), job.limits.batch_rows).await?;
+        let reader = context.source.needs_snapshot()?.open(split, position.as_ref(), job.limits.batch_rows).await?;
 
         let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(job.limits.queue_batches);
         let (acks, ack_queue) = mpsc::unbounded_channel::<Position>();
@@ -215,7 +215,7 @@ impl SnapshotCopy {
         split: &Split,
         stats: &TableStats,
         mapping: &TableMapping,
-        writer: &mut dyn crate::connector::Writer,
+        writer: &mut dyn crate::connector::TableWriter,
         batch: Batch,
         rows_written: &mut u64,
     ) -> Result<Position> {
@@ -333,7 +333,7 @@ mod tests {
 
     use super::*;
     use crate::change::Change;
-    use crate::connector::{CheckItem, Reader, Sink, Source, SplitHint, Writer};
+    use crate::connector::{CheckItem, Reader, Sink, SnapshotSource, Source, SplitHint, TableWriter};
     use crate::error::Side;
     use crate::runner::Runner;
     use crate::schema::{Column, DataType, TableName};
@@ -367,6 +367,13 @@ mod tests {
         async fn discover(&self) -> Result<Vec<TableSchema>> {
             Ok(vec![(*table()).clone()])
         }
+        fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+            Some(self)
+        }
+    }
+
+    #[async_trait]
+    impl SnapshotSource for MemorySource {
         async fn split(&self, table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
             let half = self.rows / 2;
             Ok([(1, half), (half + 1, self.rows)]
@@ -463,7 +470,7 @@ mod tests {
         async fn reset(&self, _job: &str, _tables: &[crate::connector::TableTasks]) -> Result<()> {
             Ok(())
         }
-        async fn open(&self, _job: &str, task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+        async fn open(&self, _job: &str, task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
             Ok(Box::new(MemoryWriter { target: self.0.clone(), task: task.to_owned(), staged: Vec::new() }))
         }
     }
@@ -475,7 +482,7 @@ mod tests {
     }
 
     #[async_trait]
-    impl Writer for MemoryWriter {
+    impl TableWriter for MemoryWriter {
         async fn recover(&mut self) -> Result<Option<Checkpoint>> {
             Ok(self.target.committed.lock().unwrap().1.get(&self.task).cloned())
         }

@@ -1,7 +1,7 @@
 //! Replaying dirty records after a fix: the rows they name are read again from the source and
 //! written with the job as it is now (its transform rules, its zero-date policy, the target as
 //! it was altered), by key. A copied row is read again from the split that holds it; a change
-//! the stream left out, by its source key (`Source::key_split`): the row as the source has it
+//! the stream left out, by its source key (`SnapshotSource::key_split`): the row as the source has it
 //! now. Only those rows: a split's other rows may have been changed by the stream since, and are
 //! left as they are. A runner that replays must have a sink that upserts by primary key.
 //!
@@ -188,7 +188,7 @@ impl Replay<'_> {
                 }
             }
         }
-        let split = match self.context.source.key_split(table, &keys) {
+        let split = match self.context.source.needs_snapshot()?.key_split(table, &keys) {
             Ok(split) => split,
             Err(error) if error.kind() == ErrorKind::Config => {
                 report.keep_all(&entries, &error.to_string());
@@ -234,7 +234,7 @@ impl Replay<'_> {
         let mut writer = context.sink.open(&context.job.name, &task, mapping.target.clone()).await?;
         // A writer is recovered before it writes; a replay starts over whatever it held.
         writer.recover().await?;
-        let mut reader = context.source.open(split, None, context.job.limits.batch_rows).await?;
+        let mut reader = context.source.needs_snapshot()?.open(split, None, context.job.limits.batch_rows).await?;
         let mut replayed = Replayed::default();
         while let Some(mut batch) = reader.next().await? {
             let position = batch.position.clone();

@@ -29,7 +29,7 @@ use super::context::RunContext;
 use super::copied_keys::CopiedKeys;
 use super::Backfill;
 use crate::change::Position;
-use crate::connector::{ChangeShape, ChangeStream, ChangeWriter, Checkpoint, Split, StreamEvent};
+use crate::connector::{AnyChangeWriter, ChangeStream, Checkpoint, Split, StreamEvent};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::names::STREAM_TASK;
@@ -85,7 +85,7 @@ struct PendingSchema {
 /// How often the stream measures the source's log past its checkpoint.
 const BACKLOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Measures the source's log past the stream's checkpoint (`Source::log_backlog`) beside the
+/// Measures the source's log past the stream's checkpoint (`ChangeSource::log_backlog`) beside the
 /// stream, every `BACKLOG_EVERY`, until dropped.
 struct BacklogWatch(tokio::task::JoinHandle<()>);
 
@@ -95,7 +95,8 @@ impl BacklogWatch {
             loop {
                 let position = stats.stream.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
                 if let Some(position) = position {
-                    match source.log_backlog(&position).await {
+                    let Some(changes) = source.changes() else { return };
+                    match changes.log_backlog(&position).await {
                         Ok(backlog) => {
                             *stats.stream.log_backlog.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = backlog;
                         }
@@ -126,7 +127,7 @@ pub(super) async fn start_position(
     after_snapshot: bool,
     planned: Option<Position>,
 ) -> Result<Position> {
-    let start = match (after_snapshot, context.source.start_position().await?) {
+    let start = match (after_snapshot, context.source.needs_changes()?.start_position().await?) {
         (false, Some(position)) => Some(position),
         _ => planned,
     };
@@ -206,14 +207,15 @@ impl StreamStage {
     /// One attempt: recover, open the stream, apply until stopped or failed.
     async fn apply_stream(&mut self, start: &Position, after_snapshot: bool, progressed: &mut bool) -> Result<()> {
         let context = &*self.context;
-        let mut writer = context.sink.open_changes(&context.job.name, STREAM_TASK).await?;
+        let changes = context.source.needs_changes()?;
+        let mut writer = AnyChangeWriter::open(&*context.sink, &context.job.name, STREAM_TASK).await?;
         // The source's position now: reaching it ends catching up, and, being after the copy's
         // end, it also closes a snapshot's replay window.
-        let head = context.source.log_position().await?;
-        let (checkpoint, rows_applied) = self.recovered_checkpoint(&mut *writer, start, after_snapshot, &head).await?;
+        let head = changes.log_position().await?;
+        let (checkpoint, rows_applied) = self.recovered_checkpoint(&mut writer, start, after_snapshot, &head).await?;
         let stats = &context.stats.stream;
         if stats.phase() != StreamPhase::Streaming {
-            let caught_up = head.as_ref().is_none_or(|head| context.source.reached(&checkpoint.at, head));
+            let caught_up = head.as_ref().is_none_or(|head| changes.reached(&checkpoint.at, head));
             stats.set_phase(if caught_up { StreamPhase::Streaming } else { StreamPhase::CatchingUp });
         }
         *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
@@ -222,10 +224,10 @@ impl StreamStage {
 
         // Read before the stream opens, so a failure here leaves no replica connection behind.
         let copied_at = self.copy_positions().await?;
-        let raw = writer.shape() == ChangeShape::Raw;
+        let raw = matches!(writer, AnyChangeWriter::Events(_));
         let copied_keys =
             if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
-        let stream = context.source.stream(&checkpoint.at).await?;
+        let stream = changes.stream(&checkpoint.at).await?;
         let (producer, mut received, acks) = self.read_ahead(stream);
         let start = AttemptStart {
             writer,
@@ -238,7 +240,7 @@ impl StreamStage {
             dirty_keys: self.dirty_keys(),
             carried: std::mem::take(&mut self.carried),
         };
-        let mut applier = Applier::new(context, start);
+        let mut applier = Applier::new(context, changes, start);
         let outcome = applier.run(&mut received).await;
         *progressed = applier.progressed();
         self.carried = applier.take_carried();
@@ -251,7 +253,7 @@ impl StreamStage {
     /// holds none; moved back for tables a backfill added. With the rows applied so far.
     async fn recovered_checkpoint(
         &self,
-        writer: &mut dyn ChangeWriter,
+        writer: &mut AnyChangeWriter,
         start: &Position,
         after_snapshot: bool,
         head: &Option<Position>,
@@ -283,7 +285,7 @@ impl StreamStage {
                 let names: Vec<String> = backfill.tables.iter().map(ToString::to_string).collect();
                 // Normally the stream is past `from` and goes back for the added tables alone; a
                 // stream still behind `from` simply goes on, every table from where it is.
-                let ahead = self.context.source.reached(&checkpoint.at, &backfill.from);
+                let ahead = self.context.source.needs_changes()?.reached(&checkpoint.at, &backfill.from);
                 log::info!(
                     "change stream: {} joined after their copy; their changes since {} are replayed, the other tables resume after {}",
                     names.join(", "),
@@ -390,11 +392,12 @@ impl StreamStage {
             }
         }
         let mut keys = CopiedKeys::default();
+        let snapshot = context.source.needs_snapshot()?;
         for split in &splits {
             let position = copied.get(&split.id).cloned().flatten();
-            keys.add(split.table.name.clone(), context.source.copy_reads(split, position.as_ref())?);
+            keys.add(split.table.name.clone(), snapshot.copy_reads(split, position.as_ref())?);
         }
-        let keys = keys.sorted(&*context.source);
+        let keys = keys.sorted(context.source.needs_changes()?);
         let unknown: Vec<String> = keys.unknown().map(ToString::to_string).collect();
         if !unknown.is_empty() {
             log::warn!(
@@ -440,7 +443,9 @@ mod tests {
     use super::*;
     use crate::change::{Change, ChangeKind, Row, SourceKey};
     use crate::connector::TransactionEnd;
-    use crate::connector::{ChangeStream, CheckItem, Reader, Sink, Source, Split, SplitHint, Writer};
+    use crate::connector::{
+        ChangeSource, ChangeStream, ChangeWriter, CheckItem, EventChangeSink, EventWriter, Sink, Source, TableWriter,
+    };
     use crate::runner::Runner;
     use crate::schema::TableSchema;
     use crate::schema::{Column, DataType};
@@ -505,17 +510,18 @@ mod tests {
         async fn check(&self) -> Result<Vec<CheckItem>> {
             Ok(Vec::new())
         }
-        async fn log_position(&self) -> Result<Option<Position>> {
-            Ok(Some(position(0)))
-        }
         async fn discover(&self) -> Result<Vec<TableSchema>> {
             Ok(vec![(*table()).clone()])
         }
-        async fn split(&self, _table: &Arc<TableSchema>, _hint: SplitHint) -> Result<Vec<Split>> {
-            Ok(Vec::new())
+        fn changes(&self) -> Option<&dyn ChangeSource> {
+            Some(self)
         }
-        async fn open(&self, _split: &Split, _after: Option<&Position>, _rows: usize) -> Result<Box<dyn Reader>> {
-            unreachable!("a cdc job copies nothing")
+    }
+
+    #[async_trait]
+    impl ChangeSource for ScriptedSource {
+        async fn log_position(&self) -> Result<Option<Position>> {
+            Ok(Some(position(0)))
         }
         async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
             let start = after.0.as_u64().unwrap();
@@ -569,10 +575,17 @@ mod tests {
         async fn reset(&self, _job: &str, _tables: &[crate::connector::TableTasks]) -> Result<()> {
             Ok(())
         }
-        async fn open(&self, _job: &str, _task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn Writer>> {
+        async fn open(&self, _job: &str, _task: &str, _table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
             unreachable!("a cdc job copies nothing")
         }
-        async fn open_changes(&self, _job: &str, _task: &str) -> Result<Box<dyn ChangeWriter>> {
+        fn event_changes(&self) -> Option<&dyn EventChangeSink> {
+            Some(self)
+        }
+    }
+
+    #[async_trait]
+    impl EventChangeSink for RawSink {
+        async fn open_events(&self, _job: &str, _task: &str) -> Result<Box<dyn EventWriter>> {
             Ok(Box::new(RawWriter { target: self.0.clone(), staged: Vec::new() }))
         }
     }
@@ -584,18 +597,23 @@ mod tests {
 
     #[async_trait]
     impl ChangeWriter for RawWriter {
-        fn shape(&self) -> ChangeShape {
-            ChangeShape::Raw
-        }
         async fn recover(&mut self) -> Result<Option<Checkpoint>> {
             Ok(self.target.durable.lock().unwrap().1.clone())
         }
-        async fn delete(&mut self, _table: &TableSchema, _keys: &[Row], _expect_all: bool) -> Result<()> {
-            unreachable!("a raw writer gets events, not folds")
+        async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+            let mut durable = self.target.durable.lock().unwrap();
+            durable.0.append(&mut self.staged);
+            durable.0.push(Seen::Commit(checkpoint.rows_written));
+            durable.1 = Some(checkpoint.clone());
+            Ok(())
         }
-        async fn insert(&mut self, _table: &TableSchema, _rows: &[Row]) -> Result<Vec<crate::connector::Refused>> {
-            unreachable!("a raw writer gets events, not folds")
+        async fn apply_schema_change(&mut self, change: &crate::connector::SchemaChange) -> Result<()> {
+            unreachable!("the script holds no DDL: {change:?}")
         }
+    }
+
+    #[async_trait]
+    impl EventWriter for RawWriter {
         async fn events(&mut self, changes: &[Change]) -> Result<()> {
             for change in changes {
                 self.staged.push(match &change.kind {
@@ -608,13 +626,6 @@ mod tests {
         }
         async fn transaction_end(&mut self, end: &TransactionEnd) -> Result<()> {
             self.staged.push(Seen::End { events: end.events, position: end.position.clone() });
-            Ok(())
-        }
-        async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
-            let mut durable = self.target.durable.lock().unwrap();
-            durable.0.append(&mut self.staged);
-            durable.0.push(Seen::Commit(checkpoint.rows_written));
-            durable.1 = Some(checkpoint.clone());
             Ok(())
         }
     }

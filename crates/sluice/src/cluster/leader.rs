@@ -216,7 +216,7 @@ impl Node {
             (Some(request), Some(previous)) if previous.backfill.id == request.id => {
                 Some(previous.backfill.from.clone())
             }
-            (Some(_), _) => Some(source.log_position().await?.ok_or_else(|| {
+            (Some(_), _) => Some(source.needs_changes()?.log_position().await?.ok_or_else(|| {
                 Error::new(ErrorKind::Config, "the source has no change log position to backfill from")
                     .on(sluice_core::Side::Source)
             })?),

@@ -369,6 +369,40 @@ fn capabilities_are_the_ones_the_registry_enforces() {
     }
 }
 
+/// A built connector implements exactly the capability traits the registry declares for it: the
+/// engine asks the built source and target for them (`Source::snapshot`, `Sink::folded_changes`,
+/// …), the registry judges jobs by the declaration before anything is built.
+#[tokio::test]
+async fn built_connectors_have_the_capability_traits_the_registry_declares() {
+    // What a connector needs beyond `job_with`'s fields to be built, as a source and a target.
+    let required = |name: &str, source_side: bool| match (name, source_side) {
+        ("tcp", true) => "  listen: 127.0.0.1:9\n  table: lines\n  columns: {id: bigint}\n",
+        ("nats", true) => "  stream: events\n  tables: [db.t]\n",
+        ("nats", false) => "  stream: events\n",
+        ("kafka", true) => "  brokers: 127.0.0.1:9\n  tables: [db.t]\n",
+        ("kafka", false) => "  brokers: 127.0.0.1:9\n",
+        _ => "",
+    };
+    for connector in sluice_connectors::CONNECTORS {
+        let capabilities = connector.capabilities;
+        if connector.source.is_some() {
+            let job =
+                parse_job(&job_with(connector, true, required(connector.name, true), ""), false, |_| None).unwrap();
+            let source = sluice_connectors::source(&job).unwrap_or_else(|error| panic!("{}: {error}", connector.name));
+            assert_eq!(source.snapshot().is_some(), capabilities.snapshot_source, "{}: snapshot", connector.name);
+            assert_eq!(source.changes().is_some(), capabilities.change_source, "{}: change log", connector.name);
+            assert_eq!(source.cursor().is_some(), capabilities.cursor_source, "{}: cursor reads", connector.name);
+        }
+        if connector.target.is_some() {
+            let job =
+                parse_job(&job_with(connector, false, required(connector.name, false), ""), false, |_| None).unwrap();
+            let sink = sluice_connectors::sink(&job).unwrap_or_else(|error| panic!("{}: {error}", connector.name));
+            assert_eq!(sink.folded_changes().is_some(), capabilities.change_sink, "{}: folded changes", connector.name);
+            assert_eq!(sink.event_changes().is_some(), capabilities.event_sink, "{}: change events", connector.name);
+        }
+    }
+}
+
 /// Done splits of the job in the run's state directory.
 fn splits_done(workspace: &Workspace, job: &str) -> i64 {
     let Ok(connection) = rusqlite::Connection::open_with_flags(

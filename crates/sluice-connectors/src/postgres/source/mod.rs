@@ -15,7 +15,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Position;
-use sluice_core::connector::{ChangeStream, CheckItem, CopyRead, LogBacklog, Reader, Source, Split, SplitHint};
+use sluice_core::connector::{
+    ChangeSource, ChangeStream, CheckItem, CopyRead, CursorSource, LogBacklog, Reader, SnapshotSource, Source, Split,
+    SplitHint,
+};
 use sluice_core::cursor::{self, CursorWindow};
 use sluice_core::filter::TableFilter;
 use sluice_core::names::split_task;
@@ -37,7 +40,7 @@ pub use slot::{ExportedSnapshot, Replication};
 pub struct KeyRange {
     pub after: Option<Vec<String>>,
     pub through: Option<Vec<String>>,
-    /// Only these keys (a replay of the stream's dirty records, `Source::key_split`).
+    /// Only these keys (a replay of the stream's dirty records, `SnapshotSource::key_split`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<Vec<Vec<String>>>,
     /// The snapshot the job's slot was created at, which the split's first read imports.
@@ -46,7 +49,7 @@ pub struct KeyRange {
 }
 
 /// Where a snapshot read of a split resumes: strictly after this key. A job that streams also
-/// keeps where in the WAL each read of the split stood (`Source::copy_reads`).
+/// keeps where in the WAL each read of the split stood (`SnapshotSource::copy_reads`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyPosition {
     pub key: Vec<String>,
@@ -393,6 +396,31 @@ impl Source for PostgresSource {
         Ok(schemas)
     }
 
+    async fn forget(&self) -> Result<()> {
+        if !self.mode.streams() {
+            return Ok(());
+        }
+        if let Some(export) = self.export.lock().await.take() {
+            drop(export.session);
+        }
+        self.replication.forget(&self.connection().await?, &self.server).await
+    }
+
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+        Some(self)
+    }
+
+    fn changes(&self) -> Option<&dyn ChangeSource> {
+        Some(self)
+    }
+
+    fn cursor(&self) -> Option<&dyn CursorSource> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl SnapshotSource for PostgresSource {
     async fn split(&self, table: &Arc<TableSchema>, hint: SplitHint) -> Result<Vec<Split>> {
         let client = self.connection().await?;
         let estimated = match self.described.lock().await.get(&table.name) {
@@ -490,7 +518,10 @@ impl Source for PostgresSource {
         let range = KeyRange { after: None, through: None, keys: Some(tuples), snapshot: None };
         Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
+}
 
+#[async_trait]
+impl ChangeSource for PostgresSource {
     /// The job's slot and publication made (or the user's checked), then the position the
     /// stream starts from: a slot created now gives its own, where the snapshot it exports
     /// stands; an existing one the WAL's insert position now (the copy is read after it).
@@ -561,6 +592,27 @@ impl Source for PostgresSource {
         }
     }
 
+    async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
+        let Some(after) = position_lsn(after) else {
+            return Err(Error::new(ErrorKind::State, format!("{} is not a PostgreSQL WAL position", after.brief()))
+                .on(Side::State)
+                .hint("reset the job: its checkpoint was written by another source"));
+        };
+        // The copy is read: the exported snapshot may go.
+        if let Some(export) = self.export.lock().await.take() {
+            if let Err(error) = export.session.close().await {
+                log::debug!("closing the session that exported the slot's snapshot: {error}");
+            }
+        }
+        let client = self.connection().await?;
+        self.replication.verify(&client, &self.server, after).await?;
+        let stream = stream::WalChangeStream::open(self, client, after).await?;
+        Ok(Box::new(stream))
+    }
+}
+
+#[async_trait]
+impl CursorSource for PostgresSource {
     /// From `mark` (lowered by the lookback, by the server, in the column's own type) through
     /// the column's highest value now; values are the server's text forms.
     async fn cursor_window(
@@ -602,34 +654,6 @@ impl Source for PostgresSource {
             mark: mark.cloned(),
             rerun: false,
         })
-    }
-
-    async fn forget(&self) -> Result<()> {
-        if !self.mode.streams() {
-            return Ok(());
-        }
-        if let Some(export) = self.export.lock().await.take() {
-            drop(export.session);
-        }
-        self.replication.forget(&self.connection().await?, &self.server).await
-    }
-
-    async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
-        let Some(after) = position_lsn(after) else {
-            return Err(Error::new(ErrorKind::State, format!("{} is not a PostgreSQL WAL position", after.brief()))
-                .on(Side::State)
-                .hint("reset the job: its checkpoint was written by another source"));
-        };
-        // The copy is read: the exported snapshot may go.
-        if let Some(export) = self.export.lock().await.take() {
-            if let Err(error) = export.session.close().await {
-                log::debug!("closing the session that exported the slot's snapshot: {error}");
-            }
-        }
-        let client = self.connection().await?;
-        self.replication.verify(&client, &self.server, after).await?;
-        let stream = stream::WalChangeStream::open(self, client, after).await?;
-        Ok(Box::new(stream))
     }
 }
 

@@ -23,7 +23,7 @@ pub(crate) struct Selection {
     pub after: Option<Vec<String>>,
     /// Up to this key, included.
     pub through: Option<Vec<String>>,
-    /// Only these keys (a replay's `Source::key_split`).
+    /// Only these keys (a replay's `SnapshotSource::key_split`).
     pub keys: Option<Vec<Vec<String>>>,
     /// A cursor batch's condition on its column, with `?` for each value (text forms, in order).
     pub window: Option<(String, Vec<String>)>,

@@ -17,7 +17,7 @@ use crate::change::{
     key_text, row_json, Batch, Change, ChangeKind, Position, Rejected, RejectedChange, Row, SourceKey,
 };
 use crate::connector::{
-    ChangeShape, ChangeWriter, Checkpoint, CommitCadence, SchemaChange, Source, SourceSchemaChange, StreamEvent,
+    AnyChangeWriter, ChangeSource, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, StreamEvent,
     TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
@@ -50,7 +50,7 @@ struct Arrival {
 
 /// What one attempt starts its applier with.
 pub(super) struct AttemptStart {
-    pub(super) writer: Box<dyn ChangeWriter>,
+    pub(super) writer: AnyChangeWriter,
     /// Positions made durable, for the source (`ChangeStream::ack`).
     pub(super) acks: mpsc::UnboundedSender<Position>,
     pub(super) checkpoint: StreamCheckpoint,
@@ -143,7 +143,7 @@ fn target_schema_change(
 
 /// Inside the replay window of a `snapshot+cdc` job, changes meet rows the copy may hold;
 /// so do the changes of a source that is applied by key always (a stream of change events).
-fn apply_mode(source: &dyn Source, checkpoint: &StreamCheckpoint) -> ApplyMode {
+fn apply_mode(source: &dyn ChangeSource, checkpoint: &StreamCheckpoint) -> ApplyMode {
     if source.applies_by_key() {
         return ApplyMode::Replay;
     }
@@ -226,7 +226,7 @@ fn stream_record(context: &RunContext, refusal: &Refusal, position: &Position) -
 /// source transactions folded (`net`) or written (`staged_rows`) since the last target commit.
 pub(super) struct Applier<'a> {
     context: &'a RunContext,
-    /// The writer takes raw row events (`ChangeShape::Raw`), not folds.
+    /// The writer takes row events (`AnyChangeWriter::Events`), not folds.
     raw: bool,
     /// When the writer wants groups committed, if not as soon as the stream pauses.
     cadence: Option<CommitCadence>,
@@ -236,7 +236,9 @@ pub(super) struct Applier<'a> {
     transaction_events: u64,
     /// Positions made durable, for the source (`ChangeStream::ack`).
     acks: mpsc::UnboundedSender<Position>,
-    writer: Box<dyn ChangeWriter>,
+    writer: AnyChangeWriter,
+    /// The source's change log.
+    changes: &'a dyn ChangeSource,
     checkpoint: StreamCheckpoint,
     /// Rows applied by the stream over all runs, as the checkpoint counts them.
     rows_applied: u64,
@@ -297,18 +299,19 @@ fn mapping_of(
 }
 
 impl<'a> Applier<'a> {
-    pub(super) fn new(context: &'a RunContext, start: AttemptStart) -> Applier<'a> {
+    pub(super) fn new(context: &'a RunContext, changes: &'a dyn ChangeSource, start: AttemptStart) -> Applier<'a> {
         let AttemptStart { writer, acks, checkpoint, rows_applied, head, copied_at, copied_keys, dirty_keys, carried } =
             start;
         Applier {
             context,
-            raw: writer.shape() == ChangeShape::Raw,
+            raw: matches!(writer, AnyChangeWriter::Events(_)),
             // When the writer wants groups committed, if not as soon as the stream pauses.
             cadence: writer.cadence(),
             events: Vec::new(),
             transaction_events: 0,
             acks,
             writer,
+            changes,
             checkpoint,
             rows_applied,
             head,
@@ -367,7 +370,7 @@ impl Applier<'_> {
             // stood at its start is committed.
             if batch
                 && self.idle()
-                && self.head.as_ref().is_some_and(|head| context.source.reached(&self.checkpoint.at, head))
+                && self.head.as_ref().is_some_and(|head| self.changes.reached(&self.checkpoint.at, head))
             {
                 log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
                 return Ok(());
@@ -481,16 +484,19 @@ impl Applier<'_> {
 
     /// Writes the folded changes (or the raw events) into the open target transaction.
     async fn write_folded(&mut self) -> Result<()> {
-        if self.raw {
-            if !self.events.is_empty() {
-                self.writer.events(&self.events).await?;
-                self.staged_rows += self.events.len() as u64;
-                self.events.clear();
+        let Applier { writer, net, events, staged_rows, checkpoint, .. } = self;
+        let writer = match writer {
+            AnyChangeWriter::Events(writer) => {
+                if !events.is_empty() {
+                    writer.events(events).await?;
+                    *staged_rows += events.len() as u64;
+                    events.clear();
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
+            AnyChangeWriter::Folded(writer) => writer,
+        };
         // The folded changes carry their target tables already.
-        let Applier { writer, net, staged_rows, checkpoint, .. } = self;
         let applied = net.apply(&mut **writer, &mut |table| checkpoint.hidden.schema(table)).await?;
         *staged_rows += applied.changes as u64;
         for refusal in applied.refused {
@@ -504,7 +510,7 @@ impl Applier<'_> {
     async fn changes(&mut self, mut changes: Vec<Change>) -> Result<()> {
         if !self.copied_at.is_empty() {
             // This transaction starts at `at`: before a copy's position, that copy holds it.
-            let (source, at) = (&self.context.source, &self.checkpoint.at);
+            let (source, at) = (self.changes, &self.checkpoint.at);
             self.copied_at.retain(|_, copy| !source.reached(at, copy));
             changes.retain(|change| !self.copied_at.contains_key(&change.table.name));
             if changes.is_empty() {
@@ -512,7 +518,7 @@ impl Applier<'_> {
             }
         }
         if !self.copied_keys.is_empty() {
-            changes = self.copied_keys.leave_out(&*self.context.source, &self.checkpoint.at, changes);
+            changes = self.copied_keys.leave_out(self.changes, &self.checkpoint.at, changes);
             if changes.is_empty() {
                 return Ok(());
             }
@@ -557,7 +563,7 @@ impl Applier<'_> {
             self.reshape(reshaped).await?;
         }
         self.open_transaction = true;
-        let mode = apply_mode(&*self.context.source, &self.checkpoint);
+        let mode = apply_mode(self.changes, &self.checkpoint);
         let first_source = changes.first().map(|change| change.table.clone());
         let mut mapped = Vec::with_capacity(changes.len());
         let mut filtered = 0u64;
@@ -692,13 +698,13 @@ impl Applier<'_> {
 
     /// Gives each target table whose source table changed by DDL (`pending`) the schema its
     /// first rows since then carry (`tables`, source schemas from their table maps), as the
-    /// source describes it (`Source::describe_logged`): the table a snapshot would create. Its
+    /// source describes it (`ChangeSource::describe_logged`): the table a snapshot would create. Its
     /// rows keep the mapping of the schema they were decoded with.
     async fn reshape(&mut self, tables: Vec<Arc<TableSchema>>) -> Result<()> {
         for table in tables {
             let Some(pending) = self.checkpoint.pending.remove(&table.name.to_string()) else { continue };
             let described =
-                self.context.source.describe_logged(&table).await.map_err(|error| {
+                self.changes.describe_logged(&table).await.map_err(|error| {
                     error.context(format_args!("describing the new schema of table {}", table.name))
                 })?;
             let mapping = self.context.mapping(&Arc::new(described))?;
@@ -714,6 +720,7 @@ impl Applier<'_> {
             };
             let change = self.checkpoint.hidden.follow(change);
             self.writer
+                .common()
                 .apply_schema_change(&change)
                 .await
                 .map_err(|error| error.context(format_args!("table {}", target.name)))?;
@@ -732,9 +739,11 @@ impl Applier<'_> {
                 committed_at,
                 position: position.clone(),
                 events: std::mem::take(&mut self.transaction_events),
-                replay: apply_mode(&*self.context.source, &self.checkpoint) == ApplyMode::Replay,
+                replay: apply_mode(self.changes, &self.checkpoint) == ApplyMode::Replay,
             };
-            self.writer.transaction_end(&end).await?;
+            if let AnyChangeWriter::Events(writer) = &mut self.writer {
+                writer.transaction_end(&end).await?;
+            }
         }
         if self.arrivals.is_empty() {
             self.opened = Instant::now();
@@ -766,7 +775,7 @@ impl Applier<'_> {
             .checkpoint
             .catch_up
             .as_ref()
-            .is_some_and(|catch_up| self.context.source.reached(&self.checkpoint.at, &catch_up.until))
+            .is_some_and(|catch_up| self.changes.reached(&self.checkpoint.at, &catch_up.until))
         {
             log::info!("change stream: the added tables caught up; every table streams again");
             self.checkpoint.catch_up = None;
@@ -814,7 +823,7 @@ impl Applier<'_> {
         }
         if !self.copied_at.is_empty() {
             // DDL on a table read whole, before its copy's position: the copy holds its effect.
-            let (source, at) = (&self.context.source, &self.checkpoint.at);
+            let (source, at) = (self.changes, &self.checkpoint.at);
             self.copied_at.retain(|_, copy| !source.reached(at, copy));
             let copied = &self.copied_at;
             if let Some(table) =
@@ -844,7 +853,7 @@ impl Applier<'_> {
                 continue;
             };
             let change = self.checkpoint.hidden.follow(change);
-            self.writer.apply_schema_change(&change).await.map_err(|error| {
+            self.writer.common().apply_schema_change(&change).await.map_err(|error| {
                 error.context(format_args!("applying `{statement}` ({position})", position = position.0))
             })?;
             crate::failpoint::hit("stream.ddl.applied");
@@ -862,7 +871,7 @@ impl Applier<'_> {
     fn publishes(&self) -> bool {
         let checkpoint = &self.checkpoint;
         !checkpoint.hidden.is_empty()
-            && checkpoint.replay_until.as_ref().is_none_or(|mark| self.context.source.reached(&checkpoint.at, mark))
+            && checkpoint.replay_until.as_ref().is_none_or(|mark| self.changes.reached(&checkpoint.at, mark))
     }
 
     /// Commits the group with the checkpoint. The commit that ends the replay window also
@@ -879,18 +888,18 @@ impl Applier<'_> {
         // Past the replay window, the window is forgotten, so a later reader of the
         // checkpoint need not know the source's position order.
         let mut stored = self.checkpoint.clone();
-        if stored.replay_until.as_ref().is_some_and(|mark| context.source.reached(&stored.at, mark)) {
+        if stored.replay_until.as_ref().is_some_and(|mark| self.changes.reached(&stored.at, mark)) {
             stored.replay_until = None;
         }
         let publish = self.publishes().then(|| stored.hidden.pairs());
         if let Some(tables) = publish.as_ref().filter(|_| !self.writer.ddl_commits()) {
-            self.writer.publish(tables).await?;
+            self.writer.folded()?.publish(tables).await?;
             stored.hidden = HiddenCopies::default();
         }
         self.write_checkpoint(&stored).await?;
         if let Some(tables) = publish {
             if !stored.hidden.is_empty() {
-                self.writer.publish(&tables).await?;
+                self.writer.folded()?.publish(&tables).await?;
                 crate::failpoint::hit("stream.publish.renamed");
                 stored.hidden = HiddenCopies::default();
                 self.write_checkpoint(&stored).await?;
@@ -925,7 +934,7 @@ impl Applier<'_> {
             stats.fresh_through(last.committed_at);
         }
         if stats.phase() == StreamPhase::CatchingUp
-            && self.head.as_ref().is_none_or(|head| context.source.reached(&checkpoint.at, head))
+            && self.head.as_ref().is_none_or(|head| self.changes.reached(&checkpoint.at, head))
         {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
@@ -953,7 +962,7 @@ impl Applier<'_> {
             done: false,
             rows_written: self.rows_applied,
         };
-        self.writer.commit(&record).await?;
+        self.writer.common().commit(&record).await?;
         crate::failpoint::hit("stream.group.committed");
         self.context.state.save_checkpoint(&self.context.job.name, &record)
     }
