@@ -67,7 +67,7 @@ pub fn key_text(table: &TableSchema, row: &Row) -> String {
 }
 
 /// A primary key's values (in key order) rendered as `key_text` renders its row.
-pub fn key_values_text(table: &TableSchema, key: &[crate::value::Value]) -> String {
+pub(crate) fn key_values_text(table: &TableSchema, key: &[crate::value::Value]) -> String {
     table
         .primary_key
         .iter()
@@ -174,7 +174,7 @@ impl Rejected {
 }
 
 /// A row as a JSON object of its columns (`{"id": 5, "name": "x"}`), for dirty records.
-pub fn row_json(table: &TableSchema, row: &Row) -> String {
+pub(crate) fn row_json(table: &TableSchema, row: &Row) -> String {
     let mut text = String::from("{");
     for (index, (column, value)) in table.columns.iter().zip(row).enumerate() {
         if index > 0 {

@@ -216,7 +216,7 @@ pub trait Source: Send + Sync {
 impl<'s> dyn Source + 's {
     /// The snapshot reader, for a job that needs one; the registry refuses such a job from a
     /// source without one before it runs, so this error is a last guard.
-    pub fn needs_snapshot(&self) -> Result<&dyn SnapshotSource> {
+    pub(crate) fn needs_snapshot(&self) -> Result<&dyn SnapshotSource> {
         self.snapshot().ok_or_else(|| {
             Error::new(ErrorKind::Config, "this source has no snapshot of its tables")
                 .on(Side::Source)
@@ -232,7 +232,7 @@ impl<'s> dyn Source + 's {
     }
 
     /// The cursor reads, for an `incremental-cursor` job.
-    pub fn needs_cursor(&self) -> Result<&dyn CursorSource> {
+    pub(crate) fn needs_cursor(&self) -> Result<&dyn CursorSource> {
         self.cursor().ok_or_else(|| {
             Error::new(ErrorKind::Config, "this source cannot read a table by a cursor column")
                 .on(Side::Source)
@@ -513,7 +513,7 @@ impl Binding {
 
 /// The error for target tables replaced, outside the job, by tables holding other rows than the
 /// job's checkpoints describe.
-pub fn replaced_tables(job: &str, tables: &[String]) -> Error {
+pub(crate) fn replaced_tables(job: &str, tables: &[String]) -> Error {
     Error::new(
         ErrorKind::Conflict,
         format!(
@@ -645,7 +645,7 @@ pub trait EventChangeSink: Send + Sync {
 }
 
 /// A change writer of either shape, as a target opens it for a stream (`AnyChangeWriter::open`).
-pub enum AnyChangeWriter {
+pub(crate) enum AnyChangeWriter {
     Folded(Box<dyn FoldedChangeWriter>),
     Events(Box<dyn EventWriter>),
 }

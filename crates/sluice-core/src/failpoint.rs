@@ -4,7 +4,8 @@
 //! `hit` is empty and the variable is ignored.
 
 /// The crash points, in the order a change stream passes them.
-pub const POINTS: &[&str] = &[
+#[cfg(feature = "failpoints")]
+const POINTS: &[&str] = &[
     // A group's rows are written in the open target transaction, not committed.
     "stream.group.written",
     // The target committed a group with its checkpoint; nothing else happened yet.

@@ -28,7 +28,7 @@ use crate::state::Plan;
 const MAX_NAME_BYTES: usize = 63;
 
 /// The tables a new plan hides: those of a `snapshot+cdc` job the target does not have yet.
-pub async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<Vec<TableName>> {
+pub(crate) async fn tables_to_hide(sink: &dyn Sink, targets: &[TableSchema]) -> Result<Vec<TableName>> {
     let Some(folded) = sink.folded_changes().filter(|folded| folded.hides_copies()) else { return Ok(Vec::new()) };
     if targets.is_empty() {
         return Ok(Vec::new());

@@ -31,7 +31,7 @@ pub fn encode_value(value: &Value, output: &mut String) {
 }
 
 /// A value as a JSON string.
-pub fn to_text(value: &Value) -> String {
+pub(crate) fn to_text(value: &Value) -> String {
     let mut output = String::new();
     encode_value(value, &mut output);
     output

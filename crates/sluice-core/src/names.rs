@@ -22,7 +22,7 @@ pub fn split_index(task: &str) -> &str {
 
 /// The name a table's copy has until it is published: in the same namespace (so publishing is a
 /// rename, and needs no right beyond the table's own), its own name with a prefix.
-pub fn hidden_name(table: &TableName) -> TableName {
+pub(crate) fn hidden_name(table: &TableName) -> TableName {
     TableName { namespace: table.namespace.clone(), name: format!("{HIDDEN_PREFIX}{}", table.name) }
 }
 

@@ -101,7 +101,7 @@ impl TableChanges {
 
 /// How replayed changes meet the target's rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApplyMode {
+pub(crate) enum ApplyMode {
     /// Every change must find the target as the source had it: a missing row to update or
     /// delete, or an existing row to insert, stops the job.
     Strict,
@@ -118,7 +118,7 @@ pub enum ApplyMode {
 /// A row the target refused for its content when the fold was applied (`FoldedChangeWriter::insert`):
 /// left out of the target, the key's earlier row deleted, to be kept as a dirty record.
 #[derive(Debug, Clone)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The target table, under its own name.
     pub table: Arc<TableSchema>,
     /// The row before the group changed it, when a change carried it.
@@ -131,7 +131,7 @@ pub struct Refusal {
 
 /// The folded changes of a group, tables in order of first appearance.
 #[derive(Debug, Default)]
-pub struct NetChanges {
+pub(crate) struct NetChanges {
     tables: Vec<TableChanges>,
     /// Changes folded since the last `apply`.
     changes: usize,
@@ -154,17 +154,13 @@ impl NetChanges {
         self.changes
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.changes == 0
-    }
-
     /// The open source transaction ended: the changes folded next are the next one's.
-    pub fn end_transaction(&mut self) {
+    pub(crate) fn end_transaction(&mut self) {
         self.transaction += 1;
     }
 
     /// The group commits: the next group's transactions are counted from 0.
-    pub fn end_group(&mut self) {
+    pub(crate) fn end_group(&mut self) {
         self.transaction = 0;
     }
 

@@ -82,7 +82,7 @@ impl Planner {
     }
 
     /// Gives up retrying once `stop` is set.
-    pub fn stopping_on(mut self, stop: watch::Receiver<bool>) -> Planner {
+    pub(crate) fn stopping_on(mut self, stop: watch::Receiver<bool>) -> Planner {
         self.stop = Some(stop);
         self
     }

@@ -169,7 +169,7 @@ fn redact_url_authorities(text: &str) -> String {
 
 /// The passwords a connection URL or key=value string holds, as written: the one in
 /// `user:password@`, and every `password=` (or `passwd=`, `pwd=`) value, quotes removed.
-pub fn url_passwords(connection: &str) -> Vec<&str> {
+pub(crate) fn url_passwords(connection: &str) -> Vec<&str> {
     let mut passwords = Vec::new();
     if let Some((_, after_scheme)) = connection.split_once("://") {
         let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");

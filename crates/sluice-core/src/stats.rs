@@ -135,7 +135,7 @@ impl StreamStats {
         }
     }
 
-    pub fn set_phase(&self, phase: StreamPhase) {
+    pub(crate) fn set_phase(&self, phase: StreamPhase) {
         let value = match phase {
             StreamPhase::NotStarted => 0,
             StreamPhase::CatchingUp => 1,
@@ -165,7 +165,7 @@ impl StreamStats {
     }
 
     /// Counts `transactions` source transactions applied `latency` after their source commit.
-    pub fn record_latency(&self, latency: Duration, transactions: u64) {
+    pub(crate) fn record_latency(&self, latency: Duration, transactions: u64) {
         let millis = latency.as_millis() as u64;
         let bucket = LATENCY_BOUNDS_MS.iter().position(|&bound| millis <= bound).unwrap_or(LATENCY_BOUNDS_MS.len());
         self.latency[bucket].fetch_add(transactions, Ordering::Relaxed);
@@ -174,7 +174,7 @@ impl StreamStats {
 
     /// The bucket bound under which `quantile` (0..=1) of the transactions were applied, in
     /// milliseconds; `None` before any transaction, `u64::MAX` past the last bound.
-    pub fn latency_quantile_ms(&self, quantile: f64) -> Option<u64> {
+    pub(crate) fn latency_quantile_ms(&self, quantile: f64) -> Option<u64> {
         let counts: Vec<u64> = self.latency.iter().map(|count| count.load(Ordering::Relaxed)).collect();
         let total: u64 = counts.iter().sum();
         if total == 0 {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 /// `n / rate` seconds of it, and waits until its slot starts. Idle time is not saved up, so there
 /// is never a burst above the rate.
 #[derive(Debug)]
-pub struct Throttle {
+pub(crate) struct Throttle {
     rows_per_sec: u64,
     bytes_per_sec: u64,
     /// For rows and bytes: the instant at which everything admitted so far is paid for.
@@ -24,7 +24,7 @@ impl Throttle {
     }
 
     /// Waits until `rows` and `bytes` may pass.
-    pub async fn admit(&self, rows: u64, bytes: u64) {
+    pub(crate) async fn admit(&self, rows: u64, bytes: u64) {
         if self.rows_per_sec == 0 && self.bytes_per_sec == 0 {
             return;
         }

@@ -94,7 +94,7 @@ impl fmt::Display for Value {
 
 /// Reads a value of `data_type` from its text form (the form `Display` writes), as files carry
 /// it. Bytes are not handled here: their text form depends on the file format.
-pub fn parse_text(text: &str, data_type: &DataType) -> Result<Value, String> {
+pub(crate) fn parse_text(text: &str, data_type: &DataType) -> Result<Value, String> {
     let invalid = |expected: &str| {
         let shown: String = text.chars().take(64).collect();
         Err(format!("expected {expected}, found '{shown}'"))

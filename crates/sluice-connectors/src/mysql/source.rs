@@ -283,11 +283,11 @@ impl Source for MysqlSource {
         Ok(tables)
     }
 
-    fn changes(&self) -> Option<&dyn ChangeSource> {
+    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
         Some(self)
     }
 
-    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
+    fn changes(&self) -> Option<&dyn ChangeSource> {
         Some(self)
     }
 

@@ -106,7 +106,7 @@ impl Decoder {
     }
 
     /// Reads a list of strings; a single string is accepted as a one-element list.
-    pub fn string_list(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
+    pub(crate) fn string_list(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
         match &node.kind {
             NodeKind::Scalar { .. } if !node.is_null() => Some(vec![self.string(node, path)?]),
             NodeKind::Sequence(items) => {
@@ -128,7 +128,7 @@ impl Decoder {
     /// The node with `${VAR}` substituted in every scalar under it (a connector's own options
     /// take environment variables as the common fields do); an error is recorded for each
     /// variable that is not set, and its scalar is kept as written.
-    pub fn substituted(&mut self, node: &Node, path: &str) -> Node {
+    pub(crate) fn substituted(&mut self, node: &Node, path: &str) -> Node {
         let kind = match &node.kind {
             NodeKind::Scalar { text, quoted } => NodeKind::Scalar {
                 text: self.substitute(text, path, node.line).unwrap_or_else(|| text.clone()),

@@ -7,7 +7,7 @@ use sqlparser::parser::Parser;
 use sqlparser::tokenizer::Token;
 
 /// Parses a projection (`id, name AS customer, upper(email) AS email`) into select items.
-pub fn parse_projection(text: &str) -> Result<Vec<sql::SelectItem>, String> {
+pub(crate) fn parse_projection(text: &str) -> Result<Vec<sql::SelectItem>, String> {
     let dialect = GenericDialect {};
     let mut parser = Parser::new(&dialect).try_with_sql(text).map_err(|error| error.to_string())?;
     let items = parser.parse_comma_separated(Parser::parse_select_item).map_err(|error| error.to_string())?;
@@ -16,7 +16,7 @@ pub fn parse_projection(text: &str) -> Result<Vec<sql::SelectItem>, String> {
 }
 
 /// Parses a predicate (`id > 10 AND country IN ('FR', 'DE')`).
-pub fn parse_predicate(text: &str) -> Result<sql::Expr, String> {
+pub(crate) fn parse_predicate(text: &str) -> Result<sql::Expr, String> {
     let dialect = GenericDialect {};
     let mut parser = Parser::new(&dialect).try_with_sql(text).map_err(|error| error.to_string())?;
     let expression = parser.parse_expr().map_err(|error| error.to_string())?;

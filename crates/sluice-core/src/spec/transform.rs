@@ -105,7 +105,7 @@ fn optional_string(decoder: &mut Decoder, fields: &Fields<'_>, key: &str) -> Opt
 }
 
 /// Reads `route:`; `None` entries had errors (already recorded).
-pub fn decode_routes(decoder: &mut Decoder, node: &Node) -> Vec<RouteSpec> {
+pub(crate) fn decode_routes(decoder: &mut Decoder, node: &Node) -> Vec<RouteSpec> {
     let mut routes = Vec::new();
     for (path, item) in entries(decoder, node, "route") {
         let Some(fields) = decoder.mapping(item, &path, ROUTE_FIELDS) else { continue };
@@ -154,7 +154,7 @@ pub fn decode_routes(decoder: &mut Decoder, node: &Node) -> Vec<RouteSpec> {
 }
 
 /// Reads `transform:`.
-pub fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<TransformSpec> {
+pub(crate) fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<TransformSpec> {
     let mut rules = Vec::new();
     for (path, item) in entries(decoder, node, "transform") {
         let Some(fields) = decoder.mapping(item, &path, TRANSFORM_FIELDS) else { continue };

@@ -114,7 +114,7 @@ impl Transforms {
 
     /// Whether two source names fall under the same route and transform rules (a renamed
     /// table keeps its shape and masks only then).
-    pub fn same_rules(&self, one: &TableName, other: &TableName) -> bool {
+    pub(crate) fn same_rules(&self, one: &TableName, other: &TableName) -> bool {
         let position = |name: &TableName| {
             let full = name.to_string();
             (
@@ -127,7 +127,7 @@ impl Transforms {
 
     /// Checks that a table merged into the same target as `first` has its shape, and that the
     /// merge can tell their rows apart where the job needs it.
-    pub fn check_merge(&self, first: &TableMapping, other: &TableMapping) -> Result<()> {
+    pub(crate) fn check_merge(&self, first: &TableMapping, other: &TableMapping) -> Result<()> {
         self.merge_problem(first, other).map_or(Ok(()), |problem| {
             Err(Error::new(ErrorKind::Schema, problem)
                 .on(Side::Target)
@@ -159,7 +159,7 @@ impl Transforms {
 
     /// The name a source table gets before the sink's own naming (its `namespace`): the route's
     /// `sink_table`, else the source name.
-    pub fn routed_name(&self, table: &TableName) -> TableName {
+    pub(crate) fn routed_name(&self, table: &TableName) -> TableName {
         let Some(route) = self.route(table) else { return table.clone() };
         let sink = match &route.replace_symbol {
             Some(symbol) => route.sink_table.replace(symbol.as_str(), &table.name),
@@ -648,7 +648,7 @@ impl TableMapping {
     }
 
     /// The target column a source column lands in unchanged (renamed or not), if one does.
-    pub fn target_column(&self, source_column: &str) -> Option<String> {
+    pub(crate) fn target_column(&self, source_column: &str) -> Option<String> {
         let index = self.source.column_index(source_column)?;
         let Some(program) = &self.program else { return Some(source_column.to_owned()) };
         program
@@ -662,7 +662,7 @@ impl TableMapping {
     /// target columns the source key columns pass into unchanged (not computed or masked), in
     /// the source key's order; `None` when one does not pass through so, or the source table has
     /// no primary key.
-    pub fn source_key(&self, target_row: &Row) -> Option<Row> {
+    pub(crate) fn source_key(&self, target_row: &Row) -> Option<Row> {
         if self.source.primary_key.is_empty() {
             return None;
         }
