@@ -3,7 +3,10 @@
 # into a hermetic PostgreSQL and MariaDB by sluice and by the peers, in the same run, next to the
 # physical limit (the source's full read and the target's bulk load of the same rows from a file).
 #
-#   bench/snapshot.sh [--tables 4] [--rows 1000000] [--only sluice] [--out bench/results]
+#   bench/snapshot.sh [--tables 4] [--rows 1000000] [--only sluice] [--baseline PATH] [--out bench/results]
+#
+# --baseline PATH: an earlier sluice binary, measured right after this checkout's on the PostgreSQL
+# and MySQL targets ("sluice (baseline) …"), for before/after figures of one run.
 #
 # Prints a Markdown table and writes it, with the raw figures as JSON lines, under --out.
 # Peers missing on the machine are installed (apt: sysbench pgloader mydumper; PyPI:
@@ -15,14 +18,16 @@ cd "$(dirname "$0")/.."
 tables=4
 rows=1000000
 only=""
+baseline=""
 out=bench/results
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --tables) tables=$2; shift 2 ;;
     --rows) rows=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
+    --baseline) baseline=$(realpath "$2"); shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--tables N] [--rows N] [--only TOOL] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--tables N] [--rows N] [--only TOOL] [--baseline PATH] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 
@@ -169,6 +174,10 @@ EOF
 }
 fresh_pg sluice_pg
 measure "sluice MySQL→PostgreSQL" pg "$sluice" run "$(job bench-pg postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg"
+if [[ -n "$baseline" ]]; then
+  fresh_pg sluice_pg
+  measure "sluice (baseline) MySQL→PostgreSQL" pg "$baseline" run "$(job bench-pg-baseline postgres "$postgres_url" sluice_pg)" --state-dir "$base/state-pg-baseline"
+fi
 # The same copy through three transforms (a computed column, a filter that keeps every row, a
 # mask): the transform stage's cost against the plain copy above.
 fresh_pg sluice_pg
@@ -224,6 +233,10 @@ measure "limit: MariaDB LOAD DATA from a file" limit-my load_all
 fresh_my limit_my
 fresh_my sluice_my
 measure "sluice MySQL→MySQL" my "$sluice" run "$(job bench-my mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my"
+if [[ -n "$baseline" ]]; then
+  fresh_my sluice_my
+  measure "sluice (baseline) MySQL→MySQL" my "$baseline" run "$(job bench-my-baseline mysql "$mysql_url" sluice_my)" --state-dir "$base/state-my-baseline"
+fi
 fresh_my sluice_my; rm -rf "$export_dir"
 fresh_my dump_my
 dump_pipe() {

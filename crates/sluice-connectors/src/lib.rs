@@ -93,9 +93,13 @@ pub struct TargetSide {
 /// Builds a target from a job, fenced for a cluster task when given a fence.
 pub type BuildSink = fn(&JobSpec, Option<Fence>) -> Result<Arc<dyn Sink>>;
 
-/// What a server target (MySQL, PostgreSQL) can do: write a snapshot's rows and apply a change
-/// stream, replacing rows by key, in transactions that check a cluster task's fence.
-pub(crate) const SERVER_TARGET_CAPABILITIES: Capabilities = Capabilities {
+/// What a server (MySQL, PostgreSQL) can do: as a source, copy tables, follow its change log and
+/// read cursor windows; as a target, write a snapshot's rows and apply a change stream, replacing
+/// rows by key, in transactions that check a cluster task's fence.
+pub(crate) const SERVER_CAPABILITIES: Capabilities = Capabilities {
+    snapshot_source: true,
+    change_source: true,
+    cursor_source: true,
     table_sink: true,
     change_sink: true,
     upsert: true,

@@ -57,8 +57,8 @@ impl ClientTls {
             .with_safe_default_protocol_versions()
             .map_err(|error| format!("TLS: {error}"))?;
         let verifier: Arc<dyn ServerCertVerifier> = match self.verification {
-            Verification::Encrypt => Arc::new(AnyCertificate(provider())),
-            Verification::Chain => Arc::new(AnyName(self.webpki()?)),
+            Verification::Encrypt => Arc::new(Lenient::AnyCertificate(provider())),
+            Verification::Chain => Arc::new(Lenient::AnyName(self.webpki()?)),
             Verification::Full => self.webpki()?,
         };
         let builder = builder.dangerous().with_custom_certificate_verifier(verifier);
@@ -165,60 +165,44 @@ pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Accepts any certificate, but still checks that the server holds its key.
+/// A verifier that asks less than the default one.
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
+enum Lenient {
+    /// Accepts any certificate, but still checks that the server holds its key.
+    AnyCertificate(Arc<CryptoProvider>),
+    /// Checks the chain, not the name.
+    AnyName(Arc<dyn ServerCertVerifier>),
+}
 
-/// Checks the chain, not the name.
-#[derive(Debug)]
-struct AnyName(Arc<dyn ServerCertVerifier>);
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
+impl Lenient {
+    /// Checks a handshake's signature (TLS 1.2 or 1.3) as the default verifier does.
+    fn signature(
         &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
+        tls13: bool,
         message: &[u8],
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            certificate,
-            signature,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        certificate: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            certificate,
-            signature,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        match (self, tls13) {
+            (Lenient::AnyCertificate(provider), false) => rustls::crypto::verify_tls12_signature(
+                message,
+                certificate,
+                signature,
+                &provider.signature_verification_algorithms,
+            ),
+            (Lenient::AnyCertificate(provider), true) => rustls::crypto::verify_tls13_signature(
+                message,
+                certificate,
+                signature,
+                &provider.signature_verification_algorithms,
+            ),
+            (Lenient::AnyName(webpki), false) => webpki.verify_tls12_signature(message, certificate, signature),
+            (Lenient::AnyName(webpki), true) => webpki.verify_tls13_signature(message, certificate, signature),
+        }
     }
 }
 
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -227,7 +211,8 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.0.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+        let Lenient::AnyName(webpki) = self else { return Ok(ServerCertVerified::assertion()) };
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -241,7 +226,7 @@ impl ServerCertVerifier for AnyName {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, certificate, signature)
+        self.signature(false, message, certificate, signature)
     }
 
     fn verify_tls13_signature(
@@ -250,11 +235,14 @@ impl ServerCertVerifier for AnyName {
         certificate: &CertificateDer<'_>,
         signature: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, certificate, signature)
+        self.signature(true, message, certificate, signature)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        match self {
+            Lenient::AnyCertificate(provider) => provider.signature_verification_algorithms.supported_schemes(),
+            Lenient::AnyName(webpki) => webpki.supported_verify_schemes(),
+        }
     }
 }
 

@@ -241,6 +241,21 @@ impl<'s> dyn Source + 's {
     }
 }
 
+/// Writes, inside a connector's `impl Source` or `impl Sink`, the accessors of the capability
+/// traits the connector implements itself, each as `accessor: Trait`:
+/// `sluice_core::capabilities!(snapshot: SnapshotSource, changes: ChangeSource)` for a source,
+/// `sluice_core::capabilities!(folded_changes: FoldedChangeSink)` for a target.
+#[macro_export]
+macro_rules! capabilities {
+    ($($accessor:ident: $capability:ident),+ $(,)?) => {
+        $(
+            fn $accessor(&self) -> Option<&dyn $crate::connector::$capability> {
+                Some(self)
+            }
+        )+
+    };
+}
+
 /// A source whose tables can be read in splits: the snapshot, the copy of `snapshot+cdc`, the
 /// rows of a cursor window, and the rows of dirty records read again.
 #[async_trait]

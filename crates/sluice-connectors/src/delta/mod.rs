@@ -360,9 +360,7 @@ impl Sink for DeltaSink {
         }))
     }
 
-    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
-        Some(self)
-    }
+    sluice_core::capabilities!(folded_changes: FoldedChangeSink);
 }
 
 #[async_trait]

@@ -188,9 +188,7 @@ impl Source for DirectorySource {
         Ok(schemas)
     }
 
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(changes: ChangeSource);
 }
 
 #[async_trait]

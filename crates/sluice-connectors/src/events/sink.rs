@@ -139,9 +139,7 @@ impl Sink for EventSink {
         }))
     }
 
-    fn event_changes(&self) -> Option<&dyn EventChangeSink> {
-        Some(self)
-    }
+    sluice_core::capabilities!(event_changes: EventChangeSink);
 }
 
 #[async_trait]

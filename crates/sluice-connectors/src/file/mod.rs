@@ -387,9 +387,7 @@ impl Source for FileSource {
             .collect()
     }
 
-    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(snapshot: SnapshotSource);
 }
 
 #[async_trait]

@@ -226,9 +226,7 @@ impl Source for KafkaSource {
         Ok(self.schemas.keep(found.into_values().collect()))
     }
 
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(changes: ChangeSource);
 }
 
 #[async_trait]

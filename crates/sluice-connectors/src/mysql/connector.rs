@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::connector::{Capabilities, Fence, Sink, Source};
+use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, Node, NodeKind, SpecError};
 use sluice_core::{Position, Result};
@@ -14,12 +14,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "mysql",
     feature: "mysql",
-    capabilities: Capabilities {
-        snapshot_source: true,
-        change_source: true,
-        cursor_source: true,
-        ..crate::SERVER_TARGET_CAPABILITIES
-    },
+    capabilities: crate::SERVER_CAPABILITIES,
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate: validate_target, build: build_target }),
 };

@@ -299,9 +299,7 @@ impl Sink for MysqlSink {
         }))
     }
 
-    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
-        Some(self)
-    }
+    sluice_core::capabilities!(folded_changes: FoldedChangeSink);
 }
 
 #[async_trait]

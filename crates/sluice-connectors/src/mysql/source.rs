@@ -283,17 +283,7 @@ impl Source for MysqlSource {
         Ok(tables)
     }
 
-    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
-        Some(self)
-    }
-
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
-
-    fn cursor(&self) -> Option<&dyn CursorSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(snapshot: SnapshotSource, changes: ChangeSource, cursor: CursorSource);
 }
 
 #[async_trait]

@@ -158,9 +158,7 @@ impl Source for NatsSource {
         Ok(self.schemas.keep(tables))
     }
 
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(changes: ChangeSource);
 }
 
 #[async_trait]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::connector::{Capabilities, Fence, Sink, Source};
+use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
 use sluice_core::Result;
@@ -13,12 +13,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "postgres",
     feature: "postgres",
-    capabilities: Capabilities {
-        snapshot_source: true,
-        change_source: true,
-        cursor_source: true,
-        ..crate::SERVER_TARGET_CAPABILITIES
-    },
+    capabilities: crate::SERVER_CAPABILITIES,
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build }),
 };

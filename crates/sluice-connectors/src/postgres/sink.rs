@@ -283,9 +283,7 @@ impl Sink for PostgresSink {
         }))
     }
 
-    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
-        Some(self)
-    }
+    sluice_core::capabilities!(folded_changes: FoldedChangeSink);
 }
 
 #[async_trait]

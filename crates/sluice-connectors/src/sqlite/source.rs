@@ -70,13 +70,7 @@ impl Source for SqliteSource {
         .await
     }
 
-    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
-        Some(self)
-    }
-
-    fn cursor(&self) -> Option<&dyn CursorSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(snapshot: SnapshotSource, cursor: CursorSource);
 }
 
 #[async_trait]

@@ -93,9 +93,7 @@ impl Source for TcpSource {
         Ok(vec![(*self.options.table).clone()])
     }
 
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(changes: ChangeSource);
 }
 
 #[async_trait]

@@ -35,6 +35,9 @@ struct SourceFile {
     krate: String,
     module: Vec<String>,
     paths: Vec<Vec<String>>,
+    /// The macros the file exports (`#[macro_export]`): Rust puts them at the crate's root, so
+    /// a path to one names the crate, not the file that defines it.
+    macros: Vec<String>,
 }
 
 fn workspace() -> PathBuf {
@@ -65,6 +68,7 @@ fn source_files() -> Vec<SourceFile> {
                     let text = std::fs::read_to_string(&path).unwrap();
                     files.push(SourceFile {
                         paths: named_paths(&without_tests(&text)),
+                        macros: exported_macros(&text),
                         path,
                         krate: krate.clone(),
                         module,
@@ -75,6 +79,19 @@ fn source_files() -> Vec<SourceFile> {
     }
     files.sort_by(|a, b| a.path.cmp(&b.path));
     files
+}
+
+/// The names of the macros `text` exports.
+fn exported_macros(text: &str) -> Vec<String> {
+    text.split("#[macro_export]")
+        .skip(1)
+        .filter_map(|after| after.trim_start().strip_prefix("macro_rules!"))
+        .filter_map(|rest| {
+            rest.split(|character: char| !(character.is_alphanumeric() || character == '_'))
+                .find(|name| !name.is_empty())
+        })
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `lib.rs` / `main.rs` → [], `a/mod.rs` → [a], `a/b.rs` → [a, b].
@@ -309,13 +326,19 @@ fn relative(path: &Path) -> String {
 
 /// The problems of the layering, every one of them.
 fn layering_problems(files: &[SourceFile]) -> Vec<String> {
+    let is_contract = |file: &SourceFile| {
+        file.krate == "sluice_core" && file.module.first().is_some_and(|top| CONTRACT.contains(&top.as_str()))
+    };
+    // A macro a contract file exports is the contract's, though its path names the crate root.
+    let contract_macros: BTreeSet<&str> =
+        files.iter().filter(|file| is_contract(file)).flat_map(|file| file.macros.iter().map(String::as_str)).collect();
     let mut problems = Vec::new();
     for file in files {
-        let contract_file =
-            file.krate == "sluice_core" && file.module.first().is_some_and(|top| CONTRACT.contains(&top.as_str()));
+        let contract_file = is_contract(file);
         for path in &file.paths {
             let Some(second) = path.get(1) else { continue };
-            let first_is_module = second.chars().next().is_some_and(char::is_lowercase);
+            let first_is_module =
+                second.chars().next().is_some_and(char::is_lowercase) && !contract_macros.contains(second.as_str());
             if file.krate == "sluice_connectors"
                 && path[0] == "sluice_core"
                 && first_is_module
@@ -458,6 +481,7 @@ fn the_reader_finds_what_a_planted_import_breaks() {
         krate: krate.to_owned(),
         module: module.iter().map(|part| part.to_string()).collect(),
         paths: named_paths(&without_tests(text)),
+        macros: exported_macros(text),
     };
     let connector = planted(
         &["kafka"],
@@ -469,6 +493,14 @@ fn the_reader_finds_what_a_planted_import_breaks() {
     assert!(problems[0].contains("sluice_core::runner::Runner"), "{problems:?}");
     let cluster = planted(&["cluster", "node"], "sluice", "fn f() { crate::api::views::job_view(); }");
     assert_eq!(layering_problems(&[cluster]).len(), 1);
+    // A macro the contract exports is the contract's; one the engine exports is not.
+    let exported = "#[macro_export]\nmacro_rules! answers { () => { $crate::connector::Split }; }";
+    let contract = planted(&["connector"], "sluice_core", exported);
+    let engine = planted(&["runner"], "sluice_core", &exported.replace("answers", "runs"));
+    let user = planted(&["kafka"], "sluice_connectors", "sluice_core::answers!();\nsluice_core::runs!();");
+    let problems = layering_problems(&[contract, engine, user]);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("sluice_core::runs"), "{problems:?}");
 
     let a = planted(&["a"], "sluice_core", "use crate::b::{B, c::C};\n#[cfg(test)]\nmod tests { use crate::c::D; }\n");
     let b = planted(

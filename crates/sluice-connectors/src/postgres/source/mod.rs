@@ -406,17 +406,7 @@ impl Source for PostgresSource {
         self.replication.forget(&self.connection().await?, &self.server).await
     }
 
-    fn snapshot(&self) -> Option<&dyn SnapshotSource> {
-        Some(self)
-    }
-
-    fn changes(&self) -> Option<&dyn ChangeSource> {
-        Some(self)
-    }
-
-    fn cursor(&self) -> Option<&dyn CursorSource> {
-        Some(self)
-    }
+    sluice_core::capabilities!(snapshot: SnapshotSource, changes: ChangeSource, cursor: CursorSource);
 }
 
 #[async_trait]
