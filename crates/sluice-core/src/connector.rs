@@ -781,6 +781,12 @@ pub trait FoldedChangeWriter: ChangeWriter {
     /// tell fails the call instead.
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>>;
 
+    /// Updates rows in place by key: every column of each row but those `Value::Unchanged`,
+    /// which the target keeps (an update whose log did not carry every value, and no earlier
+    /// image of the key in the group). Called between a group's deletes and its inserts. Returns
+    /// the indexes of the rows whose key the target lacks.
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>>;
+
     /// Whether DDL commits the open transaction on its own (MySQL), so a schema change or a
     /// `publish` cannot share a transaction with rows and their checkpoint.
     fn ddl_commits(&self) -> bool {

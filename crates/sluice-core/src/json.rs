@@ -27,6 +27,8 @@ pub fn encode_value(value: &Value, output: &mut String) {
         Value::Text(text) => output.push_str(&string(text)),
         Value::Bytes(bytes) => output.push_str(&string(&base64_encode(bytes))),
         Value::Json(text) => output.push_str(text),
+        // Only in a dirty record's image (an event never carries one): marked, not guessed.
+        Value::Unchanged => output.push_str(r#"{"unchanged":true}"#),
     }
 }
 

@@ -20,6 +20,45 @@ use crate::change::{key_text, Change, ChangeKind, Row};
 use crate::connector::FoldedChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::TableSchema;
+use crate::value::Value;
+
+/// Whether a row holds a value its update left unchanged and its log did not carry.
+pub(crate) fn has_unchanged(row: &Row) -> bool {
+    row.iter().any(|value| matches!(value, Value::Unchanged))
+}
+
+/// Fills the values `after` left unchanged from the key's earlier image.
+fn fill_unchanged(after: &mut Row, earlier: &Row) {
+    for (value, known) in after.iter_mut().zip(earlier) {
+        if matches!(value, Value::Unchanged) {
+            *value = known.clone();
+        }
+    }
+}
+
+/// An update whose unchanged values cannot be kept (`what` says why: its row moved to another
+/// key, the target lacks the row, the target takes events).
+pub(crate) fn unchanged_lost(table: &TableSchema, row: &Row, what: &str) -> Error {
+    let columns: Vec<&str> = table
+        .columns
+        .iter()
+        .zip(row)
+        .filter(|(_, value)| matches!(value, Value::Unchanged))
+        .map(|(column, _)| column.name.as_str())
+        .collect();
+    Error::new(
+        ErrorKind::Read,
+        format!(
+            "table {} ({}): an update left {} unchanged and the source's log does not carry {}, and {what}: sluice does not write a guess",
+            table.name,
+            key_text(table, row),
+            columns.join(", "),
+            if columns.len() == 1 { "its value" } else { "their values" }
+        ),
+    )
+    .on(Side::Source)
+    .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job")
+}
 
 /// One key's fold: was a row there before the group, and what is there after it.
 #[derive(Debug)]
@@ -188,7 +227,17 @@ impl NetChanges {
             }
         };
         self.changes += 1;
+        if let ChangeKind::Update { after, .. } = &change.kind {
+            if has_unchanged(after) && table.primary_key.iter().any(|&index| matches!(after[index], Value::Unchanged)) {
+                return Err(unchanged_lost(table, after, "the key is among them"));
+            }
+        }
         if table.primary_key.is_empty() {
+            if let ChangeKind::Update { after, .. } = &change.kind {
+                if has_unchanged(after) {
+                    return Err(unchanged_lost(table, after, "the table has no key to keep them by"));
+                }
+            }
             // Rows known by their values: the copies that came and went, whatever the mode (the
             // stream applies a keyless table's changes only past its copy).
             let copies = &mut self.tables[position];
@@ -232,10 +281,18 @@ impl NetChanges {
             }
             ChangeKind::Update { before, after } => {
                 let (old_key, new_key) = (key_of(&before), key_of(&after));
+                let mut after = after;
                 if old_key != new_key {
                     let (entry, made) = table_changes.entry(old_key, true, mode, transaction);
                     if entry.row.is_none() && mode == ApplyMode::Strict {
                         return Err(inconsistent("an update", &before));
+                    }
+                    match &entry.row {
+                        Some(earlier) if !made => fill_unchanged(&mut after, earlier),
+                        _ if has_unchanged(&after) => {
+                            return Err(unchanged_lost(table, &after, "the update moved the row to another key"))
+                        }
+                        _ => {}
                     }
                     entry.row = None;
                     if made {
@@ -251,6 +308,9 @@ impl NetChanges {
                     if entry.row.is_none() && mode == ApplyMode::Strict {
                         return Err(inconsistent("an update", &before));
                     }
+                    if let (Some(earlier), false) = (&entry.row, made) {
+                        fill_unchanged(&mut after, earlier);
+                    }
                     entry.row = Some(after);
                     if made {
                         entry.before = Some(before);
@@ -262,8 +322,9 @@ impl NetChanges {
     }
 
     /// Applies the folded changes inside the writer's open transaction: first every table's
-    /// deletes, then every table's inserts, so a unique key moved from one row to another within
-    /// the group does not collide. Keys folded in `Replay` or `Dirty` mode are deleted whether
+    /// deletes, then the updates in place of rows that keep values the log did not carry, then
+    /// every table's inserts, so a unique key moved from one row to another within the group
+    /// does not collide. Keys folded in `Replay` or `Dirty` mode are deleted whether
     /// or not the target has them; the others must be there. `target` maps a table to the one
     /// its rows are written into (a hidden copy's name). Leaves the fold empty.
     pub async fn apply(
@@ -286,19 +347,43 @@ impl NetChanges {
                 }
                 continue;
             }
+            // A row that keeps values the log did not carry is updated in place, not replaced.
+            let replaced = |entry: &&Entry| !entry.row.as_ref().is_some_and(has_unchanged);
             let strict: Vec<Row> = changes
                 .entries
                 .iter()
+                .filter(replaced)
                 .filter(|entry| entry.existed && !entry.by_key)
                 .map(|entry| entry.key.clone())
                 .collect();
             if !strict.is_empty() {
                 writer.delete(target, &strict, true).await?;
             }
-            let by_key: Vec<Row> =
-                changes.entries.iter().filter(|entry| entry.by_key).map(|entry| entry.key.clone()).collect();
+            let by_key: Vec<Row> = changes
+                .entries
+                .iter()
+                .filter(replaced)
+                .filter(|entry| entry.by_key)
+                .map(|entry| entry.key.clone())
+                .collect();
             if !by_key.is_empty() {
                 writer.delete(target, &by_key, false).await?;
+            }
+        }
+        for (changes, target) in tables.iter().zip(&targets) {
+            let (updated, by_key): (Vec<Row>, Vec<bool>) = changes
+                .entries
+                .iter()
+                .filter_map(|entry| Some((entry.row.clone().filter(has_unchanged)?, entry.by_key)))
+                .unzip();
+            if updated.is_empty() {
+                continue;
+            }
+            // A row applied by key that the target lacks is left to the later changes of the key
+            // (a replay window: the copy read it after a delete the stream has yet to apply).
+            let missing = writer.update(target, &updated).await?.into_iter().find(|&index| !by_key[index]);
+            if let Some(index) = missing {
+                return Err(unchanged_lost(target, &updated[index], "the target has no row of this key"));
             }
         }
         let mut refused_rows = Vec::new();
@@ -311,7 +396,7 @@ impl NetChanges {
                 .flat_map(|copies| std::iter::repeat_n((None, copies.transaction), copies.count.max(0) as usize))
                 .collect();
             for entry in changes.entries {
-                if let Some(row) = entry.row {
+                if let Some(row) = entry.row.filter(|row| !has_unchanged(row)) {
                     rows.push(row);
                     origins.push((entry.before, entry.transaction));
                 }
@@ -426,6 +511,18 @@ mod tests {
             }
             Ok(refused)
         }
+        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+            self.statements += 1;
+            let mut missing = Vec::new();
+            for (index, row) in rows.iter().enumerate() {
+                match (self.rows.get_mut(&id(row)), &row[1]) {
+                    (None, _) => missing.push(index),
+                    (Some(value), Value::Int(new)) => *value = *new,
+                    (Some(_), _) => {}
+                }
+            }
+            Ok(missing)
+        }
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
             unreachable!("nothing hidden here: {tables:?}")
         }
@@ -469,6 +566,45 @@ mod tests {
     /// record shows: the row before the group and the transaction that changed it last. The
     /// key's later changes, folded as `Dirty`, apply on top of what the target has, while the
     /// group's other keys stay strict.
+    /// A row whose update left a value unchanged and unsent: filled from an earlier image of the
+    /// key in the group, else updated in place so the target keeps its value.
+    #[tokio::test]
+    async fn values_an_update_left_unsent_come_from_the_group_or_stay_as_the_target_has_them() {
+        let table = table();
+        let update = |before, after| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+        let kept = |id| vec![Value::Int(id), Value::Unchanged];
+        let mut target = MemoryTarget::default();
+        target.rows.extend([(1, 10), (2, 20)]);
+        let changes = vec![
+            // The first change of key 1 in the group: its row is updated in place.
+            update(row(1, 10), kept(1)),
+            // Key 3 is inserted in the group, then updated: its value comes from the insert.
+            insert(3, 30),
+            update(row(3, 30), kept(3)),
+            // Key 2 is updated twice: the second update's unsent value is the first one's.
+            update(row(2, 20), row(2, 21)),
+            update(row(2, 21), kept(2)),
+        ];
+        apply(&mut target, changes, ApplyMode::Strict).await.unwrap();
+        assert_eq!(target.rows.iter().map(|(id, v)| (*id, *v)).collect::<Vec<_>>(), vec![(1, 10), (2, 21), (3, 30)]);
+
+        // The target lacks the row: strict, the stream stops naming the table, key and column;
+        // by key (a replay window), the row is left to the key's later changes.
+        let mut target = MemoryTarget::default();
+        let error = apply(&mut target, vec![update(row(7, 70), kept(7))], ApplyMode::Strict).await.unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("db.t (id=7)") && message.contains("left v unchanged"), "{message}");
+        assert!(message.contains("REPLICA IDENTITY FULL"), "{message}");
+        apply(&mut target, vec![update(row(7, 70), kept(7))], ApplyMode::Replay).await.unwrap();
+        assert!(target.rows.is_empty());
+
+        // A row moved to another key cannot keep a value the target holds under the old key.
+        let mut target = MemoryTarget::default();
+        target.rows.insert(8, 80);
+        let error = apply(&mut target, vec![update(row(8, 80), kept(9))], ApplyMode::Strict).await.unwrap_err();
+        assert!(error.to_string().contains("moved the row to another key"), "{error}");
+    }
+
     #[tokio::test]
     async fn a_refused_row_is_left_out_and_its_key_later_applies_on_top_of_the_target() {
         let table = table();
@@ -645,6 +781,9 @@ mod tests {
         async fn insert(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
             self.rows.extend(rows.iter().cloned());
             Ok(Vec::new())
+        }
+        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+            unreachable!("a keyless table's update is a delete and an insert: {rows:?}")
         }
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
             unreachable!("nothing hidden here: {tables:?}")

@@ -38,13 +38,18 @@ pub enum Value {
     Timestamp(DateTime),
     /// A JSON document, kept as the source's text so big numbers and key order survive.
     Json(String),
+    /// A column an update left as it was, whose value the source's log does not carry
+    /// (PostgreSQL's unchanged out-of-line values under `REPLICA IDENTITY DEFAULT`). Only in the
+    /// after-image of an update: the fold of a group fills it from an earlier image of the key,
+    /// else the target keeps its own value (`FoldedChangeWriter::update`).
+    Unchanged,
 }
 
 impl Value {
     /// Approximate in-memory payload size in bytes, used for byte counters and byte limits.
     pub fn approximate_size(&self) -> usize {
         match self {
-            Value::Null => 1,
+            Value::Null | Value::Unchanged => 1,
             Value::Bool(_) => 1,
             Value::Int(_) | Value::UInt(_) | Value::Float64(_) | Value::Bits { .. } => 8,
             Value::Float32(_) => 4,
@@ -67,6 +72,7 @@ impl fmt::Display for Value {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::Null => formatter.write_str("NULL"),
+            Value::Unchanged => formatter.write_str("(unchanged)"),
             Value::Bool(value) => write!(formatter, "{value}"),
             Value::Int(value) => write!(formatter, "{value}"),
             Value::UInt(value) => write!(formatter, "{value}"),

@@ -473,6 +473,21 @@ impl ChangeWriter for DeltaChanges {
 
 #[async_trait]
 impl FoldedChangeWriter for DeltaChanges {
+    /// A Delta table's files hold whole rows: a row that keeps values its update left unchanged
+    /// (and the source did not send) cannot be written.
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        Err(Error::new(
+            ErrorKind::Write,
+            format!(
+                "table {}: {} updated row(s) keep values the source's log did not carry; a Delta table's files hold whole rows",
+                table.name,
+                rows.len()
+            ),
+        )
+        .on(Side::Target)
+        .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job"))
+    }
+
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
         self.staged(table)?.delete(keys, expect_all)
     }

@@ -230,6 +230,46 @@ impl FoldedChangeWriter for MysqlChangeWriter {
         Ok(())
     }
 
+    /// One `UPDATE ... SET` by key a row, prepared once per set of columns the rows carry. A row
+    /// the statement changed nothing in (MySQL counts changed rows) is looked up by its key.
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        self.begin().await?;
+        let doing = format!("update rows of {} in place", table.name);
+        let equals = |index: &usize| format!("{} = ?", quote(&table.columns[*index].name));
+        let keys: Vec<String> = table.primary_key.iter().map(equals).collect();
+        let mut missing = Vec::new();
+        for (set, indexes) in crate::sql::update::by_shape(table, rows) {
+            let assignments: Vec<String> = set.iter().map(equals).collect();
+            let sql = format!(
+                "UPDATE {} SET {} WHERE {}",
+                qualified(&table.name),
+                assignments.join(", "),
+                keys.join(" AND ")
+            );
+            let lookup = format!("SELECT 1 FROM {} WHERE {}", qualified(&table.name), keys.join(" AND "));
+            for index in indexes {
+                let row = &rows[index];
+                let parameters: Vec<mysql_async::Value> =
+                    set.iter().chain(&table.primary_key).map(|&column| super::rows::encode(&row[column])).collect();
+                let error = |error| mysql_error(error, Side::Target, &self.server, &doing);
+                self.connection.exec_drop(&sql, parameters).await.map_err(error)?;
+                if self.connection.affected_rows() == 0 {
+                    let key: Vec<mysql_async::Value> =
+                        table.primary_key.iter().map(|&column| super::rows::encode(&row[column])).collect();
+                    let found: Option<u8> = self
+                        .connection
+                        .exec_first(&lookup, key)
+                        .await
+                        .map_err(|error| mysql_error(error, Side::Target, &self.server, &doing))?;
+                    if found.is_none() {
+                        missing.push(index);
+                    }
+                }
+            }
+        }
+        Ok(missing)
+    }
+
     /// Inserts the rows under savepoints: a row whose content MySQL refuses is found and left
     /// out (`InsertTrial`), a row whose key exists stops the stream.
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {

@@ -108,6 +108,9 @@ pub(super) fn encode(value: &Value) -> mysql_async::Value {
     use mysql_async::Value as My;
     match value {
         Value::Null => My::NULL,
+        Value::Unchanged => unreachable!(
+            "a value the source did not send never reaches a writer: the fold fills it or updates its row in place"
+        ),
         Value::Bool(value) => My::Int(i64::from(*value)),
         Value::Int(value) => My::Int(*value),
         Value::UInt(value) => My::UInt(*value),

@@ -287,6 +287,54 @@ impl FoldedChangeWriter for PostgresChangeWriter {
         Ok(())
     }
 
+    /// One `UPDATE ... SET` by key a row, prepared once per set of columns the rows carry.
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        self.begin().await?;
+        let cast = |index: usize, number: usize| {
+            let column = &table.columns[index];
+            format!("{} = ${number}::text::{}", quote(&column.name), definition_type(table, column))
+        };
+        let doing = format!("update rows of {} in place", table.name);
+        let mut missing = Vec::new();
+        for (set, indexes) in crate::sql::update::by_shape(table, rows) {
+            let assignments: Vec<String> =
+                set.iter().enumerate().map(|(number, &index)| cast(index, number + 1)).collect();
+            let conditions: Vec<String> = table
+                .primary_key
+                .iter()
+                .enumerate()
+                .map(|(number, &index)| cast(index, set.len() + number + 1))
+                .collect();
+            let sql = format!(
+                "UPDATE {} SET {} WHERE {}",
+                qualified(&table.name),
+                assignments.join(", "),
+                conditions.join(" AND ")
+            );
+            let statement = self
+                .client
+                .prepare(&sql)
+                .await
+                .map_err(|error| postgres_error(error, Side::Target, &self.server, &doing))?;
+            for index in indexes {
+                let row = &rows[index];
+                let values: Vec<Option<String>> =
+                    set.iter().chain(&table.primary_key).map(|&column| text_form(&row[column])).collect();
+                let parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    values.iter().map(|value| value as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+                let updated = self
+                    .client
+                    .execute(&statement, &parameters)
+                    .await
+                    .map_err(|error| postgres_error(error, Side::Target, &self.server, &doing))?;
+                if updated == 0 {
+                    missing.push(index);
+                }
+            }
+        }
+        Ok(missing)
+    }
+
     /// COPYs the rows under savepoints: a row whose content PostgreSQL refuses is found and
     /// left out (`CopyTrial`), a row whose key exists stops the stream.
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {

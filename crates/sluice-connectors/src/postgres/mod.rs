@@ -271,6 +271,9 @@ fn encode_copy(value: &Value, output: &mut String) {
     use std::fmt::Write;
     match value {
         Value::Null => output.push_str("\\N"),
+        Value::Unchanged => unreachable!(
+            "a value the source did not send never reaches a writer: the fold fills it or updates its row in place"
+        ),
         Value::Bool(value) => output.push(if *value { 't' } else { 'f' }),
         Value::Int(value) => output.push_str(itoa::Buffer::new().format(*value)),
         Value::UInt(value) => output.push_str(itoa::Buffer::new().format(*value)),

@@ -228,6 +228,9 @@ fn to_sql(value: &Value) -> rusqlite::types::Value {
     use rusqlite::types::Value as Sql;
     match value {
         Value::Null => Sql::Null,
+        Value::Unchanged => unreachable!(
+            "a value the source did not send never reaches a writer: the fold fills it or updates its row in place"
+        ),
         Value::Bool(value) => Sql::Integer(i64::from(*value)),
         Value::Int(value) => Sql::Integer(*value),
         Value::UInt(value) => match i64::try_from(*value) {

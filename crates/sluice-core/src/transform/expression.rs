@@ -250,14 +250,37 @@ impl Expression {
         }
     }
 
-    /// Evaluates the expression on a row of the scope's table.
+    /// Evaluates the expression on a row of the scope's table. A value the source did not send
+    /// (`Value::Unchanged`) passes through a plain column; an expression over it is unknown:
+    /// unchanged as well when every column it reads is, else an error naming the column.
     pub fn evaluate<'a>(&'a self, row: &'a [Value]) -> Result<Cow<'a, Value>, String> {
+        if !matches!(self.node, Node::Column(_)) && row.iter().any(|value| matches!(value, Value::Unchanged)) {
+            let mut read = Vec::new();
+            columns_read(&self.node, &mut read);
+            let unsent: Vec<usize> =
+                read.iter().copied().filter(|&index| matches!(row[index], Value::Unchanged)).collect();
+            if !read.is_empty() && unsent.len() == read.len() {
+                return Ok(Cow::Owned(Value::Unchanged));
+            }
+            if let Some(&index) = unsent.first() {
+                return Err(format!(
+                    "the expression reads column #{} beside others, and an update left it unchanged without the source sending its value",
+                    index + 1
+                ));
+            }
+        }
         evaluate(&self.node, row)
     }
 
-    /// Evaluates a predicate: only TRUE passes (NULL does not, as in SQL's WHERE).
+    /// Evaluates a predicate: only TRUE passes (NULL does not, as in SQL's WHERE). A predicate
+    /// over values the source did not send cannot be judged: an error, never a silent drop.
     pub fn holds(&self, row: &[Value]) -> Result<bool, String> {
-        Ok(truth(&*self.evaluate(row)?) == Some(true))
+        match &*self.evaluate(row)? {
+            Value::Unchanged => {
+                Err("the filter reads only values an update left unchanged without the source sending them".into())
+            }
+            value => Ok(truth(value) == Some(true)),
+        }
     }
 }
 
@@ -697,6 +720,54 @@ fn truth(value: &Value) -> Option<bool> {
 
 fn boolean(value: Option<bool>) -> Value {
     value.map_or(Value::Null, Value::Bool)
+}
+
+/// The columns `node` reads, each once.
+fn columns_read(node: &Node, read: &mut Vec<usize>) {
+    let mut visit = |inner: &Node| columns_read(inner, read);
+    match node {
+        Node::Column(index) => {
+            if !read.contains(index) {
+                read.push(*index);
+            }
+        }
+        Node::Literal(_) => {}
+        Node::Not(inner)
+        | Node::Negate(inner)
+        | Node::IsNull { node: inner, .. }
+        | Node::IsTruth { node: inner, .. } => visit(inner),
+        Node::Cast { node: inner, .. } => visit(inner),
+        Node::And(left, right)
+        | Node::Or(left, right)
+        | Node::Compare(_, left, right)
+        | Node::Arithmetic(_, left, right)
+        | Node::Concat(left, right) => {
+            visit(left);
+            visit(right);
+        }
+        Node::In { node: inner, list, .. } => {
+            visit(inner);
+            list.iter().for_each(&mut visit);
+        }
+        Node::Between { node: inner, low, high, .. } => {
+            visit(inner);
+            visit(low);
+            visit(high);
+        }
+        Node::Like { node: inner, pattern, .. } => {
+            visit(inner);
+            visit(pattern);
+        }
+        Node::Case { operand, branches, otherwise } => {
+            operand.iter().for_each(|inner| visit(inner));
+            for (when, then) in branches {
+                visit(when);
+                visit(then);
+            }
+            otherwise.iter().for_each(|inner| visit(inner));
+        }
+        Node::Call { arguments, .. } => arguments.iter().for_each(&mut visit),
+    }
 }
 
 fn evaluate<'a>(node: &'a Node, row: &'a [Value]) -> Result<Cow<'a, Value>, String> {

@@ -73,8 +73,10 @@ impl Mask {
         }
     }
 
+    /// Masks a value. A value the source did not send stays unsent: the target keeps the masked
+    /// value it holds.
     pub(super) fn apply(&self, value: &mut Value) {
-        if value.is_null() {
+        if value.is_null() || matches!(value, Value::Unchanged) {
             return;
         }
         match self {

@@ -103,9 +103,10 @@ pub fn stream_lsn_in(target: &str, job: &str) -> Option<u64> {
 pub const ACCOUNTS: u64 = 100;
 
 /// `accounts (id, balance)`, `items (id, v, note, tags, uid, at)` with `items` rows, `docs (id,
-/// small, body)` with 20 values of 40 kB that PostgreSQL stores out of line (REPLICA IDENTITY
-/// FULL), `pairs (a text, b int)` with a composite text key and `events (k, note)` without a key
-/// (REPLICA IDENTITY FULL); in schema `schema`.
+/// small, body)` with 20 values of 40 kB that PostgreSQL stores out of line (the default replica
+/// identity: an update of `small` alone does not send `body`), `pairs (a text, b int)` with a
+/// composite text key and `events (k, note)` without a key (REPLICA IDENTITY FULL); in schema
+/// `schema`.
 pub fn create_tables_sql(schema: &str, items: u64) -> String {
     format!(
         "CREATE SCHEMA {schema}; SET search_path = {schema};
@@ -114,7 +115,6 @@ pub fn create_tables_sql(schema: &str, items: u64) -> String {
          CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, note text, tags int[], uid uuid, at timestamptz);
          INSERT INTO items SELECT g, g % 1000, 'item ' || g, ARRAY[g, NULL], md5(g::text)::uuid, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 second' FROM generate_series(1, {items}) g;
          CREATE TABLE docs (id int PRIMARY KEY, small int NOT NULL, body text);
-         ALTER TABLE docs REPLICA IDENTITY FULL;
          INSERT INTO docs SELECT g, 0, (SELECT string_agg(md5(g::text || '-' || i), '') FROM generate_series(1, 1250) i) FROM generate_series(1, 20) g;
          CREATE TABLE pairs (a text, b int, v int, PRIMARY KEY (a, b));
          INSERT INTO pairs SELECT 'k' || (g % 37), g, 0 FROM generate_series(1, 2000) g;
@@ -125,8 +125,9 @@ pub fn create_tables_sql(schema: &str, items: u64) -> String {
 }
 
 /// A load on the tables of `create_tables_sql` in `schema` of `database`, at about `per_second`
-/// statements a second: inserts, updates, deletes and key moves of `items`, updates of `docs`'
-/// small column beside large out-of-line values, rows of the keyless `events`, and transfers
+/// statements a second: inserts, updates, deletes and key moves of `items`; updates of `docs`'
+/// small column beside large out-of-line values the server does not send, new large values, and
+/// new documents updated in the transaction that inserts them; rows of the keyless `events`, and transfers
 /// between `accounts` in transactions that keep the balances' sum at `ACCOUNTS * 1000`; new
 /// items take ids from `first_id` on.
 pub fn load(database: &SourceDatabase, schema: &str, mut random: Random, per_second: u64, first_id: u64) -> Load {
@@ -150,7 +151,25 @@ pub fn load(database: &SourceDatabase, schema: &str, mut random: Random, per_sec
                 )
             }
             6..=8 => format!("UPDATE items SET v = v + 1, note = 'u{}' WHERE id = {id};", random.below(1000)),
-            9 => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
+            9 => match random.below(8) {
+                // A new large value; an update of the row in the same transaction, which does
+                // not send it again; a large value that leaves the table.
+                0 => format!(
+                    "UPDATE docs SET body = (SELECT string_agg(md5('{}' || i), '') FROM generate_series(1, 1250) i) WHERE id = {};",
+                    random.next(),
+                    1 + random.below(20)
+                ),
+                1 => {
+                    next_id += 1;
+                    format!(
+                        "BEGIN; INSERT INTO docs SELECT {id}, 0, string_agg(md5('{id}-' || i), '') FROM generate_series(1, 1250) i; \
+                         UPDATE docs SET small = 1 WHERE id = {id}; COMMIT;",
+                        id = next_id - 1
+                    )
+                }
+                2 => format!("DELETE FROM docs WHERE id > 20 AND id < {id};"),
+                _ => format!("UPDATE docs SET small = small + 1 WHERE id = {};", 1 + random.below(20)),
+            },
             10 => format!("UPDATE pairs SET v = v + 1 WHERE a = 'k{}';", random.below(37)),
             // A table without a key: duplicates, and one of two equal rows deleted.
             15 => format!("INSERT INTO events VALUES ({}, 'new');", random.below(100)),

@@ -350,7 +350,7 @@ impl Source for PostgresSource {
                     what: "source large values".into(),
                     ok: true,
                     detail: format!(
-                        "{} may store values out of line: an UPDATE that leaves such a value unchanged stops the stream (the server does not send it) unless the table has REPLICA IDENTITY FULL",
+                        "{} may store values out of line, which an UPDATE that leaves them unchanged does not send without REPLICA IDENTITY FULL: PostgreSQL and MySQL targets keep their own value (the row is updated in place); an event or Delta target stops the stream",
                         toasted.join(", ")
                     ),
                 });

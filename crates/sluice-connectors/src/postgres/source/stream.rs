@@ -301,8 +301,8 @@ impl WalChangeStream {
     }
 
     /// A row's values from a tuple, in the table's columns. A TOASTed value the update did not
-    /// touch is taken from the old row when the server sent it (REPLICA IDENTITY FULL);
-    /// without it the stream stops naming the table and column, never writing a wrong value.
+    /// touch is taken from the old row when the server sent it (REPLICA IDENTITY FULL), else it
+    /// is `Value::Unchanged`: the target keeps its own (`FoldedChangeWriter::update`).
     fn row(&self, table: &TableSchema, relation: u32, tuple: &Tuple, old: Option<&Tuple>) -> Result<Row> {
         let mut row = Vec::with_capacity(table.columns.len());
         for (index, (column, value)) in table.columns.iter().zip(tuple).enumerate() {
@@ -316,7 +316,7 @@ impl WalChangeStream {
                 }
                 TupleValue::UnchangedToast => match old.and_then(|old| old.get(index)) {
                     Some(TupleValue::Text(bytes)) => self.value(table, column, bytes)?,
-                    _ => return Err(unchanged_toast(table, column)),
+                    _ => Value::Unchanged,
                 },
             };
             row.push(value);
@@ -513,21 +513,6 @@ fn column_changes(before: &TableSchema, after: &TableSchema) -> Option<(Vec<Stri
         .map(|column| column.name.clone())
         .collect();
     (!added.is_empty() || !dropped.is_empty() || !retyped.is_empty()).then_some((added, dropped, retyped))
-}
-
-fn unchanged_toast(table: &TableSchema, column: &Column) -> Error {
-    Error::new(
-        ErrorKind::Read,
-        format!(
-            "table {} column {}: an UPDATE left this large value unchanged and the server did not send it; sluice does not write a guess",
-            table.name, column.name
-        ),
-    )
-    .on(Side::Source)
-    .hint(format!(
-        "ALTER TABLE {} REPLICA IDENTITY FULL (the server then sends the old row), then reset the job",
-        catalog::qualified(&table.name)
-    ))
 }
 
 #[async_trait]

@@ -99,6 +99,9 @@ pub(crate) fn text_form(value: &Value) -> Option<String> {
     use std::fmt::Write;
     Some(match value {
         Value::Null => return None,
+        Value::Unchanged => unreachable!(
+            "a value the source did not send never reaches a writer: the fold fills it or updates its row in place"
+        ),
         Value::Bool(value) => if *value { "t" } else { "f" }.to_owned(),
         Value::Int(value) => value.to_string(),
         Value::UInt(value) => value.to_string(),

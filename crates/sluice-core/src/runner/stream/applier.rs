@@ -23,7 +23,7 @@ use crate::connector::{
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::names::STREAM_TASK;
-use crate::net_changes::{ApplyMode, NetChanges, Refusal};
+use crate::net_changes::{has_unchanged, unchanged_lost, ApplyMode, NetChanges, Refusal};
 use crate::runner::context::RunContext;
 use crate::runner::copied_keys::CopiedKeys;
 use crate::runner::interrupted;
@@ -612,6 +612,11 @@ impl Applier<'_> {
             };
             let change = Change { table, kind };
             if self.raw {
+                if let ChangeKind::Update { after, .. } = &change.kind {
+                    if has_unchanged(after) {
+                        return Err(unchanged_lost(&change.table, after, "an event carries every value of its row"));
+                    }
+                }
                 self.transaction_events += 1;
                 self.events.push(change);
             } else {
