@@ -288,6 +288,13 @@ pub trait SnapshotSource: Send + Sync {
     }
 }
 
+/// The error of reading rows of `table` by key (`SnapshotSource::key_split`) when it has none.
+pub fn no_key_to_read_by(table: &TableName) -> Error {
+    Error::new(ErrorKind::Config, format!("table {table} has no primary key: its rows cannot be read by key"))
+        .on(Side::Source)
+        .hint("fix the rows in the target by hand, then discard their records")
+}
+
 /// A source with a change log: `cdc` and the stream of `snapshot+cdc`.
 #[async_trait]
 pub trait ChangeSource: Send + Sync {

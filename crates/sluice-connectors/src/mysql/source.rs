@@ -407,12 +407,7 @@ impl SnapshotSource for MysqlSource {
     /// A split of exactly these keys: `KeyRange::keys`, read in key order like any split.
     fn key_split(&self, table: &Arc<TableSchema>, keys: &[sluice_core::Row]) -> Result<Split> {
         if table.primary_key.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("table {} has no primary key: its rows cannot be read by key", table.name),
-            )
-            .on(Side::Source)
-            .hint("fix the rows in the target by hand, then discard their records"));
+            return Err(sluice_core::connector::no_key_to_read_by(&table.name));
         }
         let tuple = |key: &sluice_core::Row| {
             serde_json::Value::Array(

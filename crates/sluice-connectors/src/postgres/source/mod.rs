@@ -494,12 +494,7 @@ impl SnapshotSource for PostgresSource {
 
     fn key_split(&self, table: &Arc<TableSchema>, keys: &[Row]) -> Result<Split> {
         if table.primary_key.is_empty() {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("table {} has no primary key: its rows cannot be read by key", table.name),
-            )
-            .on(Side::Source)
-            .hint("fix the rows in the target by hand, then discard their records"));
+            return Err(sluice_core::connector::no_key_to_read_by(&table.name));
         }
         let tuples = keys
             .iter()
