@@ -18,6 +18,7 @@ mod cluster;
 mod job_command;
 mod job_text;
 mod logger;
+mod private_files;
 mod progress;
 mod server;
 mod state_store;
@@ -552,10 +553,18 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         }
         return 2;
     }
-    let state_dir = std::env::temp_dir().join(format!("sluice-tail-{}-{}", job.name, std::process::id()));
-    let code = run_job(job, state_dir.clone(), None, false).await;
-    let _ = std::fs::remove_dir_all(&state_dir);
-    code
+    // A directory of its own (0700, a name no other user can guess), removed at the end.
+    let state_dir = match tempfile::Builder::new().prefix(&format!("sluice-tail-{}-", job.name)).tempdir() {
+        Ok(directory) => directory,
+        Err(error) => {
+            eprintln!(
+                "error: cannot create a state directory for tail under {}: {error}",
+                std::env::temp_dir().display()
+            );
+            return 1;
+        }
+    };
+    run_job(job, state_dir.path().to_path_buf(), None, false).await
 }
 
 async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {

@@ -80,7 +80,7 @@ async fn run(options: Options) -> Result<()> {
     if options.capacity == 0 || options.lease_secs < 2 || !(options.weight > 0.0 && options.weight.is_finite()) {
         return Err(Error::config("--capacity must be at least 1, --weight above 0 and --lease-secs at least 2"));
     }
-    std::fs::create_dir_all(&options.state_dir).map_err(|error| {
+    crate::private_files::create_dir(&options.state_dir).map_err(|error| {
         Error::config(format!("--state-dir {}: cannot create it: {error}", options.state_dir.display()))
     })?;
     let id = options.node_id.clone().unwrap_or_else(|| format!("{}-{}", host_name(), options.listen.port()));

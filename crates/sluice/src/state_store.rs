@@ -27,13 +27,20 @@ fn state_error(doing: &str, error: impl std::fmt::Display) -> Error {
 impl SqliteStateStore {
     /// Opens (creating when missing) the store in `directory`.
     pub fn open(directory: &Path) -> Result<SqliteStateStore> {
-        std::fs::create_dir_all(directory).map_err(|error| {
+        crate::private_files::create_dir(directory).map_err(|error| {
             state_error(&format!("cannot create the state directory {}", directory.display()), error)
                 .hint("choose a writable --state-dir")
         })?;
         let path = directory.join("state.db");
         let connection =
             Connection::open(&path).map_err(|error| state_error(&format!("cannot open {}", path.display()), error))?;
+        // SQLite gives the WAL and shared-memory files it creates the database file's mode.
+        for file in ["state.db", "state.db-wal", "state.db-shm"].map(|name| directory.join(name)) {
+            if file.exists() {
+                crate::private_files::restrict(&file)
+                    .map_err(|error| state_error(&format!("cannot make {} private", file.display()), error))?;
+            }
+        }
         connection
             .busy_timeout(std::time::Duration::from_secs(30))
             .and_then(|()| {
@@ -136,8 +143,8 @@ impl SqliteStateStore {
             text.push_str(&serde_json::to_string(record).expect("records serialize"));
             text.push('\n');
         }
-        std::fs::create_dir_all(&directory)
-            .and_then(|()| std::fs::write(&path, text))
+        crate::private_files::create_dir(&directory)
+            .and_then(|()| crate::private_files::write(&path, text.as_bytes()))
             .map_err(|error| state_error(&format!("cannot write {}", path.display()), error))?;
         Ok(path)
     }

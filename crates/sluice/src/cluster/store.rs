@@ -187,7 +187,7 @@ impl MemoryStore {
                 ..Memory::default()
             };
             let temporary = path.with_extension("tmp");
-            std::fs::write(&temporary, serde_json::to_vec(&durable).expect("entries serialize"))
+            crate::private_files::write(&temporary, &serde_json::to_vec(&durable).expect("entries serialize"))
                 .and_then(|()| std::fs::rename(&temporary, path))
                 .map_err(|error| Error::new(ErrorKind::State, format!("cannot write {}: {error}", path.display())))?;
         }

@@ -221,6 +221,14 @@ fn the_canary_password_appears_in_no_output_and_no_file_a_run_writes() {
         scanned >= 2 && workspace.path(".sluice/state.db").exists(),
         "the summary and the state store were scanned ({scanned} files)"
     );
+    // The state is the user's alone, whatever the umask.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |name: &str| std::fs::metadata(workspace.path(name)).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(".sluice"), 0o700, "the state directory");
+    // (SQLite removes its WAL file when the last connection closes; the database stays.)
+    for file in [".sluice/state.db", ".sluice/state.db-wal"].into_iter().filter(|file| workspace.path(file).exists()) {
+        assert_eq!(mode(file), 0o600, "{file}");
+    }
 }
 
 #[test]

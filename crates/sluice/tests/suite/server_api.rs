@@ -212,6 +212,10 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     assert!(!server.output().contains(secret), "the log shows the password");
     let stored = std::fs::read_to_string(workspace.path("state-solo/server.json")).expect("the store file");
     assert!(!stored.contains(secret), "the store keeps the password at rest");
+    // The store and its directory are the user's alone, whatever the umask.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |name: &str| std::fs::metadata(workspace.path(name)).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode("state-solo"), mode("state-solo/server.json")), (0o700, 0o600));
 }
 
 #[test]
