@@ -159,6 +159,10 @@ fn redact_url_authorities(text: &str) -> String {
                 output.push_str(REDACTED);
                 output.push_str(&authority[at_sign..]);
             }
+            (Some(at_sign), _) if token_scheme(&before[..before.len() - 3]) => {
+                output.push_str(REDACTED);
+                output.push_str(&authority[at_sign..]);
+            }
             _ => output.push_str(authority),
         }
         rest = &after[authority_end..];
@@ -167,15 +171,27 @@ fn redact_url_authorities(text: &str) -> String {
     output
 }
 
+/// URL schemes whose user part alone is a secret (a NATS token: `nats://TOKEN@host`).
+const TOKEN_SCHEMES: &[&str] = &["nats", "tls", "ws", "wss"];
+
+/// Whether the text before `://` ends with a scheme whose user part alone is a token.
+fn token_scheme(before: &str) -> bool {
+    let scheme = before.rsplit(|character: char| !(character.is_ascii_alphanumeric() || "+-.".contains(character)));
+    scheme.take(1).any(|scheme| TOKEN_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()))
+}
+
 /// The passwords a connection URL or key=value string holds, as written: the one in
-/// `user:password@`, and every `password=` (or `passwd=`, `pwd=`) value, quotes removed.
+/// `user:password@` (or the whole user part of a NATS URL, a token), and every `password=` (or
+/// `passwd=`, `pwd=`) value, quotes removed.
 pub(crate) fn url_passwords(connection: &str) -> Vec<&str> {
     let mut passwords = Vec::new();
-    if let Some((_, after_scheme)) = connection.split_once("://") {
+    if let Some((scheme, after_scheme)) = connection.split_once("://") {
         let authority = after_scheme.split(['/', '?', '#']).next().unwrap_or("");
         if let Some((credentials, _)) = authority.rsplit_once('@') {
-            if let Some((_, password)) = credentials.split_once(':') {
-                passwords.push(password);
+            match credentials.split_once(':') {
+                Some((_, password)) => passwords.push(password),
+                None if token_scheme(scheme) => passwords.push(credentials),
+                None => {}
             }
         }
     }
@@ -219,6 +235,12 @@ mod tests {
             "mysql://h:1/db?user=u&password=***&x=1 and host=h password=*** port=5"
         );
         assert_eq!(redact_url_passwords("new_password=x; mypwd=y"), "new_password=x; mypwd=y");
+        // A NATS URL's user part alone is a token; another scheme's is a user name.
+        assert_eq!(
+            redact_url_passwords("connect nats://s3cr3tT0ken@127.0.0.1:4222, tls://a:b@h, mysql://u@h"),
+            "connect nats://***@127.0.0.1:4222, tls://a:***@h, mysql://u@h"
+        );
+        assert_eq!(url_passwords("NATS://tok3n@h:4222"), ["tok3n"]);
     }
 
     #[test]
@@ -229,6 +251,8 @@ mod tests {
         assert!(!has_literal_password("mysql://u:${PW}@h:1"));
         assert!(!has_literal_password("mysql://u@h:1?password=${PW}"));
         assert!(!has_literal_password("mysql://u@h:1"));
+        assert!(has_literal_password("nats://t0ken@h:4222"));
+        assert!(!has_literal_password("nats://${NATS_TOKEN}@h:4222"));
         assert!(!has_literal_password("${SOURCE_URL}"));
     }
 

@@ -138,8 +138,8 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
                 errors.push(SpecError {
                     path: format!("{}.url", endpoint.role),
                     line: endpoint.line_of("url"),
-                    message: "holds a password in plain text, which the server would keep at rest; write it as \
-                              ${VARIABLE} and set that variable in the environment of every node"
+                    message: "holds a password or token in plain text, which the server would keep at rest; write \
+                              it as ${VARIABLE} and set that variable in the environment of every node"
                         .into(),
                 });
             }

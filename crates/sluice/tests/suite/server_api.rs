@@ -184,6 +184,14 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
         assert_eq!(body["errors"][0]["line"], 5, "{body}");
         assert!(!body.to_string().contains(secret), "{body}");
     }
+    // So is a NATS token in a URL (its user part alone).
+    let nats = format!(
+        "name: tokened\nmode: snapshot\nsource:\n  type: sqlite\n  path: s.db\ntarget:\n  type: nats\n  url: nats://{secret}@127.0.0.1:1\n  stream: EVENTS\n"
+    );
+    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &nats)));
+    assert_eq!(status, 400, "{body}");
+    assert!(body["errors"].as_array().unwrap().iter().any(|error| error["path"] == "target.url"), "{body}");
+    assert!(!body.to_string().contains(secret), "{body}");
 
     // A password from the server's environment: no response or log shows it.
     let (status, body) = server.call(
