@@ -7,16 +7,23 @@ use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
 use sluice_core::{Column, Result, TableName, TableSchema};
 
 use super::{column_type, TcpOptions, TcpSource};
-use crate::events::{names_option, text_option};
+use crate::events::{count_option, names_option, text_option};
 use crate::{Connector, SourceSide};
 
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "tcp",
     feature: "tcp",
     capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
-    source: Some(SourceSide { fields: &["type", "listen", "table", "columns", "key"], validate, build }),
+    source: Some(SourceSide {
+        fields: &["type", "listen", "table", "columns", "key", "max_line_bytes"],
+        validate,
+        build,
+    }),
     target: None,
 };
+
+/// The longest line a connection may send by default: 1 MiB.
+const DEFAULT_MAX_LINE_BYTES: u64 = 1 << 20;
 
 fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecError>> {
     let mut errors = Vec::new();
@@ -76,9 +83,13 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecE
             None => errors.push(endpoint.error("key", format!("`{name}` is not one of `columns`"))),
         }
     }
+    let max_line_bytes = count_option(endpoint, "max_line_bytes", DEFAULT_MAX_LINE_BYTES)
+        .map_err(|error| errors.push(error))
+        .unwrap_or(DEFAULT_MAX_LINE_BYTES);
     match (listen, table) {
         (Some(listen), Some(table)) if errors.is_empty() => Ok(TcpOptions {
             listen,
+            max_line_bytes: max_line_bytes as usize,
             table: Arc::new(TableSchema {
                 name: TableName::parse(&table),
                 columns,

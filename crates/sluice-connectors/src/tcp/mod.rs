@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
 use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableSchema};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -59,6 +59,9 @@ pub fn column_type(name: &str) -> Option<DataType> {
 pub struct TcpOptions {
     pub listen: SocketAddr,
     pub table: Arc<TableSchema>,
+    /// A longer line is answered `error N: line too long` and its connection closed, so no
+    /// client holds the input's memory with one endless line.
+    pub max_line_bytes: usize,
 }
 
 /// Where the stream stands: the lines committed since the job began.
@@ -123,7 +126,13 @@ impl ChangeSource for TcpSource {
         log::info!("line input: listening on {} for rows of {}", self.options.listen, self.options.table.name);
         let (lines, received) = mpsc::channel(QUEUED_LINES);
         let connections: Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>> = Arc::default();
-        let accepting = tokio::spawn(accept(listener, self.options.table.clone(), lines, connections.clone()));
+        let accepting = tokio::spawn(accept(
+            listener,
+            self.options.table.clone(),
+            self.options.max_line_bytes,
+            lines,
+            connections.clone(),
+        ));
         Ok(Box::new(LineStream {
             table: self.options.table.clone(),
             committed: start.lines,
@@ -148,6 +157,7 @@ struct Line {
 async fn accept(
     listener: TcpListener,
     table: Arc<TableSchema>,
+    max_line_bytes: usize,
     lines: mpsc::Sender<Line>,
     connections: Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>>,
 ) {
@@ -168,7 +178,8 @@ async fn accept(
         let (replies, outgoing) = mpsc::unbounded_channel();
         connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(next_id, replies.clone());
         while readers.try_join_next().is_some() {}
-        let serving = serve(socket, peer, next_id, table.clone(), lines.clone(), replies, outgoing);
+        let input = Input { peer, id: next_id, table: table.clone(), max_line_bytes, lines: lines.clone() };
+        let serving = serve(socket, input, replies, outgoing);
         let connections = connections.clone();
         readers.spawn(async move {
             serving.await;
@@ -177,16 +188,24 @@ async fn accept(
     }
 }
 
-/// Reads one connection's lines and writes back what the stream tells it.
-async fn serve(
-    socket: TcpStream,
+/// One connection's side of the input: who sent it, the table its lines are rows of, the
+/// longest line it may send, and where its decoded lines go.
+struct Input {
     peer: SocketAddr,
     id: u64,
     table: Arc<TableSchema>,
+    max_line_bytes: usize,
     lines: mpsc::Sender<Line>,
+}
+
+/// Reads one connection's lines and writes back what the stream tells it.
+async fn serve(
+    socket: TcpStream,
+    input: Input,
     replies: mpsc::UnboundedSender<String>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
 ) {
+    let Input { peer, id, table, max_line_bytes, lines } = input;
     let (read, mut write) = socket.into_split();
     let writer = tokio::spawn(async move {
         while let Some(reply) = outgoing.recv().await {
@@ -198,14 +217,27 @@ async fn serve(
             }
         }
     });
-    let mut input = BufReader::new(read).lines();
+    let mut input = BufReader::new(read);
+    let mut bytes = Vec::new();
     let mut number = 0;
-    while let Ok(Some(text)) = input.next_line().await {
-        if text.trim().is_empty() {
+    loop {
+        bytes.clear();
+        // At most one byte past the bound is read, whatever the client sends.
+        match (&mut input).take(max_line_bytes as u64 + 1).read_until(b'\n', &mut bytes).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let too_long = bytes.len() > max_line_bytes && !bytes.ends_with(b"\n");
+        if !too_long && bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         number += 1;
-        match crate::file::decode_json(&table, text.trim_end()) {
+        let decoded = match std::str::from_utf8(&bytes) {
+            _ if too_long => Err(format!("line too long (more than {max_line_bytes} bytes, source.max_line_bytes)")),
+            Ok(text) => crate::file::decode_json(&table, text.trim_end()),
+            Err(_) => Err("the line is not UTF-8".to_owned()),
+        };
+        match decoded {
             Ok(row) => {
                 if lines.send(Line { connection: id, number, row }).await.is_err() {
                     break;
@@ -214,6 +246,11 @@ async fn serve(
             Err(reason) => {
                 log::warn!("line input: {peer} line {number}: {reason}; the connection is closed");
                 let _ = replies.send(format!("error {number}: {reason}\n"));
+                // What the client still sends is read and dropped for a moment, so the close
+                // is orderly and the client reads the error (unread bytes would reset it).
+                let mut sink = tokio::io::sink();
+                let drained = tokio::io::copy(&mut input, &mut sink);
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
                 break;
             }
         }

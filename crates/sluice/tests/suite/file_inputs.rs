@@ -213,7 +213,7 @@ fn a_tcp_line_input_acknowledges_durable_lines_and_a_resending_client_loses_none
         "job.yaml",
         &format!(
             "name: {}\nmode: cdc\nsource:\n  type: tcp\n  listen: \"{address}\"\n  table: inbox\n  \
-             columns: {{id: bigint, body: text}}\n  key: [id]\ntarget:\n  type: postgres\n  url: {}\n  namespace: {namespace}\n",
+             columns: {{id: bigint, body: text}}\n  key: [id]\n  max_line_bytes: 4096\ntarget:\n  type: postgres\n  url: {}\n  namespace: {namespace}\n",
             namespace.replace('_', "-"),
             postgres_url()
         ),
@@ -247,11 +247,21 @@ fn a_tcp_line_input_acknowledges_durable_lines_and_a_resending_client_loses_none
                 .collect();
             assert!(replies.iter().all(|reply| reply.starts_with("ok")), "{replies:?}");
             wait_for("the good line in", Duration::from_secs(30), || loaded_rows(&table) == TOTAL + 1);
+            // A line longer than max_line_bytes: refused by its number, its connection closed,
+            // the input still serving the others.
+            let mut stream = std::net::TcpStream::connect(&address).unwrap();
+            let long = format!("{{\"id\": 1000000, \"body\": \"{}\"}}\n", "x".repeat(20_000));
+            stream.write_all(long.as_bytes()).unwrap();
+            let reply =
+                std::io::BufReader::new(stream).lines().map_while(Result::ok).find(|line| line.starts_with("error"));
+            assert_eq!(reply.as_deref(), Some("error 1: line too long (more than 4096 bytes, source.max_line_bytes)"));
+            assert_eq!(send_lines(&address, TOTAL + 1, TOTAL + 1, None), TOTAL + 1, "{}", stderr());
+            wait_for("the line after in", Duration::from_secs(30), || loaded_rows(&table) == TOTAL + 2);
             kill(&mut run);
             assert!(stderr().contains("line 2"), "{}", stderr());
         }
     }
-    assert_eq!(loaded_rows(&table), TOTAL + 1);
+    assert_eq!(loaded_rows(&table), TOTAL + 2);
     let expected = psql(&format!("SELECT count(*) FROM {table} WHERE body = 'line ' || id"));
-    assert_eq!(expected.trim(), TOTAL.to_string());
+    assert_eq!(expected.trim(), (TOTAL + 1).to_string());
 }
