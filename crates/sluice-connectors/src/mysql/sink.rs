@@ -235,8 +235,8 @@ impl Sink for MysqlSink {
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
         connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
+        refuse_keyless_upsert(tables, self.write_mode)?;
         for table in tables {
-            refuse_keyless_upsert(table, self.write_mode)?;
             let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
             let existing: Vec<String> = connection
                 .exec(

@@ -153,8 +153,8 @@ impl Sink for PostgresSink {
             .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
+        refuse_keyless_upsert(tables, self.write_mode)?;
         for table in tables {
-            refuse_keyless_upsert(table, self.write_mode)?;
             let namespace = table.name.namespace.as_deref().unwrap_or("public");
             let existing: Vec<String> = client
                 .query("SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2", &[&namespace, &table.name.name])

@@ -1,20 +1,35 @@
 //! The checks a server target makes of a job's table before it writes: a key for an upsert, the
 //! table itself, and each of the table's columns.
 
+use sluice_core::names::own_name;
 use sluice_core::spec::WriteMode;
-use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
+use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
-/// Refuses a table without primary key under `write_mode: upsert`, which replaces rows by key.
-pub(crate) fn refuse_keyless_upsert(table: &TableSchema, write_mode: WriteMode) -> Result<()> {
-    if write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
-        return Err(Error::new(
-            ErrorKind::Schema,
-            format!("table `{}` has no primary key, which write_mode: upsert needs", table.name),
-        )
-        .on(Side::Target)
-        .hint("use write_mode: insert for this table"));
+/// Refuses tables without a primary key under `write_mode: upsert`, which replaces rows by key:
+/// every such table at once, each by the name the job gives it (not a hidden copy's).
+pub(crate) fn refuse_keyless_upsert(tables: &[TableSchema], write_mode: WriteMode) -> Result<()> {
+    let keyless: Vec<String> = tables
+        .iter()
+        .filter(|table| write_mode == WriteMode::Upsert && table.primary_key.is_empty())
+        .map(|table| {
+            let own =
+                TableName { namespace: table.name.namespace.clone(), name: own_name(&table.name.name).to_owned() };
+            format!("`{own}`")
+        })
+        .collect();
+    if keyless.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    Err(Error::new(
+        ErrorKind::Schema,
+        format!(
+            "{} {} no primary key, which write_mode: upsert needs",
+            if keyless.len() == 1 { "table" } else { "tables" },
+            keyless.join(", ") + if keyless.len() == 1 { " has" } else { " have" }
+        ),
+    )
+    .on(Side::Target)
+    .hint("give them a primary key, or use write_mode: insert (or leave them out of source.tables)"))
 }
 
 /// The table in the target, given the names of its columns there (`existing`, empty when it
