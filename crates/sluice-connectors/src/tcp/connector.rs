@@ -1,5 +1,6 @@
 //! The `tcp` connector: a line input of JSON Lines, as a change source.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_core::connector::{Capabilities, Source};
@@ -25,6 +26,15 @@ pub(crate) const CONNECTOR: Connector = Connector {
 /// The longest line a connection may send by default: 1 MiB.
 const DEFAULT_MAX_LINE_BYTES: u64 = 1 << 20;
 
+/// Where to listen: an address and port, or a port alone, on the loopback interface (reachable
+/// from this machine only unless the job names an address).
+fn listen_address(text: &str) -> Option<SocketAddr> {
+    text.parse().ok().or_else(|| {
+        let port: u16 = text.strip_prefix(':').unwrap_or(text).parse().ok()?;
+        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    })
+}
+
 fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecError>> {
     let mut errors = Vec::new();
     let listen = match text_option(endpoint, "listen") {
@@ -35,12 +45,13 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecE
             );
             None
         }
-        Some(text) => match text.parse() {
-            Ok(address) => Some(address),
-            Err(_) => {
-                errors.push(
-                    endpoint.error("listen", format!("`{text}` is not an address and port such as 127.0.0.1:9000")),
-                );
+        Some(text) => match listen_address(&text) {
+            Some(address) => Some(address),
+            None => {
+                errors.push(endpoint.error(
+                    "listen",
+                    format!("`{text}` is not an address and port such as 127.0.0.1:9000, or a port (on 127.0.0.1)"),
+                ));
                 None
             }
         },
@@ -108,4 +119,20 @@ fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
 
 fn build(job: &JobSpec) -> Result<Arc<dyn Source>> {
     Ok(Arc::new(TcpSource::new(options(&job.source).map_err(crate::invalid)?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_alone_listens_on_the_loopback_interface() {
+        let loopback = |port| Some(SocketAddr::from(([127, 0, 0, 1], port)));
+        assert_eq!(listen_address("9000"), loopback(9000));
+        assert_eq!(listen_address(":9000"), loopback(9000));
+        assert_eq!(listen_address("0.0.0.0:9000"), Some(SocketAddr::from(([0, 0, 0, 0], 9000))));
+        assert_eq!(listen_address("[::1]:9000").map(|address| address.is_ipv6()), Some(true));
+        assert_eq!(listen_address("localhost:9000"), None);
+        assert_eq!(listen_address("99999"), None);
+    }
 }
