@@ -291,6 +291,11 @@ async fn protocol_1_streams_every_kind_of_change_and_status_updates_confirm() {
         }
         seen.push(summary(&message));
     }
+    // PostgreSQL describes a relation again whenever its cache entry was rebuilt (a TRUNCATE gives
+    // the table a new file; an autovacuum or another session's invalidation may too, at any
+    // time): a description that repeats the last one changes nothing and is left out here.
+    let mut described = std::collections::HashSet::new();
+    seen.retain(|summary| !summary.starts_with("relation ") || described.insert(summary.clone()));
     let expected = [
         "begin",
         "relation public.repl_test_v1 d *id:25 big:25 note:25",
@@ -312,8 +317,6 @@ async fn protocol_1_streams_every_kind_of_change_and_status_updates_confirm() {
         "insert c,small,null",
         "commit",
         "begin",
-        // TRUNCATE gives the table a new file: the relation cache entry is rebuilt, and sent again.
-        "relation public.repl_test_v1 d *id:25 big:25 note:25",
         "truncate 1 false false",
         "commit",
     ];
