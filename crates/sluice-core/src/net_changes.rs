@@ -335,7 +335,13 @@ impl NetChanges {
         let tables = std::mem::take(&mut self.tables);
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
-        for (changes, target) in tables.iter().zip(&targets) {
+        // Per table and entry: a row that keeps values the log did not carry, updated in place,
+        // not replaced (judged once here, used by the three passes below).
+        let in_place: Vec<Vec<bool>> = tables
+            .iter()
+            .map(|table| table.entries.iter().map(|entry| entry.row.as_ref().is_some_and(has_unchanged)).collect())
+            .collect();
+        for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
             if !changes.copies.is_empty() {
                 // A keyless table: one matching row per copy that went, each must exist (unless
                 // it is dirty).
@@ -347,34 +353,26 @@ impl NetChanges {
                 }
                 continue;
             }
-            // A row that keeps values the log did not carry is updated in place, not replaced.
-            let replaced = |entry: &&Entry| !entry.row.as_ref().is_some_and(has_unchanged);
-            let strict: Vec<Row> = changes
-                .entries
-                .iter()
-                .filter(replaced)
-                .filter(|entry| entry.existed && !entry.by_key)
-                .map(|entry| entry.key.clone())
+            let replaced = || changes.entries.iter().zip(in_place).filter(|(_, in_place)| !**in_place);
+            let strict: Vec<Row> = replaced()
+                .filter(|(entry, _)| entry.existed && !entry.by_key)
+                .map(|(entry, _)| entry.key.clone())
                 .collect();
             if !strict.is_empty() {
                 writer.delete(target, &strict, true).await?;
             }
-            let by_key: Vec<Row> = changes
-                .entries
-                .iter()
-                .filter(replaced)
-                .filter(|entry| entry.by_key)
-                .map(|entry| entry.key.clone())
-                .collect();
+            let by_key: Vec<Row> =
+                replaced().filter(|(entry, _)| entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
             if !by_key.is_empty() {
                 writer.delete(target, &by_key, false).await?;
             }
         }
-        for (changes, target) in tables.iter().zip(&targets) {
+        for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
             let (updated, by_key): (Vec<Row>, Vec<bool>) = changes
                 .entries
                 .iter()
-                .filter_map(|entry| Some((entry.row.clone().filter(has_unchanged)?, entry.by_key)))
+                .zip(in_place)
+                .filter_map(|(entry, in_place)| Some((entry.row.clone().filter(|_| *in_place)?, entry.by_key)))
                 .unzip();
             if updated.is_empty() {
                 continue;
@@ -387,7 +385,7 @@ impl NetChanges {
             }
         }
         let mut refused_rows = Vec::new();
-        for (changes, target) in tables.into_iter().zip(&targets) {
+        for ((changes, target), in_place) in tables.into_iter().zip(&targets).zip(in_place) {
             let mut rows: Vec<Row> = copies(&changes.copies, |_| true, |count| count);
             // What each row refused would be kept with: the row before, the transaction.
             let mut origins: Vec<(Option<Row>, usize)> = changes
@@ -395,8 +393,8 @@ impl NetChanges {
                 .iter()
                 .flat_map(|copies| std::iter::repeat_n((None, copies.transaction), copies.count.max(0) as usize))
                 .collect();
-            for entry in changes.entries {
-                if let Some(row) = entry.row.filter(|row| !has_unchanged(row)) {
+            for (entry, in_place) in changes.entries.into_iter().zip(in_place) {
+                if let Some(row) = entry.row.filter(|_| !in_place) {
                     rows.push(row);
                     origins.push((entry.before, entry.transaction));
                 }

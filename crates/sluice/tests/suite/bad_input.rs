@@ -7,6 +7,19 @@ use support::{canary, mariadb, mysql_url, postgres_url, unique_name, Run, Worksp
 
 const GOOD_TARGET: &str = "target:\n  type: jsonl\n  path: out\n";
 
+/// `sluice run` of `job`, its source `${URL}` the test MariaDB, its target `${TARGET}` the test
+/// PostgreSQL.
+fn run_into_postgres(workspace: &Workspace, job: &std::path::Path) -> Run {
+    Run::from(
+        workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("URL", mysql_url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    )
+}
+
 fn assert_no_secret(run: &Run) {
     let output = run.all();
     assert!(!output.contains(&canary()), "the password leaked:\n{output}");
@@ -344,14 +357,7 @@ fn names_longer_than_postgresql_allows_are_refused_all_at_once() {
             "name: long\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n"
         ),
     );
-    let run = Run::from(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("URL", mysql_url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let run = run_into_postgres(&workspace, &job);
     run.assert_code(1);
     let text = run.all();
     assert!(text.contains("PostgreSQL names are at most 63 bytes"), "{text}");
@@ -451,14 +457,7 @@ fn upserts_into_tables_without_a_key_are_refused_naming_each_table() {
              target:\n  type: postgres\n  url: ${{TARGET}}\n  write_mode: upsert\nretry: {{max_attempts: 1}}\n"
         ),
     );
-    let run = Run::from(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("URL", mysql_url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let run = run_into_postgres(&workspace, &job);
     run.assert_code(1);
     let output = run.all();
     let named =
