@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
-use sluice_core::{Error, Result, Side};
+use sluice_core::{Error, Result, Side, TableName};
 
 /// Refuses names a target cannot hold as they are, all of them in one error: a target that
 /// truncated them (PostgreSQL does, with only a notice) could merge two names into one.
@@ -321,6 +321,34 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
             job.source.connector
         ))),
     }
+}
+
+/// A reader of the job's target table `table`, for `sluice verify`: the target's own engine
+/// as a source whose tables are exactly that one, on the target's connection (URL, TLS, path).
+/// Only targets whose connector also reads tables in splits (PostgreSQL, MySQL, SQLite) can be
+/// read back; others are a configuration error that names them.
+pub fn read_back(job: &JobSpec, table: &TableName) -> Result<Arc<dyn Source>> {
+    let target = &job.target;
+    let side = connector(&target.connector)
+        .filter(|connector| connector.capabilities.snapshot_source)
+        .and_then(|connector| connector.source.as_ref());
+    let Some(side) = side else {
+        let readable: Vec<&str> = CONNECTORS
+            .iter()
+            .filter(|connector| connector.capabilities.snapshot_source && connector.target.is_some())
+            .map(|connector| connector.name)
+            .collect();
+        return Err(Error::config(format!(
+            "target.type: a `{}` target cannot be read back to verify it yet; verify reads {} targets",
+            target.connector,
+            readable.join(", ")
+        ))
+        .on(Side::Target));
+    };
+    let mut reading = job.clone();
+    reading.mode = Mode::Snapshot;
+    reading.source = EndpointSpec { tables: vec![table.to_string()], cursor: None, ..target.clone() };
+    (side.build)(&reading).map_err(|error| error.on(Side::Target))
 }
 
 /// Builds the sink of a validated job.

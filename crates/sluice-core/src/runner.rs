@@ -4,7 +4,9 @@
 //!   to the run's scope, and prepares, resets or verifies the target;
 //! - `copy`: the snapshot, split by split, with up to `parallelism` tasks at once;
 //! - `stream`: the change stream, in `cdc` and `snapshot+cdc` jobs;
-//! - `replay`: dirty records written again after a fix (`sluice replay`), outside a run.
+//! - `replay`: dirty records written again after a fix (`sluice replay`), outside a run;
+//! - `verify`: the target compared with the source through the mapping (`sluice verify`),
+//!   outside a run, reading only.
 //!
 //! What every stage reads is the run's `context::RunContext`; what one stage makes for the
 //! next (the plan, the hidden copies, the positions the copy reached) is handed on as a value.
@@ -31,12 +33,14 @@ mod mappings;
 mod prepare;
 mod replay;
 mod stream;
+mod verify;
 
 use context::RunContext;
 use copy::SnapshotCopy;
 use stream::StreamStage;
 
 pub use replay::{DirtyEntry, ReplayReport, Verdict};
+pub use verify::{Difference, DifferenceKind, ReadBack, TableVerdict, VerifyOptions, VerifyReport};
 
 /// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
 /// runs one task of the plan its leader made.
@@ -205,6 +209,12 @@ impl Runner {
     /// record that cannot be replayed gets its verdict (`Verdict::Kept`).
     pub async fn replay_records(&self, plan: Option<&Plan>, entries: &[DirtyEntry]) -> Result<ReplayReport> {
         replay::Replay { context: &self.context }.replay_records(plan, entries).await
+    }
+
+    /// Compares every table of the job, source against target through the job's mapping, and
+    /// names each row that differs (`verify`). Reads only; the target is read back by `read_back`.
+    pub async fn verify(&self, read_back: ReadBack, options: &VerifyOptions) -> Result<VerifyReport> {
+        verify::Verification { context: self.context.clone() }.verify(read_back, options).await
     }
 }
 

@@ -22,6 +22,7 @@ mod private_files;
 mod progress;
 mod server;
 mod state_store;
+mod verify_command;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +93,12 @@ enum Command {
         #[arg(long, default_value = ".sluice")]
         state_dir: PathBuf,
     },
+    /// Compare the job's target with its source through the job's mapping (routes, projections,
+    /// filters, masks, types) and name every missing, extra or different row by its key. While
+    /// the job streams, differences are checked again once the stream has caught up. Exit code 0
+    /// when they agree, 1 when something differs, 2 for a bad command line, 3 when it cannot
+    /// compare.
+    Verify(verify_command::VerifyArguments),
     /// Preflight: validate the job file, reach the source and the target, check their settings.
     Check {
         /// The job file.
@@ -224,6 +231,7 @@ fn main() -> ExitCode {
             Command::Reset { job, state_dir } => reset(job, state_dir).await,
             Command::Replay { job, state_dir } => replay(job, state_dir).await,
             Command::Check { job } => check(job).await,
+            Command::Verify(arguments) => verify_command::verify(arguments).await,
             Command::Tail { job, format, from, connection } => {
                 let connection =
                     client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
@@ -266,7 +274,7 @@ fn server_options(arguments: ServerArguments) -> server::Options {
 }
 
 /// Loads and validates a job, printing every error; `None` means exit 2.
-fn load(path: &std::path::Path) -> Option<JobSpec> {
+pub(crate) fn load(path: &std::path::Path) -> Option<JobSpec> {
     match job_text::load(path) {
         Ok(job) => Some(job),
         Err(errors) => {

@@ -1,0 +1,210 @@
+//! Pairing the rows of both sides of a table by key, in whatever order they arrive.
+//!
+//! A row waits until the other side brings its key: then the two are compared and both leave.
+//! Both sides are read in key order, so few rows wait at a time; a side whose order differs (a
+//! text key under another collation) only makes more rows wait, never a wrong verdict. What
+//! still waits when both sides are read is on one side only: missing or extra.
+
+use std::collections::hash_map::Entry as Slot;
+use std::collections::HashMap;
+
+use super::canonical::Canonical;
+use super::DifferenceKind;
+use crate::value::Value;
+
+/// One row as compared: its key and its compared columns in canonical form, and its key's own
+/// values to name it by.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) key: Vec<Canonical>,
+    pub(crate) row: Vec<Canonical>,
+    pub(crate) key_values: Vec<Value>,
+}
+
+/// The side a row was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sided {
+    Source,
+    Target,
+}
+
+/// A difference as found: what it is, its key, the compared columns that differ (positions),
+/// and each side's image, so two rounds can tell whether it stayed the same.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Found {
+    pub(crate) kind: DifferenceKind,
+    pub(crate) key: Vec<Canonical>,
+    pub(crate) key_values: Vec<Value>,
+    pub(crate) columns: Vec<usize>,
+    pub(crate) source: Option<Vec<Canonical>>,
+    pub(crate) target: Option<Vec<Canonical>>,
+}
+
+/// A row waiting for its key on the other side; `count` rows of this side with this key (a
+/// table without a key pairs equal rows, which may repeat).
+struct Waiting {
+    side: Sided,
+    row: Vec<Canonical>,
+    key_values: Vec<Value>,
+    count: u64,
+}
+
+/// The pairing of one table's rows.
+pub(crate) struct Comparison {
+    waiting: HashMap<Vec<Canonical>, Waiting>,
+    found: Vec<Found>,
+    /// Differences kept in `found` at most; the rest are counted.
+    keep: usize,
+    unlisted: u64,
+    rows_source: u64,
+    rows_target: u64,
+}
+
+impl Comparison {
+    pub(crate) fn new(keep: usize) -> Comparison {
+        Comparison { waiting: HashMap::new(), found: Vec::new(), keep, unlisted: 0, rows_source: 0, rows_target: 0 }
+    }
+
+    /// Rows read so far from the source and the target.
+    pub(crate) fn rows(&self) -> (u64, u64) {
+        (self.rows_source, self.rows_target)
+    }
+
+    /// How many more rows each side has been read than the other (`(source, target)`).
+    pub(crate) fn ahead(&self) -> (u64, u64) {
+        (self.rows_source.saturating_sub(self.rows_target), self.rows_target.saturating_sub(self.rows_source))
+    }
+
+    pub(crate) fn add(&mut self, side: Sided, entries: Vec<Entry>) {
+        match side {
+            Sided::Source => self.rows_source += entries.len() as u64,
+            Sided::Target => self.rows_target += entries.len() as u64,
+        }
+        for entry in entries {
+            self.pair(side, entry);
+        }
+    }
+
+    fn pair(&mut self, side: Sided, entry: Entry) {
+        let Entry { key, row, key_values } = entry;
+        match self.waiting.entry(key) {
+            Slot::Vacant(slot) => {
+                slot.insert(Waiting { side, row, key_values, count: 1 });
+            }
+            Slot::Occupied(mut slot) if slot.get().side == side => slot.get_mut().count += 1,
+            Slot::Occupied(mut slot) => {
+                let columns: Vec<usize> = (0..row.len()).filter(|&index| row[index] != slot.get().row[index]).collect();
+                let key = slot.key().clone();
+                let other = if slot.get().count == 1 {
+                    slot.remove().row
+                } else {
+                    let waiting = slot.get_mut();
+                    waiting.count -= 1;
+                    waiting.row.clone()
+                };
+                if !columns.is_empty() {
+                    let (source, target) = match side {
+                        Sided::Source => (row, other),
+                        Sided::Target => (other, row),
+                    };
+                    self.record(Found {
+                        kind: DifferenceKind::Different,
+                        key,
+                        key_values,
+                        columns,
+                        source: Some(source),
+                        target: Some(target),
+                    });
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, found: Found) {
+        if self.found.len() < self.keep {
+            self.found.push(found);
+        } else {
+            self.unlisted += 1;
+        }
+    }
+
+    /// The differences: those found in pairs, then every row still waiting (missing when only
+    /// the source has it, extra when only the target does), sorted by kind and key; and how
+    /// many more there were than were kept.
+    pub(crate) fn finish(mut self) -> (Vec<Found>, u64) {
+        let waiting = std::mem::take(&mut self.waiting);
+        for (key, waiting) in waiting {
+            let kind = match waiting.side {
+                Sided::Source => DifferenceKind::Missing,
+                Sided::Target => DifferenceKind::Extra,
+            };
+            for _ in 0..waiting.count {
+                let (source, target) = match waiting.side {
+                    Sided::Source => (Some(waiting.row.clone()), None),
+                    Sided::Target => (None, Some(waiting.row.clone())),
+                };
+                self.record(Found {
+                    kind,
+                    key: key.clone(),
+                    key_values: waiting.key_values.clone(),
+                    columns: Vec::new(),
+                    source,
+                    target,
+                });
+            }
+        }
+        self.found.sort_by(|one, other| (one.kind as u8, &one.key).cmp(&(other.kind as u8, &other.key)));
+        (self.found, self.unlisted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: i128, value: &str) -> Entry {
+        Entry {
+            key: vec![Canonical::Integer(key)],
+            row: vec![Canonical::Integer(key), Canonical::Text(value.to_owned())],
+            key_values: vec![Value::Int(key as i64)],
+        }
+    }
+
+    #[test]
+    fn rows_pair_by_key_in_any_order_and_what_stays_alone_is_missing_or_extra() {
+        let mut comparison = Comparison::new(100);
+        comparison.add(Sided::Source, vec![entry(1, "a"), entry(2, "b"), entry(3, "c"), entry(5, "e")]);
+        comparison.add(Sided::Target, vec![entry(3, "c"), entry(2, "B"), entry(4, "d"), entry(1, "a")]);
+        assert_eq!(comparison.rows(), (4, 4));
+        let (found, unlisted) = comparison.finish();
+        assert_eq!(unlisted, 0);
+        let kinds: Vec<(DifferenceKind, Vec<Canonical>, Vec<usize>)> =
+            found.into_iter().map(|found| (found.kind, found.key, found.columns)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (DifferenceKind::Missing, vec![Canonical::Integer(5)], vec![]),
+                (DifferenceKind::Extra, vec![Canonical::Integer(4)], vec![]),
+                (DifferenceKind::Different, vec![Canonical::Integer(2)], vec![1]),
+            ]
+        );
+    }
+
+    #[test]
+    fn repeated_rows_of_a_table_without_a_key_pair_one_for_one() {
+        let mut comparison = Comparison::new(100);
+        comparison.add(Sided::Source, vec![entry(1, "a"), entry(1, "a"), entry(1, "a")]);
+        comparison.add(Sided::Target, vec![entry(1, "a")]);
+        let (found, _) = comparison.finish();
+        assert_eq!(found.iter().filter(|found| found.kind == DifferenceKind::Missing).count(), 2);
+        assert_eq!(found.len(), 2);
+    }
+
+    #[test]
+    fn differences_beyond_those_kept_are_counted() {
+        let mut comparison = Comparison::new(2);
+        comparison.add(Sided::Source, (0..5).map(|key| entry(key, "x")).collect());
+        let (found, unlisted) = comparison.finish();
+        assert_eq!((found.len(), unlisted), (2, 3));
+    }
+}

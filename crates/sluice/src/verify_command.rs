@@ -1,0 +1,140 @@
+//! `sluice verify JOB`: the job's target compared with its source through the job's mapping
+//! (`Runner::verify`), as a text report or one JSON document; the report is also kept in the
+//! state directory as the job's last verification.
+//!
+//! Exit codes: 0 when source and target agree, 1 when something differs, 2 for a bad command
+//! line or job, 3 when the comparison could not be made (a server unreachable, a table that
+//! cannot be read).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_core::runner::{DifferenceKind, ReadBack, Runner, TableVerdict, VerifyOptions, VerifyReport};
+use sluice_core::{Error, ErrorKind};
+use tokio::sync::watch;
+
+/// What the command line asked for.
+#[derive(Debug, clap::Args)]
+pub struct VerifyArguments {
+    /// The job file.
+    job: PathBuf,
+    /// The state directory of the job's runs; the report is kept there as `verify-JOB.json`.
+    #[arg(long, default_value = ".sluice")]
+    state_dir: PathBuf,
+    /// Print the report as one JSON document.
+    #[arg(long)]
+    json: bool,
+    /// Verify only these tables: source or target names, or globs (`shop.*`, `!shop.audit`).
+    #[arg(long, num_args = 1..)]
+    tables: Vec<String>,
+    /// List at most this many differences per table (all are counted).
+    #[arg(long, default_value_t = 10_000)]
+    max_differences: usize,
+    /// While a stream runs: how long to wait for it to reach the source's position before a
+    /// difference is checked again.
+    #[arg(long, default_value_t = 60)]
+    settle_secs: u64,
+}
+
+/// Runs `sluice verify` and returns its exit code.
+pub async fn verify(arguments: VerifyArguments) -> u8 {
+    let Some(job) = crate::load(&arguments.job) else { return 2 };
+    let job = Arc::new(job);
+    let options = VerifyOptions {
+        tables: arguments.tables.clone(),
+        max_differences: arguments.max_differences,
+        settle: Duration::from_secs(arguments.settle_secs),
+        ..VerifyOptions::default()
+    };
+    let result = async {
+        let (_stop, stopped) = watch::channel(false);
+        let scratch: Arc<dyn sluice_core::state::StateStore> =
+            Arc::new(sluice_core::state::MemoryStateStore::default());
+        let runner = Runner::new(
+            job.clone(),
+            sluice_connectors::source(&job)?,
+            sluice_connectors::sink(&job)?,
+            scratch,
+            stopped,
+        );
+        let reading = job.clone();
+        let read_back: ReadBack = Arc::new(move |table| sluice_connectors::read_back(&reading, table));
+        runner.verify(read_back, &options).await
+    }
+    .await;
+    let report = match result {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("error: job {}: cannot verify: {error}", job.name);
+            return if error.kind() == ErrorKind::Config { 2 } else { 3 };
+        }
+    };
+    if let Err(error) = keep(&arguments.state_dir, &report) {
+        eprintln!("warning: the report could not be kept in {}: {error}", arguments.state_dir.display());
+    }
+    if arguments.json {
+        out!("{}", serde_json::to_string_pretty(&report).expect("reports serialize"));
+    } else {
+        print_report(&report);
+    }
+    u8::from(!report.agrees())
+}
+
+/// Keeps the report as the job's last verification in the state directory.
+fn keep(state_dir: &Path, report: &VerifyReport) -> Result<(), Error> {
+    let failed = |error: std::io::Error| Error::state(error.to_string());
+    crate::private_files::create_dir(state_dir).map_err(failed)?;
+    let text = serde_json::to_vec_pretty(report).expect("reports serialize");
+    crate::private_files::write(&state_dir.join(format!("verify-{}.json", report.job)), &text).map_err(failed)
+}
+
+fn print_report(report: &VerifyReport) {
+    for table in &report.tables {
+        print_table(table);
+    }
+    let rows: u64 = report.tables.iter().map(|table| table.rows_source.max(table.rows_target)).sum();
+    let seconds = report.elapsed_ms as f64 / 1000.0;
+    let verdict = if report.agrees() { "the target equals the source" } else { "the target differs from the source" };
+    out!(
+        "job {}: {verdict}: {} tables, {} differences, {rows} rows in {seconds:.2}s ({:.0} rows/s)",
+        report.job,
+        report.tables.len(),
+        report.differences_total,
+        rows as f64 / seconds.max(0.001)
+    );
+}
+
+fn print_table(table: &TableVerdict) {
+    let sources = table.sources.join(", ");
+    out!(
+        "{} (from {sources}): {} source rows, {} target rows, {} chunks, {} differences ({} missing, {} extra, {} different){}",
+        table.table,
+        table.rows_source,
+        table.rows_target,
+        table.chunks,
+        table.differences_total,
+        table.missing,
+        table.extra,
+        table.different,
+        if table.rechecks > 0 { format!(", checked again {} times", table.rechecks) } else { String::new() }
+    );
+    if table.rows_refused > 0 {
+        out!("  {} source rows are refused by the job (dirty records), not expected in the target", table.rows_refused);
+    }
+    for problem in &table.problems {
+        out!("  problem: {problem}");
+    }
+    for difference in &table.differences {
+        let key = serde_json::Value::Object(difference.key.clone());
+        match difference.kind {
+            DifferenceKind::Missing => out!("  missing    {key}"),
+            DifferenceKind::Extra => out!("  extra      {key}"),
+            DifferenceKind::Different => out!("  different  {key}: {}", difference.columns.join(", ")),
+        }
+    }
+    let listed = table.differences.len() as u64;
+    if table.differences_total > listed {
+        out!("  … and {} more (--max-differences)", table.differences_total - listed);
+    }
+}
