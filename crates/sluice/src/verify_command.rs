@@ -122,6 +122,13 @@ fn print_table(table: &TableVerdict) {
     if table.rows_refused > 0 {
         out!("  {} source rows are refused by the job (dirty records), not expected in the target", table.rows_refused);
     }
+    if table.unsettled > 0 {
+        out!(
+            "  {} rows changed in every one of {} rounds (the source writes them faster than they settle): not counted as differences; verify again when they are quieter",
+            table.unsettled,
+            table.rechecks
+        );
+    }
     for problem in &table.problems {
         out!("  problem: {problem}");
     }

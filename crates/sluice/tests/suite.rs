@@ -33,4 +33,5 @@ mod suite {
     mod tls;
     mod transform;
     mod type_matrix;
+    mod verify;
 }

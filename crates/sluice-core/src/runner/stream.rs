@@ -66,6 +66,12 @@ struct StreamCheckpoint {
     hidden: HiddenCopies,
 }
 
+/// The source position up to which the target has applied the stream, read off the stream
+/// task's checkpoint position; `None` when it is not a stream checkpoint.
+pub(super) fn applied_position(checkpoint: &Position) -> Option<Position> {
+    serde_json::from_value::<StreamCheckpoint>(checkpoint.0.clone()).ok().map(|checkpoint| checkpoint.at)
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct CatchUp {
     until: Position,

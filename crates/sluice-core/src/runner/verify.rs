@@ -38,6 +38,7 @@ use crate::value::Value;
 
 use super::context::RunContext;
 use super::copy::as_written;
+use super::stream;
 
 mod canonical;
 mod comparison;
@@ -107,6 +108,9 @@ pub struct TableVerdict {
     pub different: u64,
     /// Rounds in which differences were checked again after the stream caught up.
     pub rechecks: u64,
+    /// Rows that differed in every round, each time with other values: rows the source keeps
+    /// changing faster than the rounds could see them settle. Not counted as differences.
+    pub unsettled: u64,
     /// Source rows the mapping refuses (the job keeps them as dirty records, not in the table).
     pub rows_refused: u64,
     /// What kept part of the table from being compared (a column or the table missing in the
@@ -334,32 +338,47 @@ impl TableCheck {
         }
         let layout = Arc::new(Layout::of(self.mappings[0].target.clone(), target_schema.as_ref(), &mut problems));
         let target_schema = target_schema.map(Arc::new);
-        let mut pass = self.pass(&layout, &reader, target_schema.as_ref(), None).await?;
+        let sides = Sides { layout: layout.clone(), reader, target_schema };
+        let mut pass = self.pass(&sides).await?;
         let mut rechecks = 0;
+        let mut unsettled = Vec::new();
         if self.context.job.mode.streams() && !pass.found.is_empty() {
-            let mut previous: Option<Vec<Found>> = None;
-            while rechecks < self.options.rounds as u64 {
-                if previous.as_ref().is_some_and(|previous| stable(previous, &pass.found)) {
-                    break;
-                }
-                if let Some(problem) = self.wait_for_stream().await? {
-                    problems.push(problem);
-                    break;
-                }
-                rechecks += 1;
+            let mut confirmed = Vec::new();
+            while rechecks < self.options.rounds as u64 && !pass.found.is_empty() {
                 let keys: Option<HashSet<Vec<Canonical>>> =
                     (pass.unlisted == 0).then(|| pass.found.iter().map(|found| found.key.clone()).collect());
-                let again = self.pass(&layout, &reader, target_schema.as_ref(), keys.as_ref()).await?;
-                previous = Some(std::mem::take(&mut pass.found));
-                // A round over some keys only keeps the row counts of the full pass.
+                let again = match &keys {
+                    Some(keys) => self.keys_again(&sides, keys).await?,
+                    None => match self.wait_for_stream().await? {
+                        Some(problem) => Err(problem),
+                        None => Ok(self.pass(&sides).await?),
+                    },
+                };
+                let again = match again {
+                    Ok(again) => again,
+                    Err(problem) => {
+                        // Not checked again: what was found stands, as the problem says.
+                        problems.push(problem);
+                        confirmed.append(&mut pass.found);
+                        break;
+                    }
+                };
+                rechecks += 1;
+                let previous = std::mem::take(&mut pass.found);
+                // A round over some keys keeps the row counts of the full pass.
                 pass = match keys {
                     Some(_) => Pass { found: again.found, unlisted: again.unlisted, ..pass },
                     None => again,
                 };
-                if pass.found.is_empty() {
-                    break;
-                }
+                // What two rounds found alike, with the stream caught up between them, is a
+                // difference; what changed is checked again.
+                let (alike, changed): (Vec<Found>, Vec<Found>) =
+                    std::mem::take(&mut pass.found).into_iter().partition(|found| previous.contains(found));
+                confirmed.extend(alike);
+                pass.found = changed;
             }
+            // Rows that changed in every round never settled: not shown to differ.
+            unsettled = std::mem::replace(&mut pass.found, confirmed);
         }
         let mut verdict = TableVerdict {
             table: self.target.to_string(),
@@ -373,6 +392,7 @@ impl TableCheck {
             extra: 0,
             different: 0,
             rechecks,
+            unsettled: unsettled.len() as u64,
             rows_refused: pass.rows_refused,
             problems,
             elapsed_ms: started.elapsed().as_millis() as u64,
@@ -397,40 +417,13 @@ impl TableCheck {
         Ok(verdict)
     }
 
-    /// Reads both sides once and pairs their rows; only the rows of `keys` when given.
-    async fn pass(
-        &self,
-        layout: &Arc<Layout>,
-        reader: &Arc<dyn Source>,
-        target_schema: Option<&Arc<TableSchema>>,
-        keys: Option<&HashSet<Vec<Canonical>>>,
-    ) -> Result<Pass> {
-        let keys = keys.cloned().map(Arc::new);
+    /// Reads both sides at once and pairs their rows.
+    async fn pass(&self, sides: &Sides) -> Result<Pass> {
         let capacity = self.context.job.limits.queue_batches.max(2);
         let (source_rows, mut from_source) = mpsc::channel::<Result<Vec<Entry>>>(capacity);
         let (target_rows, mut from_target) = mpsc::channel::<Result<Vec<Entry>>>(capacity);
-        let source_task = tokio::spawn(read_source(
-            self.context.clone(),
-            self.mappings.clone(),
-            layout.clone(),
-            keys.clone(),
-            source_rows,
-        ));
-        let target_task = match target_schema {
-            Some(schema) => Some(tokio::spawn(read_target(
-                self.context.job.limits.batch_rows,
-                self.context.job.limits.split_rows,
-                reader.clone(),
-                schema.clone(),
-                layout.clone(),
-                keys,
-                target_rows,
-            ))),
-            None => {
-                drop(target_rows);
-                None
-            }
-        };
+        let source_task = tokio::spawn(self.read_source(sides, None, source_rows));
+        let target_task = tokio::spawn(self.read_target(sides, None, target_rows));
         let mut comparison = Comparison::new(KEPT_FOR_RECHECK);
         let (mut source_open, mut target_open) = (true, true);
         while source_open || target_open {
@@ -448,13 +441,67 @@ impl TableCheck {
                 },
             }
         }
-        let read = source_task.await.map_err(|error| Error::new(ErrorKind::Read, error.to_string()))?;
-        if let Some(task) = target_task {
-            task.await.map_err(|error| Error::new(ErrorKind::Read, error.to_string()))?;
-        }
+        let read = joined(source_task).await?;
+        joined(target_task).await?;
         let (rows_source, rows_target) = comparison.rows();
         let (found, unlisted) = comparison.finish();
         Ok(Pass { rows_source, rows_target, rows_refused: read.refused, chunks: read.chunks, found, unlisted })
+    }
+
+    /// Compares the rows of `keys` again, each side as of one source position: the source's
+    /// rows first, then, once the target's stream has reached the source's position after that
+    /// read, the target's. `Err` says why the stream could not be waited for.
+    async fn keys_again(
+        &self,
+        sides: &Sides,
+        keys: &HashSet<Vec<Canonical>>,
+    ) -> Result<std::result::Result<Pass, String>> {
+        let keys = Some(Arc::new(keys.clone()));
+        let mut comparison = Comparison::new(KEPT_FOR_RECHECK);
+        let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
+        let source_task = tokio::spawn(self.read_source(sides, keys.clone(), rows));
+        while let Some(entries) = received.recv().await {
+            comparison.add(Sided::Source, entries?);
+        }
+        let read = joined(source_task).await?;
+        if let Some(problem) = self.wait_for_stream().await? {
+            return Ok(Err(problem));
+        }
+        let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
+        let target_task = tokio::spawn(self.read_target(sides, keys, rows));
+        while let Some(entries) = received.recv().await {
+            comparison.add(Sided::Target, entries?);
+        }
+        joined(target_task).await?;
+        let (rows_source, rows_target) = comparison.rows();
+        let (found, unlisted) = comparison.finish();
+        Ok(Ok(Pass { rows_source, rows_target, rows_refused: read.refused, chunks: read.chunks, found, unlisted }))
+    }
+
+    /// The source side's reader task.
+    fn read_source(
+        &self,
+        sides: &Sides,
+        keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+        rows: mpsc::Sender<Result<Vec<Entry>>>,
+    ) -> impl std::future::Future<Output = SourceRead> + Send + 'static {
+        read_source(self.context.clone(), self.mappings.clone(), sides.layout.clone(), keys, rows)
+    }
+
+    /// The target side's reader task; none when the target has no such table.
+    fn read_target(
+        &self,
+        sides: &Sides,
+        keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+        rows: mpsc::Sender<Result<Vec<Entry>>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let limits = (self.context.job.limits.batch_rows, self.context.job.limits.split_rows);
+        let (reader, schema, layout) = (sides.reader.clone(), sides.target_schema.clone(), sides.layout.clone());
+        async move {
+            if let Some(schema) = schema {
+                read_target(limits, reader, schema, layout, keys, rows).await;
+            }
+        }
     }
 
     /// Waits until the target's stream checkpoint reaches the source's log position now. `None`
@@ -466,17 +513,18 @@ impl TableCheck {
         let deadline = Instant::now() + self.options.settle;
         loop {
             let checkpoints = context.sink.checkpoints(&context.job.name, &[STREAM_TASK.to_owned()]).await?;
-            let reached = checkpoints
+            let applied = checkpoints
                 .iter()
-                .filter_map(|checkpoint| checkpoint.position.as_ref())
-                .any(|position| changes.reached(position, &mark));
-            if reached {
+                .filter_map(|checkpoint| stream::applied_position(checkpoint.position.as_ref()?))
+                .next();
+            if applied.as_ref().is_some_and(|applied| changes.reached(applied, &mark)) {
                 return Ok(None);
             }
             if Instant::now() >= deadline {
+                let at = applied.map_or_else(|| "nowhere yet".to_owned(), |applied| applied.brief());
                 return Ok(Some(format!(
-                    "the job's stream did not reach the source's position {} within {} s: the differences below may be \
-                     changes it has not applied yet (is the job running?)",
+                    "the job's stream did not reach the source's position {} within {} s (it is at {at}): the \
+                     differences listed may be changes it has not applied yet; is the job running?",
                     mark.brief(),
                     self.options.settle.as_secs()
                 )));
@@ -486,9 +534,17 @@ impl TableCheck {
     }
 }
 
-/// Whether two rounds found the same differences with the same images on both sides.
-fn stable(previous: &[Found], now: &[Found]) -> bool {
-    previous.len() == now.len() && now.iter().all(|found| previous.contains(found))
+/// What a pass reads: how the table is compared, and the target's reader and table.
+struct Sides {
+    layout: Arc<Layout>,
+    reader: Arc<dyn Source>,
+    /// `None` when the target has no such table.
+    target_schema: Option<Arc<TableSchema>>,
+}
+
+/// The outcome of a reader task.
+async fn joined<T>(task: tokio::task::JoinHandle<T>) -> Result<T> {
+    task.await.map_err(|error| Error::new(ErrorKind::Read, format!("a verify reader failed: {error}")))
 }
 
 /// What the source side read.
@@ -542,8 +598,7 @@ async fn read_source(
 
 /// Reads the target table back, split by split, and sends its rows as entries.
 async fn read_target(
-    batch_rows: usize,
-    split_rows: u64,
+    (batch_rows, split_rows): (usize, u64),
     reader: Arc<dyn Source>,
     schema: Arc<TableSchema>,
     layout: Arc<Layout>,
