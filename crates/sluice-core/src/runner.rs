@@ -40,7 +40,7 @@ use copy::SnapshotCopy;
 use stream::StreamStage;
 
 pub use replay::{DirtyEntry, ReplayReport, Verdict};
-pub use verify::{Difference, DifferenceKind, ReadBack, TableVerdict, VerifyOptions, VerifyReport};
+pub use verify::{Difference, DifferenceKind, ReadBack, Repair, TableVerdict, VerifyOptions, VerifyReport};
 
 /// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
 /// runs one task of the plan its leader made.

@@ -28,6 +28,12 @@ pub struct VerifyArguments {
     /// Verify only these tables: source or target names, or globs (`shop.*`, `!shop.audit`).
     #[arg(long, num_args = 1..)]
     tables: Vec<String>,
+    /// Write the source's current rows over the differing ones (insert the missing, replace the
+    /// different, delete the extra) through the job's writer, then compare them again; the exit
+    /// code says whether something still differs. Each repair is kept in the state directory
+    /// (`JOB/repairs.jsonl`).
+    #[arg(long)]
+    repair: bool,
     /// List at most this many differences per table (all are counted).
     #[arg(long, default_value_t = 10_000)]
     max_differences: usize,
@@ -45,6 +51,7 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
         tables: arguments.tables.clone(),
         max_differences: arguments.max_differences,
         settle: Duration::from_secs(arguments.settle_secs),
+        repair: arguments.repair,
         ..VerifyOptions::default()
     };
     let result = async {
@@ -81,12 +88,36 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
     u8::from(!report.agrees())
 }
 
-/// Keeps the report as the job's last verification in the state directory.
+/// Keeps the report as the job's last verification in the state directory, and appends its
+/// repairs, one JSON line each with the table and the time, to `JOB/repairs.jsonl`.
 fn keep(state_dir: &Path, report: &VerifyReport) -> Result<(), Error> {
     let failed = |error: std::io::Error| Error::state(error.to_string());
     crate::private_files::create_dir(state_dir).map_err(failed)?;
     let text = serde_json::to_vec_pretty(report).expect("reports serialize");
-    crate::private_files::write(&state_dir.join(format!("verify-{}.json", report.job)), &text).map_err(failed)
+    crate::private_files::write(&state_dir.join(format!("verify-{}.json", report.job)), &text).map_err(failed)?;
+    let mut lines = String::new();
+    let at = sluice_core::clock::unix_seconds();
+    for table in &report.tables {
+        for repair in &table.repairs {
+            let mut line = serde_json::json!({"table": table.table, "at": at});
+            if let (Some(line), serde_json::Value::Object(repair)) =
+                (line.as_object_mut(), serde_json::to_value(repair).expect("repairs serialize"))
+            {
+                line.extend(repair);
+            }
+            lines.push_str(&line.to_string());
+            lines.push('\n');
+        }
+    }
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let directory = state_dir.join(&report.job);
+    crate::private_files::create_dir(&directory).map_err(failed)?;
+    let path = directory.join("repairs.jsonl");
+    let mut kept = std::fs::read(&path).unwrap_or_default();
+    kept.extend_from_slice(lines.as_bytes());
+    crate::private_files::write(&path, &kept).map_err(failed)
 }
 
 fn print_report(report: &VerifyReport) {
@@ -108,12 +139,13 @@ fn print_report(report: &VerifyReport) {
 fn print_table(table: &TableVerdict) {
     let sources = table.sources.join(", ");
     out!(
-        "{} (from {sources}): {} source rows, {} target rows, {} chunks, {} differences ({} missing, {} extra, {} different){}",
+        "{} (from {sources}): {} source rows, {} target rows, {} chunks, {} differences{} ({} missing, {} extra, {} different){}",
         table.table,
         table.rows_source,
         table.rows_target,
         table.chunks,
         table.differences_total,
+        if table.repaired > 0 { format!(" left after repairing {} rows", table.repaired) } else { String::new() },
         table.missing,
         table.extra,
         table.different,
@@ -131,6 +163,15 @@ fn print_table(table: &TableVerdict) {
     }
     for problem in &table.problems {
         out!("  problem: {problem}");
+    }
+    for repair in &table.repairs {
+        let key = serde_json::Value::Object(repair.key.clone());
+        let what = match (repair.kind, &repair.after) {
+            (_, None) => "deleted (the source has no such row)",
+            (DifferenceKind::Missing, Some(_)) => "inserted from the source",
+            (_, Some(_)) => "replaced by the source's row",
+        };
+        out!("  repaired   {key}: {what}");
     }
     for difference in &table.differences {
         let key = serde_json::Value::Object(difference.key.clone());

@@ -171,6 +171,29 @@ fn verify_finds_every_corruption_injected_into_the_target_by_key_and_column_and_
     let kept = std::fs::read_to_string(workspace.path(".sluice/verify-verify-corruptions.json")).unwrap();
     assert!(kept.contains("\"differences_total\": 875"), "the last report is kept in the state directory");
 
+    // --repair writes the source's rows over exactly those rows, records each, and compares
+    // them again: nothing is left to differ.
+    let repaired = verify(&workspace, &job, &postgres_url(), &["--json", "--repair"]);
+    repaired.assert_code(0);
+    let report = report_of(&repaired);
+    assert_eq!(report["tables"][0]["repaired"], 875, "{}", repaired.stdout);
+    assert_eq!(report["differences_total"], 0, "{}", repaired.stdout);
+    let records = std::fs::read_to_string(workspace.path(".sluice/verify-corruptions/repairs.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = records.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 875);
+    let extra_record = records.iter().find(|record| record["key"]["id"] == extra[0]).expect("the extra row's repair");
+    assert_eq!(
+        (&extra_record["kind"], &extra_record["before"]["name"], &extra_record["after"]),
+        (&serde_json::json!("extra"), &serde_json::json!("extra"), &serde_json::Value::Null)
+    );
+    let nulled_record = records.iter().find(|record| record["key"]["id"] == nulled[0]).expect("a nulled row's repair");
+    assert_eq!(
+        (&nulled_record["before"]["name"], &nulled_record["after"]["name"]),
+        (&serde_json::Value::Null, &serde_json::json!(""))
+    );
+    assert_eq!(psql(&format!("SELECT count(*) FROM {table}")).trim(), ROWS.to_string());
+    verify(&workspace, &job, &postgres_url(), &[]).assert_code(0);
+
     // A table without differences passes; a bad command line is exit code 2.
     verify(&workspace, &job, &postgres_url(), &["--tables", &format!("{database}.quiet")]).assert_code(0);
     verify(&workspace, &job, &postgres_url(), &["--max-differences", "many"]).assert_code(2);
@@ -276,6 +299,15 @@ fn verify_while_a_stream_applies_a_mixed_load_reports_no_false_difference_and_st
         BTreeSet::from([("different".to_owned(), 7, vec!["v".to_owned()])])
     );
     assert!(report["tables"][by_name("still")]["rechecks"].as_u64().unwrap() >= 1, "checked again: {}", run.stdout);
+
+    // Repaired while the stream runs, beside it: the two rows, and nothing differs after.
+    let repaired = verify(&job.workspace, &job.file, &postgres_url(), &["--json", "--repair"]);
+    repaired.assert_code(0);
+    let report = report_of(&repaired);
+    let repairs: u64 =
+        report["tables"].as_array().unwrap().iter().map(|table| table["repaired"].as_u64().unwrap()).sum();
+    assert_eq!(repairs, 2, "{}", repaired.stdout);
+    verify(&job.workspace, &job.file, &postgres_url(), &[]).assert_code(0);
     load.stop();
     drop(child);
 }

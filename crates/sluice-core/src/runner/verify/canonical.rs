@@ -41,6 +41,29 @@ pub(crate) enum Canonical {
     Other(String),
 }
 
+impl Canonical {
+    /// The value as JSON, for a record of a row replaced: numbers as numbers when they fit,
+    /// exact decimals and times as strings, bytes in base64, a JSON document embedded.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        match self {
+            Canonical::Null => serde_json::Value::Null,
+            Canonical::Bool(value) => serde_json::Value::Bool(*value),
+            Canonical::Integer(value) => match i64::try_from(*value) {
+                Ok(value) => serde_json::Value::from(value),
+                Err(_) => serde_json::Value::String(value.to_string()),
+            },
+            Canonical::Float(bits) => serde_json::Value::from(f64::from_bits(*bits)),
+            Canonical::Decimal(text) | Canonical::Text(text) | Canonical::Temporal(text) | Canonical::Other(text) => {
+                serde_json::Value::String(text.clone())
+            }
+            Canonical::Bytes(bytes) => serde_json::Value::String(crate::json::base64_encode(bytes)),
+            Canonical::Json(text) => {
+                serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()))
+            }
+        }
+    }
+}
+
 /// `value` as verification compares it in a column of type `data_type`.
 pub(crate) fn canonical(value: &Value, data_type: &DataType) -> Canonical {
     if matches!(value, Value::Null) {

@@ -19,6 +19,8 @@ pub(crate) struct Entry {
     pub(crate) key: Vec<Canonical>,
     pub(crate) row: Vec<Canonical>,
     pub(crate) key_values: Vec<Value>,
+    /// The row's values in the mapped schema, when kept (the source's rows a repair writes).
+    pub(crate) values: Option<crate::change::Row>,
 }
 
 /// The side a row was read from.
@@ -86,7 +88,7 @@ impl Comparison {
     }
 
     fn pair(&mut self, side: Sided, entry: Entry) {
-        let Entry { key, row, key_values } = entry;
+        let Entry { key, row, key_values, .. } = entry;
         match self.waiting.entry(key) {
             Slot::Vacant(slot) => {
                 slot.insert(Waiting { side, row, key_values, count: 1 });
@@ -167,6 +169,7 @@ mod tests {
             key: vec![Canonical::Integer(key)],
             row: vec![Canonical::Integer(key), Canonical::Text(value.to_owned())],
             key_values: vec![Value::Int(key as i64)],
+            values: None,
         }
     }
 

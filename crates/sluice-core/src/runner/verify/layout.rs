@@ -1,0 +1,131 @@
+//! How one target table is compared: the mapped schema's columns found in the table read back,
+//! the type each column is compared as, and the key rows pair by.
+
+use std::sync::Arc;
+
+use super::canonical::{canonical, Canonical};
+use super::comparison::Entry;
+use crate::change::Row;
+use crate::schema::{DataType, TableSchema};
+use crate::value::Value;
+
+/// How a target table is compared: the mapped schema, where each of its columns is in the
+/// table read back, and the key rows pair by.
+pub(super) struct Layout {
+    pub(super) mapped: Arc<TableSchema>,
+    /// `(column of the mapped schema, column of the table read back)` for each compared column.
+    columns: Vec<(usize, usize)>,
+    /// The type each compared column is compared as: the mapped type, except that text is
+    /// padded to a fixed width only when the target stores it so (a MySQL `CHAR` lands in a
+    /// PostgreSQL `varchar`, where a trailing space is a difference).
+    types: Vec<DataType>,
+    /// Positions in `columns` of the key (every compared column when the table has none).
+    key: Vec<usize>,
+}
+
+impl Layout {
+    pub(super) fn of(mapped: Arc<TableSchema>, target: Option<&TableSchema>, problems: &mut Vec<String>) -> Layout {
+        let mut columns = Vec::new();
+        for (index, column) in mapped.columns.iter().enumerate() {
+            let found = target.and_then(|target| {
+                target
+                    .column_index(&column.name)
+                    .or_else(|| target.columns.iter().position(|other| other.name.eq_ignore_ascii_case(&column.name)))
+            });
+            match (found, target) {
+                (Some(found), _) => columns.push((index, found)),
+                (None, Some(target)) => problems
+                    .push(format!("column {} is missing in target table {}: not compared", column.name, target.name)),
+                // No target table: every source row is missing; compare what the source has.
+                (None, None) => columns.push((index, index)),
+            }
+        }
+        let key: Vec<usize> = mapped
+            .primary_key
+            .iter()
+            .filter_map(|column| columns.iter().position(|(mapped_column, _)| mapped_column == column))
+            .collect();
+        let key =
+            if key.len() == mapped.primary_key.len() && !key.is_empty() { key } else { (0..columns.len()).collect() };
+        let types = columns
+            .iter()
+            .map(|&(mapped_column, target_column)| {
+                let stored = target.map(|target| &target.columns[target_column].data_type);
+                match (&mapped.columns[mapped_column].data_type, stored) {
+                    (DataType::Text { length, fixed: true }, Some(DataType::Text { fixed, .. })) => {
+                        DataType::Text { length: *length, fixed: *fixed }
+                    }
+                    (data_type, _) => data_type.clone(),
+                }
+            })
+            .collect();
+        Layout { mapped, columns, types, key }
+    }
+
+    fn data_type(&self, compared: usize) -> &DataType {
+        &self.types[compared]
+    }
+
+    /// A row of the mapped schema as an entry, with its values when `values`.
+    pub(super) fn source_entry(&self, row: &Row, values: bool) -> Entry {
+        let mut entry = self.entry(|compared| &row[self.columns[compared].0]);
+        if values {
+            entry.values = Some(row.clone());
+        }
+        entry
+    }
+
+    /// A row read back from the target as an entry.
+    pub(super) fn target_entry(&self, row: &Row) -> Entry {
+        self.entry(|compared| &row[self.columns[compared].1])
+    }
+
+    fn entry<'r>(&self, value_of: impl Fn(usize) -> &'r Value) -> Entry {
+        let row: Vec<Canonical> =
+            (0..self.columns.len()).map(|compared| canonical(value_of(compared), self.data_type(compared))).collect();
+        let key = self.key.iter().map(|&compared| row[compared].clone()).collect();
+        let key_values = self.key.iter().map(|&compared| value_of(compared).clone()).collect();
+        Entry { key, row, key_values, values: None }
+    }
+
+    /// Whether every column of the mapped schema is in the target table.
+    pub(super) fn complete(&self) -> bool {
+        self.columns.len() == self.mapped.columns.len()
+    }
+
+    /// Whether the table has no key, so rows pair by all their compared columns.
+    pub(super) fn keyless(&self) -> bool {
+        self.mapped.primary_key.is_empty()
+    }
+
+    /// The key of a difference as JSON, by column name.
+    pub(super) fn key_json(&self, values: &[Value]) -> serde_json::Map<String, serde_json::Value> {
+        self.key.iter().zip(values).map(|(&compared, value)| (self.name(compared), value_json(value))).collect()
+    }
+
+    /// A row of the mapped schema as JSON, by column name.
+    pub(super) fn row_json(&self, row: &Row) -> serde_json::Map<String, serde_json::Value> {
+        self.mapped.columns.iter().zip(row).map(|(column, value)| (column.name.clone(), value_json(value))).collect()
+    }
+
+    /// A compared row's canonical values as JSON, by column name: how a repair records the
+    /// target's row it replaced.
+    pub(super) fn image_json(&self, image: &[Canonical]) -> serde_json::Map<String, serde_json::Value> {
+        image.iter().enumerate().map(|(compared, value)| (self.name(compared), value.to_json())).collect()
+    }
+
+    fn name(&self, compared: usize) -> String {
+        self.mapped.columns[self.columns[compared].0].name.clone()
+    }
+
+    pub(super) fn column_names(&self, compared: &[usize]) -> Vec<String> {
+        compared.iter().map(|&index| self.name(index)).collect()
+    }
+}
+
+/// A value as JSON, as files and change events write it.
+fn value_json(value: &Value) -> serde_json::Value {
+    let mut text = String::new();
+    crate::json::encode_value(value, &mut text);
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(value.to_string()))
+}
