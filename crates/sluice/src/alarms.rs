@@ -122,6 +122,7 @@ pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
         AlarmMetric::DirtyRecords => view.stats.rows_skipped as f64,
         AlarmMetric::LogBehindBytes => view.stats.log_behind_bytes? as f64,
         AlarmMetric::LogFilesToSpare => view.stats.log_files_to_spare? as f64,
+        AlarmMetric::VerifyDifferences => view.stats.verify_differences? as f64,
     })
     .filter(|_| running || !matches!(metric, AlarmMetric::RowsPerSec))
 }

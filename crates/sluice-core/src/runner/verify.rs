@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -75,7 +75,7 @@ impl Default for VerifyOptions {
 }
 
 /// A verification of a job: one verdict per target table.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VerifyReport {
     pub job: String,
     pub tables: Vec<TableVerdict>,
@@ -93,7 +93,7 @@ impl VerifyReport {
 }
 
 /// What one target table was found to hold against the source tables mapped into it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TableVerdict {
     /// The target table.
     pub table: String,
@@ -128,7 +128,7 @@ pub struct TableVerdict {
 }
 
 /// A row that is not the same on both sides.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Difference {
     pub kind: DifferenceKind,
     /// The target key (every compared column for a table without a key), as JSON values.
@@ -139,7 +139,7 @@ pub struct Difference {
 
 /// A differing row a repair replaced: its key, what the target held (as compared: `None` for a
 /// missing row) and what the source holds now (`None`: the row was deleted).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Repair {
     pub kind: DifferenceKind,
     pub key: serde_json::Map<String, serde_json::Value>,
@@ -147,7 +147,7 @@ pub struct Repair {
     pub after: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DifferenceKind {
     /// In the source, not in the target.

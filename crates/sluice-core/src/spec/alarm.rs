@@ -48,11 +48,13 @@ pub enum AlarmMetric {
     /// Older log files the source keeps before the checkpoint's: the margin before a purge of
     /// the source's log loses the stream's position (`log_files_to_spare < 1`: at risk).
     LogFilesToSpare,
+    /// Rows that differed between target and source at the job's last verification.
+    VerifyDifferences,
 }
 
 impl AlarmMetric {
     /// Every metric with the name a condition calls it by.
-    pub const ALL: [(&'static str, AlarmMetric); 9] = [
+    pub const ALL: [(&'static str, AlarmMetric); 10] = [
         ("lag_seconds", AlarmMetric::LagSeconds),
         ("rows_per_sec", AlarmMetric::RowsPerSec),
         ("stalled_seconds", AlarmMetric::StalledSeconds),
@@ -62,6 +64,7 @@ impl AlarmMetric {
         ("dirty_records", AlarmMetric::DirtyRecords),
         ("log_behind_bytes", AlarmMetric::LogBehindBytes),
         ("log_files_to_spare", AlarmMetric::LogFilesToSpare),
+        ("verify_differences", AlarmMetric::VerifyDifferences),
     ];
 
     /// The name a condition calls it by.

@@ -4,7 +4,8 @@
 //! Per task (labels `job`, `task`, `worker`): rows and bytes read, rows written and skipped,
 //! source transactions applied, rows per second, lag, restarts, the apply-latency histogram,
 //! the source's log past a stream's checkpoint (bytes, files, files the source keeps before it).
-//! Per job: its state, dirty records, alarms firing. Per worker: tasks, capacity, fence
+//! Per job: its state, dirty records, the differences its last verification found, alarms
+//! firing. Per worker: tasks, capacity, fence
 //! refusals; and which worker leads.
 
 use std::fmt::Write;
@@ -187,6 +188,17 @@ pub async fn render(store: &dyn Store) -> Result<String> {
     for (name, view) in &views {
         if let Some(lag) = view.stats.lag_secs {
             family.sample("", &[("job", name)], lag);
+        }
+    }
+    let mut family = Family::new(
+        &mut text,
+        "sluice_verify_differences",
+        "gauge",
+        "Rows that differed between target and source at the job's last verification (POST /jobs/NAME/verify).",
+    );
+    for (name, view) in &views {
+        if let Some(differences) = view.stats.verify_differences {
+            family.sample("", &[("job", name)], differences);
         }
     }
 

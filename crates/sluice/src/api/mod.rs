@@ -101,6 +101,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{name}/dirty", get(list_dirty))
         .route("/jobs/{name}/dirty/discard", post(discard_dirty))
         .route("/jobs/{name}/dirty/replay", post(replay_dirty))
+        .route("/jobs/{name}/verify", get(last_verification).post(verify_job))
         .route("/alarms", get(show_alarms).put(set_alarms))
         .route("/workers", get(list_workers))
         .route("/leader", get(show_leader))
@@ -550,6 +551,7 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     for prefix in [versions_prefix(&name), statuses_prefix(&name), runs_prefix(&name), dirty] {
         store.delete_prefix(&prefix).await?;
     }
+    store.delete(&verification_key(&name)).await?;
     store.delete(&plan_key(&name)).await?;
     store.delete_prefix(&plan_pieces_prefix(&name)).await?;
     store.delete(&job_key(&name)).await?;
@@ -818,6 +820,71 @@ async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes)
     let chosen = chosen_of(&body)?.unwrap_or(crate::cluster::dirty::Chosen::All);
     let outcome = crate::cluster::dirty::replay(&api.node.store, &job, &chosen, &api.node.config.id).await?;
     Ok(Json(outcome).into_response())
+}
+
+/// Compares the job's target with its source through the job's mapping, as `sluice verify`
+/// does, while the request waits; keeps the report as the job's last verification (for the
+/// console, `/metrics` and the `verify_differences` alarm). With `repair`, the source's rows are
+/// written over the differing ones first.
+#[utoipa::path(post, path = "/jobs/{name}/verify", tag = "verification", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"tables\": [\"GLOB\"], \"repair\": false, \"max_differences\": 10000} (each optional)", content_type = "application/json"),
+    responses((status = 200, description = "{at, node, version, report: {job, tables: [{table, rows_source, rows_target, differences: [{kind, key, columns}], …}], differences_total, elapsed_ms}}", body = Object),
+        (status = 400, description = "a bad request, or a target that cannot be read back", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn verify_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
+    let record = job(&api, &name).await?;
+    let options = verify_options(&body)?;
+    let last = crate::cluster::verification::verify(&*api.node.store, &record, &options, &api.node.config.id).await?;
+    Ok(Json(last).into_response())
+}
+
+/// The job's last verification.
+#[utoipa::path(get, path = "/jobs/{name}/verify", tag = "verification", params(("name" = String, Path)),
+    responses((status = 200, description = "{at, node, version, report}", body = Object),
+        (status = 404, description = "no such job, or never verified", body = ErrorBody)))]
+async fn last_verification(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    match crate::cluster::verification::last(&*api.node.store, &name).await? {
+        Some(last) => Ok(Json(last).into_response()),
+        None => Err(failure(
+            StatusCode::NOT_FOUND,
+            format!("job {name} was never verified: POST /api/v1/jobs/{name}/verify"),
+        )),
+    }
+}
+
+/// The options of a verification request: `tables`, `repair`, `max_differences`, each optional.
+fn verify_options(body: &[u8]) -> Result<sluice_core::runner::VerifyOptions, Failure> {
+    let mut options = sluice_core::runner::VerifyOptions::default();
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(options);
+    }
+    let expected = "expected {\"tables\": [\"GLOB\"], \"repair\": true|false, \"max_differences\": N}";
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
+    let Value::Object(fields) = request else { return Err(failure(StatusCode::BAD_REQUEST, expected)) };
+    let mut problems = Vec::new();
+    for (field, value) in fields {
+        match (field.as_str(), value) {
+            ("tables", Value::Array(tables)) => {
+                match tables.iter().map(|table| table.as_str().map(str::to_owned)).collect() {
+                    Some(tables) => options.tables = tables,
+                    None => problems.push("tables: a list of strings".to_owned()),
+                }
+            }
+            ("repair", Value::Bool(repair)) => options.repair = repair,
+            ("max_differences", Value::Number(number)) if number.as_u64().is_some() => {
+                options.max_differences = number.as_u64().unwrap_or_default() as usize;
+            }
+            ("tables" | "repair" | "max_differences", _) => problems.push(format!("{field}: wrong type")),
+            (other, _) => problems.push(format!("{other}: unknown field")),
+        }
+    }
+    if problems.is_empty() {
+        Ok(options)
+    } else {
+        Err(failure(StatusCode::BAD_REQUEST, format!("{expected}: {}", problems.join("; "))))
+    }
 }
 
 /// The records a request names: `{"ids": [...]}` or `{"all": true}`; `None` when it names none.

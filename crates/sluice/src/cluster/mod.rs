@@ -12,4 +12,5 @@ mod placement;
 pub mod schedule;
 pub mod status;
 pub mod store;
+pub mod verification;
 pub mod worker;

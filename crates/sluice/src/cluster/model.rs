@@ -57,6 +57,9 @@ pub fn status_key(job: &str, task: &str) -> String {
 pub fn runs_prefix(job: &str) -> String {
     format!("{ROOT}runs/{job}/")
 }
+pub fn verification_key(job: &str) -> String {
+    format!("{ROOT}verifications/{job}")
+}
 pub fn worker_key(id: &str) -> String {
     format!("{ROOT}workers/{id}")
 }

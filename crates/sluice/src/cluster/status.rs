@@ -58,6 +58,9 @@ pub struct JobStatsView {
     /// Older log files the source still keeps before that checkpoint's (0: the next purge of
     /// the source's log may lose the stream's position).
     pub log_files_to_spare: Option<u64>,
+    /// Rows that differed between target and source at the job's last verification; `None`
+    /// when it was never verified.
+    pub verify_differences: Option<u64>,
 }
 
 /// One task of a job's plan: which worker runs it, with what epoch, and how far it is.
@@ -257,6 +260,9 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         lag_secs: None,
         log_behind_bytes: None,
         log_files_to_spare: None,
+        verify_differences: super::verification::last(store, &job.name)
+            .await?
+            .map(|last| last.report.differences_total),
     };
     let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
     let (mut restarting, mut restarts) = (None::<ErrorView>, 0);

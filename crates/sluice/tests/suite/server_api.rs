@@ -430,3 +430,58 @@ fn global_alarm_rules_come_from_the_server_file_and_the_api() {
     assert_eq!(alarms["global"][1]["name"], "slow", "{alarms}");
     assert!(!alarms.to_string().contains(secret) && !server.output().contains(secret), "{alarms}");
 }
+
+#[test]
+fn a_server_verifies_a_job_keeps_its_last_report_and_shows_the_differences_to_metrics() {
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), 500);
+    let server = start_server(&workspace, "solo", None, &tokens());
+    let yaml = job_yaml("checked", 2);
+    assert_eq!(server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &yaml))).0, 201);
+    wait_state(&server, "checked", "succeeded");
+    let json = |text: &'static str| Some(("application/json", text));
+
+    let (status, never) = server.call("GET", "/jobs/checked/verify", Some(READ), None);
+    assert_eq!(status, 404, "{never}");
+    assert_eq!(server.call("POST", "/jobs/checked/verify", Some(READ), json("{}")).0, 403, "verify needs admin");
+    let (status, refused) =
+        server.call("POST", "/jobs/checked/verify", Some(ADMIN), json(r#"{"repair": "yes", "rows": 1}"#));
+    assert_eq!(status, 400, "{refused}");
+    let error = refused["error"].as_str().unwrap();
+    assert!(
+        error.contains("repair: wrong type") && error.contains("rows: unknown field"),
+        "every problem at once: {error}"
+    );
+
+    let (status, clean) = server.call("POST", "/jobs/checked/verify", Some(ADMIN), json("{}"));
+    assert_eq!(status, 200, "{clean}");
+    assert_eq!(clean["report"]["differences_total"], 0, "{clean}");
+    assert_eq!(clean["report"]["tables"].as_array().unwrap().len(), 3, "{clean}");
+
+    // A row deleted from the target: found by key, kept as the last report, shown by the job's
+    // view and /metrics.
+    let target = rusqlite::Connection::open(workspace.path("target.db")).unwrap();
+    target.execute("DELETE FROM items WHERE id = 7", []).unwrap();
+    let (status, found) = server.call("POST", "/jobs/checked/verify", Some(ADMIN), json(r#"{"tables": ["items"]}"#));
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["report"]["differences_total"], 1, "{found}");
+    assert_eq!(
+        found["report"]["tables"][0]["differences"][0],
+        serde_json::json!({"kind": "missing", "key": {"id": 7}, "columns": []})
+    );
+    let (_, last) = server.call("GET", "/jobs/checked/verify", Some(READ), None);
+    assert_eq!(last["report"]["differences_total"], 1, "{last}");
+    let (_, view) = server.call("GET", "/jobs/checked", Some(READ), None);
+    assert_eq!(view["stats"]["verify_differences"], 1, "{view}");
+    let (_, metrics) = support::cluster::request(&server.url, "GET", "/metrics", Some(READ), None).unwrap();
+    assert!(metrics.contains("sluice_verify_differences{job=\"checked\"} 1"), "{metrics}");
+
+    // A SQLite target cannot replace rows by key: a repair says so and changes nothing.
+    let (status, repaired) = server.call("POST", "/jobs/checked/verify", Some(ADMIN), json(r#"{"repair": true}"#));
+    assert_eq!(status, 200, "{repaired}");
+    assert_eq!(repaired["report"]["differences_total"], 1, "{repaired}");
+    let items =
+        repaired["report"]["tables"].as_array().unwrap().iter().find(|table| table["table"] == "items").unwrap();
+    assert_eq!(items["repaired"], 0, "{repaired}");
+    assert!(items["problems"][0].as_str().unwrap().contains("not repaired: a `sqlite` target cannot"), "{repaired}");
+}

@@ -218,7 +218,8 @@ impl TableCheck {
         let context = &self.context;
         let Some(folded) = context.sink.folded_changes() else {
             return Ok(Err(format!(
-                "not repaired: a `{}` target does not apply changes by key",
+                "not repaired: a `{}` target cannot delete and replace rows by key (a repair needs a PostgreSQL \
+                 or MySQL target); copy the table again with `sluice run --restart`",
                 context.job.target.connector
             )));
         };

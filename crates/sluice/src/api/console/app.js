@@ -408,6 +408,7 @@ function showJob(view, name) {
     versions: el('tbody'),
     diffTitle: el('h3', {hidden: true}),
     diff: el('pre', {id: 'diff', class: 'diff', hidden: true}),
+    verification: el('div', {id: 'verification'}),
     current: null, // its current version, for "diff with current"
   };
   const action = (id, label, work, tone) =>
@@ -424,6 +425,7 @@ function showJob(view, name) {
       el('span', {class: 'separator'}),
       el('a', {id: 'job-edit', class: 'button', href: `#/editor/${enc(name)}`}, 'Edit'),
       el('a', {id: 'job-dirty', class: 'button', href: `#/dirty/${enc(name)}`}, 'Dirty records'),
+      action('job-verify', 'Verify', () => verifyJob(name, ui)),
       el('span', {class: 'separator'}),
       action('job-delete', 'Delete', () => deleteJob(name), 'danger')),
     ui.error, ui.stats, ui.notes,
@@ -432,6 +434,7 @@ function showJob(view, name) {
     section('Last 6 hours', el('div', {class: 'charts'},
       el('figure', {}, el('figcaption', {}, 'Throughput (rows/s)'), ui.throughput),
       el('figure', {}, el('figcaption', {}, 'Lag (s)'), ui.lag))),
+    section('Verification', ui.verification),
     section('Runs', table('runs', ['Status', 'Mode', 'Elapsed', 'Rows read', 'Rows written', 'Skipped',
       'Rows/s', 'Restarts', 'Dirty', 'Error', 'Summary'], ui.runs)),
     section('Versions', table('versions', ['Version', 'Created', 'Origin', '', ''], ui.versions),
@@ -446,6 +449,38 @@ function showJob(view, name) {
   page.refresh = () => loadJob(name, ui);
 }
 
+/** Compares the job's target with its source (POST /jobs/NAME/verify) and shows the report. */
+async function verifyJob(name, ui) {
+  const last = await post(`/jobs/${enc(name)}/verify`, {});
+  replace(ui.verification, verificationBlock(last));
+  const differences = last.report.differences_total;
+  return differences === 0 ? `Job ${name}: the target equals the source.`
+    : `Job ${name}: ${differences} rows differ between target and source.`;
+}
+
+/** A job's last verification: a line per table, then the differences listed (up to 20 each). */
+function verificationBlock(last) {
+  if (!last) return el('p', {class: 'muted'}, 'Never verified: "Verify" compares the target with the source, row by row.');
+  const report = last.report;
+  const rows = report.tables.map((table) => el('tr', {dataset: {table: table.table}},
+    el('td', {class: 'mono'}, table.table),
+    el('td', {class: 'num'}, count(table.rows_source)),
+    el('td', {class: 'num'}, count(table.rows_target)),
+    el('td', {class: 'num'}, count(table.missing)),
+    el('td', {class: 'num'}, count(table.extra)),
+    el('td', {class: 'num'}, count(table.different)),
+    el('td', {class: 'mono'}, (table.differences || []).length ? el('ul', {class: 'plain'},
+      table.differences.slice(0, 20).map((difference) => el('li', {}, `${difference.kind} ${JSON.stringify(difference.key)}` +
+        (difference.columns.length ? `: ${difference.columns.join(', ')}` : '')))) : '—'),
+    el('td', {class: 'error'}, (table.problems || []).join('; ') || '—')));
+  return el('div', {},
+    el('p', {id: 'verify-summary'}, report.differences_total === 0 ? 'The target equals the source' :
+      `${report.differences_total} rows differ`, ` · verified ${new Date(last.at * 1000).toISOString()} on ${last.node}` +
+      ` (version ${last.version}) in ${duration(report.elapsed_ms / 1000)}`),
+    table('verify-tables', ['Table', 'Source rows', 'Target rows', 'Missing', 'Extra', 'Different',
+      'Differences', 'Problems'], el('tbody', {}, rows)));
+}
+
 /** Stop, start or restart: the server answers the desired state and the generation. */
 async function lifecycle(name, verb) {
   const desired = await post(`/jobs/${enc(name)}/${verb}`);
@@ -454,12 +489,14 @@ async function lifecycle(name, verb) {
 
 async function loadJob(name, ui) {
   const base = `/jobs/${enc(name)}`;
-  const [job, series, runs, versions] = await Promise.all([
+  const [job, series, runs, versions, verification] = await Promise.all([
     get(base),
     // The charts are an extra: a job page without them is still worth showing.
     get(`${base}/series`).catch(() => null),
     get(`${base}/runs`),
     get(`${base}/versions`),
+    // 404 until the job is first verified.
+    get(`${base}/verify`).catch(() => null),
   ]);
   showJobSummary(job, ui);
   replace(ui.tasks, taskRows(job.tasks || []));
@@ -469,6 +506,7 @@ async function loadJob(name, ui) {
   rebuild(ui.runs, runRows(runs || []));
   ui.current = job.version;
   replace(ui.versions, versionRows(name, versions || [], ui));
+  replace(ui.verification, verificationBlock(verification));
 }
 
 function showJobSummary(job, ui) {
@@ -484,7 +522,9 @@ function showJobSummary(job, ui) {
     stat('Version', job.version), stat('Mode', job.mode), stat('Generation', job.generation),
     stat('Priority', job.priority), stat('Rows/s', rate(stats.rows_per_sec)), stat('Lag', duration(stats.lag_secs)),
     stat('Rows read', count(stats.rows_read)), stat('Rows written', count(stats.rows_written)),
-    stat('Rows skipped', count(stats.rows_skipped)), stat('Restarts', job.restarts), stat('Updated', job.updated_at));
+    stat('Rows skipped', count(stats.rows_skipped)), stat('Restarts', job.restarts),
+    stat('Differences', stats.verify_differences == null ? null : count(stats.verify_differences)),
+    stat('Updated', job.updated_at));
   replace(ui.notes,
     job.backfill && job.backfill.length
       ? el('p', {class: 'callout'}, `Copying added tables: ${job.backfill.join(', ')}`) : null,
