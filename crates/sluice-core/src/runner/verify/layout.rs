@@ -114,6 +114,32 @@ impl Layout {
         image.iter().enumerate().map(|(compared, value)| (self.name(compared), value.to_json())).collect()
     }
 
+    /// A row of the mapped schema holding only these key values (in key order), nulls
+    /// elsewhere: what a mapping traces back to its source key.
+    pub(super) fn key_row(&self, key_values: &[Value]) -> Row {
+        let mut row = vec![Value::Null; self.mapped.columns.len()];
+        for (&compared, value) in self.key.iter().zip(key_values) {
+            row[self.columns[compared].0] = value.clone();
+        }
+        row
+    }
+
+    /// The key values (in key order) as the target table's own primary key orders them, when
+    /// the target's key is the mapped key.
+    pub(super) fn target_key(&self, target: &TableSchema, key_values: &[Value]) -> Option<Row> {
+        if self.keyless() || target.primary_key.len() != self.key.len() {
+            return None;
+        }
+        target
+            .primary_key
+            .iter()
+            .map(|&column| {
+                let position = self.key.iter().position(|&compared| self.columns[compared].1 == column)?;
+                key_values.get(position).cloned()
+            })
+            .collect()
+    }
+
     fn name(&self, compared: usize) -> String {
         self.mapped.columns[self.columns[compared].0].name.clone()
     }

@@ -12,7 +12,7 @@ use super::comparison::{Comparison, Entry, Found, Sided};
 use super::layout::Layout;
 use super::{Difference, DifferenceKind, ReadBack, Repair, TableVerdict, VerifyOptions};
 use crate::change::Row;
-use crate::connector::{Checkpoint, Source, SplitHint};
+use crate::connector::{Checkpoint, Source, Split, SplitHint};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::names::STREAM_TASK;
 use crate::runner::context::RunContext;
@@ -20,6 +20,7 @@ use crate::runner::copy::as_written;
 use crate::runner::stream;
 use crate::schema::{TableName, TableSchema};
 use crate::transform::TableMapping;
+use crate::value::Value;
 
 /// One pass over a table: what it read and the differences it found.
 struct Pass {
@@ -78,8 +79,7 @@ impl TableCheck {
             match self.repair(&sides, &pass.found).await? {
                 Ok(mut done) => {
                     problems.append(&mut done.problems);
-                    let keys: HashSet<Vec<Canonical>> = pass.found.iter().map(|found| found.key.clone()).collect();
-                    match self.keys_again(&sides, &keys).await? {
+                    match self.keys_again(&sides, &pass.found).await? {
                         Ok(after) => pass = Pass { found: after.found, unlisted: pass.unlisted, ..pass },
                         Err(problem) => problems.push(problem),
                     }
@@ -158,11 +158,10 @@ impl TableCheck {
         }
         let mut confirmed = Vec::new();
         while settled.rechecks < self.options.rounds as u64 && !pass.found.is_empty() {
-            let keys: Option<HashSet<Vec<Canonical>>> =
-                (pass.unlisted == 0).then(|| pass.found.iter().map(|found| found.key.clone()).collect());
-            let again = match &keys {
-                Some(keys) => self.keys_again(sides, keys).await?,
-                None => match self.wait_for_stream().await? {
+            let listed = pass.unlisted == 0;
+            let again = match listed {
+                true => self.keys_again(sides, &pass.found).await?,
+                false => match self.wait_for_stream().await? {
                     Some(problem) => Err(problem),
                     None => Ok(self.pass(sides).await?),
                 },
@@ -179,7 +178,7 @@ impl TableCheck {
             settled.rechecks += 1;
             let previous = std::mem::take(&mut pass.found);
             pass.unlisted = again.unlisted;
-            if keys.is_none() {
+            if !listed {
                 // A full pass again: its counts replace the first one's.
                 (pass.rows_source, pass.rows_target, pass.chunks) =
                     (again.rows_source, again.rows_target, again.chunks);
@@ -223,8 +222,7 @@ impl TableCheck {
                 context.job.target.connector
             )));
         };
-        let keys: HashSet<Vec<Canonical>> = found.iter().map(|found| found.key.clone()).collect();
-        let current = self.source_rows(sides, keys).await?;
+        let current = self.source_rows(sides, found).await?;
         let task = format!("repair/{}", self.target);
         let mut writer = folded.open_folded(&context.job.name, &task).await?;
         let written_before = writer.recover().await?.map_or(0, |checkpoint| checkpoint.rows_written);
@@ -263,9 +261,9 @@ impl TableCheck {
     }
 
     /// The source's rows of `keys` as the mapping makes them, by key.
-    async fn source_rows(&self, sides: &Sides, keys: HashSet<Vec<Canonical>>) -> Result<HashMap<Vec<Canonical>, Row>> {
+    async fn source_rows(&self, sides: &Sides, found: &[Found]) -> Result<HashMap<Vec<Canonical>, Row>> {
         let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
-        let task = tokio::spawn(self.read_source(sides, Some(Arc::new(keys)), true, rows));
+        let task = tokio::spawn(self.read_source(sides, Some(Wanted::of(self, sides, found)), true, rows));
         let mut current = HashMap::new();
         while let Some(entries) = received.recv().await {
             for entry in entries? {
@@ -313,15 +311,11 @@ impl TableCheck {
     /// rows first, then (for a job that streams, once the target's stream has reached the
     /// source's position after that read) the target's. `Err` says why the stream could not be
     /// waited for.
-    async fn keys_again(
-        &self,
-        sides: &Sides,
-        keys: &HashSet<Vec<Canonical>>,
-    ) -> Result<std::result::Result<Pass, String>> {
-        let keys = Some(Arc::new(keys.clone()));
+    async fn keys_again(&self, sides: &Sides, found: &[Found]) -> Result<std::result::Result<Pass, String>> {
+        let wanted = Wanted::of(self, sides, found);
         let mut comparison = Comparison::new(KEPT_FOR_RECHECK);
         let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
-        let source_task = tokio::spawn(self.read_source(sides, keys.clone(), false, rows));
+        let source_task = tokio::spawn(self.read_source(sides, Some(wanted.clone()), false, rows));
         while let Some(entries) = received.recv().await {
             comparison.add(Sided::Source, entries?);
         }
@@ -332,7 +326,7 @@ impl TableCheck {
             }
         }
         let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
-        let target_task = tokio::spawn(self.read_target(sides, keys, rows));
+        let target_task = tokio::spawn(self.read_target(sides, Some(wanted), rows));
         while let Some(entries) = received.recv().await {
             comparison.add(Sided::Target, entries?);
         }
@@ -346,7 +340,7 @@ impl TableCheck {
     fn read_source(
         &self,
         sides: &Sides,
-        keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+        keys: Option<Arc<Wanted>>,
         values: bool,
         rows: mpsc::Sender<Result<Vec<Entry>>>,
     ) -> impl std::future::Future<Output = SourceRead> + Send + 'static {
@@ -364,7 +358,7 @@ impl TableCheck {
     fn read_target(
         &self,
         sides: &Sides,
-        keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+        keys: Option<Arc<Wanted>>,
         rows: mpsc::Sender<Result<Vec<Entry>>>,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let limits = (self.context.job.limits.batch_rows, self.context.job.limits.split_rows);
@@ -431,8 +425,63 @@ struct SourceReading {
     context: Arc<RunContext>,
     mappings: Vec<Arc<TableMapping>>,
     layout: Arc<Layout>,
-    keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+    keys: Option<Arc<Wanted>>,
     values: bool,
+}
+
+/// The rows a round or a repair reads: their keys, and where they can be read by key (else the
+/// tables are read whole and only these keys kept).
+struct Wanted {
+    keys: HashSet<Vec<Canonical>>,
+    /// The source's rows of these keys, per mapping (by its index), when every key traces back
+    /// to its source key and the source reads rows by key.
+    source: Option<Vec<(usize, Split)>>,
+    /// The target's rows of these keys, when the target reads rows by key.
+    target: Option<Split>,
+}
+
+/// Keys read by key at most; more are read by scanning the tables (a long key list costs more
+/// than a scan).
+const KEYS_BY_KEY: usize = 10_000;
+
+impl Wanted {
+    fn of(check: &TableCheck, sides: &Sides, found: &[Found]) -> Arc<Wanted> {
+        let keys: HashSet<Vec<Canonical>> = found.iter().map(|found| found.key.clone()).collect();
+        let layout = &sides.layout;
+        let by_key = found.len() <= KEYS_BY_KEY && !layout.keyless();
+        let snapshot = check.context.source.snapshot();
+        let source = by_key.then(|| {
+            let snapshot = snapshot?;
+            let mut splits = Vec::new();
+            for (index, mapping) in check.mappings.iter().enumerate() {
+                let source_keys: Option<Vec<Row>> = found
+                    .iter()
+                    .map(|found| {
+                        let key = mapping.source_key(&layout.key_row(&found.key_values))?;
+                        (!key.iter().any(|value| matches!(value, Value::Null))).then_some(key)
+                    })
+                    .collect();
+                splits.push((index, snapshot.key_split(&mapping.source, &source_keys?).ok()?));
+            }
+            Some(splits)
+        });
+        let target = by_key.then(|| {
+            let schema = sides.target_schema.as_ref()?;
+            let target_keys: Option<Vec<Row>> =
+                found.iter().map(|found| layout.target_key(schema, &found.key_values)).collect();
+            sides.reader.snapshot()?.key_split(schema, &target_keys?).ok()
+        });
+        let (source, target) = (source.flatten(), target.flatten());
+        let how = |by_key: bool| if by_key { "by key" } else { "by a scan" };
+        log::debug!(
+            "table {}: {} rows read again, {} at the source, {} in the target",
+            check.target,
+            keys.len(),
+            how(source.is_some()),
+            how(target.is_some())
+        );
+        Arc::new(Wanted { keys, source, target })
+    }
 }
 
 /// Reads every split of the source tables mapped into the table, passes the rows through their
@@ -440,12 +489,16 @@ struct SourceReading {
 async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry>>>) -> SourceRead {
     let SourceReading { context, mappings, layout, keys, values } = reading;
     let mut read = SourceRead { chunks: 0, refused: 0 };
+    let by_key = keys.as_ref().and_then(|wanted| wanted.source.clone());
     let result: Result<()> = async {
         let snapshot = context.source.needs_snapshot()?;
         let hint = SplitHint { rows_per_split: context.job.limits.split_rows };
-        for mapping in &mappings {
+        for (index, mapping) in mappings.iter().enumerate() {
             let stats = context.stats.table(&mapping.source.name, &mapping.target.name);
-            let splits = context.with_retry("split the source table", || snapshot.split(&mapping.source, hint)).await?;
+            let splits = match &by_key {
+                Some(splits) => splits.iter().filter(|(of, _)| *of == index).map(|(_, split)| split.clone()).collect(),
+                None => context.with_retry("split the source table", || snapshot.split(&mapping.source, hint)).await?,
+            };
             for split in &splits {
                 read.chunks += 1;
                 let mut reader = snapshot.open(split, None, context.job.limits.batch_rows).await?;
@@ -456,7 +509,7 @@ async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry
                         .changes
                         .iter()
                         .map(|change| layout.source_entry(change.row(), values))
-                        .filter(|entry| keys.as_ref().is_none_or(|keys| keys.contains(&entry.key)))
+                        .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
                         .collect();
                     if rows.send(Ok(entries)).await.is_err() {
                         return Ok(());
@@ -479,14 +532,17 @@ async fn read_target(
     reader: Arc<dyn Source>,
     schema: Arc<TableSchema>,
     layout: Arc<Layout>,
-    keys: Option<Arc<HashSet<Vec<Canonical>>>>,
+    keys: Option<Arc<Wanted>>,
     rows: mpsc::Sender<Result<Vec<Entry>>>,
 ) {
     let result: Result<()> = async {
         let snapshot = reader
             .snapshot()
             .ok_or_else(|| Error::new(ErrorKind::Config, "this target cannot be read back").on(Side::Target))?;
-        let splits = snapshot.split(&schema, SplitHint { rows_per_split: split_rows }).await?;
+        let splits = match keys.as_ref().and_then(|wanted| wanted.target.clone()) {
+            Some(split) => vec![split],
+            None => snapshot.split(&schema, SplitHint { rows_per_split: split_rows }).await?,
+        };
         for split in &splits {
             let mut split_reader = snapshot.open(split, None, batch_rows).await?;
             while let Some(batch) = split_reader.next().await? {
@@ -504,7 +560,7 @@ async fn read_target(
                     .changes
                     .iter()
                     .map(|change| layout.target_entry(change.row()))
-                    .filter(|entry| keys.as_ref().is_none_or(|keys| keys.contains(&entry.key)))
+                    .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
                     .collect();
                 if rows.send(Ok(entries)).await.is_err() {
                     return Ok(());
