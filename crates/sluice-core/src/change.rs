@@ -39,6 +39,14 @@ impl Change {
         }
     }
 
+    /// The image that identifies the row (`row`), taken out of the change.
+    pub fn into_row(self) -> Row {
+        match self.kind {
+            ChangeKind::Insert { after } | ChangeKind::Update { after, .. } => after,
+            ChangeKind::Delete { before } => before,
+        }
+    }
+
     /// The primary-key values rendered as `col=value, ...`, or the whole row for keyless tables.
     pub fn key_text(&self) -> String {
         key_text(&self.table, self.row())

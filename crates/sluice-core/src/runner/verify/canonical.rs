@@ -33,8 +33,9 @@ pub(crate) enum Canonical {
     Float(u64),
     Text(String),
     Bytes(Vec<u8>),
-    /// A date, time or date-time in one fixed text form, to the microsecond.
-    Temporal(String),
+    /// A date, time or date-time by its fields, to the microsecond, packed into one number
+    /// (`Moment::pack`).
+    Temporal(Moment, i128),
     /// A JSON document written with sorted keys and numbers as exact decimals.
     Json(String),
     /// A value that did not read as its column's type: its kind and text.
@@ -53,9 +54,10 @@ impl Canonical {
                 Err(_) => serde_json::Value::String(value.to_string()),
             },
             Canonical::Float(bits) => serde_json::Value::from(f64::from_bits(*bits)),
-            Canonical::Decimal(text) | Canonical::Text(text) | Canonical::Temporal(text) | Canonical::Other(text) => {
+            Canonical::Decimal(text) | Canonical::Text(text) | Canonical::Other(text) => {
                 serde_json::Value::String(text.clone())
             }
+            Canonical::Temporal(moment, packed) => serde_json::Value::String(moment.text(*packed)),
             Canonical::Bytes(bytes) => serde_json::Value::String(crate::json::base64_encode(bytes)),
             Canonical::Json(text) => {
                 serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.clone()))
@@ -64,12 +66,27 @@ impl Canonical {
     }
 }
 
-/// `value` as verification compares it in a column of type `data_type`.
-pub(crate) fn canonical(value: &Value, data_type: &DataType) -> Canonical {
-    if matches!(value, Value::Null) {
-        return Canonical::Null;
+/// `value` as verification compares it in a column of type `data_type`. Text and bytes move
+/// into the canonical form as they are.
+pub(crate) fn canonical(value: Value, data_type: &DataType) -> Canonical {
+    match (data_type, value) {
+        (_, Value::Null) => Canonical::Null,
+        (DataType::Text { fixed, .. }, Value::Text(mut text)) => {
+            if *fixed {
+                text.truncate(text.trim_end_matches(' ').len());
+            }
+            Canonical::Text(text)
+        }
+        (DataType::Enum { .. } | DataType::Set { .. }, Value::Text(text)) => Canonical::Text(text),
+        (DataType::Bytes { .. } | DataType::Geometry, Value::Bytes(bytes)) => Canonical::Bytes(bytes),
+        (DataType::Bytes { .. } | DataType::Geometry, Value::Text(text)) => Canonical::Bytes(text.into_bytes()),
+        (data_type, value) => converted(&value, data_type).unwrap_or_else(|| Canonical::Other(format!("{value:?}"))),
     }
-    let converted = match data_type {
+}
+
+/// Any other value in its column's form; `None` when it does not read as the column's type.
+fn converted(value: &Value, data_type: &DataType) -> Option<Canonical> {
+    match data_type {
         DataType::Boolean => boolean(value).map(Canonical::Bool),
         DataType::Integer { .. } | DataType::Year => integer(value).map(Canonical::Integer),
         DataType::Bits { .. } => bits(value).map(Canonical::Integer),
@@ -79,22 +96,86 @@ pub(crate) fn canonical(value: &Value, data_type: &DataType) -> Canonical {
         DataType::Text { fixed, .. } => text(value)
             .map(|text| Canonical::Text(if *fixed { text.trim_end_matches(' ').to_owned() } else { text.to_owned() })),
         DataType::Enum { .. } | DataType::Set { .. } => text(value).map(|text| Canonical::Text(text.to_owned())),
-        DataType::Bytes { .. } | DataType::Geometry => match value {
-            Value::Bytes(bytes) => Some(Canonical::Bytes(bytes.clone())),
-            Value::Text(text) => Some(Canonical::Bytes(text.as_bytes().to_vec())),
-            _ => None,
-        },
-        DataType::Date => date(value).map(|date| Canonical::Temporal(date.to_string())),
-        DataType::Time { .. } => time(value).map(|time| Canonical::Temporal(time.to_string())),
+        DataType::Bytes { .. } | DataType::Geometry => None,
+        DataType::Date => date(value).map(|date| Canonical::Temporal(Moment::Date, Moment::pack_date(&date))),
+        DataType::Time { .. } => time(value).map(|time| Canonical::Temporal(Moment::Time, Moment::pack_time(&time))),
         DataType::DateTime { .. } | DataType::Timestamp { .. } => {
-            date_time(value).map(|moment| Canonical::Temporal(moment.to_string()))
+            date_time(value).map(|moment| Canonical::Temporal(Moment::DateTime, Moment::pack_date_time(&moment)))
         }
         DataType::Json => match value {
             Value::Json(text) | Value::Text(text) => Some(Canonical::Json(json(text))),
             _ => None,
         },
-    };
-    converted.unwrap_or_else(|| Canonical::Other(format!("{value:?}")))
+    }
+}
+
+/// What a packed temporal value is, to write it back as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Moment {
+    Date,
+    Time,
+    DateTime,
+}
+
+/// Microseconds in a second, seconds in a minute and minutes in an hour, as packing factors.
+const MICROS: i128 = 1_000_000;
+
+impl Moment {
+    /// `YYYYMMDD`: the fields of a date, zero ones included (MySQL's `0000-00-00`).
+    fn pack_date(date: &Date) -> i128 {
+        (i128::from(date.year) * 100 + i128::from(date.month)) * 100 + i128::from(date.day)
+    }
+
+    /// A signed count of microseconds by fields (`838:59:59` stays 838 hours).
+    fn pack_time(time: &Time) -> i128 {
+        let magnitude = ((i128::from(time.hours) * 60 + i128::from(time.minutes)) * 60 + i128::from(time.seconds))
+            * MICROS
+            + i128::from(time.microseconds);
+        if time.negative {
+            -magnitude
+        } else {
+            magnitude
+        }
+    }
+
+    /// The date's fields, then the clock's, then the microseconds.
+    fn pack_date_time(moment: &DateTime) -> i128 {
+        let clock = (i128::from(moment.hour) * 100 + i128::from(moment.minute)) * 100 + i128::from(moment.second);
+        (Moment::pack_date(&moment.date) * 1_000_000 + clock) * MICROS + i128::from(moment.microsecond)
+    }
+
+    /// The packed value as its usual text.
+    fn text(self, packed: i128) -> String {
+        let date = |packed: i128| format!("{:04}-{:02}-{:02}", packed / 10_000, packed / 100 % 100, packed % 100);
+        let fraction = |micros: i128| if micros == 0 { String::new() } else { format!(".{micros:06}") };
+        match self {
+            Moment::Date => date(packed),
+            Moment::Time => {
+                let magnitude = packed.abs();
+                let seconds = magnitude / MICROS;
+                format!(
+                    "{}{:02}:{:02}:{:02}{}",
+                    if packed < 0 { "-" } else { "" },
+                    seconds / 3600,
+                    seconds / 60 % 60,
+                    seconds % 60,
+                    fraction(magnitude % MICROS)
+                )
+            }
+            Moment::DateTime => {
+                let (fields, micros) = (packed / MICROS, packed % MICROS);
+                let (day, clock) = (fields / 1_000_000, fields % 1_000_000);
+                format!(
+                    "{} {:02}:{:02}:{:02}{}",
+                    date(day),
+                    clock / 10_000,
+                    clock / 100 % 100,
+                    clock % 100,
+                    fraction(micros)
+                )
+            }
+        }
+    }
 }
 
 fn boolean(value: &Value) -> Option<bool> {
@@ -165,7 +246,8 @@ fn float_bits(number: f64) -> u64 {
 
 fn decimal(value: &Value) -> Option<String> {
     match value {
-        Value::Decimal(decimal) => normalized_decimal(decimal.as_str()),
+        // Already canonical but for its scale.
+        Value::Decimal(decimal) => Some(without_trailing_zeros(decimal.as_str())),
         Value::Int(value) => Some(value.to_string()),
         Value::UInt(value) => Some(value.to_string()),
         Value::Text(text) => normalized_decimal(text),
@@ -178,20 +260,23 @@ fn decimal(value: &Value) -> Option<String> {
 /// A decimal literal without trailing fraction zeros, a point without digits after it, or a
 /// sign on zero.
 fn normalized_decimal(text: &str) -> Option<String> {
-    let parsed = Decimal::parse(text)?;
-    let text = parsed.as_str();
+    Decimal::parse(text).map(|parsed| without_trailing_zeros(parsed.as_str()))
+}
+
+/// A canonical decimal (`Decimal::parse`'s form) without its scale: `1.50` → `1.5`, `-0.0` → `0`.
+fn without_trailing_zeros(text: &str) -> String {
     let text = match text.split_once('.') {
-        Some((integer, fraction)) => {
-            let fraction = fraction.trim_end_matches('0');
-            if fraction.is_empty() {
-                integer.to_owned()
-            } else {
-                format!("{integer}.{fraction}")
-            }
-        }
-        None => text.to_owned(),
+        Some((integer, fraction)) => match fraction.trim_end_matches('0') {
+            "" => integer,
+            _ => text.trim_end_matches('0'),
+        },
+        None => text,
     };
-    Some(if text == "-0" { "0".to_owned() } else { text })
+    if text == "-0" {
+        "0".to_owned()
+    } else {
+        text.to_owned()
+    }
 }
 
 fn text(value: &Value) -> Option<&str> {
@@ -287,7 +372,7 @@ mod tests {
     use super::*;
 
     fn same(one: Value, other: Value, data_type: DataType) -> bool {
-        canonical(&one, &data_type) == canonical(&other, &data_type)
+        canonical(one, &data_type) == canonical(other, &data_type)
     }
 
     fn decimal_value(text: &str) -> Value {
@@ -333,6 +418,21 @@ mod tests {
         let instant = DataType::Timestamp { precision: 0 };
         assert!(same(Value::Timestamp(moment), Value::Text("2024-02-29 13:14:15.000001+00".into()), instant));
         assert!(same(Value::Date(moment.date), Value::Text("2024-02-29".into()), DataType::Date));
+        let negative = Value::Time(Time::parse("-838:59:59.5").unwrap());
+        assert!(same(negative.clone(), Value::Text("-838:59:59.500000".into()), DataType::Time { precision: 6 }));
+        assert!(!same(negative.clone(), Value::Text("838:59:59.5".into()), DataType::Time { precision: 6 }));
+        // Written back as text for a repair's record.
+        for (value, data_type, text) in [
+            (Value::DateTime(moment), precise_type(), "2024-02-29 13:14:15.000001"),
+            (negative, DataType::Time { precision: 6 }, "-838:59:59.500000"),
+            (Value::Date(Date::parse("0000-00-00").unwrap()), DataType::Date, "0000-00-00"),
+        ] {
+            assert_eq!(canonical(value, &data_type).to_json(), serde_json::json!(text));
+        }
+    }
+
+    fn precise_type() -> DataType {
+        DataType::DateTime { precision: 6 }
     }
 
     #[test]

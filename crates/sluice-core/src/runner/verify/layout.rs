@@ -67,25 +67,30 @@ impl Layout {
     }
 
     /// A row of the mapped schema as an entry, with its values when `values`.
-    pub(super) fn source_entry(&self, row: &Row, values: bool) -> Entry {
-        let mut entry = self.entry(|compared| &row[self.columns[compared].0]);
-        if values {
-            entry.values = Some(row.clone());
-        }
+    pub(super) fn source_entry(&self, row: Row, values: bool) -> Entry {
+        let kept = values.then(|| row.clone());
+        let mut entry = self.entry(row, |compared| self.columns[compared].0);
+        entry.values = kept;
         entry
     }
 
     /// A row read back from the target as an entry.
-    pub(super) fn target_entry(&self, row: &Row) -> Entry {
-        self.entry(|compared| &row[self.columns[compared].1])
+    pub(super) fn target_entry(&self, row: Row) -> Entry {
+        self.entry(row, |compared| self.columns[compared].1)
     }
 
-    fn entry<'r>(&self, value_of: impl Fn(usize) -> &'r Value) -> Entry {
-        let row: Vec<Canonical> =
-            (0..self.columns.len()).map(|compared| canonical(value_of(compared), self.data_type(compared))).collect();
-        let key = self.key.iter().map(|&compared| row[compared].clone()).collect();
-        let key_values = self.key.iter().map(|&compared| value_of(compared).clone()).collect();
-        Entry { key, row, key_values, values: None }
+    /// The entry of `row`, whose compared column `compared` is at `column_of(compared)`. The
+    /// row's values move into the entry (no text is copied).
+    fn entry(&self, mut row: Row, column_of: impl Fn(usize) -> usize) -> Entry {
+        let key_values = self.key.iter().map(|&compared| row[column_of(compared)].clone()).collect();
+        let compared: Vec<Canonical> = (0..self.columns.len())
+            .map(|compared| {
+                let value = std::mem::replace(&mut row[column_of(compared)], Value::Null);
+                canonical(value, self.data_type(compared))
+            })
+            .collect();
+        let key = self.key.iter().map(|&index| compared[index].clone()).collect();
+        Entry { key, row: compared, key_values, values: None }
     }
 
     /// Whether every column of the mapped schema is in the target table.

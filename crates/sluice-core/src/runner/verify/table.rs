@@ -507,8 +507,8 @@ async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry
                     read.refused += refused.len() as u64;
                     let entries = batch
                         .changes
-                        .iter()
-                        .map(|change| layout.source_entry(change.row(), values))
+                        .into_iter()
+                        .map(|change| layout.source_entry(change.into_row(), values))
                         .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
                         .collect();
                     if rows.send(Ok(entries)).await.is_err() {
@@ -558,8 +558,8 @@ async fn read_target(
                 }
                 let entries = batch
                     .changes
-                    .iter()
-                    .map(|change| layout.target_entry(change.row()))
+                    .into_iter()
+                    .map(|change| layout.target_entry(change.into_row()))
                     .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
                     .collect();
                 if rows.send(Ok(entries)).await.is_err() {
