@@ -66,6 +66,48 @@ impl Canonical {
     }
 }
 
+impl Canonical {
+    /// A value of `data_type` with this canonical form, for a key read or deleted by key (a
+    /// decimal's scale and a fixed-width text's padding, which the form drops, stay dropped).
+    pub(crate) fn to_value(&self, data_type: &DataType) -> Value {
+        match (self, data_type) {
+            (Canonical::Null, _) => Value::Null,
+            (Canonical::Bool(value), _) => Value::Bool(*value),
+            (Canonical::Integer(value), DataType::Integer { unsigned: true, .. }) => {
+                u64::try_from(*value).map_or_else(|_| Value::Decimal(decimal_of(*value)), Value::UInt)
+            }
+            (Canonical::Integer(value), DataType::Bits { width }) => {
+                Value::Bits { width: *width, value: u64::try_from(*value).unwrap_or_default() }
+            }
+            (Canonical::Integer(value), _) => {
+                i64::try_from(*value).map_or_else(|_| Value::Decimal(decimal_of(*value)), Value::Int)
+            }
+            (Canonical::Decimal(text), _) => {
+                Decimal::parse(text).map_or_else(|| Value::Text(text.clone()), Value::Decimal)
+            }
+            (Canonical::Float(bits), DataType::Float32) => Value::Float32(f64::from_bits(*bits) as f32),
+            (Canonical::Float(bits), _) => Value::Float64(f64::from_bits(*bits)),
+            (Canonical::Text(text), _) | (Canonical::Other(text), _) => Value::Text(text.clone()),
+            (Canonical::Bytes(bytes), _) => Value::Bytes(bytes.clone()),
+            (Canonical::Json(text), _) => Value::Json(text.clone()),
+            (Canonical::Temporal(moment, packed), data_type) => {
+                let text = moment.text(*packed);
+                let parsed = match (moment, data_type) {
+                    (Moment::Date, _) => Date::parse(&text).map(Value::Date),
+                    (Moment::Time, _) => Time::parse(&text).map(Value::Time),
+                    (Moment::DateTime, DataType::Timestamp { .. }) => DateTime::parse(&text).map(Value::Timestamp),
+                    (Moment::DateTime, _) => DateTime::parse(&text).map(Value::DateTime),
+                };
+                parsed.unwrap_or(Value::Text(text))
+            }
+        }
+    }
+}
+
+fn decimal_of(value: i128) -> Decimal {
+    Decimal::parse(&value.to_string()).expect("an integer is a decimal")
+}
+
 /// `value` as verification compares it in a column of type `data_type`. Text and bytes move
 /// into the canonical form as they are.
 pub(crate) fn canonical(value: Value, data_type: &DataType) -> Canonical {

@@ -5,21 +5,18 @@
 //! text key under another collation) only makes more rows wait, never a wrong verdict. What
 //! still waits when both sides are read is on one side only: missing or extra.
 
-use std::collections::hash_map::Entry as Slot;
-use std::collections::HashMap;
+use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 
 use super::canonical::Canonical;
 use super::DifferenceKind;
-use crate::value::Value;
 
-/// One row as compared: its key and its compared columns in canonical form, and its key's own
-/// values to name it by.
+/// One row as compared: its compared columns in canonical form, the key's columns first (the
+/// layout's order), and, when kept, its values in the mapped schema (the source's rows a repair
+/// writes).
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
-    pub(crate) key: Vec<Canonical>,
     pub(crate) row: Vec<Canonical>,
-    pub(crate) key_values: Vec<Value>,
-    /// The row's values in the mapped schema, when kept (the source's rows a repair writes).
     pub(crate) values: Option<crate::change::Row>,
 }
 
@@ -36,24 +33,46 @@ pub(crate) enum Sided {
 pub(crate) struct Found {
     pub(crate) kind: DifferenceKind,
     pub(crate) key: Vec<Canonical>,
-    pub(crate) key_values: Vec<Value>,
     pub(crate) columns: Vec<usize>,
     pub(crate) source: Option<Vec<Canonical>>,
     pub(crate) target: Option<Vec<Canonical>>,
 }
 
 /// A row waiting for its key on the other side; `count` rows of this side with this key (a
-/// table without a key pairs equal rows, which may repeat).
+/// table without a key pairs equal rows, which may repeat). Hashed and compared by its key:
+/// the first `key` columns of its row.
 struct Waiting {
     side: Sided,
     row: Vec<Canonical>,
-    key_values: Vec<Value>,
+    key: usize,
     count: u64,
+}
+
+impl Waiting {
+    fn key(&self) -> &[Canonical] {
+        &self.row[..self.key]
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Waiting) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Waiting {}
+
+impl Hash for Waiting {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state);
+    }
 }
 
 /// The pairing of one table's rows.
 pub(crate) struct Comparison {
-    waiting: HashMap<Vec<Canonical>, Waiting>,
+    waiting: HashSet<Waiting, foldhash::fast::RandomState>,
+    /// Columns of the key, first in every row.
+    key: usize,
     found: Vec<Found>,
     /// Differences kept in `found` at most; the rest are counted.
     keep: usize,
@@ -63,8 +82,18 @@ pub(crate) struct Comparison {
 }
 
 impl Comparison {
-    pub(crate) fn new(keep: usize) -> Comparison {
-        Comparison { waiting: HashMap::new(), found: Vec::new(), keep, unlisted: 0, rows_source: 0, rows_target: 0 }
+    /// A comparison of rows whose first `key` columns are their key, keeping `keep`
+    /// differences at most.
+    pub(crate) fn new(keep: usize, key: usize) -> Comparison {
+        Comparison {
+            waiting: HashSet::default(),
+            key,
+            found: Vec::new(),
+            keep,
+            unlisted: 0,
+            rows_source: 0,
+            rows_target: 0,
+        }
     }
 
     /// Rows read so far from the source and the target.
@@ -83,42 +112,43 @@ impl Comparison {
             Sided::Target => self.rows_target += entries.len() as u64,
         }
         for entry in entries {
-            self.pair(side, entry);
+            self.pair(side, entry.row);
         }
     }
 
-    fn pair(&mut self, side: Sided, entry: Entry) {
-        let Entry { key, row, key_values, .. } = entry;
-        match self.waiting.entry(key) {
-            Slot::Vacant(slot) => {
-                slot.insert(Waiting { side, row, key_values, count: 1 });
-            }
-            Slot::Occupied(mut slot) if slot.get().side == side => slot.get_mut().count += 1,
-            Slot::Occupied(mut slot) => {
-                let columns: Vec<usize> = (0..row.len()).filter(|&index| row[index] != slot.get().row[index]).collect();
-                let key = slot.key().clone();
-                let other = if slot.get().count == 1 {
-                    slot.remove().row
-                } else {
-                    let waiting = slot.get_mut();
-                    waiting.count -= 1;
-                    waiting.row.clone()
-                };
-                if !columns.is_empty() {
-                    let (source, target) = match side {
-                        Sided::Source => (row, other),
-                        Sided::Target => (other, row),
-                    };
-                    self.record(Found {
-                        kind: DifferenceKind::Different,
-                        key,
-                        key_values,
-                        columns,
-                        source: Some(source),
-                        target: Some(target),
-                    });
-                }
-            }
+    fn pair(&mut self, side: Sided, row: Vec<Canonical>) {
+        let arriving = Waiting { side, row, key: self.key, count: 1 };
+        let Some(mut waiting) = self.waiting.take(&arriving) else {
+            self.waiting.insert(arriving);
+            return;
+        };
+        if waiting.side == side {
+            waiting.count += 1;
+            self.waiting.insert(waiting);
+            return;
+        }
+        let row = arriving.row;
+        let columns: Vec<usize> = (self.key..row.len()).filter(|&index| row[index] != waiting.row[index]).collect();
+        let other = if waiting.count == 1 {
+            waiting.row
+        } else {
+            waiting.count -= 1;
+            let other = waiting.row.clone();
+            self.waiting.insert(waiting);
+            other
+        };
+        if !columns.is_empty() {
+            let (source, target) = match side {
+                Sided::Source => (row, other),
+                Sided::Target => (other, row),
+            };
+            self.record(Found {
+                kind: DifferenceKind::Different,
+                key: source[..self.key].to_vec(),
+                columns,
+                source: Some(source),
+                target: Some(target),
+            });
         }
     }
 
@@ -135,7 +165,7 @@ impl Comparison {
     /// many more there were than were kept.
     pub(crate) fn finish(mut self) -> (Vec<Found>, u64) {
         let waiting = std::mem::take(&mut self.waiting);
-        for (key, waiting) in waiting {
+        for waiting in waiting {
             let kind = match waiting.side {
                 Sided::Source => DifferenceKind::Missing,
                 Sided::Target => DifferenceKind::Extra,
@@ -145,14 +175,7 @@ impl Comparison {
                     Sided::Source => (Some(waiting.row.clone()), None),
                     Sided::Target => (None, Some(waiting.row.clone())),
                 };
-                self.record(Found {
-                    kind,
-                    key: key.clone(),
-                    key_values: waiting.key_values.clone(),
-                    columns: Vec::new(),
-                    source,
-                    target,
-                });
+                self.record(Found { kind, key: waiting.key().to_vec(), columns: Vec::new(), source, target });
             }
         }
         self.found.sort_by(|one, other| (one.kind as u8, &one.key).cmp(&(other.kind as u8, &other.key)));
@@ -165,17 +188,12 @@ mod tests {
     use super::*;
 
     fn entry(key: i128, value: &str) -> Entry {
-        Entry {
-            key: vec![Canonical::Integer(key)],
-            row: vec![Canonical::Integer(key), Canonical::Text(value.to_owned())],
-            key_values: vec![Value::Int(key as i64)],
-            values: None,
-        }
+        Entry { row: vec![Canonical::Integer(key), Canonical::Text(value.to_owned())], values: None }
     }
 
     #[test]
     fn rows_pair_by_key_in_any_order_and_what_stays_alone_is_missing_or_extra() {
-        let mut comparison = Comparison::new(100);
+        let mut comparison = Comparison::new(100, 1);
         comparison.add(Sided::Source, vec![entry(1, "a"), entry(2, "b"), entry(3, "c"), entry(5, "e")]);
         comparison.add(Sided::Target, vec![entry(3, "c"), entry(2, "B"), entry(4, "d"), entry(1, "a")]);
         assert_eq!(comparison.rows(), (4, 4));
@@ -195,7 +213,7 @@ mod tests {
 
     #[test]
     fn repeated_rows_of_a_table_without_a_key_pair_one_for_one() {
-        let mut comparison = Comparison::new(100);
+        let mut comparison = Comparison::new(100, 2);
         comparison.add(Sided::Source, vec![entry(1, "a"), entry(1, "a"), entry(1, "a")]);
         comparison.add(Sided::Target, vec![entry(1, "a")]);
         let (found, _) = comparison.finish();
@@ -205,7 +223,7 @@ mod tests {
 
     #[test]
     fn differences_beyond_those_kept_are_counted() {
-        let mut comparison = Comparison::new(2);
+        let mut comparison = Comparison::new(2, 1);
         comparison.add(Sided::Source, (0..5).map(|key| entry(key, "x")).collect());
         let (found, unlisted) = comparison.finish();
         assert_eq!((found.len(), unlisted), (2, 3));

@@ -13,14 +13,15 @@ use crate::value::Value;
 /// table read back, and the key rows pair by.
 pub(super) struct Layout {
     pub(super) mapped: Arc<TableSchema>,
-    /// `(column of the mapped schema, column of the table read back)` for each compared column.
+    /// `(column of the mapped schema, column of the table read back)` for each compared column,
+    /// the key's first.
     columns: Vec<(usize, usize)>,
     /// The type each compared column is compared as: the mapped type, except that text is
     /// padded to a fixed width only when the target stores it so (a MySQL `CHAR` lands in a
     /// PostgreSQL `varchar`, where a trailing space is a difference).
     types: Vec<DataType>,
-    /// Positions in `columns` of the key (every compared column when the table has none).
-    key: Vec<usize>,
+    /// How many of `columns` are the key (all of them when the table has none).
+    key: usize,
 }
 
 impl Layout {
@@ -47,6 +48,9 @@ impl Layout {
             .collect();
         let key =
             if key.len() == mapped.primary_key.len() && !key.is_empty() { key } else { (0..columns.len()).collect() };
+        // The key's columns first, in key order: a row's key is its first columns.
+        let order = key.iter().copied().chain((0..columns.len()).filter(|compared| !key.contains(compared)));
+        let columns: Vec<(usize, usize)> = order.map(|compared| columns[compared]).collect();
         let types = columns
             .iter()
             .map(|&(mapped_column, target_column)| {
@@ -59,7 +63,7 @@ impl Layout {
                 }
             })
             .collect();
-        Layout { mapped, columns, types, key }
+        Layout { mapped, columns, types, key: key.len() }
     }
 
     fn data_type(&self, compared: usize) -> &DataType {
@@ -82,15 +86,18 @@ impl Layout {
     /// The entry of `row`, whose compared column `compared` is at `column_of(compared)`. The
     /// row's values move into the entry (no text is copied).
     fn entry(&self, mut row: Row, column_of: impl Fn(usize) -> usize) -> Entry {
-        let key_values = self.key.iter().map(|&compared| row[column_of(compared)].clone()).collect();
-        let compared: Vec<Canonical> = (0..self.columns.len())
+        let compared = (0..self.columns.len())
             .map(|compared| {
                 let value = std::mem::replace(&mut row[column_of(compared)], Value::Null);
                 canonical(value, self.data_type(compared))
             })
             .collect();
-        let key = self.key.iter().map(|&index| compared[index].clone()).collect();
-        Entry { key, row: compared, key_values, values: None }
+        Entry { row: compared, values: None }
+    }
+
+    /// How many of a compared row's first columns are its key.
+    pub(super) fn key_columns(&self) -> usize {
+        self.key
     }
 
     /// Whether every column of the mapped schema is in the target table.
@@ -104,8 +111,17 @@ impl Layout {
     }
 
     /// The key of a difference as JSON, by column name.
-    pub(super) fn key_json(&self, values: &[Value]) -> serde_json::Map<String, serde_json::Value> {
-        self.key.iter().zip(values).map(|(&compared, value)| (self.name(compared), value_json(value))).collect()
+    pub(super) fn key_json(&self, key: &[Canonical]) -> serde_json::Map<String, serde_json::Value> {
+        key.iter().enumerate().map(|(compared, value)| (self.name(compared), value.to_json())).collect()
+    }
+
+    /// The key of a difference as values of the mapped schema's types (for reads and deletes by
+    /// key).
+    pub(super) fn key_values(&self, key: &[Canonical]) -> Row {
+        key.iter()
+            .enumerate()
+            .map(|(compared, value)| value.to_value(&self.mapped.columns[self.columns[compared].0].data_type))
+            .collect()
     }
 
     /// A row of the mapped schema as JSON, by column name.
@@ -119,28 +135,30 @@ impl Layout {
         image.iter().enumerate().map(|(compared, value)| (self.name(compared), value.to_json())).collect()
     }
 
-    /// A row of the mapped schema holding only these key values (in key order), nulls
-    /// elsewhere: what a mapping traces back to its source key.
-    pub(super) fn key_row(&self, key_values: &[Value]) -> Row {
+    /// A row of the mapped schema holding only this key's values, nulls elsewhere: what a
+    /// mapping traces back to its source key.
+    pub(super) fn key_row(&self, key: &[Canonical]) -> Row {
         let mut row = vec![Value::Null; self.mapped.columns.len()];
-        for (&compared, value) in self.key.iter().zip(key_values) {
-            row[self.columns[compared].0] = value.clone();
+        for (compared, value) in self.key_values(key).into_iter().enumerate() {
+            row[self.columns[compared].0] = value;
         }
         row
     }
 
-    /// The key values (in key order) as the target table's own primary key orders them, when
-    /// the target's key is the mapped key.
-    pub(super) fn target_key(&self, target: &TableSchema, key_values: &[Value]) -> Option<Row> {
-        if self.keyless() || target.primary_key.len() != self.key.len() {
+    /// A key's values as the target table's own primary key orders them, when the target's key
+    /// is the mapped key.
+    pub(super) fn target_key(&self, target: &TableSchema, key: &[Canonical]) -> Option<Row> {
+        if self.keyless() || target.primary_key.len() != self.key {
             return None;
         }
+        let values = self.key_values(key);
         target
             .primary_key
             .iter()
             .map(|&column| {
-                let position = self.key.iter().position(|&compared| self.columns[compared].1 == column)?;
-                key_values.get(position).cloned()
+                let position =
+                    self.columns[..self.key].iter().position(|&(_, target_column)| target_column == column)?;
+                values.get(position).cloned()
             })
             .collect()
     }

@@ -121,7 +121,7 @@ impl TableCheck {
             .take(self.options.max_differences)
             .map(|found| Difference {
                 kind: found.kind,
-                key: layout.key_json(&found.key_values),
+                key: layout.key_json(&found.key),
                 columns: layout.column_names(&found.columns),
             })
             .collect();
@@ -227,7 +227,7 @@ impl TableCheck {
         let mut writer = folded.open_folded(&context.job.name, &task).await?;
         let written_before = writer.recover().await?.map_or(0, |checkpoint| checkpoint.rows_written);
         let table = layout.mapped.clone();
-        let deleted: Vec<Row> = found.iter().map(|found| found.key_values.clone()).collect();
+        let deleted: Vec<Row> = found.iter().map(|found| layout.key_values(&found.key)).collect();
         writer.delete(&table, &deleted, false).await?;
         // The source's row of each differing key it still has, with the difference it repairs.
         let (repaired, rows): (Vec<&Found>, Vec<Row>) =
@@ -243,7 +243,7 @@ impl TableCheck {
         let problems = refused
             .iter()
             .map(|refusal| {
-                let key = serde_json::Value::Object(layout.key_json(&repaired[refusal.index].key_values));
+                let key = serde_json::Value::Object(layout.key_json(&repaired[refusal.index].key));
                 format!("not repaired: the target refuses the source's row {key}: {}", refusal.reason)
             })
             .collect();
@@ -252,7 +252,7 @@ impl TableCheck {
             .take(self.options.max_differences)
             .map(|found| Repair {
                 kind: found.kind,
-                key: layout.key_json(&found.key_values),
+                key: layout.key_json(&found.key),
                 before: found.target.as_ref().map(|image| layout.image_json(image)),
                 after: current.get(&found.key).map(|row| layout.row_json(row)),
             })
@@ -265,10 +265,12 @@ impl TableCheck {
         let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
         let task = tokio::spawn(self.read_source(sides, Some(Wanted::of(self, sides, found)), true, rows));
         let mut current = HashMap::new();
+        let key_columns = sides.layout.key_columns();
         while let Some(entries) = received.recv().await {
-            for entry in entries? {
+            for mut entry in entries? {
                 if let Some(values) = entry.values {
-                    current.insert(entry.key, values);
+                    entry.row.truncate(key_columns);
+                    current.insert(entry.row, values);
                 }
             }
         }
@@ -283,7 +285,7 @@ impl TableCheck {
         let (target_rows, mut from_target) = mpsc::channel::<Result<Vec<Entry>>>(capacity);
         let source_task = tokio::spawn(self.read_source(sides, None, false, source_rows));
         let target_task = tokio::spawn(self.read_target(sides, None, target_rows));
-        let mut comparison = Comparison::new(KEPT_FOR_RECHECK);
+        let mut comparison = Comparison::new(KEPT_FOR_RECHECK, sides.layout.key_columns());
         let (mut source_open, mut target_open) = (true, true);
         while source_open || target_open {
             let (source_ahead, target_ahead) = comparison.ahead();
@@ -313,7 +315,7 @@ impl TableCheck {
     /// waited for.
     async fn keys_again(&self, sides: &Sides, found: &[Found]) -> Result<std::result::Result<Pass, String>> {
         let wanted = Wanted::of(self, sides, found);
-        let mut comparison = Comparison::new(KEPT_FOR_RECHECK);
+        let mut comparison = Comparison::new(KEPT_FOR_RECHECK, sides.layout.key_columns());
         let (rows, mut received) = mpsc::channel::<Result<Vec<Entry>>>(self.context.job.limits.queue_batches.max(2));
         let source_task = tokio::spawn(self.read_source(sides, Some(wanted.clone()), false, rows));
         while let Some(entries) = received.recv().await {
@@ -457,7 +459,7 @@ impl Wanted {
                 let source_keys: Option<Vec<Row>> = found
                     .iter()
                     .map(|found| {
-                        let key = mapping.source_key(&layout.key_row(&found.key_values))?;
+                        let key = mapping.source_key(&layout.key_row(&found.key))?;
                         (!key.iter().any(|value| matches!(value, Value::Null))).then_some(key)
                     })
                     .collect();
@@ -468,7 +470,7 @@ impl Wanted {
         let target = by_key.then(|| {
             let schema = sides.target_schema.as_ref()?;
             let target_keys: Option<Vec<Row>> =
-                found.iter().map(|found| layout.target_key(schema, &found.key_values)).collect();
+                found.iter().map(|found| layout.target_key(schema, &found.key)).collect();
             sides.reader.snapshot()?.key_split(schema, &target_keys?).ok()
         });
         let (source, target) = (source.flatten(), target.flatten());
@@ -509,7 +511,9 @@ async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry
                         .changes
                         .into_iter()
                         .map(|change| layout.source_entry(change.into_row(), values))
-                        .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
+                        .filter(|entry| {
+                            keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.row[..layout.key_columns()]))
+                        })
                         .collect();
                     if rows.send(Ok(entries)).await.is_err() {
                         return Ok(());
@@ -560,7 +564,9 @@ async fn read_target(
                     .changes
                     .into_iter()
                     .map(|change| layout.target_entry(change.into_row()))
-                    .filter(|entry| keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.key)))
+                    .filter(|entry| {
+                        keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.row[..layout.key_columns()]))
+                    })
                     .collect();
                 if rows.send(Ok(entries)).await.is_err() {
                     return Ok(());
