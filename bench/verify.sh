@@ -112,7 +112,7 @@ until $pg -At -c "SELECT position FROM sluice.checkpoints WHERE job = 'verify-be
     for i in $(seq 1 50); do echo "UPDATE items SET a = a + 1, note = 'u' WHERE id = $(( (RANDOM * 32768 + RANDOM) % rows + 1 ));"; done
     sleep 0.1
   done | $my bench
-) &
+) >/dev/null 2>&1 &
 load_pid=$!
 sleep 5
 # The source's CPU under the load alone, over 10 s: the baseline a verify's cost is read against.

@@ -10,14 +10,16 @@
 //! (as `canonical` defines equality for the column's type) is **different**, with the columns.
 //!
 //! A job that streams changes is compared while it runs: a difference may be a change the stream
-//! has not applied yet. So each difference found is checked again in rounds: the source's log
-//! position is taken after the pass, the stage waits until the target's stream checkpoint has
-//! reached it, and the differing keys are compared again. A difference is reported when it
-//! stays the same (same source image, same target image) across two rounds, or is still there
-//! after the last round. The source only ever sees plain reads: no lock, no write.
+//! has not applied yet. So each difference found is checked again in rounds: the source's rows
+//! of the differing keys are read again (by key), the stage waits until the target's stream
+//! checkpoint has reached the source's log position taken after that read, then reads the
+//! target's rows of those keys. A difference is reported when two rounds find it alike (same
+//! source image, same target image); one that changed in every round is counted as unsettled.
+//! The source only ever sees plain reads: no lock, no write.
 //!
-//! This stage runs outside a run, reads only, and owns its report; it writes nothing to the
-//! target, the source or the state store.
+//! This stage runs outside a run and owns its report. It writes nothing, except with `repair`:
+//! the source's current rows over the differing ones, through the target's change writer under a
+//! checkpoint task of its own (`repair/<table>`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
