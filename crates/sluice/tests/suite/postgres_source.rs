@@ -161,6 +161,40 @@ fn copy_and_stream_through_kills(target: &str, target_url: &str) {
         assert_same(table, &lines(source.sql(&sql(true))), &lines(on_target(&sql(target == "postgres"))));
     }
     assert_eq!(on_target(&format!("SELECT sum(balance) FROM {schema}.accounts")).trim(), total);
+    // `sluice verify` of the running job agrees, table by table, through the target's own reader.
+    let verified = Run::from(
+        workspace
+            .command(&["verify", job.to_str().unwrap(), "--json"])
+            .env("SOURCE", source.url())
+            .env("TARGET", target_url)
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(verified.code, 0, "verify of a PostgreSQL-sourced job into {target}:\n{}", verified.all());
+    let report: serde_json::Value = serde_json::from_str(&verified.stdout).unwrap();
+    assert_eq!(report["tables"].as_array().map(Vec::len), Some(5), "{}", verified.stdout);
+    // A row deleted from the target behind the job's back: found, and checked again once the
+    // idle stream has passed the source's position (it moves on with the source's WAL).
+    on_target(&format!("DELETE FROM {schema}.accounts WHERE id = 3"));
+    let found = Run::from(
+        workspace
+            .command(&[
+                "verify",
+                job.to_str().unwrap(),
+                "--json",
+                "--tables",
+                &format!("{schema}.accounts"),
+                "--settle-secs",
+                "30",
+            ])
+            .env("SOURCE", source.url())
+            .env("TARGET", target_url)
+            .output()
+            .unwrap(),
+    );
+    let report: serde_json::Value = serde_json::from_str(&found.stdout).unwrap();
+    assert_eq!(found.code, 1, "{}", found.all());
+    assert_eq!(report["tables"][0]["differences"][0]["key"]["id"], 3, "{}", found.stdout);
     // The slot has confirmed what the target stored, and keeps no more.
     let confirmed = source
         .sql(&format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'sluice_{schema}'"));
