@@ -39,6 +39,8 @@ pub struct JobSpec {
     pub priority: u32,
     /// `alarms:`: rules a server evaluates against the job's figures.
     pub alarms: Vec<AlarmSpec>,
+    /// `verify:`: the job's target compared with its source on a server every so often.
+    pub verify: Option<VerifySpec>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -53,6 +55,17 @@ pub enum Mode {
     /// by key: a batch job for sources without a change log.
     #[serde(rename = "incremental-cursor")]
     IncrementalCursor,
+}
+
+/// `verify: {every_secs: 3600, repair: false, tables: [GLOB]}`: a server verifies the job (as
+/// `POST /jobs/NAME/verify` does) once `every_secs` have passed since its last verification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifySpec {
+    pub every_secs: u64,
+    /// Write the source's rows over the differing ones.
+    pub repair: bool,
+    /// Only these tables (source or target names, globs); empty: every table.
+    pub tables: Vec<String>,
 }
 
 impl JobSpec {
@@ -260,6 +273,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "priority",
             "after",
             "alarms",
+            "verify",
         ],
     )?;
     let name = decode_name(decoder, &fields);
@@ -285,6 +299,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let alarms = match fields.get("alarms") {
         None => Some(Vec::new()),
         Some(node) => alarm::decode_alarms(decoder, node, "alarms"),
+    };
+    let verify = match fields.get("verify") {
+        None => Some(None),
+        Some(node) => decode_verify(decoder, node).map(Some),
     };
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
@@ -312,7 +330,32 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         priority: priority?,
         after: after?,
         alarms: alarms?,
+        verify: verify?,
     })
+}
+
+/// `verify:`: how often (at least a second, at most 30 days), whether to repair, which tables.
+fn decode_verify(decoder: &mut Decoder, node: &Node) -> Option<VerifySpec> {
+    let fields = decoder.mapping(node, "verify", &["every_secs", "repair", "tables"])?;
+    let every_secs = fields
+        .require(decoder, "every_secs", "how often a server verifies the job, in seconds")
+        .and_then(|node| decoder.unsigned(node, &fields.path("every_secs"), 30 * 86_400))
+        .and_then(|every| match every {
+            0 => {
+                decoder.error(&fields.path("every_secs"), node.line, "expected at least 1 second, found 0");
+                None
+            }
+            every => Some(every),
+        });
+    let repair = match fields.get("repair") {
+        None => Some(false),
+        Some(node) => decoder.boolean(node, &fields.path("repair")),
+    };
+    let tables = match fields.get("tables") {
+        None => Some(Vec::new()),
+        Some(node) => decoder.string_list(node, &fields.path("tables")),
+    };
+    Some(VerifySpec { every_secs: every_secs?, repair: repair?, tables: tables? })
 }
 
 /// The job's name: 1 to 128 of a-z, 0-9, _ and -.

@@ -16,7 +16,7 @@ pub use decode::{join, Decoder, Fields, SpecError};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy, RetryPolicy,
-    WriteMode, ZeroDates,
+    VerifySpec, WriteMode, ZeroDates,
 };
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
 pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};

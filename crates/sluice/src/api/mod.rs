@@ -844,7 +844,7 @@ async fn verify_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         (status = 404, description = "no such job, or never verified", body = ErrorBody)))]
 async fn last_verification(State(api): Shared, Path(name): Path<String>) -> Reply {
     job(&api, &name).await?;
-    match crate::cluster::verification::last(&*api.node.store, &name).await? {
+    match crate::cluster::model::last_verification(&*api.node.store, &name).await? {
         Some(last) => Ok(Json(last).into_response()),
         None => Err(failure(
             StatusCode::NOT_FOUND,

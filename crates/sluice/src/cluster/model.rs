@@ -14,6 +14,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use sluice_core::runner::VerifyReport;
 use sluice_core::spec::JobSpec;
 use sluice_core::state::Plan;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName};
@@ -777,6 +778,23 @@ pub async fn load_spec(store: &dyn Store, job: &str, version: u32) -> Result<Job
         Error::config(format!("job {job} version {version} is not valid on this node: {}", listed.join("; ")))
             .hint("an environment variable the job names may be missing on this node")
     })
+}
+
+/// A job's last verification.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LastVerification {
+    /// When it ended, Unix seconds.
+    pub at: u64,
+    /// The node that ran it.
+    pub node: String,
+    /// The job's version it verified.
+    pub version: u32,
+    pub report: VerifyReport,
+}
+
+/// The last verification of `job`, if it was ever verified.
+pub async fn last_verification(store: &dyn Store, job: &str) -> Result<Option<LastVerification>> {
+    Ok(load::<LastVerification>(store, &verification_key(job)).await?.map(|(last, _)| last))
 }
 
 #[cfg(test)]

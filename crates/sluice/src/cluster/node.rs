@@ -26,7 +26,11 @@ const TICK: Duration = Duration::from_millis(500);
 /// How often the leader evaluates the alarms.
 const ALARMS_EVERY: Duration = Duration::from_secs(2);
 
-/// An evaluation of the alarms under way; its end clears the node's flag.
+/// How often the leader looks for jobs whose `verify:` is due.
+const VERIFY_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// An evaluation of the alarms (or a round of scheduled verifications) under way; its end
+/// clears the node's flag.
 struct Evaluating(Arc<std::sync::atomic::AtomicBool>);
 
 impl Drop for Evaluating {
@@ -94,6 +98,11 @@ pub struct Node {
     /// Whether an evaluation of the alarms (as leader) is under way, and when the last began.
     alarming: Arc<std::sync::atomic::AtomicBool>,
     last_alarms: Mutex<Option<Instant>>,
+    /// Whether scheduled verifications (as leader) are under way, and when the last round began.
+    verifying: Arc<std::sync::atomic::AtomicBool>,
+    last_verify_check: Mutex<Option<Instant>>,
+    /// Each job version's `verify:` and the scheduled verifications that failed lately.
+    verify_schedules: Arc<super::verification::Schedules>,
     /// Sends alarm notifications.
     webhooks: reqwest::Client,
     /// Each job version's alarm rules, parsed once.
@@ -144,6 +153,9 @@ impl Node {
             fence_refusals: Default::default(),
             alarming: Default::default(),
             last_alarms: Mutex::new(None),
+            verifying: Default::default(),
+            last_verify_check: Mutex::new(None),
+            verify_schedules: Default::default(),
             webhooks: webhook_client()?,
             alarm_rules: Default::default(),
         }))
@@ -311,6 +323,7 @@ impl Node {
             self.fire_schedules(&view).await;
             let guard = Guard { key: LEADER.to_owned(), create_revision: revision };
             self.evaluate_alarms(&guard);
+            self.verify_on_schedule();
             self.lead(&view, guard);
         }
         self.stop_what_moved(&view);
@@ -334,6 +347,25 @@ impl Node {
                 log::warn!("alarms: cannot evaluate them now: {error}");
             }
             drop(evaluating);
+        });
+    }
+
+    /// As leader: every `VERIFY_CHECK_EVERY`, verifies the jobs whose `verify:` is due, one
+    /// round at a time (`verification::run_due`).
+    fn verify_on_schedule(&self) {
+        use std::sync::atomic::Ordering;
+        let mut last = lock(&self.last_verify_check);
+        if last.is_some_and(|last| last.elapsed() < VERIFY_CHECK_EVERY) || self.verifying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let (store, node, schedules) = (self.store.clone(), self.config.id.clone(), self.verify_schedules.clone());
+        let verifying = Evaluating(self.verifying.clone());
+        tokio::spawn(async move {
+            if let Err(error) = super::verification::run_due(&*store, &node, &schedules).await {
+                log::warn!("scheduled verifications: cannot look for due jobs now: {error}");
+            }
+            drop(verifying);
         });
     }
 

@@ -260,9 +260,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         lag_secs: None,
         log_behind_bytes: None,
         log_files_to_spare: None,
-        verify_differences: super::verification::last(store, &job.name)
-            .await?
-            .map(|last| last.report.differences_total),
+        verify_differences: last_verification(store, &job.name).await?.map(|last| last.report.differences_total),
     };
     let (mut all_succeeded, mut failed, mut phase) = (true, None::<ErrorView>, None::<String>);
     let (mut restarting, mut restarts) = (None::<ErrorView>, 0);

@@ -475,6 +475,17 @@ fn a_server_verifies_a_job_keeps_its_last_report_and_shows_the_differences_to_me
     assert_eq!(view["stats"]["verify_differences"], 1, "{view}");
     let (_, metrics) = support::cluster::request(&server.url, "GET", "/metrics", Some(READ), None).unwrap();
     assert!(metrics.contains("sluice_verify_differences{job=\"checked\"} 1"), "{metrics}");
+    // Each verification is in the job's run history, with its reconciliation per table.
+    let (_, runs) = server.call("GET", "/jobs/checked/runs", Some(READ), None);
+    let verifications: Vec<&Value> = runs.as_array().unwrap().iter().filter(|run| run["mode"] == "verify").collect();
+    assert_eq!(verifications.len(), 2, "{runs}");
+    let differs = verifications.iter().find(|run| run["status"] == "differs").expect("the run that found the row");
+    assert_eq!(differs["verify"]["differences_total"], 1, "{differs}");
+    let items = &differs["verify"]["tables"][0];
+    assert_eq!(
+        (&items["table"], &items["missing"], &items["sample"]),
+        (&serde_json::json!("items"), &serde_json::json!(1), &serde_json::json!([{"id": 7}]))
+    );
 
     // A SQLite target cannot replace rows by key: a repair says so and changes nothing.
     let (status, repaired) = server.call("POST", "/jobs/checked/verify", Some(ADMIN), json(r#"{"repair": true}"#));
@@ -484,4 +495,48 @@ fn a_server_verifies_a_job_keeps_its_last_report_and_shows_the_differences_to_me
         repaired["report"]["tables"].as_array().unwrap().iter().find(|table| table["table"] == "items").unwrap();
     assert_eq!(items["repaired"], 0, "{repaired}");
     assert!(items["problems"][0].as_str().unwrap().contains("not repaired: a `sqlite` target cannot"), "{repaired}");
+}
+
+#[test]
+fn a_job_with_verify_every_is_verified_by_the_leader_on_its_schedule() {
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), 300);
+    let server = start_server(&workspace, "solo", None, &tokens());
+    let yaml = format!("{}verify: {{every_secs: 1, tables: [items]}}\n", job_yaml("watched", 2));
+    let (status, created) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &yaml)));
+    assert_eq!(status, 201, "{created}");
+    wait_state(&server, "watched", "succeeded");
+    // Verified without being asked, once copied.
+    let mut last = Value::Null;
+    wait_for("the first scheduled verification", Duration::from_secs(30), || {
+        let (status, answer) = server.call("GET", "/jobs/watched/verify", Some(READ), None);
+        last = answer;
+        status == 200
+    });
+    assert_eq!(last["report"]["differences_total"], 0, "{last}");
+    assert_eq!(last["report"]["tables"].as_array().unwrap().len(), 1, "only the tables named: {last}");
+    // A row changed in the target is found by a later one, and the job's view shows it.
+    let target = rusqlite::Connection::open(workspace.path("target.db")).unwrap();
+    target.execute("UPDATE items SET name = 'changed' WHERE id = 11", []).unwrap();
+    wait_for("a scheduled verification to find the change", Duration::from_secs(30), || {
+        let (_, answer) = server.call("GET", "/jobs/watched/verify", Some(READ), None);
+        last = answer;
+        last["report"]["differences_total"] == 1
+    });
+    assert_eq!(
+        last["report"]["tables"][0]["differences"][0],
+        serde_json::json!({"kind": "different", "key": {"id": 11}, "columns": ["name"]})
+    );
+    let (_, view) = server.call("GET", "/jobs/watched", Some(READ), None);
+    assert_eq!(view["stats"]["verify_differences"], 1, "{view}");
+
+    // A bad `verify:` is a bad job, with every problem at once.
+    let bad = format!("{}verify: {{every_secs: 0, repair: maybe, when: 1}}\n", job_yaml("bad-verify", 1));
+    let (status, refused) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &bad)));
+    assert_eq!(status, 400, "{refused}");
+    let text = refused.to_string();
+    assert!(
+        text.contains("verify.every_secs") && text.contains("verify.repair") && text.contains("verify.when"),
+        "{text}"
+    );
 }
