@@ -83,6 +83,9 @@ pub struct Runner {
     /// Cleared once they are. Atomic because `run` takes the runner shared (callers hold it in an
     /// `Arc` and ask `still_restarting` once the run ends) and clears it in the middle.
     restart: AtomicBool,
+    /// The stop signal's sender of a runner made by `outside_run`, kept so the signal stays open
+    /// (a closed one would end every pause at once) and never set.
+    _never_stopped: Option<watch::Sender<bool>>,
 }
 
 /// What the run reports of its stages, even when a later stage fails.
@@ -113,7 +116,16 @@ impl Runner {
             scope: Scope::Whole,
             given_plan: None,
             restart: AtomicBool::new(false),
+            _never_stopped: None,
         }
+    }
+
+    /// A runner for the work done outside a run (`replay_records`, `verify`): the job's source
+    /// and sink, a state store of its own that nothing reads after it, no stop signal.
+    pub fn outside_run(job: Arc<JobSpec>, source: Arc<dyn Source>, sink: Arc<dyn Sink>) -> Runner {
+        let (never_stopped, stop) = watch::channel(false);
+        let state: Arc<dyn StateStore> = Arc::new(crate::state::MemoryStateStore::default());
+        Runner { _never_stopped: Some(never_stopped), ..Runner::new(job, source, sink, state, stop) }
     }
 
     /// Limits the run to part of the job (a cluster task).

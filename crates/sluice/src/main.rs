@@ -431,16 +431,7 @@ async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
             return Ok((entries, sluice_core::runner::ReplayReport::default()));
         }
         let plan = sluice_core::state::StateStore::load_plan(&state, &job.name)?;
-        let (_stop, stopped) = watch::channel(false);
-        let scratch: Arc<dyn sluice_core::state::StateStore> =
-            Arc::new(sluice_core::state::MemoryStateStore::default());
-        let runner = Runner::new(
-            job.clone(),
-            sluice_connectors::source(&job)?,
-            sluice_connectors::sink(&job)?,
-            scratch,
-            stopped,
-        );
+        let runner = Runner::outside_run(job.clone(), sluice_connectors::source(&job)?, sluice_connectors::sink(&job)?);
         let report = runner.replay_records(plan.as_ref(), &entries).await?;
         state.settle_replay(&job.name, &report)?;
         state.export_dirty(&job.name)?;

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use sluice_core::runner::{DifferenceKind, ReadBack, Runner, TableVerdict, VerifyOptions, VerifyReport};
 use sluice_core::{Error, ErrorKind};
-use tokio::sync::watch;
 
 /// What the command line asked for.
 #[derive(Debug, clap::Args)]
@@ -55,16 +54,7 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
         ..VerifyOptions::default()
     };
     let result = async {
-        let (_stop, stopped) = watch::channel(false);
-        let scratch: Arc<dyn sluice_core::state::StateStore> =
-            Arc::new(sluice_core::state::MemoryStateStore::default());
-        let runner = Runner::new(
-            job.clone(),
-            sluice_connectors::source(&job)?,
-            sluice_connectors::sink(&job)?,
-            scratch,
-            stopped,
-        );
+        let runner = Runner::outside_run(job.clone(), sluice_connectors::source(&job)?, sluice_connectors::sink(&job)?);
         let reading = job.clone();
         let read_back: ReadBack = Arc::new(move |table| sluice_connectors::read_back(&reading, table));
         runner.verify(read_back, &options).await

@@ -213,10 +213,7 @@ pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, no
         .map(|(id, record)| DirtyEntry { id: id.clone(), task: record.task.clone(), record: record.rejected() })
         .collect();
     let spec = Arc::new(spec);
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let state: Arc<dyn StateStore> = Arc::new(sluice_core::state::MemoryStateStore::default());
-    let runner =
-        Runner::new(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?, state, stopped);
+    let runner = Runner::outside_run(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?);
     let report = runner.replay_records(plan.as_ref(), &entries).await?;
     outcome.rows_written = report.rows_written;
     for (id, verdict) in report.verdicts {

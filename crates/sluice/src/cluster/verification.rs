@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use sluice_core::runner::{ReadBack, Runner, VerifyOptions};
 use sluice_core::spec::VerifySpec;
-use sluice_core::state::{MemoryStateStore, StateStore};
 use sluice_core::Result;
 
 use super::model::{
@@ -29,10 +28,7 @@ pub async fn verify(
     node: &str,
 ) -> Result<LastVerification> {
     let spec = Arc::new(load_spec(store, &job.name, job.version).await?);
-    let (_stop, stopped) = tokio::sync::watch::channel(false);
-    let state: Arc<dyn StateStore> = Arc::new(MemoryStateStore::default());
-    let runner =
-        Runner::new(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?, state, stopped);
+    let runner = Runner::outside_run(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?);
     let reading = spec.clone();
     let read_back: ReadBack = Arc::new(move |table| sluice_connectors::read_back(&reading, table));
     let report = runner.verify(read_back, options).await?;
