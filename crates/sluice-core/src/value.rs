@@ -321,6 +321,19 @@ pub struct Time {
 }
 
 impl Time {
+    /// The time as a signed count of microseconds (hours past a day stay hours): the order of
+    /// times, and one number per time.
+    pub fn signed_microseconds(&self) -> i128 {
+        let magnitude = ((i128::from(self.hours) * 60 + i128::from(self.minutes)) * 60 + i128::from(self.seconds))
+            * 1_000_000
+            + i128::from(self.microseconds);
+        if self.negative {
+            -magnitude
+        } else {
+            magnitude
+        }
+    }
+
     /// Parses `[-]H+:MM:SS[.ffffff]`.
     pub fn parse(text: &str) -> Option<Time> {
         let (negative, text) = match text.strip_prefix('-') {

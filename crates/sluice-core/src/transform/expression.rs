@@ -1257,7 +1257,7 @@ pub fn compare(left: &Value, right: &Value) -> Result<Option<Ordering>, String> 
         (V::DateTime(a) | V::Timestamp(a), V::DateTime(b) | V::Timestamp(b)) => a.cmp(b),
         (V::Date(a), V::DateTime(b) | V::Timestamp(b)) => midnight(*a).cmp(b),
         (V::DateTime(a) | V::Timestamp(a), V::Date(b)) => a.cmp(&midnight(*b)),
-        (V::Time(a), V::Time(b)) => time_key(a).cmp(&time_key(b)),
+        (V::Time(a), V::Time(b)) => a.signed_microseconds().cmp(&b.signed_microseconds()),
         (V::Date(_) | V::DateTime(_) | V::Timestamp(_) | V::Time(_), V::Text(text)) => {
             return compare(left, &temporal_like(left, text).ok_or_else(cannot)?)
         }
@@ -1273,17 +1273,6 @@ pub fn compare(left: &Value, right: &Value) -> Result<Option<Ordering>, String> 
 
 fn midnight(date: Date) -> DateTime {
     DateTime { date, hour: 0, minute: 0, second: 0, microsecond: 0 }
-}
-
-fn time_key(time: &Time) -> i128 {
-    let magnitude = ((i128::from(time.hours) * 60 + i128::from(time.minutes)) * 60 + i128::from(time.seconds))
-        * 1_000_000
-        + i128::from(time.microseconds);
-    if time.negative {
-        -magnitude
-    } else {
-        magnitude
-    }
 }
 
 /// Text read as the temporal type of `like`.

@@ -140,7 +140,7 @@ fn converted(value: &Value, data_type: &DataType) -> Option<Canonical> {
         DataType::Enum { .. } | DataType::Set { .. } => text(value).map(|text| Canonical::Text(text.to_owned())),
         DataType::Bytes { .. } | DataType::Geometry => None,
         DataType::Date => date(value).map(|date| Canonical::Temporal(Moment::Date, Moment::pack_date(&date))),
-        DataType::Time { .. } => time(value).map(|time| Canonical::Temporal(Moment::Time, Moment::pack_time(&time))),
+        DataType::Time { .. } => time(value).map(|time| Canonical::Temporal(Moment::Time, time.signed_microseconds())),
         DataType::DateTime { .. } | DataType::Timestamp { .. } => {
             date_time(value).map(|moment| Canonical::Temporal(Moment::DateTime, Moment::pack_date_time(&moment)))
         }
@@ -166,18 +166,6 @@ impl Moment {
     /// `YYYYMMDD`: the fields of a date, zero ones included (MySQL's `0000-00-00`).
     fn pack_date(date: &Date) -> i128 {
         (i128::from(date.year) * 100 + i128::from(date.month)) * 100 + i128::from(date.day)
-    }
-
-    /// A signed count of microseconds by fields (`838:59:59` stays 838 hours).
-    fn pack_time(time: &Time) -> i128 {
-        let magnitude = ((i128::from(time.hours) * 60 + i128::from(time.minutes)) * 60 + i128::from(time.seconds))
-            * MICROS
-            + i128::from(time.microseconds);
-        if time.negative {
-            -magnitude
-        } else {
-            magnitude
-        }
     }
 
     /// The date's fields, then the clock's, then the microseconds.
