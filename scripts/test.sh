@@ -13,7 +13,14 @@ scripts/testdb install
 
 base=$(mktemp -d /dev/shm/sluice-test.XXXXXX 2>/dev/null || mktemp -d /tmp/sluice-test.XXXXXX)
 cleanup() {
-  local server
+  local server log
+  # A test server that crashed leaves every later test without a server: show why it crashed.
+  for log in "$base"/*/server.log; do
+    if [ -f "$log" ] && grep -qiE 'got signal|segfault|stack trace|PANIC' "$log"; then
+      echo "test server crashed; tail of $log:" >&2
+      tail -n 80 "$log" >&2 || true
+    fi
+  done
   for server in mariadb postgres; do
     scripts/testdb stop "$server" "$base/$server" >/dev/null 2>&1 || true
     scripts/testdb stop "$server" "$base/$server-tls" >/dev/null 2>&1 || true
