@@ -3,6 +3,8 @@
 //! Delta table does not); a builder takes any value that fits its Arrow type exactly and says
 //! why one does not.
 
+pub(crate) mod read_back;
+
 use arrow_array::builder::{
     ArrayBuilder, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Decimal256Builder, Float32Builder,
     Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, StringBuilder, TimestampMicrosecondBuilder,

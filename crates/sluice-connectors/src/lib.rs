@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, NodeKind, SpecError, WriteMode};
-use sluice_core::{Error, Result, Side, TableName};
+use sluice_core::{Error, Result, Side, TableSchema};
 
 /// Refuses names a target cannot hold as they are, all of them in one error: a target that
 /// truncated them (PostgreSQL does, with only a notice) could merge two names into one.
@@ -88,10 +88,16 @@ pub struct TargetSide {
     pub fields: &'static [&'static str],
     pub validate: fn(&JobSpec, &EndpointSpec) -> Vec<SpecError>,
     pub build: BuildSink,
+    /// How `sluice verify` reads a table of this target back, when the connector's source side
+    /// does not (files of Arrow types, read by the mapped schema); `None`: by its source side.
+    pub read_back: Option<ReadBackTable>,
 }
 
 /// Builds a target from a job, fenced for a cluster task when given a fence.
 pub type BuildSink = fn(&JobSpec, Option<Fence>) -> Result<Arc<dyn Sink>>;
+
+/// Builds a reader of one table of a job's target, the table as the job's mapping makes it.
+pub type ReadBackTable = fn(&JobSpec, &Arc<TableSchema>) -> Result<Arc<dyn Source>>;
 
 /// What a server (MySQL, PostgreSQL) can do: as a source, copy tables, follow its change log and
 /// read cursor windows; as a target, write a snapshot's rows and apply a change stream, replacing
@@ -323,19 +329,28 @@ pub fn source(job: &JobSpec) -> Result<Arc<dyn Source>> {
     }
 }
 
-/// A reader of the job's target table `table`, for `sluice verify`: the target's own engine
-/// as a source whose tables are exactly that one, on the target's connection (URL, TLS, path).
-/// Only targets whose connector also reads tables in splits (PostgreSQL, MySQL, SQLite) can be
-/// read back; others are a configuration error that names them.
-pub fn read_back(job: &JobSpec, table: &TableName) -> Result<Arc<dyn Source>> {
+/// A reader of the job's target table `table` (as the job's mapping makes it), for `sluice
+/// verify`: the target's own engine as a source whose tables are exactly that one, on the
+/// target's connection (URL, TLS, path); for file targets of Arrow types (Parquet, Delta), their
+/// files read by the mapped schema. Targets that cannot be read back (streams) are a
+/// configuration error that names those that can.
+pub fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
     let target = &job.target;
-    let side = connector(&target.connector)
+    let found = connector(&target.connector);
+    if let Some(read_back) = found.and_then(|connector| connector.target.as_ref()?.read_back) {
+        return read_back(job, table).map_err(|error| error.on(Side::Target));
+    }
+    let side = found
         .filter(|connector| connector.capabilities.snapshot_source)
         .and_then(|connector| connector.source.as_ref());
     let Some(side) = side else {
         let readable: Vec<&str> = CONNECTORS
             .iter()
-            .filter(|connector| connector.capabilities.snapshot_source && connector.target.is_some())
+            .filter(|connector| {
+                connector.target.as_ref().is_some_and(|target| {
+                    target.read_back.is_some() || connector.capabilities.snapshot_source && connector.source.is_some()
+                })
+            })
             .map(|connector| connector.name)
             .collect();
         return Err(Error::config(format!(
@@ -347,7 +362,7 @@ pub fn read_back(job: &JobSpec, table: &TableName) -> Result<Arc<dyn Source>> {
     };
     let mut reading = job.clone();
     reading.mode = Mode::Snapshot;
-    reading.source = EndpointSpec { tables: vec![table.to_string()], cursor: None, ..target.clone() };
+    reading.source = EndpointSpec { tables: vec![table.name.to_string()], cursor: None, ..target.clone() };
     (side.build)(&reading).map_err(|error| error.on(Side::Target))
 }
 

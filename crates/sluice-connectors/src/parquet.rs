@@ -11,12 +11,15 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{DataType as Arrow, Field, Schema};
 use async_trait::async_trait;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::change::{key_text, Batch, ChangeKind, Rejected};
-use sluice_core::connector::{Capabilities, CheckItem, Checkpoint, Fence, Sink, TableTasks, TableWriter};
+use sluice_core::connector::{Capabilities, CheckItem, Checkpoint, Fence, Sink, Source, TableTasks, TableWriter};
+use sluice_core::spec::JobSpec;
 
+use crate::columnar::read_back::{ColumnarTable, DataFileToRead, DataFiles, Listing};
 use crate::columnar::{self, ArrowTypes, ColumnBuilder};
 use crate::file::fence::Fences;
 use crate::file::{check_directory, write_manifest, Part};
@@ -224,6 +227,58 @@ impl TableWriter for ParquetWriter {
     }
 }
 
+/// The parts of one table's dataset, read back for verification: every whole part (a part that
+/// exists is whole; `*.tmp` files are not parts yet).
+struct Dataset {
+    directory: PathBuf,
+}
+
+#[async_trait]
+impl Listing for Dataset {
+    async fn list(&self) -> Result<Option<DataFiles>> {
+        let directory = self.directory.clone();
+        tokio::task::spawn_blocking(move || Dataset::list_now(&directory))
+            .await
+            .map_err(|error| io_error("list the dataset", error))?
+    }
+}
+
+impl Dataset {
+    fn list_now(directory: &std::path::Path) -> Result<Option<DataFiles>> {
+        let entries = match fs::read_dir(directory) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(io_error(format!("list {}", directory.display()), error)),
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+            .filter(|path| path.extension().is_some_and(|extension| extension == "parquet"))
+            .collect();
+        paths.sort();
+        let mut fields: Vec<Arc<Field>> = Vec::new();
+        let mut files = Vec::new();
+        for path in paths {
+            let opened = File::open(&path).map_err(|error| io_error(format!("open {}", path.display()), error))?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(opened)
+                .map_err(|error| io_error(format!("read the footer of {}", path.display()), error))?;
+            for field in builder.schema().fields() {
+                if !fields.iter().any(|known| known.name() == field.name()) {
+                    fields.push(field.clone());
+                }
+            }
+            let rows = builder.metadata().file_metadata().num_rows().max(0) as u64;
+            files.push(DataFileToRead { path, rows, partition: Vec::new() });
+        }
+        Ok(Some(DataFiles { schema: Arc::new(Schema::new(fields)), files }))
+    }
+}
+
+/// A table of a Parquet target read back by the mapped schema.
+fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
+    let directory = crate::path(&job.target)?.join(crate::file::directory_name(&table.name));
+    Ok(Arc::new(ColumnarTable::new(table, Dataset { directory })))
+}
+
 /// The `parquet` connector: a snapshot target, one dataset directory per table.
 pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
     name: "parquet",
@@ -240,5 +295,6 @@ pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
         fields: &["type", "path", "write_mode", "create_tables"],
         validate: |_, _| Vec::new(),
         build: |job, fence| Ok(Arc::new(ParquetSink::new(crate::path(&job.target)?, fence))),
+        read_back: Some(read_back),
     }),
 };

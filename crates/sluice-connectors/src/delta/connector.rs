@@ -4,11 +4,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::connector::{Capabilities, Fence, Sink};
+use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
-use sluice_core::Result;
+use sluice_core::{Result, TableSchema};
 
+use super::read_back::LatestVersion;
 use super::{DeltaOptions, DeltaSink, PartitionBy};
+use crate::columnar::read_back::ColumnarTable;
 use crate::{Connector, TargetSide};
 
 pub(crate) const CONNECTOR: Connector = Connector {
@@ -25,7 +27,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         ..Capabilities::NONE
     },
     source: None,
-    target: Some(TargetSide { fields: FIELDS, validate, build }),
+    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: Some(read_back) }),
 };
 
 const FIELDS: &[&str] = &[
@@ -150,4 +152,10 @@ fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
 fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let options = options(&job.target).map_err(crate::invalid)?;
     Ok(Arc::new(DeltaSink::new(options, fence)))
+}
+
+/// A table of the target read back for verification: its latest version's files.
+fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
+    let options = options(&job.target).map_err(crate::invalid)?;
+    Ok(Arc::new(ColumnarTable::new(table, LatestVersion::of(options, &table.name))))
 }

@@ -21,6 +21,7 @@ pub(crate) mod connector;
 mod journal;
 mod maintenance;
 mod merge;
+mod read_back;
 mod table;
 mod types;
 mod writer;

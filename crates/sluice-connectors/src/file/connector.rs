@@ -25,7 +25,7 @@ const fn file_connector(name: &'static str) -> Connector {
         feature: "file",
         capabilities: CAPABILITIES,
         source: Some(SourceSide { fields: SOURCE_FIELDS, validate, build: build_source }),
-        target: Some(TargetSide { fields: TARGET_FIELDS, validate, build: build_target }),
+        target: Some(TargetSide { fields: TARGET_FIELDS, validate, build: build_target, read_back: None }),
     }
 }
 

@@ -16,7 +16,12 @@ pub(crate) const CONNECTOR: Connector = Connector {
     feature: "mysql",
     capabilities: crate::SERVER_CAPABILITIES,
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
-    target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate: validate_target, build: build_target }),
+    target: Some(TargetSide {
+        fields: crate::SERVER_TARGET_FIELDS,
+        validate: validate_target,
+        build: build_target,
+        read_back: None,
+    }),
 };
 
 const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "start_position", "server_id", "read_timeout_secs"];

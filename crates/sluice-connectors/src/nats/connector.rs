@@ -27,7 +27,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
-    target: Some(TargetSide { fields: FIELDS, validate, build }),
+    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: None }),
 };
 
 const SOURCE_FIELDS: &[&str] = &["type", "url", "stream", "subject", "format", "tables", "start_position"];

@@ -15,7 +15,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     feature: "postgres",
     capabilities: crate::SERVER_CAPABILITIES,
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
-    target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build }),
+    target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build, read_back: None }),
 };
 
 const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "slot", "publication"];

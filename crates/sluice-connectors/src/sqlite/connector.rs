@@ -25,6 +25,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         fields: &["type", "path", "write_mode", "create_tables"],
         validate: no_options,
         build: build_target,
+        read_back: None,
     }),
 };
 

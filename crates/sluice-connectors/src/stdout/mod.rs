@@ -19,7 +19,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
     feature: "default",
     capabilities: Capabilities { table_sink: true, event_sink: true, ..Capabilities::NONE },
     source: None,
-    target: Some(TargetSide { fields: FIELDS, validate, build }),
+    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: None }),
 };
 
 const FIELDS: &[&str] = &["type", "format", "max_transaction_events"];

@@ -32,7 +32,7 @@ use tokio::task::JoinSet;
 use crate::connector::Source;
 use crate::error::{Error, ErrorKind, Result};
 use crate::filter::TableFilter;
-use crate::schema::TableName;
+use crate::schema::{TableName, TableSchema};
 use crate::transform::TableMapping;
 
 use super::context::RunContext;
@@ -44,10 +44,12 @@ mod table;
 
 use table::TableCheck;
 
-/// Reads a job's target back as a source of its tables, one target table at a time: a reader of
-/// the target's own engine whose `discover` finds exactly the named table (an error when the
-/// target has no such table).
-pub type ReadBack = Arc<dyn Fn(&TableName) -> Result<Arc<dyn Source>> + Send + Sync>;
+/// Reads a job's target back as a source of its tables, one target table at a time, given the
+/// table as the job's mapping makes it: a reader whose `discover` finds exactly that table (or
+/// nothing, or a schema error, when the target has no such table). A reader of the target's own
+/// engine ignores the mapped columns; a reader of files that hold no logical types (Parquet,
+/// Delta) types its values by them.
+pub type ReadBack = Arc<dyn Fn(&Arc<TableSchema>) -> Result<Arc<dyn Source>> + Send + Sync>;
 
 /// What to verify and how.
 #[derive(Debug, Clone)]

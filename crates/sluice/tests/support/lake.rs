@@ -38,6 +38,15 @@ sys.stdout.flush()
 os._exit(0)
 "#;
 
+/// Deletes the rows matching a predicate from a table, as another writer would.
+const DELETE: &str = r#"
+import sys, deltalake
+deltalake.DeltaTable(sys.argv[1]).delete(sys.argv[2])
+import os
+sys.stdout.flush()
+os._exit(0)
+"#;
+
 pub fn python() -> String {
     let venv = std::env::var("SLUICE_TEST_LAKE_VENV").unwrap_or_else(|_| "/tmp/sluice-lake-venv".into());
     format!("{venv}/bin/python")
@@ -58,6 +67,12 @@ pub fn exists(path: &Path) -> bool {
 /// The rows of `columns`, sorted by the first, as `a\tb` lines.
 pub fn rows(path: &Path, columns: &[&str]) -> Vec<String> {
     run(ROWS, &[path.to_str().unwrap(), &columns.join(",")]).lines().map(str::to_owned).collect()
+}
+
+/// Deletes the rows of the table at `path` that match `predicate` (SQL: `id = 3`), as a writer
+/// other than sluice.
+pub fn delete(path: &Path, predicate: &str) {
+    run(DELETE, &[path.to_str().unwrap(), predicate]);
 }
 
 /// One version of a table as the reader sees it.

@@ -133,7 +133,7 @@ impl TableCheck {
     /// The target table read back and how it is compared; a target without the table, or
     /// without some of its columns, is a problem and not an error.
     async fn sides(&self, problems: &mut Vec<String>) -> Result<Sides> {
-        let reader = (self.read_back)(&self.target).map_err(|error| error.on(Side::Target))?;
+        let reader = (self.read_back)(&self.mappings[0].target).map_err(|error| error.on(Side::Target))?;
         let target_schema = match reader.discover().await {
             Ok(mut tables) => match tables.iter().position(|table| table.name == self.target) {
                 Some(found) => Some(tables.swap_remove(found)),
