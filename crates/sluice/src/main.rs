@@ -17,6 +17,7 @@ mod client;
 mod cluster;
 mod job_command;
 mod job_text;
+mod job_verification;
 mod logger;
 mod private_files;
 mod progress;
@@ -622,9 +623,16 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
         let runner = Arc::new(if restart { runner.restarting() } else { runner });
         let (display_done, display_wait) = watch::channel(false);
         let display = tokio::spawn(progress::display(runner.stats(), display_wait));
+        let verification = (job.verify.is_some() && job.mode.streams()).then(|| {
+            let (job, state_dir, stop) = (job.clone(), state_dir.clone(), stop_requested.clone());
+            tokio::spawn(job_verification::on_schedule(job, state_dir, runner.stats(), stop))
+        });
         let (summary, error) = runner.run().await;
         display_done.send_replace(true);
         let _ = display.await;
+        if let Some(verification) = verification {
+            verification.abort();
+        }
         let Some(failure) = error.as_ref().filter(|_| !*stop_requested.borrow()) else { break (summary, error) };
         let progressed = sluice_core::retry::ran_well(&job.restart, &summary);
         let wait = match restarts.failed(&job.restart, failure, progressed, sluice_core::clock::unix_seconds()) {
@@ -672,6 +680,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
     print_summary(&summary, sluice_connectors::prints_events(&job.target.connector));
     write_summary(summary_json.as_deref(), &summary);
     match error {
+        None if job.verify.is_some() => verify_after_copy(&job, &state_dir).await,
         None => 0,
         // A change stream runs until it is stopped: that is its normal end.
         Some(_) if summary.status == RunStatus::Stopped && job.mode.streams() => {
@@ -683,6 +692,22 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
             1
         }
         Some(error) => fail(&error),
+    }
+}
+
+/// `verify:` of a job that copies and ends: the target verified once the copy succeeded; exit 1
+/// when it differs.
+async fn verify_after_copy(job: &Arc<JobSpec>, state_dir: &std::path::Path) -> u8 {
+    let Some((_, options)) = job_verification::scheduled_options(job) else { return 0 };
+    match job_verification::verify(job, &options).await {
+        Ok(report) => {
+            job_verification::log_verdict(state_dir, &report);
+            u8::from(!report.agrees())
+        }
+        Err(error) => {
+            eprintln!("error: job {}: the copy succeeded but cannot be verified: {error}", job.name);
+            1
+        }
     }
 }
 

@@ -6,12 +6,12 @@
 //! line or job, 3 when the comparison could not be made (a server unreachable, a table that
 //! cannot be read).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::runner::{DifferenceKind, ReadBack, Runner, TableVerdict, VerifyOptions, VerifyReport};
-use sluice_core::{Error, ErrorKind};
+use sluice_core::runner::{DifferenceKind, TableVerdict, VerifyOptions, VerifyReport};
+use sluice_core::ErrorKind;
 
 /// What the command line asked for.
 #[derive(Debug, clap::Args)]
@@ -53,21 +53,14 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
         repair: arguments.repair,
         ..VerifyOptions::default()
     };
-    let result = async {
-        let runner = Runner::outside_run(job.clone(), sluice_connectors::source(&job)?, sluice_connectors::sink(&job)?);
-        let reading = job.clone();
-        let read_back: ReadBack = Arc::new(move |table| sluice_connectors::read_back(&reading, table));
-        runner.verify(read_back, &options).await
-    }
-    .await;
-    let report = match result {
+    let report = match crate::job_verification::verify(&job, &options).await {
         Ok(report) => report,
         Err(error) => {
             eprintln!("error: job {}: cannot verify: {error}", job.name);
             return if error.kind() == ErrorKind::Config { 2 } else { 3 };
         }
     };
-    if let Err(error) = keep(&arguments.state_dir, &report) {
+    if let Err(error) = crate::job_verification::keep(&arguments.state_dir, &report) {
         eprintln!("warning: the report could not be kept in {}: {error}", arguments.state_dir.display());
     }
     if arguments.json {
@@ -76,38 +69,6 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
         print_report(&report);
     }
     u8::from(!report.agrees())
-}
-
-/// Keeps the report as the job's last verification in the state directory, and appends its
-/// repairs, one JSON line each with the table and the time, to `JOB/repairs.jsonl`.
-fn keep(state_dir: &Path, report: &VerifyReport) -> Result<(), Error> {
-    let failed = |error: std::io::Error| Error::state(error.to_string());
-    crate::private_files::create_dir(state_dir).map_err(failed)?;
-    let text = serde_json::to_vec_pretty(report).expect("reports serialize");
-    crate::private_files::write(&state_dir.join(format!("verify-{}.json", report.job)), &text).map_err(failed)?;
-    let mut lines = String::new();
-    let at = sluice_core::clock::unix_seconds();
-    for table in &report.tables {
-        for repair in &table.repairs {
-            let mut line = serde_json::json!({"table": table.table, "at": at});
-            if let (Some(line), serde_json::Value::Object(repair)) =
-                (line.as_object_mut(), serde_json::to_value(repair).expect("repairs serialize"))
-            {
-                line.extend(repair);
-            }
-            lines.push_str(&line.to_string());
-            lines.push('\n');
-        }
-    }
-    if lines.is_empty() {
-        return Ok(());
-    }
-    let directory = state_dir.join(&report.job);
-    crate::private_files::create_dir(&directory).map_err(failed)?;
-    let path = directory.join("repairs.jsonl");
-    let mut kept = std::fs::read(&path).unwrap_or_default();
-    kept.extend_from_slice(lines.as_bytes());
-    crate::private_files::write(&path, &kept).map_err(failed)
 }
 
 fn print_report(report: &VerifyReport) {

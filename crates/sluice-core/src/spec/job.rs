@@ -39,7 +39,7 @@ pub struct JobSpec {
     pub priority: u32,
     /// `alarms:`: rules a server evaluates against the job's figures.
     pub alarms: Vec<AlarmSpec>,
-    /// `verify:`: the job's target compared with its source on a server every so often.
+    /// `verify:`: the job's target compared with its source every so often.
     pub verify: Option<VerifySpec>,
 }
 
@@ -58,7 +58,9 @@ pub enum Mode {
 }
 
 /// `verify: {every_secs: 3600, repair: false, tables: [GLOB]}`: a server verifies the job (as
-/// `POST /jobs/NAME/verify` does) once `every_secs` have passed since its last verification.
+/// `POST /jobs/NAME/verify` does) once `every_secs` have passed since its last verification;
+/// `sluice run` verifies a streaming job every `every_secs` while it streams, and a job that
+/// copies and ends once, when its copy succeeded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifySpec {
     pub every_secs: u64,

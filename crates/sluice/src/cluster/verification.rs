@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::runner::{ReadBack, Runner, VerifyOptions};
+use sluice_core::runner::VerifyOptions;
 use sluice_core::spec::VerifySpec;
 use sluice_core::Result;
 
@@ -28,10 +28,7 @@ pub async fn verify(
     node: &str,
 ) -> Result<LastVerification> {
     let spec = Arc::new(load_spec(store, &job.name, job.version).await?);
-    let runner = Runner::outside_run(spec.clone(), sluice_connectors::source(&spec)?, sluice_connectors::sink(&spec)?);
-    let reading = spec.clone();
-    let read_back: ReadBack = Arc::new(move |table| sluice_connectors::read_back(&reading, table));
-    let report = runner.verify(read_back, options).await?;
+    let report = crate::job_verification::verify(&spec, options).await?;
     let last = LastVerification {
         at: sluice_core::clock::unix_seconds(),
         node: node.to_owned(),

@@ -455,7 +455,12 @@ async function verifyJob(name, ui) {
   replace(ui.verification, verificationBlock(last));
   const differences = last.report.differences_total;
   return differences === 0 ? `Job ${name}: the target equals the source.`
-    : `Job ${name}: ${differences} rows differ between target and source.`;
+    : `Job ${name}: ${rowsDiffer(differences)} between target and source.`;
+}
+
+/** "1 row differs", "3 rows differ". */
+function rowsDiffer(differences) {
+  return differences === 1 ? '1 row differs' : `${count(differences)} rows differ`;
 }
 
 /** A job's last verification: a line per table, then the differences listed (up to 20 each). */
@@ -475,7 +480,7 @@ function verificationBlock(last) {
     el('td', {class: 'error'}, (table.problems || []).join('; ') || '—')));
   return el('div', {},
     el('p', {id: 'verify-summary'}, report.differences_total === 0 ? 'The target equals the source' :
-      `${report.differences_total} rows differ`, ` · verified ${new Date(last.at * 1000).toISOString()} on ${last.node}` +
+      rowsDiffer(report.differences_total), ` · verified ${new Date(last.at * 1000).toISOString()} on ${last.node}` +
       ` (version ${last.version}) in ${duration(report.elapsed_ms / 1000)}`),
     table('verify-tables', ['Table', 'Source rows', 'Target rows', 'Missing', 'Extra', 'Different',
       'Differences', 'Problems'], el('tbody', {}, rows)));
