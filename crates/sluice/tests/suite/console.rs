@@ -14,7 +14,7 @@ use support::browser::Browser;
 use support::cluster::start_server;
 use support::webhook::Webhook;
 use support::workload::{committed, create_tables, Load, Random};
-use support::{address_of, mysql_url, postgres_url, through, unique_name, wait_for, Workspace};
+use support::{address_of, mysql_url, postgres_url, psql, through, unique_name, wait_for, Workspace};
 
 const TOKEN: &str = "console-admin-token-0123456789";
 
@@ -129,6 +129,20 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     browser.wait_text("#job-state", Duration::from_secs(10), |state| state == "running");
     browser.wait_text("table#versions", Duration::from_secs(10), |versions| versions.contains('1'));
     browser.screenshot(&screenshot("10-job-after"));
+
+    // Verify from the job page: the target equals the source; then a row added to the target
+    // behind the job's back is named by its key.
+    browser.click("#job-verify");
+    browser.wait_text("#verify-summary", Duration::from_secs(120), |summary| {
+        summary.starts_with("The target equals the source")
+    });
+    psql(&format!("INSERT INTO {database}.accounts VALUES (999999, 1)"));
+    browser.click("#job-verify");
+    let accounts = format!("#verify-tables tr[data-table='{database}.accounts']");
+    let row = browser.wait_text(&accounts, Duration::from_secs(120), |row| row.contains("999999"));
+    assert!(row.contains(r#"extra {"id":999999}"#), "{row}");
+    browser.wait_text("#verify-summary", Duration::from_secs(10), |summary| summary.starts_with("1 row differs"));
+    browser.screenshot(&screenshot("11-verification"));
     let output = server.output();
     assert!(!output.contains(TOKEN), "the token in the server's log");
     assert!(!output.contains(&webhook.token), "the webhook's secret in the server's log");
