@@ -11,7 +11,7 @@ use super::canonical::Canonical;
 use super::comparison::{Comparison, Entry, Found, Sided};
 use super::layout::Layout;
 use super::{Difference, DifferenceKind, ReadBack, Repair, TableVerdict, VerifyOptions};
-use crate::change::Row;
+use crate::change::{Batch, Row};
 use crate::connector::{Checkpoint, Source, Split, SplitHint};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::names::STREAM_TASK;
@@ -509,14 +509,9 @@ async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry
                 while let Some(batch) = reader.next().await? {
                     let (batch, refused) = as_written(&context, mapping, batch, &stats);
                     read.refused += refused.len() as u64;
-                    let entries = batch
-                        .changes
-                        .into_iter()
-                        .map(|change| layout.source_entry(change.into_row(), values))
-                        .filter(|entry| {
-                            keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.row[..layout.key_columns()]))
-                        })
-                        .collect();
+                    let entries = entries_of(batch, keys.as_deref(), layout.key_columns(), |row| {
+                        layout.source_entry(row, values)
+                    });
                     if rows.send(Ok(entries)).await.is_err() {
                         return Ok(());
                     }
@@ -530,6 +525,16 @@ async fn read_source(reading: SourceReading, rows: mpsc::Sender<Result<Vec<Entry
         let _ = rows.send(Err(error)).await;
     }
     read
+}
+
+/// A batch's rows as entries (`entry` makes one of a row): those of `keys` only, when given.
+fn entries_of(batch: Batch, keys: Option<&Wanted>, key_columns: usize, entry: impl Fn(Row) -> Entry) -> Vec<Entry> {
+    batch
+        .changes
+        .into_iter()
+        .map(|change| entry(change.into_row()))
+        .filter(|entry| keys.is_none_or(|wanted| wanted.keys.contains(&entry.row[..key_columns])))
+        .collect()
 }
 
 /// Reads the target table back, split by split, and sends its rows as entries.
@@ -562,14 +567,7 @@ async fn read_target(
                     )
                     .on(Side::Target));
                 }
-                let entries = batch
-                    .changes
-                    .into_iter()
-                    .map(|change| layout.target_entry(change.into_row()))
-                    .filter(|entry| {
-                        keys.as_ref().is_none_or(|wanted| wanted.keys.contains(&entry.row[..layout.key_columns()]))
-                    })
-                    .collect();
+                let entries = entries_of(batch, keys.as_deref(), layout.key_columns(), |row| layout.target_entry(row));
                 if rows.send(Ok(entries)).await.is_err() {
                     return Ok(());
                 }
