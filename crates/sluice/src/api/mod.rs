@@ -102,6 +102,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{name}/dirty/discard", post(discard_dirty))
         .route("/jobs/{name}/dirty/replay", post(replay_dirty))
         .route("/jobs/{name}/verify", get(last_verification).post(verify_job))
+        .route("/jobs/{name}/repairs", get(list_repairs))
         .route("/alarms", get(show_alarms).put(set_alarms))
         .route("/workers", get(list_workers))
         .route("/leader", get(show_leader))
@@ -536,7 +537,7 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     set_desired(&api, &name, Desired::Running, true).await
 }
 
-/// Deletes the job, its versions, plan, statuses, runs and dirty records.
+/// Deletes the job, its versions, plan, statuses, runs, dirty records, verifications and repairs.
 #[utoipa::path(delete, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
     responses((status = 204, description = "deleted"), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
@@ -552,6 +553,7 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
         store.delete_prefix(&prefix).await?;
     }
     store.delete(&verification_key(&name)).await?;
+    store.delete_prefix(&crate::cluster::model::repairs_prefix(&name)).await?;
     store.delete(&plan_key(&name)).await?;
     store.delete_prefix(&plan_pieces_prefix(&name)).await?;
     store.delete(&job_key(&name)).await?;
@@ -851,6 +853,18 @@ async fn last_verification(State(api): Shared, Path(name): Path<String>) -> Repl
             format!("job {name} was never verified: POST /api/v1/jobs/{name}/verify"),
         )),
     }
+}
+
+/// The rows verifications with `repair` rewrote, oldest first: each with its time, node, job
+/// version, table, kind, key, the target's row before and the source's row written.
+#[utoipa::path(get, path = "/jobs/{name}/repairs", tag = "verification", params(("name" = String, Path)),
+    responses((status = 200, description = "[{at, node, version, table, kind, key, before, after}]", body = [Object]),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn list_repairs(State(api): Shared, Path(name): Path<String>) -> Reply {
+    job(&api, &name).await?;
+    let prefix = crate::cluster::model::repairs_prefix(&name);
+    let repairs: Vec<(String, crate::cluster::model::RepairRecord, _)> = load_all(&*api.node.store, &prefix).await?;
+    Ok(Json(repairs.into_iter().map(|(_, repair, _)| repair).collect::<Vec<_>>()).into_response())
 }
 
 /// The options of a verification request: `tables`, `repair`, `max_differences`, each optional.

@@ -34,6 +34,7 @@ use super::views::*;
         super::replay_dirty,
         super::verify_job,
         super::last_verification,
+        super::list_repairs,
         super::show_alarms,
         super::set_alarms,
     ),
@@ -89,13 +90,14 @@ mod tests {
             "/jobs/{name}/dirty/discard",
             "/jobs/{name}/dirty/replay",
             "/jobs/{name}/verify",
+            "/jobs/{name}/repairs",
             "/alarms",
             "/workers",
             "/leader",
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
-        assert_eq!(paths.len(), 20, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 21, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         assert!(job["schedule"].is_object(), "{job}");

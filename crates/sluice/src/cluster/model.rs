@@ -61,6 +61,9 @@ pub fn runs_prefix(job: &str) -> String {
 pub fn verification_key(job: &str) -> String {
     format!("{ROOT}verifications/{job}")
 }
+pub fn repairs_prefix(job: &str) -> String {
+    format!("{ROOT}repairs/{job}/")
+}
 pub fn worker_key(id: &str) -> String {
     format!("{ROOT}workers/{id}")
 }
@@ -790,6 +793,21 @@ pub struct LastVerification {
     /// The job's version it verified.
     pub version: u32,
     pub report: VerifyReport,
+}
+
+/// A row a verification repaired, as every node sees it (`/sluice/repairs/{job}/…`, oldest
+/// first): when, where, the table and the repair (kind, key, the target's row before, the
+/// source's row written; `after: null` for a row deleted).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RepairRecord {
+    /// When its verification ended, Unix seconds.
+    pub at: u64,
+    pub node: String,
+    /// The job's version it repaired by.
+    pub version: u32,
+    pub table: String,
+    #[serde(flatten)]
+    pub repair: sluice_core::runner::Repair,
 }
 
 /// The last verification of `job`, if it was ever verified.

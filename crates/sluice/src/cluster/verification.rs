@@ -13,8 +13,8 @@ use sluice_core::spec::VerifySpec;
 use sluice_core::Result;
 
 use super::model::{
-    encode, last_verification, load_all, load_spec, runs_prefix, verification_key, Desired, JobRecord,
-    LastVerification, ROOT,
+    encode, last_verification, load_all, load_spec, repairs_prefix, runs_prefix, verification_key, Desired, JobRecord,
+    LastVerification, RepairRecord, ROOT,
 };
 use super::status::{job_view, JobState};
 use super::store::Store;
@@ -36,6 +36,7 @@ pub async fn verify(
         report,
     };
     store.put(&verification_key(&job.name), &encode(&last), None).await?;
+    keep_repairs(store, &job.name, &last).await?;
     let run_key = format!("{}{}-verify", runs_prefix(&job.name), crate::logger::timestamp());
     store.put(&run_key, &history_entry(&last).to_string(), None).await?;
     log::info!(
@@ -45,6 +46,28 @@ pub async fn verify(
         last.report.tables.iter().map(|table| table.repaired).sum::<u64>()
     );
     Ok(last)
+}
+
+/// Keeps each row the verification repaired as a record of the job's repairs, beside its dirty
+/// records: the report holds the last verification's only.
+async fn keep_repairs(store: &dyn Store, job: &str, last: &LastVerification) -> Result<()> {
+    let stamp = crate::logger::timestamp();
+    let mut number = 0;
+    for table in &last.report.tables {
+        for repair in &table.repairs {
+            let record = RepairRecord {
+                at: last.at,
+                node: last.node.clone(),
+                version: last.version,
+                table: table.table.clone(),
+                repair: repair.clone(),
+            };
+            number += 1;
+            let key = format!("{}{stamp}-{}-{number:06}", repairs_prefix(job), last.node);
+            store.put(&key, &encode(&record), None).await?;
+        }
+    }
+    Ok(())
 }
 
 /// A verification as an entry of the job's run history (`GET /jobs/NAME/runs`), in the fields

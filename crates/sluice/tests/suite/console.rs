@@ -143,6 +143,29 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     assert!(row.contains(r#"extra {"id":999999}"#), "{row}");
     browser.wait_text("#verify-summary", Duration::from_secs(10), |summary| summary.starts_with("1 row differs"));
     browser.screenshot(&screenshot("11-verification"));
+
+    // Verify and repair (confirmed in its dialog): the extra row is deleted, the target equals
+    // the source again, and the repair is listed with the dirty records.
+    browser.click("#job-repair");
+    browser.accept_dialog();
+    browser.wait_text("#verify-summary", Duration::from_secs(120), |summary| {
+        summary.starts_with("The target equals the source")
+    });
+    let left = psql(&format!("SELECT count(*) FROM {database}.accounts WHERE id = 999999"));
+    assert_eq!(left.trim(), "0", "the extra row is deleted from the target");
+    let (status, repairs) = server.call("GET", &format!("/jobs/{name}/repairs"), Some(TOKEN), None);
+    assert_eq!(status, 200, "{repairs}");
+    let repairs = repairs.as_array().unwrap();
+    assert_eq!(repairs.len(), 1, "{repairs:?}");
+    assert_eq!((repairs[0]["kind"].as_str(), &repairs[0]["key"]), (Some("extra"), &serde_json::json!({"id": 999999})));
+    assert_eq!(
+        (&repairs[0]["before"]["balance"], &repairs[0]["after"]),
+        (&serde_json::json!(1), &serde_json::Value::Null)
+    );
+    browser.goto(&format!("{}/#/dirty/{name}", server.url));
+    let listed = browser.wait_text("table#repairs", Duration::from_secs(10), |repairs| repairs.contains("999999"));
+    assert!(listed.contains("extra") && listed.contains("deleted"), "{listed}");
+    browser.screenshot(&screenshot("12-repairs"));
     let output = server.output();
     assert!(!output.contains(TOKEN), "the token in the server's log");
     assert!(!output.contains(&webhook.token), "the webhook's secret in the server's log");

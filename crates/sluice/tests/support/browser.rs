@@ -77,6 +77,18 @@ impl Browser {
             .unwrap_or_else(|error| panic!("click {css}: {error}"));
     }
 
+    /// Waits for the page's confirmation dialog, then accepts it ("OK").
+    pub fn accept_dialog(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.runtime.block_on(self.client().accept_alert()) {
+                Ok(()) => return,
+                Err(error) => assert!(Instant::now() < deadline, "no dialog to accept: {error}"),
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits for an input, then types into it.
     pub fn type_into(&self, css: &str, text: &str) {
         self.runtime

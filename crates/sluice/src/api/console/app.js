@@ -425,7 +425,10 @@ function showJob(view, name) {
       el('span', {class: 'separator'}),
       el('a', {id: 'job-edit', class: 'button', href: `#/editor/${enc(name)}`}, 'Edit'),
       el('a', {id: 'job-dirty', class: 'button', href: `#/dirty/${enc(name)}`}, 'Dirty records'),
-      action('job-verify', 'Verify', () => verifyJob(name, ui)),
+      action('job-verify', 'Verify', () => verifyJob(name, ui, false)),
+      action('job-repair', 'Verify and repair', () => window.confirm(`Compare job ${name}'s target with its ` +
+        'source and write the source\'s rows over every row that differs? Each repair is recorded.')
+        ? verifyJob(name, ui, true) : null),
       el('span', {class: 'separator'}),
       action('job-delete', 'Delete', () => deleteJob(name), 'danger')),
     ui.error, ui.stats, ui.notes,
@@ -449,13 +452,18 @@ function showJob(view, name) {
   page.refresh = () => loadJob(name, ui);
 }
 
-/** Compares the job's target with its source (POST /jobs/NAME/verify) and shows the report. */
-async function verifyJob(name, ui) {
-  const last = await post(`/jobs/${enc(name)}/verify`, {});
+/**
+ * Compares the job's target with its source (POST /jobs/NAME/verify), with `repair` writing the
+ * source's rows over the differing ones, and shows the report.
+ */
+async function verifyJob(name, ui, repair) {
+  const last = await post(`/jobs/${enc(name)}/verify`, repair ? {repair: true} : {});
   replace(ui.verification, verificationBlock(last));
   const differences = last.report.differences_total;
-  return differences === 0 ? `Job ${name}: the target equals the source.`
-    : `Job ${name}: ${rowsDiffer(differences)} between target and source.`;
+  const repaired = last.report.tables.reduce((sum, table) => sum + table.repaired, 0);
+  const repairs = repaired ? ` ${count(repaired)} rows repaired (listed with the dirty records).` : '';
+  return (differences === 0 ? `Job ${name}: the target equals the source.`
+    : `Job ${name}: ${rowsDiffer(differences)} between target and source.`) + repairs;
 }
 
 /** "1 row differs", "3 rows differ". */
@@ -887,6 +895,7 @@ function showDirty(view, name) {
   const base = `/jobs/${enc(name)}/dirty`;
   const total = el('span', {id: 'dirty-total'});
   const body = el('tbody');
+  const repairs = el('tbody');
   const selected = new Set(); // ids picked, kept across reloads
   const pickAll = el('input', {type: 'checkbox', id: 'pick-all', 'aria-label': 'pick every record shown'});
   body.addEventListener('change', (event) => {
@@ -934,8 +943,11 @@ function showDirty(view, name) {
     el('div', {class: 'scroll'}, el('table', {id: 'dirty', class: 'grid'},
       el('thead', {}, el('tr', {}, el('th', {}, pickAll),
         ['Task', 'Table', 'Key', 'Reason', 'Node', 'Created', 'Record'].map((label) => el('th', {scope: 'col'}, label)))),
-      body)));
+      body)),
+    section('Repairs', el('p', {class: 'muted'}, 'Rows "Verify and repair" rewrote from the source, oldest first.'),
+      table('repairs', ['At', 'Node', 'Table', 'Kind', 'Key', 'Before', 'After'], repairs)));
   page.refresh = async () => {
+    rebuild(repairs, repairRows(await get(`/jobs/${enc(name)}/repairs`)));
     const answer = await get(base);
     const records = answer.records || [];
     total.textContent = `${answer.total} of limit ${answer.limit}`;
@@ -963,6 +975,19 @@ function dirtyRows(records, selected) {
       el('td', {}, jsonDetails(`dirty-${id}`, 'record', record.record),
         record.change ? jsonDetails(`dirty-before-${id}`, 'before', record.change.before) : null));
   });
+}
+
+/** The rows verifications repaired: what the target held before and what the source wrote. */
+function repairRows(repairs) {
+  if (!repairs.length) return emptyRow(7, 'No repairs.');
+  return repairs.map((repair, index) => el('tr', {dataset: {table: repair.table}},
+    el('td', {}, new Date(repair.at * 1000).toISOString()),
+    el('td', {}, dash(repair.node)),
+    el('td', {class: 'mono'}, repair.table),
+    el('td', {}, repair.kind),
+    el('td', {class: 'mono'}, JSON.stringify(repair.key)),
+    el('td', {}, repair.before ? jsonDetails(`repair-before-${index}`, 'before', repair.before) : '—'),
+    el('td', {}, repair.after ? jsonDetails(`repair-after-${index}`, 'after', repair.after) : 'deleted')));
 }
 
 /* ------------------------------------------------------------------ alarms */
