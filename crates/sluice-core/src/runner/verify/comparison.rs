@@ -1,11 +1,13 @@
 //! Pairing the rows of both sides of a table by key, in whatever order they arrive.
 //!
-//! A row waits until the other side brings its key: then the two are compared and both leave.
-//! Both sides are read in key order, so few rows wait at a time; a side whose order differs (a
+//! Both sides are read in key order, so the rows at the front of each side's lane usually have
+//! the same key: they are compared there, with no hashing. When the fronts differ, the one
+//! whose key sorts first leaves its lane and waits in a hash set until the other side brings its
+//! key (or pairs at once with a row of that key already waiting). A side whose order differs (a
 //! text key under another collation) only makes more rows wait, never a wrong verdict. What
 //! still waits when both sides are read is on one side only: missing or extra.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 
 use super::canonical::Canonical;
@@ -70,6 +72,10 @@ impl Hash for Waiting {
 
 /// The pairing of one table's rows.
 pub(crate) struct Comparison {
+    /// Rows of each side in the order they came, not yet paired; one of the two is empty
+    /// between calls.
+    source_lane: VecDeque<Vec<Canonical>>,
+    target_lane: VecDeque<Vec<Canonical>>,
     waiting: HashSet<Waiting, foldhash::fast::RandomState>,
     /// Columns of the key, first in every row.
     key: usize,
@@ -86,6 +92,8 @@ impl Comparison {
     /// differences at most.
     pub(crate) fn new(keep: usize, key: usize) -> Comparison {
         Comparison {
+            source_lane: VecDeque::new(),
+            target_lane: VecDeque::new(),
             waiting: HashSet::default(),
             key,
             found: Vec::new(),
@@ -111,11 +119,52 @@ impl Comparison {
             Sided::Source => self.rows_source += entries.len() as u64,
             Sided::Target => self.rows_target += entries.len() as u64,
         }
-        for entry in entries {
-            self.pair(side, entry.row);
+        let lane = match side {
+            Sided::Source => &mut self.source_lane,
+            Sided::Target => &mut self.target_lane,
+        };
+        lane.extend(entries.into_iter().map(|entry| entry.row));
+        self.pair_fronts();
+    }
+
+    /// Pairs the rows at the fronts of both lanes while their keys match; where they do not,
+    /// the one whose key sorts first goes to wait by its key.
+    fn pair_fronts(&mut self) {
+        let key = self.key;
+        while let (Some(source), Some(target)) = (self.source_lane.front(), self.target_lane.front()) {
+            match source[..key].cmp(&target[..key]) {
+                std::cmp::Ordering::Equal => {
+                    let source = self.source_lane.pop_front().expect("a front");
+                    let target = self.target_lane.pop_front().expect("a front");
+                    self.compare(source, target);
+                }
+                std::cmp::Ordering::Less => {
+                    let row = self.source_lane.pop_front().expect("a front");
+                    self.pair(Sided::Source, row);
+                }
+                std::cmp::Ordering::Greater => {
+                    let row = self.target_lane.pop_front().expect("a front");
+                    self.pair(Sided::Target, row);
+                }
+            }
         }
     }
 
+    /// Records a pair's difference, if its values differ.
+    fn compare(&mut self, source: Vec<Canonical>, target: Vec<Canonical>) {
+        let columns: Vec<usize> = (self.key..source.len()).filter(|&index| source[index] != target[index]).collect();
+        if !columns.is_empty() {
+            self.record(Found {
+                kind: DifferenceKind::Different,
+                key: source[..self.key].to_vec(),
+                columns,
+                source: Some(source),
+                target: Some(target),
+            });
+        }
+    }
+
+    /// Pairs a row by its key with one of the other side waiting, or leaves it waiting.
     fn pair(&mut self, side: Sided, row: Vec<Canonical>) {
         let arriving = Waiting { side, row, key: self.key, count: 1 };
         let Some(mut waiting) = self.waiting.take(&arriving) else {
@@ -128,7 +177,6 @@ impl Comparison {
             return;
         }
         let row = arriving.row;
-        let columns: Vec<usize> = (self.key..row.len()).filter(|&index| row[index] != waiting.row[index]).collect();
         let other = if waiting.count == 1 {
             waiting.row
         } else {
@@ -137,18 +185,9 @@ impl Comparison {
             self.waiting.insert(waiting);
             other
         };
-        if !columns.is_empty() {
-            let (source, target) = match side {
-                Sided::Source => (row, other),
-                Sided::Target => (other, row),
-            };
-            self.record(Found {
-                kind: DifferenceKind::Different,
-                key: source[..self.key].to_vec(),
-                columns,
-                source: Some(source),
-                target: Some(target),
-            });
+        match side {
+            Sided::Source => self.compare(row, other),
+            Sided::Target => self.compare(other, row),
         }
     }
 
@@ -164,6 +203,12 @@ impl Comparison {
     /// the source has it, extra when only the target does), sorted by kind and key; and how
     /// many more there were than were kept.
     pub(crate) fn finish(mut self) -> (Vec<Found>, u64) {
+        for row in std::mem::take(&mut self.source_lane) {
+            self.pair(Sided::Source, row);
+        }
+        for row in std::mem::take(&mut self.target_lane) {
+            self.pair(Sided::Target, row);
+        }
         let waiting = std::mem::take(&mut self.waiting);
         for waiting in waiting {
             let kind = match waiting.side {
@@ -207,6 +252,44 @@ mod tests {
                 (DifferenceKind::Missing, vec![Canonical::Integer(5)], vec![]),
                 (DifferenceKind::Extra, vec![Canonical::Integer(4)], vec![]),
                 (DifferenceKind::Different, vec![Canonical::Integer(2)], vec![1]),
+            ]
+        );
+    }
+
+    #[test]
+    fn sides_in_the_same_order_pair_at_their_fronts_and_only_strays_wait() {
+        let mut comparison = Comparison::new(100, 1);
+        let source: Vec<Entry> = (1..=1000).map(|key| entry(key, "v")).collect();
+        let target: Vec<Entry> = (1..=1000)
+            .filter(|&key| key != 500)
+            .map(|key| entry(key, if key == 700 { "w" } else { "v" }))
+            .chain([entry(1500, "v")])
+            .collect();
+        let (mut sources, mut targets) = (source.chunks(64), target.chunks(50));
+        let mut most_waiting = 0;
+        loop {
+            let (from_source, from_target) = (sources.next(), targets.next());
+            if from_source.is_none() && from_target.is_none() {
+                break;
+            }
+            if let Some(rows) = from_source {
+                comparison.add(Sided::Source, rows.to_vec());
+            }
+            if let Some(rows) = from_target {
+                comparison.add(Sided::Target, rows.to_vec());
+            }
+            most_waiting = most_waiting.max(comparison.waiting.len());
+        }
+        assert!(most_waiting <= 1, "rows in the same order wait only when they stray: {most_waiting}");
+        let (found, _) = comparison.finish();
+        let kinds: Vec<(DifferenceKind, Vec<Canonical>)> =
+            found.into_iter().map(|found| (found.kind, found.key)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (DifferenceKind::Missing, vec![Canonical::Integer(500)]),
+                (DifferenceKind::Extra, vec![Canonical::Integer(1500)]),
+                (DifferenceKind::Different, vec![Canonical::Integer(700)]),
             ]
         );
     }
