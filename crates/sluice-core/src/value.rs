@@ -168,6 +168,9 @@ pub struct Decimal(String);
 impl Decimal {
     /// Parses a decimal literal, accepting an exponent (`1.5E+3`) and normalising it away.
     pub fn parse(text: &str) -> Option<Decimal> {
+        if is_canonical_decimal(text) {
+            return Some(Decimal(text.to_owned()));
+        }
         let text = text.trim();
         let (negative, unsigned) = match text.as_bytes().first()? {
             b'-' => (true, &text[1..]),
@@ -239,6 +242,24 @@ impl Decimal {
     pub fn scale(&self) -> usize {
         self.0.split_once('.').map_or(0, |(_, fraction)| fraction.len())
     }
+}
+
+/// Whether `text` is already a decimal's canonical form, as servers print them: an optional
+/// `-` (not on zero), digits without a leading zero (but a lone one), and an optional point
+/// followed by digits.
+fn is_canonical_decimal(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    let unsigned = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    let integer_end = unsigned.iter().position(|byte| !byte.is_ascii_digit()).unwrap_or(unsigned.len());
+    let (integer, rest) = unsigned.split_at(integer_end);
+    let fraction = match rest {
+        [] => &[][..],
+        [b'.', fraction @ ..] if !fraction.is_empty() && fraction.iter().all(u8::is_ascii_digit) => fraction,
+        _ => return false,
+    };
+    let integer_ok = matches!(integer, [b'0'] | [b'1'..=b'9', ..]);
+    let negative_zero = unsigned.len() < bytes.len() && integer == b"0" && fraction.iter().all(|&digit| digit == b'0');
+    integer_ok && !negative_zero
 }
 
 impl fmt::Display for Decimal {
@@ -454,7 +475,20 @@ mod tests {
         assert_eq!(Decimal::parse("1.5").unwrap().with_minimum_scale(2).as_str(), "1.50");
         assert_eq!(Decimal::parse("7").unwrap().with_minimum_scale(1).as_str(), "7.0");
         assert_eq!(Decimal::parse("1.234").unwrap().with_minimum_scale(2).as_str(), "1.234");
-        for bad in ["", "-", "1.2.3", "abc", "1e", "NaN", "1,5"] {
+        // Canonical forms (as servers print them) are kept as they are; others are made so.
+        for (text, canonical) in [
+            ("-12.50", "-12.50"),
+            ("0", "0"),
+            ("10", "10"),
+            ("-0", "0"),
+            ("-0.000", "0.000"),
+            ("0.001", "0.001"),
+            ("1.", "1"),
+            ("00", "0"),
+        ] {
+            assert_eq!(Decimal::parse(text).unwrap().as_str(), canonical, "{text}");
+        }
+        for bad in ["", "-", "1.2.3", "abc", "1e", "NaN", "1,5", "-.", "."] {
             assert_eq!(Decimal::parse(bad), None, "{bad:?} must be refused");
         }
     }

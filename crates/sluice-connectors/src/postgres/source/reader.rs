@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use sluice_core::change::{Batch, Change, Position, Rejected};
+use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::Reader;
 use sluice_core::{Result, Side, TableSchema, Value};
 use tokio_postgres::{Client, CopyOutStream};
@@ -231,7 +231,7 @@ impl PostgresReader {
                     Ok(value) => value,
                     Err(reason) => {
                         problem.get_or_insert(format!("source column {}: {reason}", column.name));
-                        Value::Text(text)
+                        Value::Text(text.into_owned())
                     }
                 },
             };
@@ -252,16 +252,20 @@ impl Reader for PostgresReader {
         let mut rejected = Vec::new();
         let mut bytes = 0u64;
         let mut finished = false;
+        // The key of the batch's last row, written once the batch ends: the last row read is
+        // the last change unless a rejected row came after it.
+        let mut last_is_change = false;
         while changes.len() + rejected.len() < self.batch_rows {
             match rows.next().await {
                 Some(Ok(line)) => match self.decode(&line) {
                     Ok(values) => {
                         bytes += line.len() as u64;
-                        self.last_key = Some(key_text(&self.table, &values));
+                        last_is_change = true;
                         changes.push(Change::insert(self.table.clone(), values));
                     }
                     Err((values, reason)) => {
                         self.last_key = Some(key_text(&self.table, &values));
+                        last_is_change = false;
                         rejected.push(Rejected::row(&self.table, &values, reason));
                     }
                 },
@@ -295,6 +299,10 @@ impl Reader for PostgresReader {
         }
         if changes.is_empty() && rejected.is_empty() {
             return Ok(None);
+        }
+        if let Some(ChangeKind::Insert { after }) = changes.last().filter(|_| last_is_change).map(|change| &change.kind)
+        {
+            self.last_key = Some(key_text(&self.table, after));
         }
         let key = self.last_key.clone().unwrap_or_default();
         let position = Position::of(&KeyPosition { key, reads: self.reads.clone() });

@@ -3,6 +3,8 @@
 //! column's type. The snapshot and the change stream read values through this one function, so
 //! a key read by one compares equal to the same key read by the other.
 
+use std::borrow::Cow;
+
 use sluice_core::value::{Date, DateTime, Decimal, Time};
 use sluice_core::{DataType, Value};
 
@@ -145,15 +147,19 @@ fn hex_bytes(text: &str) -> Option<Vec<u8>> {
     digits.chunks(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
 }
 
-/// A COPY text field with its backslash escapes undone; `None` for `\N` (NULL).
-pub(crate) fn unescape_copy(field: &[u8]) -> Option<Result<String, String>> {
+/// A COPY text field with its backslash escapes undone (a field without any is borrowed from the
+/// line); `None` for `\N` (NULL).
+pub(crate) fn unescape_copy(field: &[u8]) -> Option<Result<Cow<'_, str>, String>> {
     if field == b"\\N" {
         return None;
     }
-    let text = |bytes: Vec<u8>| String::from_utf8(bytes).map_err(|_| "a value is not UTF-8".to_owned());
-    if !field.contains(&b'\\') {
-        return Some(text(field.to_vec()));
+    fn not_utf8<E>(_: E) -> String {
+        "a value is not UTF-8".to_owned()
     }
+    if !field.contains(&b'\\') {
+        return Some(std::str::from_utf8(field).map(Cow::Borrowed).map_err(not_utf8));
+    }
+    let text = |bytes: Vec<u8>| String::from_utf8(bytes).map(Cow::Owned).map_err(not_utf8);
     let mut bytes = Vec::with_capacity(field.len());
     let mut rest = field.iter().copied().peekable();
     while let Some(byte) = rest.next() {
