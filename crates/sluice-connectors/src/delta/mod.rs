@@ -374,7 +374,17 @@ impl FoldedChangeSink for DeltaSink {
         Ok(tables.iter().filter(|name| LakeTable::exists(&self.lake.root(name))).cloned().collect())
     }
 
-    async fn open_folded(&self, job: &str, _task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
+    /// The change writer of the job's stream, the only task whose changes a Delta target
+    /// journals: another task's (a verification's repair) is refused.
+    async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
+        if task != STREAM_APP {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("a Delta target takes changes from its job's stream only, not from task {task}"),
+            )
+            .on(Side::Target)
+            .hint("copy the table again with `sluice run --restart`"));
+        }
         Ok(Box::new(changes::DeltaChanges::new(self.lake.clone(), job)))
     }
 }

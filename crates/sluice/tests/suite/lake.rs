@@ -383,6 +383,18 @@ fn every_type_reaches_a_partitioned_delta_table_as_readers_expect() {
         found.stdout
     );
     assert_eq!(table["problems"], serde_json::json!([]), "{}", found.stdout);
+    // A Delta table is not repaired (its changes come from the job's stream alone): said, and
+    // nothing written.
+    let mut command = job.workspace.command(&["verify", job.file.to_str().unwrap(), "--json", "--repair"]);
+    let refused = support::Run::from(command.env("SOURCE", mysql_url()).output().unwrap());
+    assert_eq!(refused.code, 1, "{}", refused.all());
+    let report: serde_json::Value = serde_json::from_str(&refused.stdout).unwrap();
+    let problems = report["tables"][0]["problems"].to_string();
+    assert!(
+        problems.contains("not repaired: target: a Delta target takes changes from its job's stream only"),
+        "{problems}"
+    );
+    assert_eq!(report["tables"][0]["repaired"], 0, "{}", refused.stdout);
     signal(&child, "TERM");
     child.into_inner().wait_with_output().unwrap();
 

@@ -224,9 +224,13 @@ impl TableCheck {
                 context.job.target.connector
             )));
         };
-        let current = self.source_rows(sides, found).await?;
         let task = format!("repair/{}", self.target);
-        let mut writer = folded.open_folded(&context.job.name, &task).await?;
+        let mut writer = match folded.open_folded(&context.job.name, &task).await {
+            Ok(writer) => writer,
+            Err(error) if error.kind() == ErrorKind::Config => return Ok(Err(format!("not repaired: {error}"))),
+            Err(error) => return Err(error),
+        };
+        let current = self.source_rows(sides, found).await?;
         let written_before = writer.recover().await?.map_or(0, |checkpoint| checkpoint.rows_written);
         let table = layout.mapped.clone();
         let deleted: Vec<Row> = found.iter().map(|found| layout.key_values(&found.key)).collect();
