@@ -22,7 +22,9 @@ use arrow_array::types::Int64Type;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use sluice_core::connector::Fence;
 use sluice_core::spec::{parse_job, parse_job_partially};
-use support::{assert_same_rows, kill, make_source, mariadb, mysql_url, postgres_url, psql, unique_name, Workspace};
+use support::{
+    assert_same_rows, kill, make_source, mariadb, mysql_url, postgres_url, psql, unique_name, Run, Workspace,
+};
 
 const ROWS: i64 = 12_000;
 const SPLITS: i64 = 8;
@@ -473,6 +475,18 @@ fn exactly_once_through_a_kill_at(name: &str, workspace: &Workspace) {
             "{name}: {} rows after the kill and the resume, {duplicates} duplicated, expected {ROWS} once each",
             ids.len()
         );
+    }
+
+    // Every target `sluice verify` reads back: the copy equals the source by it too.
+    if ["sqlite", "csv", "jsonl", "parquet", "delta", "postgres", "mysql"].contains(&name) {
+        let mut command = workspace.command(&["verify", fast.to_str().unwrap(), "--json"]);
+        if let Some(url) = target_url() {
+            command.env("TARGET", url);
+        }
+        let verified = Run::from(command.output().unwrap());
+        assert_eq!(verified.code, 0, "{name}: {}", verified.all());
+        let report: serde_json::Value = serde_json::from_str(&verified.stdout).unwrap();
+        assert_eq!(report["tables"][0]["rows_target"], ROWS, "{name}: {}", verified.stdout);
     }
 
     if let Some(source) = fixture.source {
