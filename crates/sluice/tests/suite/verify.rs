@@ -261,6 +261,17 @@ fn verify_reads_mysql_and_sqlite_targets_back_and_sees_through_routes_and_comput
         assert_eq!(listed[0]["key"]["id"], 42);
         assert_eq!(listed[0]["key"]["shard"], format!("{base}_s1.orders"), "{kind}: {}", found.stdout);
         assert_eq!(listed[0]["columns"], serde_json::json!(["cents"]));
+        if kind != "sqlite" {
+            // Repaired through the target's change writer: the row takes the source's value.
+            let repaired = verify(&workspace, &job, &url, &["--json", "--repair", "--state-dir", kind]);
+            assert_eq!(repaired.code, 0, "{kind}: {}", repaired.all());
+            assert_eq!(report_of(&repaired)["tables"][0]["repaired"], 1, "{kind}: {}", repaired.stdout);
+            let cents = format!("SELECT cents FROM {base}_all.orders WHERE id = 42 AND shard = '{base}_s1.orders'");
+            let held = if kind == "mysql" { mariadb(&cents) } else { psql(&cents) };
+            let expected = mariadb(&format!("SELECT amount * 100 FROM {base}_s1.orders WHERE id = 42"));
+            let number = |text: &str| text.trim().parse::<f64>().unwrap();
+            assert_eq!(number(&held), number(&expected), "{kind}: the target holds the source's value");
+        }
         mariadb(&format!("UPDATE {base}_s1.orders SET amount = amount - 1 WHERE id = 42"));
     }
 }
