@@ -267,6 +267,16 @@ fn postgres_values_reach_mariadb_through_the_copy_and_the_stream() {
     assert_eq!(trimmed, expected_trimmed, "every value equal in MariaDB");
     assert_eq!(mariadb(&format!("SELECT bits + 0 FROM {schema}.every_type ORDER BY id")), "5\nNULL\n5\n");
     assert!(!run.stderr_text().contains(&canary()));
+    // `sluice verify` across the two engines finds every value equal as its type says.
+    let verified = Run::from(
+        workspace
+            .command(&["verify", job.to_str().unwrap(), "--json"])
+            .env("SOURCE", source.url())
+            .env("TARGET", mysql_url())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(verified.code, 0, "{}", verified.all());
 }
 
 #[test]
@@ -395,6 +405,17 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
     let expected = rows(&|sql: &str| source.sql(sql));
     assert_eq!(expected.len(), 3);
     assert_eq!(rows(&psql), expected, "every value equal in PostgreSQL");
+    // `sluice verify` of the running job sees them equal too (NaN, infinities, years past 9999
+    // kept as the server's text on both sides): no false difference.
+    let verified = Run::from(
+        workspace
+            .command(&["verify", job.to_str().unwrap(), "--json"])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(verified.code, 0, "{}", verified.all());
     // The types are the source's own.
     let types = |sql: &dyn Fn(&str) -> String| {
         sql(&format!(
