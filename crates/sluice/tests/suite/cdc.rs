@@ -311,7 +311,15 @@ fn a_large_transaction_streams_in_bounded_memory_and_lands_whole() {
         ),
     );
     let mut child = workspace.start_run(&file, &mysql_url(), &postgres_url(), &[]);
-    wait_for("the stream to start", Duration::from_secs(60), || stream_position("postgres", &name).is_some());
+    // On a loaded machine (a cold CI run) the stream once took over 60 s to commit its first
+    // checkpoint: wait longer, and say what the run printed if it never does.
+    let started = std::time::Instant::now();
+    while stream_position("postgres", &name).is_none() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(180), "the stream did not start in {waited:?}:\n{}", child.stderr_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let baseline = peak_rss_mb(child.id());
     // About 110 MB of row images in one transaction.
     mariadb(&format!(
