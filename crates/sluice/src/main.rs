@@ -171,6 +171,13 @@ struct ServerArguments {
     /// The private key (PEM) of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// The API's open connections at most; more wait to be accepted until one closes.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    /// Seconds a connection may take to send a request's head, or stay idle between requests,
+    /// before the API closes it (a TLS handshake has 10 s).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout_secs: u64,
     /// This node's worker id, stable across restarts (default: host name and port).
     #[arg(long)]
     node_id: Option<String>,
@@ -263,6 +270,8 @@ fn server_options(arguments: ServerArguments) -> server::Options {
         etcd,
         listen: arguments.listen,
         tls: arguments.tls_cert.zip(arguments.tls_key),
+        max_connections: arguments.max_connections as usize,
+        header_timeout: std::time::Duration::from_secs(arguments.header_timeout_secs),
         node_id: arguments.node_id,
         state_dir: arguments.state_dir,
         capacity: arguments.capacity,

@@ -1,5 +1,7 @@
 //! `sluice server`: wires the coordination store, the node and the HTTP API together.
 
+mod open_connections;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use crate::api::{router, Api, Tokens};
 use crate::cluster::etcd::{EtcdOptions, EtcdStore};
 use crate::cluster::node::{Node, NodeConfig};
 use crate::cluster::store::{MemoryStore, Store};
+use open_connections::OpenConnections;
 
 #[derive(Debug)]
 pub struct Options {
@@ -19,6 +22,10 @@ pub struct Options {
     pub listen: SocketAddr,
     /// The API's certificate chain and key (PEM): HTTPS instead of HTTP.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// The API's open connections at most (`open_connections`).
+    pub max_connections: usize,
+    /// How long a connection may take to send a request's head, or stay idle between requests.
+    pub header_timeout: Duration,
     pub open_metrics: bool,
     pub node_id: Option<String>,
     pub state_dir: PathBuf,
@@ -140,14 +147,24 @@ async fn run(options: Options) -> Result<()> {
         let _ = shutdown.wait_for(|stopped| *stopped).await;
         stopping.graceful_shutdown(Some(Duration::from_secs(10)));
     });
-    let service = router(api).into_make_service();
+    let service = OpenConnections::new(router(api), options.max_connections);
+    // axum-server leaves both timeouts off: without them a client that never sends a request
+    // (or a whole request head) holds its connection for ever. The first request's covers the
+    // protocol detection before hyper reads a head; the header-read one, each head after.
+    let header_timeout = options.header_timeout;
     let served = match tls {
         Some(tls) => match axum_server::from_tcp_rustls(listener, tls) {
-            Ok(server) => server.handle(handle).serve(service).await,
+            Ok(mut server) => {
+                server.http_builder().http1().header_read_timeout(header_timeout);
+                server.first_request_timeout(header_timeout).handle(handle).serve(service).await
+            }
             Err(error) => Err(error),
         },
         None => match axum_server::from_tcp(listener) {
-            Ok(server) => server.handle(handle).serve(service).await,
+            Ok(mut server) => {
+                server.http_builder().http1().header_read_timeout(header_timeout);
+                server.first_request_timeout(header_timeout).handle(handle).serve(service).await
+            }
             Err(error) => Err(error),
         },
     };

@@ -540,3 +540,44 @@ fn a_job_with_verify_every_is_verified_by_the_leader_on_its_schedule() {
         "{text}"
     );
 }
+
+/// The API bounds what one client can hold: a connection that sends no request is closed after
+/// `--header-timeout-secs`, and past `--max-connections` a new connection is not served until
+/// an open one closes.
+#[test]
+fn an_idle_connection_is_closed_and_connections_past_the_cap_wait_for_a_free_one() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    let workspace = Workspace::new();
+    let server = support::cluster::start_server_with(
+        &workspace,
+        "bounded",
+        &["--max-connections", "1", "--header-timeout-secs", "3"],
+        &[],
+    );
+    let address = server.url.trim_start_matches("http://").to_owned();
+    // Holds the only slot and sends nothing.
+    let mut idle = TcpStream::connect(&address).unwrap();
+    let opened = Instant::now();
+    // A request on a second connection: accepted by the kernel, not served while the slot is
+    // held.
+    let mut waiting = TcpStream::connect(&address).unwrap();
+    waiting.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
+    waiting.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    let mut answer = Vec::new();
+    let early = waiting.read_to_end(&mut answer);
+    assert!(early.is_err() && answer.is_empty(), "served past the cap: {early:?} {}", String::from_utf8_lossy(&answer));
+    // The idle connection is closed by the server once its header timeout passes.
+    idle.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut byte = [0u8; 1];
+    let closed = idle.read(&mut byte);
+    assert!(matches!(closed, Ok(0)) || closed.is_err(), "the idle connection got {closed:?}");
+    let held = opened.elapsed();
+    assert!(held >= Duration::from_secs(2) && held < Duration::from_secs(20), "closed after {held:?}");
+    // Its slot freed, the waiting request is served.
+    waiting.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    waiting.read_to_end(&mut answer).unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
