@@ -39,6 +39,19 @@ fn check(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase) 
     )
 }
 
+/// `sluice verify` of `job` from `source` into the target at `target_url`, with more arguments.
+fn verify(
+    workspace: &Workspace,
+    job: &std::path::Path,
+    source: &SourceDatabase,
+    target_url: &str,
+    extra: &[&str],
+) -> Run {
+    let mut arguments = vec!["verify", job.to_str().unwrap(), "--json"];
+    arguments.extend_from_slice(extra);
+    Run::from(workspace.command(&arguments).env("SOURCE", source.url()).env("TARGET", target_url).output().unwrap())
+}
+
 /// Waits for `condition` while `run` goes on; a run that ends, or a wait that times out, fails
 /// the test with what the run printed.
 fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: impl FnMut() -> bool) {
@@ -162,36 +175,15 @@ fn copy_and_stream_through_kills(target: &str, target_url: &str) {
     }
     assert_eq!(on_target(&format!("SELECT sum(balance) FROM {schema}.accounts")).trim(), total);
     // `sluice verify` of the running job agrees, table by table, through the target's own reader.
-    let verified = Run::from(
-        workspace
-            .command(&["verify", job.to_str().unwrap(), "--json"])
-            .env("SOURCE", source.url())
-            .env("TARGET", target_url)
-            .output()
-            .unwrap(),
-    );
+    let verified = verify(&workspace, &job, &source, target_url, &[]);
     assert_eq!(verified.code, 0, "verify of a PostgreSQL-sourced job into {target}:\n{}", verified.all());
     let report: serde_json::Value = serde_json::from_str(&verified.stdout).unwrap();
     assert_eq!(report["tables"].as_array().map(Vec::len), Some(5), "{}", verified.stdout);
     // A row deleted from the target behind the job's back: found, and checked again once the
     // idle stream has passed the source's position (it moves on with the source's WAL).
     on_target(&format!("DELETE FROM {schema}.accounts WHERE id = 3"));
-    let found = Run::from(
-        workspace
-            .command(&[
-                "verify",
-                job.to_str().unwrap(),
-                "--json",
-                "--tables",
-                &format!("{schema}.accounts"),
-                "--settle-secs",
-                "30",
-            ])
-            .env("SOURCE", source.url())
-            .env("TARGET", target_url)
-            .output()
-            .unwrap(),
-    );
+    let accounts = format!("{schema}.accounts");
+    let found = verify(&workspace, &job, &source, target_url, &["--tables", &accounts, "--settle-secs", "30"]);
     let report: serde_json::Value = serde_json::from_str(&found.stdout).unwrap();
     assert_eq!(found.code, 1, "{}", found.all());
     assert_eq!(report["tables"][0]["differences"][0]["key"]["id"], 3, "{}", found.stdout);
@@ -268,14 +260,7 @@ fn postgres_values_reach_mariadb_through_the_copy_and_the_stream() {
     assert_eq!(mariadb(&format!("SELECT bits + 0 FROM {schema}.every_type ORDER BY id")), "5\nNULL\n5\n");
     assert!(!run.stderr_text().contains(&canary()));
     // `sluice verify` across the two engines finds every value equal as its type says.
-    let verified = Run::from(
-        workspace
-            .command(&["verify", job.to_str().unwrap(), "--json"])
-            .env("SOURCE", source.url())
-            .env("TARGET", mysql_url())
-            .output()
-            .unwrap(),
-    );
+    let verified = verify(&workspace, &job, &source, &mysql_url(), &[]);
     assert_eq!(verified.code, 0, "{}", verified.all());
 }
 
@@ -407,14 +392,7 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
     assert_eq!(rows(&psql), expected, "every value equal in PostgreSQL");
     // `sluice verify` of the running job sees them equal too (NaN, infinities, years past 9999
     // kept as the server's text on both sides): no false difference.
-    let verified = Run::from(
-        workspace
-            .command(&["verify", job.to_str().unwrap(), "--json"])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let verified = verify(&workspace, &job, &source, &postgres_url(), &[]);
     assert_eq!(verified.code, 0, "{}", verified.all());
     // The types are the source's own.
     let types = |sql: &dyn Fn(&str) -> String| {
