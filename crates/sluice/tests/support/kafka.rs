@@ -91,23 +91,45 @@ impl KafkaBroker {
             .expect("a log file")
     }
 
+    /// Starts the S3 server and makes the bucket tansu keeps its topics in. The bucket is asked
+    /// for until the server answers (on a loaded machine it listens before it serves); a server
+    /// that exits (its port taken by another test's server since `free_port`) is started again
+    /// on a new port.
     fn start_storage(&mut self) {
-        let child = Command::new(venv().join("bin/moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &self.storage_port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(self.log("storage.log"))
-            .stderr(self.log("storage.log"))
-            .spawn()
-            .expect("moto_server starts (scripts/testdb install makes it)");
-        self.storage = Some(child);
-        wait_for_port(self.storage_port, "the S3 server");
-        // The bucket tansu keeps its topics in.
-        let made = Command::new("curl")
-            .args(["-sf", "-X", "PUT", &format!("http://127.0.0.1:{}/tansu", self.storage_port)])
-            .stdout(Stdio::null())
-            .status()
-            .expect("curl runs");
-        assert!(made.success(), "the S3 server made no bucket");
+        for _attempt in 0..3 {
+            let mut child = Command::new(venv().join("bin/moto_server"))
+                .args(["-H", "127.0.0.1", "-p", &self.storage_port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(self.log("storage.log"))
+                .stderr(self.log("storage.log"))
+                .spawn()
+                .expect("moto_server starts (scripts/testdb install makes it)");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if child.try_wait().expect("the S3 server's status").is_some() {
+                    break;
+                }
+                let made = Command::new("curl")
+                    .args(["-sf", "-m", "10", "-X", "PUT", &format!("http://127.0.0.1:{}/tansu", self.storage_port)])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .expect("curl runs");
+                if made.success() {
+                    self.storage = Some(child);
+                    return;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            self.storage_port = free_port();
+        }
+        let log = std::fs::read_to_string(self.directory.path().join("storage.log")).unwrap_or_default();
+        panic!("the S3 server made no bucket in three starts; its log:\n{log}");
     }
 
     fn launch(&mut self) {
