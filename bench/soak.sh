@@ -109,7 +109,7 @@ start_node() {
   local index=$1
   (
     exec "$sluice" server --listen "127.0.0.1:${api_ports[$index]}" --node-id "n$index" \
-      --state-dir "$work/state$index" --etcd "http://${listen[etcd]}" --lease-secs "$lease_secs"
+      --state-dir "$work/state$index" --etcd "http://${listen[etcd]}" --lease-secs "$lease_secs" --env-prefix SOAK_
   ) >>"$work/node$index.log" 2>&1 &
   echo $! >"$work/node$index.pid"
 }

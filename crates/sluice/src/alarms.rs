@@ -26,6 +26,7 @@ use sluice_core::{Error, Result};
 use crate::cluster::model::*;
 use crate::cluster::status::{job_view, JobState, JobView};
 use crate::cluster::store::{Guard, Store};
+use crate::job_text::Variables;
 
 pub const GLOBAL_RULES: &str = "/sluice/alarms/rules";
 const STATES: &str = "/sluice/alarms/state/";
@@ -127,28 +128,31 @@ pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
     .filter(|_| running || !matches!(metric, AlarmMetric::RowsPerSec))
 }
 
-/// The global rules, parsed with this node's environment.
-pub async fn global_rules(store: &dyn Store) -> Result<Vec<AlarmSpec>> {
+/// The global rules, their `${NAME}`s read by this node's rule.
+pub async fn global_rules(store: &dyn Store, variables: &Variables) -> Result<Vec<AlarmSpec>> {
     let Some(entry) = store.get(GLOBAL_RULES).await? else {
         return Ok(Vec::new());
     };
-    parse_rules(&entry.value, |name| std::env::var(name).ok()).map_err(|errors| {
+    parse_rules(&entry.value, &|name| variables.value(name)).map_err(|errors| {
         Error::config(format!("the global alarm rules are not valid on this node: {}", errors.join("; ")))
             .hint("an environment variable the rules name may be missing on this node")
     })
 }
 
-/// Checks a document of global rules as a server keeps it: valid with this node's environment,
+/// Checks a document of global rules as a server keeps it: valid with this node's variables,
 /// and every webhook written as `${VARIABLE}`. How many rules it has, or every problem.
-pub fn checked_rules(text: &str) -> std::result::Result<usize, Vec<sluice_core::spec::SpecError>> {
+pub fn checked_rules(
+    text: &str,
+    variables: &Variables,
+) -> std::result::Result<usize, Vec<sluice_core::spec::SpecError>> {
     let as_error = |message: String| sluice_core::spec::SpecError { path: String::new(), line: None, message };
-    let written = parse_rules(text, |name| Some(format!("${{{name}}}")))
+    let written = parse_rules(text, &|name| Ok(format!("${{{name}}}")))
         .map(|rules| sluice_core::spec::written_out_targets(&rules, "alarms"))
         .map_err(|errors| errors.into_iter().map(as_error).collect::<Vec<_>>())?;
     if !written.is_empty() {
         return Err(written);
     }
-    parse_rules(text, |name| std::env::var(name).ok())
+    parse_rules(text, &|name| variables.value(name))
         .map(|rules| rules.len())
         .map_err(|errors| errors.into_iter().map(as_error).collect())
 }
@@ -156,7 +160,7 @@ pub fn checked_rules(text: &str) -> std::result::Result<usize, Vec<sluice_core::
 /// Parses a rule document: a list of rules, or `{alarms: [...]}`, in YAML or JSON.
 pub fn parse_rules(
     text: &str,
-    environment: fn(&str) -> Option<String>,
+    variables: sluice_core::spec::Variables<'_>,
 ) -> std::result::Result<Vec<AlarmSpec>, Vec<String>> {
     let node = sluice_core::spec::parse_yaml(text).map_err(|error| vec![error.message])?;
     let node = match &node.kind {
@@ -165,7 +169,7 @@ pub fn parse_rules(
         }
         _ => node,
     };
-    let mut decoder = sluice_core::spec::Decoder::new(environment);
+    let mut decoder = sluice_core::spec::Decoder::new(variables);
     let rules = sluice_core::spec::decode_alarms(&mut decoder, &node, "alarms");
     let errors: Vec<String> = decoder.into_errors().iter().map(ToString::to_string).collect();
     match rules {
@@ -182,12 +186,12 @@ pub struct RulesCache(std::sync::Mutex<RulesByVersion>);
 type RulesByVersion = BTreeMap<(String, u32), Arc<Vec<AlarmSpec>>>;
 
 impl RulesCache {
-    async fn rules(&self, store: &dyn Store, job: &JobRecord) -> Result<Arc<Vec<AlarmSpec>>> {
+    async fn rules(&self, store: &dyn Store, variables: &Variables, job: &JobRecord) -> Result<Arc<Vec<AlarmSpec>>> {
         let key = (job.name.clone(), job.version);
         if let Some(rules) = self.lock().get(&key) {
             return Ok(rules.clone());
         }
-        let rules = Arc::new(load_spec(store, &job.name, job.version).await?.alarms);
+        let rules = Arc::new(load_spec(store, variables, &job.name, job.version).await?.alarms);
         let mut cache = self.lock();
         cache.retain(|(name, _), _| *name != job.name);
         cache.insert(key, rules.clone());
@@ -205,8 +209,14 @@ const VALUE_REFRESH_SECS: u64 = 10;
 
 /// One evaluation of every job's rules, as leader (`guard`). A job whose rules or figures
 /// cannot be read now keeps its states as they are until the next evaluation.
-pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Client, cache: &RulesCache) -> Result<()> {
-    let global = global_rules(&*store).await;
+pub async fn evaluate(
+    store: Arc<dyn Store>,
+    variables: &Variables,
+    guard: Guard,
+    client: reqwest::Client,
+    cache: &RulesCache,
+) -> Result<()> {
+    let global = global_rules(&*store, variables).await;
     if let Err(error) = &global {
         log::warn!("alarms: {error}");
     }
@@ -219,7 +229,7 @@ pub async fn evaluate(store: Arc<dyn Store>, guard: Guard, client: reqwest::Clie
         let figures = async {
             let view = job_view(&*store, job).await?;
             let dirty = store.count(&crate::cluster::dirty::dirty_prefix(name)).await?;
-            let own = cache.rules(&*store, job).await?;
+            let own = cache.rules(&*store, variables, job).await?;
             Ok::<_, Error>((view, dirty, own))
         };
         let (view, dirty, own) = match figures.await {
@@ -459,15 +469,20 @@ mod tests {
 
     #[test]
     fn rule_documents_parse_as_a_list_or_under_alarms() {
-        let rules = parse_rules("- {name: lag, when: \"lag_seconds > 5\"}\n", |_| None).unwrap();
+        let rules = parse_rules("- {name: lag, when: \"lag_seconds > 5\"}\n", &|name| {
+            Err(sluice_core::spec::unset_variable(name))
+        })
+        .unwrap();
         assert_eq!(rules[0].name, "lag");
         let rules = parse_rules(
             "{\"alarms\": [{\"name\": \"stall\", \"when\": \"stalled_seconds >= 60\", \"for_secs\": 5}]}",
-            |_| None,
+            &|name| Err(sluice_core::spec::unset_variable(name)),
         )
         .unwrap();
         assert_eq!((rules[0].name.as_str(), rules[0].for_secs), ("stall", 5));
-        let errors = parse_rules("- {name: x, when: \"nope > 1\"}\n", |_| None).unwrap_err();
+        let errors =
+            parse_rules("- {name: x, when: \"nope > 1\"}\n", &|name| Err(sluice_core::spec::unset_variable(name)))
+                .unwrap_err();
         assert!(errors[0].contains("alarms[0].when"), "{errors:?}");
     }
 

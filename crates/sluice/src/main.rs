@@ -131,7 +131,7 @@ enum Command {
     },
     /// Run a server node: the HTTP API, a worker and a leader candidate. With --etcd, nodes form
     /// a cluster; without it, one node runs on embedded state.
-    Server(ServerArguments),
+    Server(Box<ServerArguments>),
     /// Manage the jobs of a server: submit, list, show, stop, start, update, roll back, delete;
     /// their dirty records and alarms.
     Job {
@@ -205,6 +205,14 @@ struct ServerArguments {
     /// replace the cluster's global rules when this node starts (also `PUT /api/v1/alarms`).
     #[arg(long, value_name = "FILE")]
     alarms: Option<PathBuf>,
+    /// The `${NAME}`s of submitted jobs and alarm rules read only environment variables whose
+    /// name starts with this (an empty prefix: every variable), or files of --secrets-dir.
+    #[arg(long, default_value = job_text::DEFAULT_PREFIX)]
+    env_prefix: String,
+    /// A directory of secrets, one file per name (as orchestrators mount them): `${NAME}` in a
+    /// job reads the file NAME first, whatever its prefix.
+    #[arg(long, value_name = "DIRECTORY")]
+    secrets_dir: Option<PathBuf>,
 }
 
 /// How `sluice job` reaches a server; accepted anywhere on the command line.
@@ -246,7 +254,7 @@ fn main() -> ExitCode {
                 tail(job, format, from, &connection).await
             }
             Command::Schema { job, apply } => schema(job, apply).await,
-            Command::Server(arguments) => server::serve(server_options(arguments)).await,
+            Command::Server(arguments) => server::serve(server_options(*arguments)).await,
             Command::Job { connection, json, action } => {
                 let connection =
                     client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
@@ -280,6 +288,7 @@ fn server_options(arguments: ServerArguments) -> server::Options {
         tokens_file: arguments.tokens_file,
         open_metrics: arguments.open_metrics,
         alarms: arguments.alarms,
+        variables: job_text::Variables::Server { prefix: arguments.env_prefix, secrets: arguments.secrets_dir },
     }
 }
 
@@ -504,7 +513,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         load(&path)
     } else {
         match server_job(connection, &job).await {
-            Ok((text, format)) => match job_text::parse(&text, format, job_text::process_environment) {
+            Ok((text, format)) => match job_text::parse(&text, format, &job_text::Variables::Process) {
                 Ok(spec) => Some(spec),
                 Err(errors) => {
                     eprintln!("error: job {job} from {} is not valid here:", connection.server);

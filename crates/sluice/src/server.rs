@@ -35,6 +35,8 @@ pub struct Options {
     pub tokens_file: Option<PathBuf>,
     /// Global alarm rules that replace the cluster's when this node starts.
     pub alarms: Option<PathBuf>,
+    /// Where documents' `${NAME}`s take their values (`--env-prefix`, `--secrets-dir`).
+    pub variables: crate::job_text::Variables,
 }
 
 /// Runs the server until SIGINT/SIGTERM; the exit code.
@@ -98,7 +100,7 @@ async fn run(options: Options) -> Result<()> {
     if let Some(path) = &options.alarms {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::config(format!("--alarms {}: cannot read it: {error}", path.display())))?;
-        let rules = crate::alarms::checked_rules(&text).map_err(|errors| {
+        let rules = crate::alarms::checked_rules(&text, &options.variables).map_err(|errors| {
             let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
             Error::config(format!("--alarms {}: {}", path.display(), listed.join("; ")))
                 .hint("the file holds rules as a job's `alarms:` does (a list, or {alarms: [...]})")
@@ -126,6 +128,7 @@ async fn run(options: Options) -> Result<()> {
         lease: Duration::from_secs(options.lease_secs),
         state_dir: options.state_dir.clone(),
         fencing: options.etcd.is_some(),
+        variables: options.variables.clone(),
     };
     let node = Node::start(store, config).await?;
     let (stop, stopped) = watch::channel(false);

@@ -316,7 +316,7 @@ mod tests {
                     - {name: bad, when: \"speed > 1\", notify: [{email: x}]}\n\
                     - {name: worse, when: \"failed == 1\", notify: [{slack: \"ftp://x\"}]}\n";
         let node = super::super::parse_yaml(text).unwrap();
-        let mut decoder = Decoder::new(|_| None);
+        let mut decoder = Decoder::new(&|name: &str| Err(crate::spec::unset_variable(name)));
         assert!(decode_alarms(&mut decoder, &node, "alarms").is_none());
         let errors: Vec<String> = decoder.into_errors().iter().map(ToString::to_string).collect();
         let joined = errors.join("\n");
@@ -327,7 +327,7 @@ mod tests {
         assert!(joined.contains("alarms[3].notify[0].slack") && joined.contains("not an http"), "{joined}");
 
         let node = super::super::parse_yaml(text.lines().next().unwrap()).unwrap();
-        let mut decoder = Decoder::new(|_| None);
+        let mut decoder = Decoder::new(&|name: &str| Err(crate::spec::unset_variable(name)));
         let alarms = decode_alarms(&mut decoder, &node, "alarms").expect("valid");
         assert_eq!(alarms[0].for_secs, 10);
         assert_eq!(alarms[0].notify, vec![Notify::Webhook(Secret::new("http://h/x"))]);

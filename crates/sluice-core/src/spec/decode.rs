@@ -24,18 +24,34 @@ impl fmt::Display for SpecError {
     }
 }
 
-/// Collects errors while fields are read. Reading methods return `None` after recording an error,
-/// so a caller can go on reading the other fields.
-#[derive(Debug, Default)]
-pub struct Decoder {
-    errors: Vec<SpecError>,
-    /// Reads `${VAR}`; tests substitute a map.
-    environment: Option<fn(&str) -> Option<String>>,
+/// Where the `${NAME}`s of a document take their values: a name's value, or why it has none (a
+/// message naming the variable and what to do). `sluice run` reads its own environment; a server
+/// only what its operator lets documents read.
+pub type Variables<'a> = &'a dyn Fn(&str) -> Result<String, String>;
+
+/// Why `${NAME}` has no value when the environment lacks it.
+pub fn unset_variable(name: &str) -> String {
+    format!("environment variable `{name}` is not set; export it or change the job file")
 }
 
-impl Decoder {
-    pub fn new(environment: fn(&str) -> Option<String>) -> Decoder {
-        Decoder { errors: Vec::new(), environment: Some(environment) }
+/// Collects errors while fields are read. Reading methods return `None` after recording an error,
+/// so a caller can go on reading the other fields.
+#[derive(Default)]
+pub struct Decoder<'v> {
+    errors: Vec<SpecError>,
+    /// Reads `${VAR}`; tests substitute a map.
+    variables: Option<Variables<'v>>,
+}
+
+impl std::fmt::Debug for Decoder<'_> {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.debug_struct("Decoder").field("errors", &self.errors).finish_non_exhaustive()
+    }
+}
+
+impl<'v> Decoder<'v> {
+    pub fn new(variables: Variables<'v>) -> Decoder<'v> {
+        Decoder { errors: Vec::new(), variables: Some(variables) }
     }
 
     pub fn error(&mut self, path: &str, line: Option<usize>, message: impl Into<String>) {
@@ -167,19 +183,17 @@ impl Decoder {
                     return None;
                 };
                 let name = &body[..end];
-                let value = self.environment.and_then(|read| read(name));
-                match value {
-                    Some(value) if is_variable_name(name) => output.push_str(&value),
+                let value = match self.variables {
                     _ if !is_variable_name(name) => {
-                        self.error(path, line, format!("`${{{name}}}` is not a valid environment variable name"));
-                        ok = false;
+                        Err(format!("`${{{name}}}` is not a valid environment variable name"))
                     }
-                    _ => {
-                        self.error(
-                            path,
-                            line,
-                            format!("environment variable `{name}` is not set; export it or change the job file"),
-                        );
+                    Some(variables) => variables(name),
+                    None => Err(unset_variable(name)),
+                };
+                match value {
+                    Ok(value) => output.push_str(&value),
+                    Err(message) => {
+                        self.error(path, line, message);
                         ok = false;
                     }
                 }
@@ -194,7 +208,8 @@ impl Decoder {
     }
 }
 
-fn is_variable_name(name: &str) -> bool {
+/// Whether `name` may be a variable's: letters, digits and `_` (so it is also a plain file name).
+pub fn is_variable_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::alarm::{self, AlarmSpec};
 use super::cursor::{self, CursorSpec};
-use super::decode::{self, Decoder, Fields, SpecError};
+use super::decode::{self, unset_variable, Decoder, Fields, SpecError, Variables};
 use super::document::{self, Node};
 use super::schedule::{self, Dependency, ScheduleSpec};
 use super::transform::{self, RouteSpec, TransformSpec};
@@ -237,6 +237,11 @@ pub fn parse_job_partially(
     json: bool,
     environment: fn(&str) -> Option<String>,
 ) -> (Option<JobSpec>, Vec<SpecError>) {
+    parse_job_with(text, json, &|name| environment(name).ok_or_else(|| unset_variable(name)))
+}
+
+/// `parse_job_partially` with the `${NAME}`s taking their values by `variables`' rule.
+pub fn parse_job_with(text: &str, json: bool, variables: Variables<'_>) -> (Option<JobSpec>, Vec<SpecError>) {
     let root = if json { document::parse_json(text) } else { document::parse_yaml(text) };
     let root = match root {
         Ok(root) => root,
@@ -250,7 +255,7 @@ pub fn parse_job_partially(
             return (None, vec![SpecError { path: String::new(), line: error.line, message }]);
         }
     };
-    let mut decoder = Decoder::new(environment);
+    let mut decoder = Decoder::new(variables);
     let job = decode_job(&mut decoder, &root);
     (job, decoder.into_errors())
 }

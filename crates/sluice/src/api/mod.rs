@@ -125,12 +125,17 @@ pub fn router(api: Arc<Api>) -> Router {
 }
 
 /// Parses and validates a job document; every error found, as the API returns them.
-fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec, String, DocumentFormat), Failure> {
+fn validate(
+    body: &[u8],
+    headers: &HeaderMap,
+    cluster: bool,
+    variables: &job_text::Variables,
+) -> Result<(JobSpec, String, DocumentFormat), Failure> {
     let text =
         std::str::from_utf8(body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the job document is not UTF-8"))?;
     let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
     let format = DocumentFormat::of_content_type(content_type);
-    let (job, mut errors) = job_text::check(text, format, job_text::process_environment);
+    let (job, mut errors) = job_text::check(text, format, variables);
     // The same document with every `${VAR}` left as written: what the store keeps at rest.
     if let (Some(written), _) =
         parse_job_partially(text, format == DocumentFormat::Json, |name| Some(format!("${{{name}}}")))
@@ -141,7 +146,8 @@ fn validate(body: &[u8], headers: &HeaderMap, cluster: bool) -> Result<(JobSpec,
                     path: format!("{}.url", endpoint.role),
                     line: endpoint.line_of("url"),
                     message: "holds a password or token in plain text, which the server would keep at rest; write \
-                              it as ${VARIABLE} and set that variable in the environment of every node"
+                              it as ${VARIABLE}, a variable the server lets documents read (named with its \
+                              --env-prefix, SLUICE_VAR_ by default, on every node, or a file of its --secrets-dir)"
                         .into(),
                 });
             }
@@ -205,7 +211,7 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
         (status = 409, description = "a job of that name exists", body = ErrorBody),
     ))]
 async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.variables)?;
     no_cycle(&api, &spec).await?;
     let record = JobRecord {
         name: spec.name.clone(),
@@ -443,7 +449,7 @@ fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleS
 async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     no_backfill(&job)?;
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing)?;
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.variables)?;
     if spec.name != name {
         return Err(failure(
             StatusCode::BAD_REQUEST,
@@ -485,7 +491,12 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
     let (old, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, version as u32))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
-    let (spec, _, _) = validate(old.document.as_bytes(), &format_header(old.format), api.node.config.fencing)?;
+    let (spec, _, _) = validate(
+        old.document.as_bytes(),
+        &format_header(old.format),
+        api.node.config.fencing,
+        &api.node.config.variables,
+    )?;
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
@@ -543,7 +554,9 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     let record = job(&api, &name).await?;
     // Read before the versions go: what the job keeps at its source is released after.
-    let spec = crate::cluster::model::load_spec(&*api.node.store, &name, record.version).await.ok();
+    let spec = crate::cluster::model::load_spec(&*api.node.store, &api.node.config.variables, &name, record.version)
+        .await
+        .ok();
     let store = &api.node.store;
     // The job record last: a delete that fails half-way leaves a job that can be deleted again.
     // Its workers stop its tasks when they see it gone, and write nothing more.
@@ -683,7 +696,12 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     let (current, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, job.version))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {}", job.version)))?;
-    let (spec, _, _) = validate(current.document.as_bytes(), &format_header(current.format), api.node.config.fencing)?;
+    let (spec, _, _) = validate(
+        current.document.as_bytes(),
+        &format_header(current.format),
+        api.node.config.fencing,
+        &api.node.config.variables,
+    )?;
     let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
     if let Some(known) = tables.iter().find(|table| filter.matches(&sluice_core::TableName::parse(table))) {
         return Err(failure(
@@ -705,7 +723,12 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     };
     listed.extend(tables.iter().cloned().map(Value::String));
     let document = serde_json::to_string_pretty(&document).expect("JSON serializes");
-    validate(document.as_bytes(), &format_header(DocumentFormat::Json), api.node.config.fencing)?;
+    validate(
+        document.as_bytes(),
+        &format_header(DocumentFormat::Json),
+        api.node.config.fencing,
+        &api.node.config.variables,
+    )?;
     job.backfill = Some(BackfillRequest {
         id: format!("added-{}", next_generation(job.generation)),
         tables: tables.clone(),
@@ -762,7 +785,10 @@ async fn job_series(State(api): Shared, Path(name): Path<String>) -> Reply {
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
-    let limit = load_spec(&*api.node.store, &name, job.version).await.map(|spec| spec.errors.max_dirty_records).ok();
+    let limit = load_spec(&*api.node.store, &api.node.config.variables, &name, job.version)
+        .await
+        .map(|spec| spec.errors.max_dirty_records)
+        .ok();
     let records = crate::cluster::dirty::list(&*api.node.store, &name).await?;
     // A row shown as JSON when it is (a cut row as the text it was cut to).
     let shown = |text: &str| {
@@ -820,7 +846,9 @@ async fn discard_dirty(
 async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let job = job(&api, &name).await?;
     let chosen = chosen_of(&body)?.unwrap_or(crate::cluster::dirty::Chosen::All);
-    let outcome = crate::cluster::dirty::replay(&api.node.store, &job, &chosen, &api.node.config.id).await?;
+    let outcome =
+        crate::cluster::dirty::replay(&api.node.store, &api.node.config.variables, &job, &chosen, &api.node.config.id)
+            .await?;
     Ok(Json(outcome).into_response())
 }
 
@@ -836,7 +864,14 @@ async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes)
 async fn verify_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let record = job(&api, &name).await?;
     let options = verify_options(&body)?;
-    let last = crate::cluster::verification::verify(&*api.node.store, &record, &options, &api.node.config.id).await?;
+    let last = crate::cluster::verification::verify(
+        &*api.node.store,
+        &api.node.config.variables,
+        &record,
+        &options,
+        &api.node.config.id,
+    )
+    .await?;
     Ok(Json(last).into_response())
 }
 
@@ -941,7 +976,7 @@ async fn show_alarms(State(api): Shared) -> Reply {
         })
         .collect();
     // The global rules without their targets (which are secrets, even as variable names).
-    let global: Vec<Value> = crate::alarms::global_rules(&*api.node.store)
+    let global: Vec<Value> = crate::alarms::global_rules(&*api.node.store, &api.node.config.variables)
         .await
         .unwrap_or_default()
         .iter()
@@ -960,7 +995,7 @@ async fn show_alarms(State(api): Shared) -> Reply {
     responses((status = 200, description = "{rules: N}", body = Object), (status = 400, description = "every error, with its line", body = ErrorBody)))]
 async fn set_alarms(State(api): Shared, body: Bytes) -> Reply {
     let text = std::str::from_utf8(&body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the rules are not UTF-8"))?;
-    let rules = crate::alarms::checked_rules(text).map_err(|errors| {
+    let rules = crate::alarms::checked_rules(text, &api.node.config.variables).map_err(|errors| {
         Failure(
             StatusCode::BAD_REQUEST,
             ErrorBody {

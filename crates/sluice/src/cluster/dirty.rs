@@ -191,14 +191,20 @@ pub struct ReplayFailure {
 /// from the split that holds it, a change the stream left out by its source key) and written by
 /// key with the job's current version (`Runner::replay_records`). A record written this time is
 /// forgotten; one refused again stays, with the new reason.
-pub async fn replay(store: &Arc<dyn Store>, job: &JobRecord, chosen: &Chosen, node: &str) -> Result<ReplayOutcome> {
+pub async fn replay(
+    store: &Arc<dyn Store>,
+    variables: &crate::job_text::Variables,
+    job: &JobRecord,
+    chosen: &Chosen,
+    node: &str,
+) -> Result<ReplayOutcome> {
     let records: Vec<(String, DirtyRecord)> =
         list(&**store, &job.name).await?.into_iter().filter(|(id, _)| chosen.takes(id)).collect();
     let mut outcome = ReplayOutcome::default();
     if records.is_empty() {
         return Ok(outcome);
     }
-    let mut spec = super::model::load_spec(&**store, &job.name, job.version).await?;
+    let mut spec = super::model::load_spec(&**store, variables, &job.name, job.version).await?;
     spec.target.write_mode = WriteMode::Upsert;
     if let Some(error) = sluice_connectors::validate(&spec).into_iter().find(|error| error.path.starts_with("target")) {
         return Err(Error::config(format!("job {}: its records cannot be replayed: {error}", job.name))

@@ -64,8 +64,8 @@ impl Cluster {
             cluster.nodes.push(Some(node));
         }
         let job = format!(
-            "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{}.{tables}\"]\n\
-             target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {}\nparallelism: 2\n{more}",
+            "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{}.{tables}\"]\n\
+             target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {}\nparallelism: 2\n{more}",
             cluster.job, cluster.database, cluster.database
         );
         let (status, body) = cluster.any().call("POST", "/jobs", None, Some(("application/yaml", &job)));
@@ -74,7 +74,7 @@ impl Cluster {
     }
 
     fn start_node(&self, index: usize) -> Server {
-        let mut environment = vec![("SOURCE", mysql_url()), ("TARGET", self.target.clone())];
+        let mut environment = vec![("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", self.target.clone())];
         environment.extend(self.environment.iter().cloned());
         start_server(&self.workspace, &format!("node{index}"), Some(&self.etcd.endpoints), &environment)
     }
@@ -442,12 +442,12 @@ fn a_plan_of_thousands_of_splits_is_stored_in_pieces() {
     ));
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", postgres_url())];
     let node = start_server(&workspace, "pieces0", Some(&etcd.endpoints), &environment);
     let name = database.replace('_', "-");
     let job = format!(
-        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\nparallelism: 4\nlimits: {{ split_rows: 1 }}\n"
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\nparallelism: 4\nlimits: {{ split_rows: 1 }}\n"
     );
     let (status, body) = node.call("POST", "/jobs", None, Some(("application/yaml", &job)));
     assert_eq!(status, 201, "{body}");
@@ -482,14 +482,14 @@ fn one_large_table_is_copied_by_every_node_and_survives_a_kill() {
     ));
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", postgres_url())];
     let mut nodes: Vec<Option<Server>> = (0..3)
         .map(|index| Some(start_server(&workspace, &format!("share{index}"), Some(&etcd.endpoints), &environment)))
         .collect();
     let name = database.replace('_', "-");
     let job = format!(
-        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\nparallelism: 2\nlimits: {{ split_rows: 100000, rows_per_sec: 300000 }}\n"
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\nparallelism: 2\nlimits: {{ split_rows: 100000, rows_per_sec: 300000 }}\n"
     );
     let any = |nodes: &[Option<Server>]| -> Value {
         let node = nodes.iter().flatten().next().expect("a live node");
@@ -569,13 +569,13 @@ fn a_parquet_dataset_on_a_cluster_is_whole_by_its_manifest_through_a_kill() {
     ));
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url())];
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url())];
     let mut nodes: Vec<Option<Server>> = (0..2)
         .map(|index| Some(start_server(&workspace, &format!("files{index}"), Some(&etcd.endpoints), &environment)))
         .collect();
     let name = database.replace('_', "-");
     let job = format!(
-        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
          target:\n  type: parquet\n  path: dataset\nparallelism: 2\nlimits: {{ split_rows: 20000, rows_per_sec: 60000 }}\n"
     );
     let any = |nodes: &[Option<Server>]| -> Value {
@@ -637,8 +637,8 @@ fn an_alarm_fires_and_resolves_once_on_three_nodes_through_a_leader_kill() {
     let proxy = runtime.block_on(Proxy::start(address_of(&postgres_url()))).expect("a proxy");
     let webhook = Webhook::start();
     let alarms =
-        "alarms:\n  - {name: lag, when: \"lag_seconds > 8\", for_secs: 3, notify: [{webhook: \"${ALARM_HOOK}\"}]}\n";
-    let environment = vec![("ALARM_HOOK", webhook.url.clone())];
+        "alarms:\n  - {name: lag, when: \"lag_seconds > 8\", for_secs: 3, notify: [{webhook: \"${SLUICE_VAR_ALARM_HOOK}\"}]}\n";
+    let environment = vec![("SLUICE_VAR_ALARM_HOOK", webhook.url.clone())];
     let mut cluster = Cluster::start_job(1, 3, "*", through(&postgres_url(), &proxy), alarms, environment);
     let load = Load::start(&cluster.database, Random::from_environment("alarm"), 100);
     cluster.wait_streaming();
@@ -720,14 +720,14 @@ fn dirty_records_of_two_nodes_are_one_list_and_one_budget() {
     ));
     let etcd = Etcd::start(1);
     let workspace = Workspace::new();
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", postgres_url())];
     let nodes: Vec<Server> = (0..2)
         .map(|index| start_server(&workspace, &format!("dirty{index}"), Some(&etcd.endpoints), &environment))
         .collect();
     let name = database.replace('_', "-");
     let job = format!(
-        "name: {name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\n\
+        "name: {name}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {database}\nparallelism: 2\n\
          limits: {{ split_rows: 5000, rows_per_sec: 20000 }}\nerrors: {{ max_dirty_records: 17 }}\n"
     );
     let (status, body) = nodes[0].call("POST", "/jobs", None, Some(("application/yaml", &job)));

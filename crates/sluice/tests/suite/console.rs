@@ -32,9 +32,9 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     let workspace = Workspace::new();
     let environment = [
         ("SLUICE_ADMIN_TOKEN", TOKEN.to_owned()),
-        ("SOURCE", mysql_url()),
-        ("TARGET", through(&postgres_url(), &proxy)),
-        ("ALARM_HOOK", webhook.url.clone()),
+        ("SLUICE_VAR_SOURCE", mysql_url()),
+        ("SLUICE_VAR_TARGET", through(&postgres_url(), &proxy)),
+        ("SLUICE_VAR_ALARM_HOOK", webhook.url.clone()),
     ];
     let server = start_server(&workspace, "console", None, &environment);
     let name = database.replace('_', "-");
@@ -54,9 +54,9 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     // A job with a mistake on line 11: marked there, nothing created.
     let job = |parallelism: &str| {
         format!(
-            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-             target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: {parallelism}\n\
-             alarms:\n  - {{name: lag, when: \"lag_seconds > 8\", for_secs: 3, notify: [{{webhook: \"${{ALARM_HOOK}}\"}}]}}\n"
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {database}\nparallelism: {parallelism}\n\
+             alarms:\n  - {{name: lag, when: \"lag_seconds > 8\", for_secs: 3, notify: [{{webhook: \"${{SLUICE_VAR_ALARM_HOOK}}\"}}]}}\n"
         )
     };
     browser.click("#nav-new");

@@ -136,12 +136,12 @@ fn a_scheduled_directory_job_loads_per_batch_what_arrived_and_each_batch_ends() 
     for number in 0..5 {
         deliver(&incoming, &format!("a{number}"), number);
     }
-    let server = support::cluster::start_server(&workspace, "solo", None, &[("TARGET", postgres_url())]);
+    let server = support::cluster::start_server(&workspace, "solo", None, &[("SLUICE_VAR_TARGET", postgres_url())]);
     // Checkpoints in the target are per job name: a name of its own for each run.
     let name = namespace.replace('_', "-");
     let job = format!(
         "name: {name}\nmode: cdc\nsource:\n  type: directory\n  path: {}\n  table: drops\n  key: [file, line]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {namespace}\nschedule: {{every_secs: 2, overlap: queue}}\n",
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {namespace}\nschedule: {{every_secs: 2, overlap: queue}}\n",
         incoming.display()
     );
     let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", &job)));

@@ -202,10 +202,16 @@ fn a_lake_job_on_a_cluster_survives_a_killed_and_a_paused_node() {
         "batch_rows: 200, split_rows: 500",
     );
     let start_node = |index: usize| -> Server {
-        start_server(&job.workspace, &format!("node{index}"), Some(&etcd.endpoints), &[("SOURCE", mysql_url())])
+        start_server(
+            &job.workspace,
+            &format!("node{index}"),
+            Some(&etcd.endpoints),
+            &[("SLUICE_VAR_SOURCE", mysql_url())],
+        )
     };
     let mut nodes: Vec<Option<Server>> = (0..2).map(|index| Some(start_node(index))).collect();
-    let text = std::fs::read_to_string(&job.file).unwrap();
+    // A server's documents read only variables named with its prefix (`sluice run` reads any).
+    let text = std::fs::read_to_string(&job.file).unwrap().replace("${SOURCE}", "${SLUICE_VAR_SOURCE}");
     let any = |nodes: &[Option<Server>]| -> Value {
         let node = nodes.iter().flatten().next().expect("a live node");
         node.call("GET", &format!("/jobs/{}", job.name), None, None).1

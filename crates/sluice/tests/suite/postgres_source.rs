@@ -508,12 +508,16 @@ fn a_job_deleted_from_a_server_drops_its_slot_once_its_reader_ends() {
     ));
     let workspace = Workspace::new();
     let admin = "admin-token-0123456789";
-    let environment = [("SLUICE_ADMIN_TOKEN", admin.to_owned()), ("SOURCE", source.url()), ("TARGET", postgres_url())];
+    let environment = [
+        ("SLUICE_ADMIN_TOKEN", admin.to_owned()),
+        ("SLUICE_VAR_SOURCE", source.url()),
+        ("SLUICE_VAR_TARGET", postgres_url()),
+    ];
     let server = support::cluster::start_server(&workspace, "solo", None, &environment);
     let name = schema.replace('_', "-");
     let yaml = format!(
-        "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
+        "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  create_tables: true\n"
     );
     let (status, body) = server.call("POST", "/jobs", Some(admin), Some(("application/yaml", &yaml)));
     assert_eq!(status, 201, "{body}");

@@ -126,7 +126,7 @@ fn a_scheduled_snapshot_runs_again_as_numbered_batches_each_a_fresh_copy() {
 
 /// Three `sluice server` nodes on one etcd, with the source and target URLs in their environment.
 fn three_nodes(workspace: &Workspace, etcd: &Etcd) -> Vec<Option<Server>> {
-    let environment = [("SOURCE", mysql_url()), ("TARGET", postgres_url())];
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", postgres_url())];
     (0..3)
         .map(|index| Some(start_server(workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)))
         .collect()
@@ -160,8 +160,8 @@ fn batches_go_on_after_the_leader_is_killed_and_none_is_fired_twice() {
     let mut nodes = three_nodes(&workspace, &etcd);
     let name = database.replace('_', "-");
     let job = format!(
-        "name: {name}\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-         target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nparallelism: 2\n\
+        "name: {name}\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {database}\nparallelism: 2\n\
          schedule: {{every_secs: 3, overlap: queue}}\n"
     );
     let logs = || node_logs(&workspace);
@@ -481,16 +481,16 @@ fn a_unit_of_two_snapshots_feeding_a_cursor_job_runs_its_batches_in_order_throug
     let [customers, orders, load] = ["customers", "orders", "load"].map(|job| format!("{prefix}-{job}"));
     let snapshot = |table: &str| {
         format!(
-            "mode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [{database}.{table}]\n\
-             target:\n  type: mysql\n  url: ${{SOURCE}}\n  namespace: {stage}\n"
+            "mode: snapshot\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [{database}.{table}]\n\
+             target:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  namespace: {stage}\n"
         )
     };
     let jobs = [
         format!("name: {customers}\n{}schedule: {{every_secs: 3, overlap: queue}}\n", snapshot("customers")),
         format!("name: {orders}\n{}after: [{customers}]\n", snapshot("orders")),
         format!(
-            "name: {load}\nmode: incremental-cursor\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{stage}.*\"]\n  \
-             cursor: {{column: updated_at, lookback_secs: 5}}\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  \
+            "name: {load}\nmode: incremental-cursor\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{stage}.*\"]\n  \
+             cursor: {{column: updated_at, lookback_secs: 5}}\ntarget:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  \
              namespace: {database}\nafter: [{customers}, {orders}]\n"
         ),
     ];

@@ -156,8 +156,17 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
 fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     let workspace = Workspace::new();
     let mut environment = tokens();
-    environment.push(("SECRETIVE_PW", "Sup3r-Secret-pw".to_owned()));
-    let server = start_server(&workspace, "solo", None, &environment);
+    environment.push(("SLUICE_VAR_SECRETIVE_PW", "Sup3r-Secret-pw".to_owned()));
+    // A secret mounted as a file, as orchestrators do (its trailing newline is not the secret's).
+    let secrets = workspace.path("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    workspace.write("secrets/DB_PASSWORD", "Sup3r-Secret-pw\n");
+    let server = support::cluster::start_server_with(
+        &workspace,
+        "solo",
+        &["--secrets-dir", secrets.to_str().unwrap()],
+        &environment,
+    );
     let bad =
         "name: bad\nmode: snapshot\nsource:\n  type: nothing\ntarget:\n  type: sqlite\n  path: t.db\n  colour: red\n";
     let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", bad)));
@@ -193,18 +202,39 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     assert!(body["errors"].as_array().unwrap().iter().any(|error| error["path"] == "target.url"), "{body}");
     assert!(!body.to_string().contains(secret), "{body}");
 
+    // A document reads only variables named with the server's prefix (SLUICE_VAR_) and files of
+    // its --secrets-dir: not the server's own environment, in any field, every one named at once.
+    let nosy = "name: nosy\nmode: snapshot\nsource:\n  type: mysql\n  url: mysql://u:${SLUICE_ETCD_PASSWORD}@127.0.0.1:1/db\n  tables: [\"${HOME}.*\"]\ntarget:\n  type: sqlite\n  path: t.db\n";
+    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", nosy)));
+    assert_eq!(status, 400, "{body}");
+    let errors = body["errors"].as_array().unwrap();
+    for (variable, field) in [("`SLUICE_ETCD_PASSWORD`", "source.url"), ("`HOME`", "source.tables")] {
+        assert!(
+            errors.iter().any(|error| error["path"].as_str().unwrap().starts_with(field)
+                && error["message"].as_str().unwrap().contains(variable)
+                && error["message"].as_str().unwrap().contains("SLUICE_VAR_")),
+            "{variable} is refused at {field}, naming the prefix: {body:#}"
+        );
+    }
+    let filed = "name: filed\nmode: snapshot\nsource:\n  type: mysql\n  url: mysql://u:${DB_PASSWORD}@127.0.0.1:1/db\n  tables: [\"db.*\"]\ntarget:\n  type: sqlite\n  path: t.db\nretry: {max_attempts: 1}\n";
+    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", filed)));
+    assert_eq!(status, 201, "a secret of --secrets-dir is read whatever its name: {body}");
+    let filed_failed = wait_state(&server, "filed", "failed");
+    assert_eq!(filed_failed["error"]["side"], "source", "{filed_failed:#}");
+
     // A password from the server's environment: no response or log shows it.
     let (status, body) = server.call(
         "POST",
         "/jobs",
         Some(ADMIN),
-        Some(("application/yaml", &job("mysql://u:${SECRETIVE_PW}@127.0.0.1:1/db"))),
+        Some(("application/yaml", &job("mysql://u:${SLUICE_VAR_SECRETIVE_PW}@127.0.0.1:1/db"))),
     );
     assert_eq!(status, 201, "{body}");
     let failed = wait_state(&server, "secretive", "failed");
     assert_eq!(failed["error"]["side"], "source", "{failed:#}");
-    let mut everything = failed.to_string();
+    let mut everything = failed.to_string() + &filed_failed.to_string();
     for path in [
+        "/jobs/filed/versions/1",
         "/jobs/secretive/versions/1",
         "/jobs/secretive/versions/1/diff/1",
         "/jobs/secretive/versions",
@@ -402,10 +432,10 @@ fn global_alarm_rules_come_from_the_server_file_and_the_api() {
 
     workspace.write(
         "alarms.yaml",
-        "alarms:\n  - {name: stalled, when: \"stalled_seconds > 60\", notify: [{slack: \"${HOOK}\"}]}\n",
+        "alarms:\n  - {name: stalled, when: \"stalled_seconds > 60\", notify: [{slack: \"${SLUICE_VAR_HOOK}\"}]}\n",
     );
     let mut environment = tokens();
-    environment.push(("HOOK", format!("http://127.0.0.1:9/{secret}")));
+    environment.push(("SLUICE_VAR_HOOK", format!("http://127.0.0.1:9/{secret}")));
     let server = support::cluster::start_server_with(&workspace, "alarms", &["--alarms", "alarms.yaml"], &environment);
     let (status, alarms) = server.call("GET", "/alarms", Some(READ), None);
     assert_eq!(status, 200, "{alarms}");

@@ -748,8 +748,11 @@ fn tail_follows_a_job_of_the_server_by_name() {
     let database = unique_name("tail_server");
     let workspace = Workspace::new();
     const ADMIN: &str = "admin-token-for-tail-0123";
-    let environment =
-        [("SLUICE_ADMIN_TOKEN", ADMIN.to_owned()), ("SLUICE_READ_TOKEN", READ.to_owned()), ("SOURCE", mysql_url())];
+    let environment = [
+        ("SLUICE_ADMIN_TOKEN", ADMIN.to_owned()),
+        ("SLUICE_READ_TOKEN", READ.to_owned()),
+        ("SLUICE_VAR_SOURCE", mysql_url()),
+    ];
     let server = support::cluster::start_server(&workspace, "solo", None, &environment);
     mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.notes (id BIGINT PRIMARY KEY, body TEXT);"));
     let yaml = tail_job(&database);
@@ -767,7 +770,7 @@ fn tail_follows_a_job_of_the_server_by_name() {
 /// A `snapshot` job on the table `notes` of `database`, whose own target is never touched.
 fn tail_job(database: &str) -> String {
     format!(
-        "name: tail-{}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: sqlite\n  path: never.db\n",
+        "name: tail-{}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: sqlite\n  path: never.db\n",
         database.replace('_', "-")
     )
 }
@@ -780,7 +783,7 @@ fn tail_prints_changes(workspace: &Workspace, database: &str, arguments: &[&str]
     command_line.extend(["--format", "debezium"]);
     let child = workspace
         .command(&command_line)
-        .env("SOURCE", mysql_url())
+        .env("SLUICE_VAR_SOURCE", mysql_url())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

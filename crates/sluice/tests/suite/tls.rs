@@ -349,8 +349,11 @@ fn a_cluster_node_reaches_etcd_over_tls_and_serves_https() {
     let etcd_arguments = |endpoints: &str, etcd_ca: &str| {
         strings(&["--etcd", endpoints, "--etcd-ca", etcd_ca, "--etcd-cert", &client_cert, "--etcd-key", &client_key])
     };
-    let environment =
-        [("SLUICE_ADMIN_TOKEN", token.clone()), ("SOURCE", mysql_verified()), ("TARGET", postgres_verified())];
+    let environment = [
+        ("SLUICE_ADMIN_TOKEN", token.clone()),
+        ("SLUICE_VAR_SOURCE", mysql_verified()),
+        ("SLUICE_VAR_TARGET", postgres_verified()),
+    ];
     let mut arguments = etcd_arguments(&etcd.endpoints, &ca);
     arguments.extend(strings(&["--tls-cert", &server_cert, "--tls-key", &server_key]));
     let arguments: Vec<&str> = arguments.iter().map(String::as_str).collect();
@@ -362,8 +365,8 @@ fn a_cluster_node_reaches_etcd_over_tls_and_serves_https() {
     workspace.write(
         "job.yaml",
         &format!(
-            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-             target:\n  type: postgres\n  url: ${{TARGET}}\n"
+            "name: {job_name}\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n"
         ),
     );
     let job = |arguments: &[&str]| {

@@ -705,17 +705,17 @@ function drawChart(svg, points, valueOf, format) {
 
 /* ------------------------------------------------------------------ editor */
 
-const EXAMPLE = `# A new job: change it, then "Create job". \${VARIABLE}s come from each node's environment:
-# a password written in plain text is refused.
+const EXAMPLE = `# A new job: change it, then "Create job". \${SLUICE_VAR_...}s come from each node's environment
+# (or a file of its --secrets-dir): a password written in plain text is refused.
 name: orders-to-warehouse         # letters, digits, "-", "_" and "." only
 mode: snapshot                    # snapshot | cdc | snapshot+cdc | incremental-cursor
 source:
   type: mysql
-  url: mysql://reader:\${SRC_PASSWORD}@db.example:3306
+  url: mysql://reader:\${SLUICE_VAR_SRC_PASSWORD}@db.example:3306
   tables: ["shop.orders"]         # globs; "!" excludes
 target:
   type: postgres
-  url: postgres://loader:\${DST_PASSWORD}@warehouse.example:5432/warehouse
+  url: postgres://loader:\${SLUICE_VAR_DST_PASSWORD}@warehouse.example:5432/warehouse
   write_mode: insert              # insert | upsert
   create_tables: true
 parallelism: 2
