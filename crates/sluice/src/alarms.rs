@@ -26,7 +26,7 @@ use sluice_core::{Error, Result};
 use crate::cluster::model::*;
 use crate::cluster::status::{job_view, JobState, JobView};
 use crate::cluster::store::{Guard, Store};
-use crate::job_text::Variables;
+use crate::job_text::DocumentRules;
 
 pub const GLOBAL_RULES: &str = "/sluice/alarms/rules";
 const STATES: &str = "/sluice/alarms/state/";
@@ -129,11 +129,11 @@ pub fn value_of(metric: AlarmMetric, view: &JobView) -> Option<f64> {
 }
 
 /// The global rules, their `${NAME}`s read by this node's rule.
-pub async fn global_rules(store: &dyn Store, variables: &Variables) -> Result<Vec<AlarmSpec>> {
+pub async fn global_rules(store: &dyn Store, document_rules: &DocumentRules) -> Result<Vec<AlarmSpec>> {
     let Some(entry) = store.get(GLOBAL_RULES).await? else {
         return Ok(Vec::new());
     };
-    parse_rules(&entry.value, &|name| variables.value(name)).map_err(|errors| {
+    parse_rules(&entry.value, &|name| document_rules.variable(name)).map_err(|errors| {
         Error::config(format!("the global alarm rules are not valid on this node: {}", errors.join("; ")))
             .hint("an environment variable the rules name may be missing on this node")
     })
@@ -143,7 +143,7 @@ pub async fn global_rules(store: &dyn Store, variables: &Variables) -> Result<Ve
 /// and every webhook written as `${VARIABLE}`. How many rules it has, or every problem.
 pub fn checked_rules(
     text: &str,
-    variables: &Variables,
+    document_rules: &DocumentRules,
 ) -> std::result::Result<usize, Vec<sluice_core::spec::SpecError>> {
     let as_error = |message: String| sluice_core::spec::SpecError { path: String::new(), line: None, message };
     let written = parse_rules(text, &|name| Ok(format!("${{{name}}}")))
@@ -152,7 +152,7 @@ pub fn checked_rules(
     if !written.is_empty() {
         return Err(written);
     }
-    parse_rules(text, &|name| variables.value(name))
+    parse_rules(text, &|name| document_rules.variable(name))
         .map(|rules| rules.len())
         .map_err(|errors| errors.into_iter().map(as_error).collect())
 }
@@ -186,12 +186,17 @@ pub struct RulesCache(std::sync::Mutex<RulesByVersion>);
 type RulesByVersion = BTreeMap<(String, u32), Arc<Vec<AlarmSpec>>>;
 
 impl RulesCache {
-    async fn rules(&self, store: &dyn Store, variables: &Variables, job: &JobRecord) -> Result<Arc<Vec<AlarmSpec>>> {
+    async fn rules(
+        &self,
+        store: &dyn Store,
+        document_rules: &DocumentRules,
+        job: &JobRecord,
+    ) -> Result<Arc<Vec<AlarmSpec>>> {
         let key = (job.name.clone(), job.version);
         if let Some(rules) = self.lock().get(&key) {
             return Ok(rules.clone());
         }
-        let rules = Arc::new(load_spec(store, variables, &job.name, job.version).await?.alarms);
+        let rules = Arc::new(load_spec(store, document_rules, &job.name, job.version).await?.alarms);
         let mut cache = self.lock();
         cache.retain(|(name, _), _| *name != job.name);
         cache.insert(key, rules.clone());
@@ -211,12 +216,12 @@ const VALUE_REFRESH_SECS: u64 = 10;
 /// cannot be read now keeps its states as they are until the next evaluation.
 pub async fn evaluate(
     store: Arc<dyn Store>,
-    variables: &Variables,
+    document_rules: &DocumentRules,
     guard: Guard,
     client: reqwest::Client,
     cache: &RulesCache,
 ) -> Result<()> {
-    let global = global_rules(&*store, variables).await;
+    let global = global_rules(&*store, document_rules).await;
     if let Err(error) = &global {
         log::warn!("alarms: {error}");
     }
@@ -229,7 +234,7 @@ pub async fn evaluate(
         let figures = async {
             let view = job_view(&*store, job).await?;
             let dirty = store.count(&crate::cluster::dirty::dirty_prefix(name)).await?;
-            let own = cache.rules(&*store, variables, job).await?;
+            let own = cache.rules(&*store, document_rules, job).await?;
             Ok::<_, Error>((view, dirty, own))
         };
         let (view, dirty, own) = match figures.await {

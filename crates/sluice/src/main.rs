@@ -15,6 +15,7 @@ mod alarms;
 mod api;
 mod client;
 mod cluster;
+mod document_rules;
 mod job_command;
 mod job_text;
 mod job_verification;
@@ -213,6 +214,10 @@ struct ServerArguments {
     /// job reads the file NAME first, whatever its prefix.
     #[arg(long, value_name = "DIRECTORY")]
     secrets_dir: Option<PathBuf>,
+    /// Every path a submitted job names (files, SQLite, directories, Parquet, Delta) resolves
+    /// inside this directory, symbolic links followed (default: the state directory's data/).
+    #[arg(long, value_name = "DIRECTORY")]
+    data_root: Option<PathBuf>,
 }
 
 /// How `sluice job` reaches a server; accepted anywhere on the command line.
@@ -288,7 +293,9 @@ fn server_options(arguments: ServerArguments) -> server::Options {
         tokens_file: arguments.tokens_file,
         open_metrics: arguments.open_metrics,
         alarms: arguments.alarms,
-        variables: job_text::Variables::Server { prefix: arguments.env_prefix, secrets: arguments.secrets_dir },
+        env_prefix: arguments.env_prefix,
+        secrets_dir: arguments.secrets_dir,
+        data_root: arguments.data_root,
     }
 }
 
@@ -513,7 +520,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         load(&path)
     } else {
         match server_job(connection, &job).await {
-            Ok((text, format)) => match job_text::parse(&text, format, &job_text::Variables::Process) {
+            Ok((text, format)) => match job_text::parse(&text, format, &job_text::DocumentRules::Standalone) {
                 Ok(spec) => Some(spec),
                 Err(errors) => {
                     eprintln!("error: job {job} from {} is not valid here:", connection.server);

@@ -14,6 +14,7 @@ use crate::api::{router, Api, Tokens};
 use crate::cluster::etcd::{EtcdOptions, EtcdStore};
 use crate::cluster::node::{Node, NodeConfig};
 use crate::cluster::store::{MemoryStore, Store};
+use crate::document_rules::{DocumentRules, ServerRules};
 use open_connections::OpenConnections;
 
 #[derive(Debug)]
@@ -36,7 +37,10 @@ pub struct Options {
     /// Global alarm rules that replace the cluster's when this node starts.
     pub alarms: Option<PathBuf>,
     /// Where documents' `${NAME}`s take their values (`--env-prefix`, `--secrets-dir`).
-    pub variables: crate::job_text::Variables,
+    pub env_prefix: String,
+    pub secrets_dir: Option<PathBuf>,
+    /// The directory documents' paths stay inside (`--data-root`; default `<state-dir>/data`).
+    pub data_root: Option<PathBuf>,
 }
 
 /// Runs the server until SIGINT/SIGTERM; the exit code.
@@ -92,6 +96,10 @@ async fn run(options: Options) -> Result<()> {
     crate::private_files::create_dir(&options.state_dir).map_err(|error| {
         Error::config(format!("--state-dir {}: cannot create it: {error}", options.state_dir.display()))
     })?;
+    let data_root = options.data_root.clone().unwrap_or_else(|| options.state_dir.join("data"));
+    let rules = ServerRules::new(options.env_prefix.clone(), options.secrets_dir.clone(), &data_root)
+        .map_err(|error| Error::config(format!("--data-root {}: cannot create it: {error}", data_root.display())))?;
+    let document_rules = DocumentRules::Server(rules);
     let id = options.node_id.clone().unwrap_or_else(|| format!("{}-{}", host_name(), options.listen.port()));
     let store: Arc<dyn Store> = match &options.etcd {
         Some(members) => Arc::new(connect_etcd(members).await?),
@@ -100,7 +108,7 @@ async fn run(options: Options) -> Result<()> {
     if let Some(path) = &options.alarms {
         let text = std::fs::read_to_string(path)
             .map_err(|error| Error::config(format!("--alarms {}: cannot read it: {error}", path.display())))?;
-        let rules = crate::alarms::checked_rules(&text, &options.variables).map_err(|errors| {
+        let rules = crate::alarms::checked_rules(&text, &document_rules).map_err(|errors| {
             let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
             Error::config(format!("--alarms {}: {}", path.display(), listed.join("; ")))
                 .hint("the file holds rules as a job's `alarms:` does (a list, or {alarms: [...]})")
@@ -128,7 +136,7 @@ async fn run(options: Options) -> Result<()> {
         lease: Duration::from_secs(options.lease_secs),
         state_dir: options.state_dir.clone(),
         fencing: options.etcd.is_some(),
-        variables: options.variables.clone(),
+        document_rules,
     };
     let node = Node::start(store, config).await?;
     let (stop, stopped) = watch::channel(false);

@@ -129,13 +129,13 @@ fn validate(
     body: &[u8],
     headers: &HeaderMap,
     cluster: bool,
-    variables: &job_text::Variables,
+    document_rules: &job_text::DocumentRules,
 ) -> Result<(JobSpec, String, DocumentFormat), Failure> {
     let text =
         std::str::from_utf8(body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the job document is not UTF-8"))?;
     let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
     let format = DocumentFormat::of_content_type(content_type);
-    let (job, mut errors) = job_text::check(text, format, variables);
+    let (job, mut errors) = job_text::check(text, format, document_rules);
     // The same document with every `${VAR}` left as written: what the store keeps at rest.
     if let (Some(written), _) =
         parse_job_partially(text, format == DocumentFormat::Json, |name| Some(format!("${{{name}}}")))
@@ -211,7 +211,7 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
         (status = 409, description = "a job of that name exists", body = ErrorBody),
     ))]
 async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.variables)?;
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.document_rules)?;
     no_cycle(&api, &spec).await?;
     let record = JobRecord {
         name: spec.name.clone(),
@@ -449,7 +449,7 @@ fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleS
 async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     no_backfill(&job)?;
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.variables)?;
+    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.document_rules)?;
     if spec.name != name {
         return Err(failure(
             StatusCode::BAD_REQUEST,
@@ -495,7 +495,7 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
         old.document.as_bytes(),
         &format_header(old.format),
         api.node.config.fencing,
-        &api.node.config.variables,
+        &api.node.config.document_rules,
     )?;
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
@@ -554,9 +554,10 @@ async fn restart_job(State(api): Shared, Path(name): Path<String>) -> Reply {
 async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
     let record = job(&api, &name).await?;
     // Read before the versions go: what the job keeps at its source is released after.
-    let spec = crate::cluster::model::load_spec(&*api.node.store, &api.node.config.variables, &name, record.version)
-        .await
-        .ok();
+    let spec =
+        crate::cluster::model::load_spec(&*api.node.store, &api.node.config.document_rules, &name, record.version)
+            .await
+            .ok();
     let store = &api.node.store;
     // The job record last: a delete that fails half-way leaves a job that can be deleted again.
     // Its workers stop its tasks when they see it gone, and write nothing more.
@@ -700,7 +701,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         current.document.as_bytes(),
         &format_header(current.format),
         api.node.config.fencing,
-        &api.node.config.variables,
+        &api.node.config.document_rules,
     )?;
     let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
     if let Some(known) = tables.iter().find(|table| filter.matches(&sluice_core::TableName::parse(table))) {
@@ -727,7 +728,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         document.as_bytes(),
         &format_header(DocumentFormat::Json),
         api.node.config.fencing,
-        &api.node.config.variables,
+        &api.node.config.document_rules,
     )?;
     job.backfill = Some(BackfillRequest {
         id: format!("added-{}", next_generation(job.generation)),
@@ -785,7 +786,7 @@ async fn job_series(State(api): Shared, Path(name): Path<String>) -> Reply {
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
     let job = job(&api, &name).await?;
-    let limit = load_spec(&*api.node.store, &api.node.config.variables, &name, job.version)
+    let limit = load_spec(&*api.node.store, &api.node.config.document_rules, &name, job.version)
         .await
         .map(|spec| spec.errors.max_dirty_records)
         .ok();
@@ -846,9 +847,14 @@ async fn discard_dirty(
 async fn replay_dirty(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let job = job(&api, &name).await?;
     let chosen = chosen_of(&body)?.unwrap_or(crate::cluster::dirty::Chosen::All);
-    let outcome =
-        crate::cluster::dirty::replay(&api.node.store, &api.node.config.variables, &job, &chosen, &api.node.config.id)
-            .await?;
+    let outcome = crate::cluster::dirty::replay(
+        &api.node.store,
+        &api.node.config.document_rules,
+        &job,
+        &chosen,
+        &api.node.config.id,
+    )
+    .await?;
     Ok(Json(outcome).into_response())
 }
 
@@ -866,7 +872,7 @@ async fn verify_job(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     let options = verify_options(&body)?;
     let last = crate::cluster::verification::verify(
         &*api.node.store,
-        &api.node.config.variables,
+        &api.node.config.document_rules,
         &record,
         &options,
         &api.node.config.id,
@@ -976,7 +982,7 @@ async fn show_alarms(State(api): Shared) -> Reply {
         })
         .collect();
     // The global rules without their targets (which are secrets, even as variable names).
-    let global: Vec<Value> = crate::alarms::global_rules(&*api.node.store, &api.node.config.variables)
+    let global: Vec<Value> = crate::alarms::global_rules(&*api.node.store, &api.node.config.document_rules)
         .await
         .unwrap_or_default()
         .iter()
@@ -995,7 +1001,7 @@ async fn show_alarms(State(api): Shared) -> Reply {
     responses((status = 200, description = "{rules: N}", body = Object), (status = 400, description = "every error, with its line", body = ErrorBody)))]
 async fn set_alarms(State(api): Shared, body: Bytes) -> Reply {
     let text = std::str::from_utf8(&body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the rules are not UTF-8"))?;
-    let rules = crate::alarms::checked_rules(text, &api.node.config.variables).map_err(|errors| {
+    let rules = crate::alarms::checked_rules(text, &api.node.config.document_rules).map_err(|errors| {
         Failure(
             StatusCode::BAD_REQUEST,
             ErrorBody {

@@ -193,7 +193,7 @@ pub struct ReplayFailure {
 /// forgotten; one refused again stays, with the new reason.
 pub async fn replay(
     store: &Arc<dyn Store>,
-    variables: &crate::job_text::Variables,
+    document_rules: &crate::job_text::DocumentRules,
     job: &JobRecord,
     chosen: &Chosen,
     node: &str,
@@ -204,7 +204,7 @@ pub async fn replay(
     if records.is_empty() {
         return Ok(outcome);
     }
-    let mut spec = super::model::load_spec(&**store, variables, &job.name, job.version).await?;
+    let mut spec = super::model::load_spec(&**store, document_rules, &job.name, job.version).await?;
     spec.target.write_mode = WriteMode::Upsert;
     if let Some(error) = sluice_connectors::validate(&spec).into_iter().find(|error| error.path.starts_with("target")) {
         return Err(Error::config(format!("job {}: its records cannot be replayed: {error}", job.name))

@@ -165,7 +165,7 @@ impl Node {
     /// the job's target tables are emptied and their checkpoints forgotten first; a
     /// cursor-incremental job's keeps its rows and copies the window above its marks.
     async fn plan(&self, job: &JobRecord, previous: Option<PlanRecord>) -> Result<PlanRecord> {
-        let spec = Arc::new(load_spec(&*self.store, &self.config.variables, &job.name, job.version).await?);
+        let spec = Arc::new(load_spec(&*self.store, &self.config.document_rules, &job.name, job.version).await?);
         let batch = batch_of(job);
         let fresh = previous.as_ref().is_some_and(|previous| previous.batch < batch);
         let incremental = spec.mode == sluice_core::spec::Mode::IncrementalCursor;

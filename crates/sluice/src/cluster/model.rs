@@ -20,7 +20,7 @@ use sluice_core::state::Plan;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName};
 
 use super::store::{Entry, Store};
-use crate::job_text::{self, DocumentFormat, Variables};
+use crate::job_text::{self, DocumentFormat, DocumentRules};
 
 pub const ROOT: &str = "/sluice/";
 pub const LEADER: &str = "/sluice/leader";
@@ -772,11 +772,11 @@ pub fn tasks_of(mode: sluice_core::spec::Mode, plan: &Plan) -> Vec<TaskPlan> {
 }
 
 /// The job document of a version, its `${NAME}`s read by this node's rule.
-pub async fn load_spec(store: &dyn Store, variables: &Variables, job: &str, version: u32) -> Result<JobSpec> {
+pub async fn load_spec(store: &dyn Store, document_rules: &DocumentRules, job: &str, version: u32) -> Result<JobSpec> {
     let (record, _) = load::<VersionRecord>(store, &version_key(job, version)).await?.ok_or_else(|| {
         Error::new(ErrorKind::State, format!("job {job} has no version {version} in the coordination store"))
     })?;
-    job_text::parse(&record.document, record.format, variables).map_err(|errors| {
+    job_text::parse(&record.document, record.format, document_rules).map_err(|errors| {
         let listed: Vec<String> = errors.iter().map(ToString::to_string).collect();
         Error::config(format!("job {job} version {version} is not valid on this node: {}", listed.join("; ")))
             .hint("an environment variable the job names may be missing on this node")

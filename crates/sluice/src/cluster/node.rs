@@ -74,7 +74,7 @@ pub struct NodeConfig {
     /// Whether task writes are fenced in the target (a cluster; a single node needs no fence).
     pub fencing: bool,
     /// Where the `${NAME}`s of job documents and alarm rules take their values on this node.
-    pub variables: crate::job_text::Variables,
+    pub document_rules: crate::job_text::DocumentRules,
 }
 
 /// A task this node runs.
@@ -342,11 +342,11 @@ impl Node {
         *last = Some(Instant::now());
         let (store, guard, client, rules) =
             (self.store.clone(), guard.clone(), self.webhooks.clone(), self.alarm_rules.clone());
-        let variables = self.config.variables.clone();
+        let document_rules = self.config.document_rules.clone();
         // Cleared however the evaluation ends, a panic included.
         let evaluating = Evaluating(self.alarming.clone());
         tokio::spawn(async move {
-            if let Err(error) = crate::alarms::evaluate(store, &variables, guard, client, &rules).await {
+            if let Err(error) = crate::alarms::evaluate(store, &document_rules, guard, client, &rules).await {
                 log::warn!("alarms: cannot evaluate them now: {error}");
             }
             drop(evaluating);
@@ -363,10 +363,10 @@ impl Node {
         }
         *last = Some(Instant::now());
         let (store, node, schedules) = (self.store.clone(), self.config.id.clone(), self.verify_schedules.clone());
-        let variables = self.config.variables.clone();
+        let document_rules = self.config.document_rules.clone();
         let verifying = Evaluating(self.verifying.clone());
         tokio::spawn(async move {
-            if let Err(error) = super::verification::run_due(&*store, &variables, &node, &schedules).await {
+            if let Err(error) = super::verification::run_due(&*store, &document_rules, &node, &schedules).await {
                 log::warn!("scheduled verifications: cannot look for due jobs now: {error}");
             }
             drop(verifying);

@@ -18,18 +18,18 @@ use super::model::{
 };
 use super::status::{job_view, JobState};
 use super::store::Store;
-use crate::job_text::Variables;
+use crate::job_text::DocumentRules;
 
 /// Verifies `job` as its current version says, keeps the report as its last verification, and
 /// returns it.
 pub async fn verify(
     store: &dyn Store,
-    variables: &Variables,
+    document_rules: &DocumentRules,
     job: &JobRecord,
     options: &VerifyOptions,
     node: &str,
 ) -> Result<LastVerification> {
-    let spec = Arc::new(load_spec(store, variables, &job.name, job.version).await?);
+    let spec = Arc::new(load_spec(store, document_rules, &job.name, job.version).await?);
     let report = crate::job_verification::verify(&spec, options).await?;
     let last = LastVerification {
         at: sluice_core::clock::unix_seconds(),
@@ -128,12 +128,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Schedules {
-    async fn of(&self, store: &dyn Store, variables: &Variables, job: &JobRecord) -> Option<VerifySpec> {
+    async fn of(&self, store: &dyn Store, document_rules: &DocumentRules, job: &JobRecord) -> Option<VerifySpec> {
         let key = (job.name.clone(), job.version);
         if let Some(known) = lock(&self.specs).get(&key) {
             return known.clone();
         }
-        let schedule = load_spec(store, variables, &job.name, job.version).await.ok()?.verify;
+        let schedule = load_spec(store, document_rules, &job.name, job.version).await.ok()?.verify;
         lock(&self.specs).insert(key, schedule.clone());
         schedule
     }
@@ -142,14 +142,19 @@ impl Schedules {
 /// As leader: verifies, one after the other, each job whose `verify:` is due — running, copied
 /// (succeeded, or streaming), and last verified `every_secs` ago or never. A verification that
 /// cannot run (a server down) is logged and tried again a period later.
-pub async fn run_due(store: &dyn Store, variables: &Variables, node: &str, schedules: &Schedules) -> Result<()> {
+pub async fn run_due(
+    store: &dyn Store,
+    document_rules: &DocumentRules,
+    node: &str,
+    schedules: &Schedules,
+) -> Result<()> {
     let jobs: Vec<(String, JobRecord, _)> = load_all(store, &format!("{ROOT}jobs/")).await?;
     let now = sluice_core::clock::unix_seconds();
     for (_, job, _) in jobs {
         if job.desired != Desired::Running {
             continue;
         }
-        let Some(schedule) = schedules.of(store, variables, &job).await else { continue };
+        let Some(schedule) = schedules.of(store, document_rules, &job).await else { continue };
         let period = Duration::from_secs(schedule.every_secs);
         let failed_lately = lock(&schedules.failures).get(&job.name).is_some_and(|failed| failed.elapsed() < period);
         let verified_lately =
@@ -164,7 +169,7 @@ pub async fn run_due(store: &dyn Store, variables: &Variables, node: &str, sched
             continue;
         }
         let options = VerifyOptions { tables: schedule.tables, repair: schedule.repair, ..VerifyOptions::default() };
-        match verify(store, variables, &job, &options, node).await {
+        match verify(store, document_rules, &job, &options, node).await {
             Ok(_) => {
                 lock(&schedules.failures).remove(&job.name);
             }

@@ -347,7 +347,7 @@ impl Node {
             TaskKind::Cdc => plan.stream_version.unwrap_or(plan.version),
             TaskKind::Snapshot => plan.version,
         };
-        let spec = Arc::new(load_spec(&*self.store, &self.config.variables, &job.name, version).await?);
+        let spec = Arc::new(load_spec(&*self.store, &self.config.document_rules, &job.name, version).await?);
         let source = sluice_connectors::source(&spec)?;
         let sink = if self.config.fencing {
             sluice_connectors::fenced_sink(&spec, Fence { task: task.id.clone(), epoch: guard.create_revision })?

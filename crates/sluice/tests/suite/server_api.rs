@@ -216,6 +216,19 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
             "{variable} is refused at {field}, naming the prefix: {body:#}"
         );
     }
+    // Every path stays inside the server's data root (here the workspace), links followed.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), workspace.path("escape")).unwrap();
+    let roaming = "name: roaming\nmode: snapshot\nsource:\n  type: sqlite\n  path: ../../etc/passwd\ntarget:\n  type: sqlite\n  path: escape/t.db\n";
+    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", roaming)));
+    assert_eq!(status, 400, "{body}");
+    for field in ["source.path", "target.path"] {
+        assert!(
+            body["errors"].as_array().unwrap().iter().any(|error| error["path"] == field
+                && error["message"].as_str().unwrap().contains("outside the server's data root")),
+            "{field} is refused: {body:#}"
+        );
+    }
     let filed = "name: filed\nmode: snapshot\nsource:\n  type: mysql\n  url: mysql://u:${DB_PASSWORD}@127.0.0.1:1/db\n  tables: [\"db.*\"]\ntarget:\n  type: sqlite\n  path: t.db\nretry: {max_attempts: 1}\n";
     let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", filed)));
     assert_eq!(status, 201, "a secret of --secrets-dir is read whatever its name: {body}");

@@ -179,8 +179,22 @@ pub fn start_server_with(workspace: &Workspace, id: &str, extra: &[&str], enviro
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let state = format!("state-{id}");
-    let mut arguments =
-        vec!["server", "--listen", &listen, "--node-id", id, "--state-dir", &state, "--lease-secs", "5"];
+    // The documents of the tests name their files relative to the workspace.
+    let root = workspace.path("");
+    let root = root.to_str().expect("a UTF-8 path");
+    let mut arguments = vec![
+        "server",
+        "--listen",
+        &listen,
+        "--node-id",
+        id,
+        "--state-dir",
+        &state,
+        "--lease-secs",
+        "5",
+        "--data-root",
+        root,
+    ];
     arguments.extend_from_slice(extra);
     let https = extra.contains(&"--tls-cert");
     let log = workspace.path(&format!("{id}.log"));
