@@ -16,7 +16,19 @@ pub(crate) const CONNECTOR: Connector = Connector {
     feature: "tcp",
     capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
     source: Some(SourceSide {
-        fields: &["type", "listen", "table", "columns", "key", "max_line_bytes"],
+        fields: &[
+            "type",
+            "listen",
+            "table",
+            "columns",
+            "key",
+            "max_line_bytes",
+            "max_connections",
+            "idle_timeout_secs",
+            "auth",
+            "tls_cert",
+            "tls_key",
+        ],
         validate,
         build,
     }),
@@ -25,6 +37,12 @@ pub(crate) const CONNECTOR: Connector = Connector {
 
 /// The longest line a connection may send by default: 1 MiB.
 const DEFAULT_MAX_LINE_BYTES: u64 = 1 << 20;
+
+/// Connections open at once by default.
+const DEFAULT_MAX_CONNECTIONS: u64 = 256;
+
+/// Seconds a connection may stay quiet by default.
+const DEFAULT_IDLE_TIMEOUT_SECS: u64 = 300;
 
 /// Where to listen: an address and port, or a port alone, on the loopback interface (reachable
 /// from this machine only unless the job names an address).
@@ -94,13 +112,52 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecE
             None => errors.push(endpoint.error("key", format!("`{name}` is not one of `columns`"))),
         }
     }
-    let max_line_bytes = count_option(endpoint, "max_line_bytes", DEFAULT_MAX_LINE_BYTES)
-        .map_err(|error| errors.push(error))
-        .unwrap_or(DEFAULT_MAX_LINE_BYTES);
+    let mut count = |field: &str, default: u64| {
+        match count_option(endpoint, field, default) {
+            Ok(0) => errors.push(endpoint.error(field, "must be at least 1")),
+            Ok(value) => return value,
+            Err(error) => errors.push(error),
+        }
+        default
+    };
+    let max_line_bytes = count("max_line_bytes", DEFAULT_MAX_LINE_BYTES);
+    let max_connections = count("max_connections", DEFAULT_MAX_CONNECTIONS);
+    let idle_timeout_secs = count("idle_timeout_secs", DEFAULT_IDLE_TIMEOUT_SECS);
+    let auth = text_option(endpoint, "auth").map(|token| {
+        sluice_core::secret::register(&token);
+        if token.len() < 16 {
+            errors.push(endpoint.error("auth", "a token of at least 16 characters, from ${VARIABLE}"));
+        }
+        sluice_core::secret::Secret::new(token)
+    });
+    let tls = match (text_option(endpoint, "tls_cert"), text_option(endpoint, "tls_key")) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            match crate::tls::server_config(std::path::Path::new(&cert), std::path::Path::new(&key)) {
+                Ok(config) => Some(Arc::new(config)),
+                Err(problem) => {
+                    errors.push(endpoint.error("tls_cert", problem));
+                    None
+                }
+            }
+        }
+        (Some(_), None) => {
+            errors.push(endpoint.error("tls_key", "missing: tls_cert needs its private key (PEM)"));
+            None
+        }
+        (None, Some(_)) => {
+            errors.push(endpoint.error("tls_cert", "missing: tls_key needs its certificate chain (PEM)"));
+            None
+        }
+    };
     match (listen, table) {
         (Some(listen), Some(table)) if errors.is_empty() => Ok(TcpOptions {
             listen,
             max_line_bytes: max_line_bytes as usize,
+            max_connections: max_connections as usize,
+            idle_timeout: std::time::Duration::from_secs(idle_timeout_secs),
+            auth,
+            tls,
             table: Arc::new(TableSchema {
                 name: TableName::parse(&table),
                 columns,

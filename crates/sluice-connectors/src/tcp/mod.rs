@@ -10,6 +10,11 @@
 //!   acknowledged when the connection breaks (a crash, a restart) must be sent again: with a
 //!   `key`, a line sent twice replaces its row, so resending is safe.
 //! - **Columns** are declared (`columns: {id: integer, name: text}`); `key` names the primary key.
+//! - **Bounds.** Every input is bounded so one client cannot hold the server: a line longer than
+//!   `max_line_bytes`, a connection past `max_connections`, one quiet for `idle_timeout_secs`, a
+//!   failed `auth` or TLS handshake: each is answered (`error N: why`) where it can be and closed.
+//! - **TLS and authentication.** With `tls_cert` and `tls_key` the input speaks TLS only; with
+//!   `auth`, a connection's first line must be `auth TOKEN` (compared in constant time).
 
 pub(crate) mod connector;
 
@@ -21,9 +26,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
 use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
+use sluice_core::secret::Secret;
 use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableSchema};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -35,6 +41,9 @@ const ACKNOWLEDGE_EVERY: std::time::Duration = std::time::Duration::from_millis(
 
 /// Lines per source transaction, at most.
 const LINES_PER_TRANSACTION: usize = 5_000;
+
+/// How long a client may take over its TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A column type by the name `columns` gives it.
 pub fn column_type(name: &str) -> Option<DataType> {
@@ -62,6 +71,14 @@ pub struct TcpOptions {
     /// A longer line is answered `error N: line too long` and its connection closed, so no
     /// client holds the input's memory with one endless line.
     pub max_line_bytes: usize,
+    /// Connections open at once, at most; one more is answered `error 0: too many connections`.
+    pub max_connections: usize,
+    /// A connection that sends nothing for this long is closed.
+    pub idle_timeout: std::time::Duration,
+    /// The token a connection's first line must give (`auth TOKEN`), if any.
+    pub auth: Option<Secret>,
+    /// Speak TLS only, with this certificate chain and key.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Where the stream stands: the lines committed since the job began.
@@ -125,14 +142,8 @@ impl ChangeSource for TcpSource {
         })?;
         log::info!("line input: listening on {} for rows of {}", self.options.listen, self.options.table.name);
         let (lines, received) = mpsc::channel(QUEUED_LINES);
-        let connections: Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>> = Arc::default();
-        let accepting = tokio::spawn(accept(
-            listener,
-            self.options.table.clone(),
-            self.options.max_line_bytes,
-            lines,
-            connections.clone(),
-        ));
+        let connections: Connections = Arc::default();
+        let accepting = tokio::spawn(accept(listener, self.options.clone(), lines, connections.clone()));
         Ok(Box::new(LineStream {
             table: self.options.table.clone(),
             committed: start.lines,
@@ -153,15 +164,13 @@ struct Line {
     row: Row,
 }
 
+/// The live connections, by id: where each one's replies go.
+type Connections = Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>>;
+
 /// Accepts connections until dropped; each one's lines go to `lines`.
-async fn accept(
-    listener: TcpListener,
-    table: Arc<TableSchema>,
-    max_line_bytes: usize,
-    lines: mpsc::Sender<Line>,
-    connections: Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>>,
-) {
+async fn accept(listener: TcpListener, options: TcpOptions, lines: mpsc::Sender<Line>, connections: Connections) {
     let mut next_id = 0;
+    let acceptor = options.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     // Dropped with this task when the stream goes: every connection is closed with it.
     let mut readers = tokio::task::JoinSet::new();
     loop {
@@ -174,39 +183,94 @@ async fn accept(
                 continue;
             }
         };
-        next_id += 1;
-        let (replies, outgoing) = mpsc::unbounded_channel();
-        connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(next_id, replies.clone());
         while readers.try_join_next().is_some() {}
-        let input = Input { peer, id: next_id, table: table.clone(), max_line_bytes, lines: lines.clone() };
-        let serving = serve(socket, input, replies, outgoing);
+        // Readers also count those refused or still in their handshake, so it bounds them all.
+        if readers.len() >= options.max_connections {
+            log::warn!("line input: {peer} refused: {} connections are open (source.max_connections)", readers.len());
+            // Told without a wait (a TLS client, before any handshake, is only closed).
+            if acceptor.is_none() {
+                let refusal =
+                    format!("error 0: too many connections (source.max_connections {})\n", options.max_connections);
+                let _ = socket.try_write(refusal.as_bytes());
+            }
+            continue;
+        }
+        next_id += 1;
+        let id = next_id;
+        let (replies, outgoing) = mpsc::unbounded_channel();
+        connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(id, replies.clone());
+        let input = Input { peer, id, options: options.clone(), lines: lines.clone() };
         let connections = connections.clone();
+        let acceptor = acceptor.clone();
         readers.spawn(async move {
-            serving.await;
-            connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&next_id);
+            match acceptor {
+                None => serve(socket, input, replies, outgoing).await,
+                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(socket)).await {
+                    Ok(Ok(stream)) => serve(stream, input, replies, outgoing).await,
+                    Ok(Err(error)) => log::warn!("line input: {peer}: TLS handshake failed: {error}"),
+                    Err(_) => log::warn!("line input: {peer}: no TLS handshake within {HANDSHAKE_TIMEOUT:?}"),
+                },
+            }
+            connections.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(&id);
         });
     }
 }
 
-/// One connection's side of the input: who sent it, the table its lines are rows of, the
-/// longest line it may send, and where its decoded lines go.
+/// One connection's side of the input: who sent it, the input's options, and where its decoded
+/// lines go.
 struct Input {
     peer: SocketAddr,
     id: u64,
-    table: Arc<TableSchema>,
-    max_line_bytes: usize,
+    options: TcpOptions,
     lines: mpsc::Sender<Line>,
 }
 
+/// What reading one line of a connection gave.
+enum Read {
+    Line,
+    Closed,
+    TooLong,
+    Idle,
+}
+
+/// Reads one line into `bytes` (at most one byte past `max_line_bytes`, whatever the client
+/// sends), waiting `idle` at most.
+async fn read_line<R: AsyncRead + Unpin>(
+    input: &mut BufReader<R>,
+    bytes: &mut Vec<u8>,
+    max_line_bytes: usize,
+    idle: std::time::Duration,
+) -> Read {
+    bytes.clear();
+    let mut limited = input.take(max_line_bytes as u64 + 1);
+    let reading = limited.read_until(b'\n', bytes);
+    match tokio::time::timeout(idle, reading).await {
+        Err(_) => Read::Idle,
+        Ok(Ok(0) | Err(_)) => Read::Closed,
+        Ok(Ok(_)) if bytes.len() > max_line_bytes && !bytes.ends_with(b"\n") => Read::TooLong,
+        Ok(Ok(_)) => Read::Line,
+    }
+}
+
+/// Whether `line` is `auth TOKEN` with the input's token, compared in constant time.
+fn authenticates(line: &[u8], token: &Secret) -> bool {
+    let given = line.strip_suffix(b"\n").unwrap_or(line);
+    let given = given.strip_suffix(b"\r").unwrap_or(given);
+    let expected = format!("auth {}", token.expose());
+    let expected = expected.as_bytes();
+    let differing = given.iter().zip(expected).fold(0u8, |differing, (a, b)| differing | (a ^ b));
+    given.len() == expected.len() && differing == 0
+}
+
 /// Reads one connection's lines and writes back what the stream tells it.
-async fn serve(
-    socket: TcpStream,
+async fn serve<S: AsyncRead + AsyncWrite + Send + 'static>(
+    socket: S,
     input: Input,
     replies: mpsc::UnboundedSender<String>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
 ) {
-    let Input { peer, id, table, max_line_bytes, lines } = input;
-    let (read, mut write) = socket.into_split();
+    let Input { peer, id, options, lines } = input;
+    let (read, mut write) = tokio::io::split(socket);
     let writer = tokio::spawn(async move {
         while let Some(reply) = outgoing.recv().await {
             let closing = reply.starts_with("error");
@@ -219,23 +283,32 @@ async fn serve(
     });
     let mut input = BufReader::new(read);
     let mut bytes = Vec::new();
-    let mut number = 0;
-    loop {
-        bytes.clear();
-        // At most one byte past the bound is read, whatever the client sends.
-        match (&mut input).take(max_line_bytes as u64 + 1).read_until(b'\n', &mut bytes).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
+    let (max_line_bytes, idle) = (options.max_line_bytes, options.idle_timeout);
+    let mut refusal = None;
+    if let Some(token) = &options.auth {
+        let authenticated = matches!(read_line(&mut input, &mut bytes, max_line_bytes, idle).await, Read::Line)
+            && authenticates(&bytes, token);
+        if !authenticated {
+            refusal = Some((0, "authentication failed: the first line must be `auth TOKEN` (source.auth)".to_owned()));
         }
-        let too_long = bytes.len() > max_line_bytes && !bytes.ends_with(b"\n");
-        if !too_long && bytes.iter().all(u8::is_ascii_whitespace) {
+    }
+    let mut number = 0;
+    while refusal.is_none() {
+        let read = read_line(&mut input, &mut bytes, max_line_bytes, idle).await;
+        if matches!(read, Read::Closed) {
+            break;
+        }
+        if matches!(read, Read::Line) && bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
         number += 1;
-        let decoded = match std::str::from_utf8(&bytes) {
-            _ if too_long => Err(format!("line too long (more than {max_line_bytes} bytes, source.max_line_bytes)")),
-            Ok(text) => crate::file::decode_json(&table, text.trim_end()),
-            Err(_) => Err("the line is not UTF-8".to_owned()),
+        let decoded = match read {
+            Read::TooLong => Err(format!("line too long (more than {max_line_bytes} bytes, source.max_line_bytes)")),
+            Read::Idle => Err(format!("idle for {} s (source.idle_timeout_secs)", idle.as_secs())),
+            _ => match std::str::from_utf8(&bytes) {
+                Ok(text) => crate::file::decode_json(&options.table, text.trim_end()),
+                Err(_) => Err("the line is not UTF-8".to_owned()),
+            },
         };
         match decoded {
             Ok(row) => {
@@ -243,17 +316,17 @@ async fn serve(
                     break;
                 }
             }
-            Err(reason) => {
-                log::warn!("line input: {peer} line {number}: {reason}; the connection is closed");
-                let _ = replies.send(format!("error {number}: {reason}\n"));
-                // What the client still sends is read and dropped for a moment, so the close
-                // is orderly and the client reads the error (unread bytes would reset it).
-                let mut sink = tokio::io::sink();
-                let drained = tokio::io::copy(&mut input, &mut sink);
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
-                break;
-            }
+            Err(reason) => refusal = Some((number, reason)),
         }
+    }
+    if let Some((number, reason)) = refusal {
+        log::warn!("line input: {peer} line {number}: {reason}; the connection is closed");
+        let _ = replies.send(format!("error {number}: {reason}\n"));
+        // What the client still sends is read and dropped for a moment, so the close is orderly
+        // and the client reads the error (unread bytes would reset it).
+        let mut sink = tokio::io::sink();
+        let drained = tokio::io::copy(&mut input, &mut sink);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
     }
     drop(replies);
     // Acknowledgements go on until the client closes its side or the stream ends.
@@ -269,7 +342,7 @@ struct LineStream {
     received: mpsc::Receiver<Line>,
     /// Lines handed and not acknowledged yet: (global number, connection, its number there).
     unacknowledged: VecDeque<(u64, u64, u64)>,
-    connections: Arc<std::sync::Mutex<HashMap<u64, mpsc::UnboundedSender<String>>>>,
+    connections: Connections,
     /// The lines handed last wait for their `Commit`.
     commit_pending: bool,
     accepting: JoinHandle<()>,

@@ -422,3 +422,136 @@ fn a_cluster_node_signs_in_to_etcd_as_a_user() {
     assert!(!server.output().contains(&password), "{}", server.output());
     server_refused(&workspace, &arguments, &[("SLUICE_ETCD_PASSWORD", "wrong-password".to_owned())], "root");
 }
+
+/// The `tcp` input with TLS, a token and bounds: a plaintext client, a client without the
+/// token, a connection past `max_connections`, an endless line and a quiet connection are each
+/// refused or cut, and a client with the token over TLS loads its rows.
+#[test]
+fn a_tcp_input_over_tls_with_a_token_takes_only_authenticated_bounded_clients() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpStream;
+    let namespace = unique_name("tcp_tls");
+    let workspace = Workspace::new();
+    let address = format!("127.0.0.1:{}", support::cluster::free_port());
+    let token = "tcp-token-0123456789abcdef";
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {}\nmode: cdc\nsource:\n  type: tcp\n  listen: \"{address}\"\n  table: inbox\n  \
+             columns: {{id: bigint, body: text}}\n  key: [id]\n  max_line_bytes: 1024\n  max_connections: 2\n  \
+             idle_timeout_secs: 5\n  auth: ${{TCP_TOKEN}}\n  tls_cert: {}\n  tls_key: {}\n\
+             target:\n  type: postgres\n  url: {}\n  namespace: {namespace}\n",
+            namespace.replace('_', "-"),
+            cert("server.pem"),
+            cert("server.key"),
+            support::postgres_url()
+        ),
+    );
+    let child = workspace
+        .command(&["run", job.to_str().unwrap()])
+        .env("TCP_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run = support::Running::new(child);
+    let stderr = run.stderr_view();
+    wait_for("the input listens", Duration::from_secs(60), || stderr().contains("listening on"));
+
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(cert("ca.pem")).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    for certificate in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(certificate.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider).with_safe_default_protocol_versions().unwrap();
+    let config = std::sync::Arc::new(config.with_root_certificates(roots).with_no_client_auth());
+    let connect = || {
+        let connection =
+            rustls::ClientConnection::new(config.clone(), "localhost".try_into().unwrap()).expect("a TLS client");
+        let socket = TcpStream::connect(&address).unwrap();
+        socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        rustls::StreamOwned::new(connection, socket)
+    };
+    // The replies of a connection until it closes or says `error`.
+    let replies_of = |stream: &mut dyn Read| -> Vec<String> {
+        let mut replies = Vec::new();
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let error = line.starts_with("error");
+            replies.push(line);
+            if error {
+                break;
+            }
+        }
+        replies
+    };
+
+    // The token: lines loaded and acknowledged.
+    let mut member = connect();
+    member
+        .write_all(
+            format!("auth {token}\n{{\"id\": 3, \"body\": \"member\"}}\n{{\"id\": 4, \"body\": \"member\"}}\n")
+                .as_bytes(),
+        )
+        .unwrap();
+    let mut reader = BufReader::new(&mut member);
+    let mut acknowledged = String::new();
+    while acknowledged != "ok 2" {
+        acknowledged.clear();
+        reader.read_line(&mut acknowledged).unwrap();
+        acknowledged = acknowledged.trim_end().to_owned();
+        assert!(acknowledged.starts_with("ok"), "{acknowledged}");
+    }
+    // Two connections are open (the member's and one more): one more is closed at once, unread.
+    let mut second = connect();
+    second.write_all(format!("auth {token}\n").as_bytes()).unwrap();
+    second.flush().unwrap();
+    let mut third = TcpStream::connect(&address).unwrap();
+    third.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut refused = Vec::new();
+    let _ = third.read_to_end(&mut refused);
+    assert!(refused.is_empty(), "a TLS input refuses before any handshake: {refused:?}");
+    wait_for("the refusal logged", Duration::from_secs(10), || {
+        stderr().contains("connections are open (source.max_connections)")
+    });
+    // An endless line: cut by its number past max_line_bytes.
+    let long = format!("{{\"id\": 5, \"body\": \"{}\"}}\n", "x".repeat(5_000));
+    second.write_all(long.as_bytes()).unwrap();
+    assert_eq!(
+        replies_of(&mut second).last().map(String::as_str),
+        Some("error 1: line too long (more than 1024 bytes, source.max_line_bytes)")
+    );
+    drop(second);
+    // A quiet connection is closed after idle_timeout_secs.
+    let quiet = replies_of(&mut member);
+    assert_eq!(quiet.last().map(String::as_str), Some("error 3: idle for 5 s (source.idle_timeout_secs)"), "{quiet:?}");
+    drop(member);
+    // A wrong token: refused before any line is read. (Tried until the closed connections are
+    // counted out: until then the cap closes it before its handshake.)
+    wait_for("a wrong token refused", Duration::from_secs(30), || {
+        let mut stranger = connect();
+        if stranger.write_all(b"auth not-the-token-at-all\n{\"id\": 2, \"body\": \"stranger\"}\n").is_err() {
+            return false;
+        }
+        let replies = replies_of(&mut stranger);
+        if replies.is_empty() {
+            return false;
+        }
+        assert_eq!(replies, ["error 0: authentication failed: the first line must be `auth TOKEN` (source.auth)"]);
+        true
+    });
+    // A plaintext client gets nothing loaded: its handshake fails and the connection closes.
+    let mut plain = TcpStream::connect(&address).unwrap();
+    plain.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let _ = plain.write_all(format!("auth {token}\n{{\"id\": 1, \"body\": \"plain\"}}\n").as_bytes());
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(!String::from_utf8_lossy(&answer).contains("ok"), "{answer:?}");
+    support::kill(&mut run);
+    let loaded =
+        support::psql(&format!("SELECT string_agg(id::text || ':' || body, ',' ORDER BY id) FROM {namespace}.inbox"));
+    assert_eq!(loaded.trim(), "3:member,4:member", "only the member's lines: {}", stderr());
+    assert!(!stderr().contains(token), "the token never prints");
+}
