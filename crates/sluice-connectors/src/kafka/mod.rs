@@ -125,7 +125,10 @@ pub(crate) fn client_config(brokers: &str, security: &KafkaSecurity) -> ClientCo
     };
     config.set("security.protocol", protocol);
     if let Some(mode) = &security.tls {
-        config.set("enable.ssl.certificate.verification", if mode == "require" { "false" } else { "true" });
+        // As libpq: `require` with a CA given checks the chain to it (`verify-ca`), without one
+        // it only encrypts.
+        let chain = mode != "require" || security.ca.is_some();
+        config.set("enable.ssl.certificate.verification", if chain { "true" } else { "false" });
         config.set("ssl.endpoint.identification.algorithm", if mode == "verify-full" { "https" } else { "none" });
         if let Some(ca) = &security.ca {
             config.set("ssl.ca.location", ca);
@@ -548,6 +551,28 @@ mod tests {
         assert!(topic_problem("").is_some());
         assert!(topic_problem("..").is_some());
         assert!(topic_problem(&"x".repeat(250)).is_some());
+    }
+
+    #[test]
+    fn require_with_a_ca_checks_the_chain_as_libpq_does() {
+        let security = |tls: &str, ca: Option<&str>| KafkaSecurity {
+            tls: Some(tls.to_owned()),
+            ca: ca.map(str::to_owned),
+            cert: None,
+            key: None,
+            sasl: None,
+        };
+        let checks = |security: &KafkaSecurity| {
+            let config = client_config("127.0.0.1:9092", security);
+            (
+                config.get("enable.ssl.certificate.verification").unwrap().to_owned(),
+                config.get("ssl.endpoint.identification.algorithm").unwrap().to_owned(),
+            )
+        };
+        assert_eq!(checks(&security("require", None)), ("false".into(), "none".into()), "encrypts only");
+        assert_eq!(checks(&security("require", Some("ca.pem"))), ("true".into(), "none".into()), "the chain");
+        assert_eq!(checks(&security("verify-ca", Some("ca.pem"))), ("true".into(), "none".into()));
+        assert_eq!(checks(&security("verify-full", None)), ("true".into(), "https".into()));
     }
 
     #[test]
