@@ -23,7 +23,7 @@ use super::tables::{add_index_sql, add_missing_indexes, counter_sql, create_tabl
 use super::trial::{InsertTrial, Inserts};
 use super::{endpoint, mysql_error, pool, quote, refuse_long_names};
 use crate::sql::snapshot::{write_inserts, InsertTarget};
-use crate::sql::target::{refuse_keyless_upsert, to_create};
+use crate::sql::target::{to_create, warn_keyless_upsert};
 use crate::sql::task::WriterTask;
 
 /// A MySQL or MariaDB server written as a target.
@@ -235,7 +235,7 @@ impl Sink for MysqlSink {
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
         connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
-        refuse_keyless_upsert(tables, self.write_mode)?;
+        warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
             let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
             let existing: Vec<String> = connection
@@ -291,7 +291,7 @@ impl Sink for MysqlSink {
             connection,
             server: self.server.clone(),
             task: WriterTask::new(job, task, self.fence.as_ref()),
-            upsert: self.write_mode == WriteMode::Upsert,
+            upsert: self.write_mode == WriteMode::Upsert && !table.primary_key.is_empty(),
             load_data: self.local_infile.load(std::sync::atomic::Ordering::Relaxed) && loadable(&table),
             table,
             in_transaction: false,

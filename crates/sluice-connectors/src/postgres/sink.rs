@@ -20,7 +20,7 @@ use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
 use super::trial::CopyTrial;
 use super::{connect, postgres_error, quote, refuse_long_names};
 use crate::sql::snapshot::{write_inserts, InsertTarget};
-use crate::sql::target::{refuse_keyless_upsert, to_create};
+use crate::sql::target::{to_create, warn_keyless_upsert};
 use crate::sql::task::WriterTask;
 
 /// A PostgreSQL database written as a target.
@@ -153,7 +153,7 @@ impl Sink for PostgresSink {
             .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
-        refuse_keyless_upsert(tables, self.write_mode)?;
+        warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
             let namespace = table.name.namespace.as_deref().unwrap_or("public");
             let existing: Vec<String> = client
@@ -268,7 +268,8 @@ impl Sink for PostgresSink {
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
         let client = self.writer_connection(job).await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
-        let stage = (self.write_mode == WriteMode::Upsert).then(|| format!("sluice_stage_{}", std::process::id()));
+        let upsert = self.write_mode == WriteMode::Upsert && !table.primary_key.is_empty();
+        let stage = upsert.then(|| format!("sluice_stage_{}", std::process::id()));
         let copy_target = stage.clone().unwrap_or_else(|| qualified(&table.name));
         Ok(Box::new(PostgresWriter {
             client,

@@ -5,9 +5,10 @@ use sluice_core::names::own_name;
 use sluice_core::spec::WriteMode;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
-/// Refuses tables without a primary key under `write_mode: upsert`, which replaces rows by key:
-/// every such table at once, each by the name the job gives it (not a hidden copy's).
-pub(crate) fn refuse_keyless_upsert(tables: &[TableSchema], write_mode: WriteMode) -> Result<()> {
+/// Under `write_mode: upsert`, which replaces rows by key, tables without a primary key are
+/// copied as multisets (inserted) instead: one warning names them all, each by the name the job
+/// gives it (not a hidden copy's).
+pub(crate) fn warn_keyless_upsert(tables: &[TableSchema], write_mode: WriteMode) {
     let keyless: Vec<String> = tables
         .iter()
         .filter(|table| write_mode == WriteMode::Upsert && table.primary_key.is_empty())
@@ -18,18 +19,14 @@ pub(crate) fn refuse_keyless_upsert(tables: &[TableSchema], write_mode: WriteMod
         })
         .collect();
     if keyless.is_empty() {
-        return Ok(());
+        return;
     }
-    Err(Error::new(
-        ErrorKind::Schema,
-        format!(
-            "{} {} no primary key, which write_mode: upsert needs",
-            if keyless.len() == 1 { "table" } else { "tables" },
-            keyless.join(", ") + if keyless.len() == 1 { " has" } else { " have" }
-        ),
-    )
-    .on(Side::Target)
-    .hint("give them a primary key, or use write_mode: insert (or leave them out of source.tables)"))
+    log::warn!(
+        "{} {} no primary key, so write_mode: upsert cannot replace their rows by key: they are copied as \
+         multisets (inserted; a row the source holds twice is there twice); give them a primary key to upsert them",
+        if keyless.len() == 1 { "table" } else { "tables" },
+        keyless.join(", ") + if keyless.len() == 1 { " has" } else { " have" }
+    );
 }
 
 /// The table in the target, given the names of its columns there (`existing`, empty when it

@@ -83,12 +83,8 @@ impl Sink for SqliteSink {
                     "CREATE TABLE IF NOT EXISTS {CHECKPOINTS} (job TEXT NOT NULL, task TEXT NOT NULL, position TEXT, done INTEGER NOT NULL, rows_written INTEGER NOT NULL, updated_at TEXT NOT NULL, PRIMARY KEY (job, task))"
                 ))
                 .map_err(ddl_error)?;
+            crate::sql::target::warn_keyless_upsert(&tables, write_mode);
             for table in &tables {
-                if write_mode == WriteMode::Upsert && table.primary_key.is_empty() {
-                    return Err(Error::new(ErrorKind::Schema, format!("table `{}` has no primary key, which write_mode: upsert needs", table.name))
-                        .on(Side::Target)
-                        .hint("use write_mode: insert for this table"));
-                }
                 if table_exists(&connection, &table.name)? {
                     check_columns(&connection, table)?;
                 } else if create_tables {
@@ -270,7 +266,8 @@ fn insert_sql(table: &TableSchema, write_mode: WriteMode) -> String {
     let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
     let placeholders = vec!["?"; columns.len()].join(", ");
     let mut sql = format!("INSERT INTO {} ({}) VALUES ({placeholders})", quote(&table.name.name), columns.join(", "));
-    if write_mode == WriteMode::Upsert {
+    // A table without a key is a multiset: its rows are inserted (`warn_keyless_upsert`).
+    if write_mode == WriteMode::Upsert && !table.primary_key.is_empty() {
         let key: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
         let updates: Vec<String> = (0..table.columns.len())
             .filter(|index| !table.primary_key.contains(index))

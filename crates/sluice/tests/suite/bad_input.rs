@@ -438,34 +438,3 @@ fn tls_settings_in_urls_are_checked_with_the_job_file() {
     }
     assert_no_secret(&run);
 }
-
-/// `write_mode: upsert` over tables some of which have no key: the run stops before any table is
-/// made, naming every keyless table as the job names it (not the hidden copy a `snapshot+cdc`
-/// copy is written under).
-#[test]
-fn upserts_into_tables_without_a_key_are_refused_naming_each_table() {
-    let database = unique_name("keyless_upsert");
-    mariadb(&format!(
-        "CREATE DATABASE {database}; CREATE TABLE {database}.keyed (id INT PRIMARY KEY);
-         CREATE TABLE {database}.log (note TEXT); CREATE TABLE {database}.trail (note TEXT)"
-    ));
-    let workspace = Workspace::new();
-    let job = workspace.write(
-        "job.yaml",
-        &format!(
-            "name: keyless-upsert\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{URL}}\n  tables: [\"{database}.*\"]\n\
-             target:\n  type: postgres\n  url: ${{TARGET}}\n  write_mode: upsert\nretry: {{max_attempts: 1}}\n"
-        ),
-    );
-    let run = run_into_postgres(&workspace, &job);
-    run.assert_code(1);
-    let output = run.all();
-    let named =
-        format!("tables `{database}.log`, `{database}.trail` have no primary key, which write_mode: upsert needs");
-    assert!(output.contains(&named), "{output}");
-    assert!(!output.contains("_sluice_copy_"), "{output}");
-    let made =
-        support::psql(&format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}'"));
-    assert_eq!(made.trim(), "0", "no table is made");
-    assert_no_secret(&run);
-}

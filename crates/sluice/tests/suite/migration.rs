@@ -181,6 +181,73 @@ fn keyless_tables_copy_with_their_duplicates_and_stream_by_their_values() {
     }
 }
 
+/// `write_mode: upsert` over tables some of which have no key: the keyed ones are upserted, the
+/// keyless ones copied and streamed as multisets, and one warning names each keyless table as
+/// the job names it (never the hidden copy a `snapshot+cdc` copy is written under).
+#[test]
+fn an_upsert_job_copies_keyless_tables_as_multisets_with_one_warning() {
+    for target in ["postgres", "mysql"] {
+        let database = unique_name("keyless_upsert");
+        mariadb(&format!(
+            "CREATE DATABASE {database}; USE {database}; CREATE TABLE keyed (id INT PRIMARY KEY, v INT);
+             INSERT INTO keyed VALUES (1, 10), (2, 20);
+             CREATE TABLE log (note TEXT); INSERT INTO log VALUES ('twice'), ('twice'), ('once');
+             CREATE TABLE trail (note TEXT); INSERT INTO trail VALUES ('a');"
+        ));
+        let workspace = Workspace::new();
+        let name = format!("{database}-{target}").replace('_', "-");
+        let namespace = name.replace('-', "_");
+        let job = job_file(&workspace, &name, "snapshot+cdc", &format!("{database}.*"), target, "");
+        let job_text =
+            std::fs::read_to_string(&job).unwrap().replace("  namespace:", "  write_mode: upsert\n  namespace:");
+        std::fs::write(&job, job_text).unwrap();
+        // The target's keyed table holds a row already: an upsert replaces it.
+        let table = |name: &str| format!("{namespace}.{name}");
+        let keyed = table("keyed");
+        let existing = format!("CREATE TABLE {keyed} (id INT PRIMARY KEY, v INT); INSERT INTO {keyed} VALUES (1, -1)");
+        if target == "postgres" {
+            psql(&format!("CREATE SCHEMA {namespace}; {existing}"));
+        } else {
+            mariadb(&format!("CREATE DATABASE {namespace}; {existing}"));
+        }
+        let mut child: Guard = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        let count = |name: &str| {
+            let found = on_target(
+                target,
+                &format!("SELECT count(*) FROM information_schema.tables WHERE table_schema = '{namespace}' AND table_name = '{name}'"),
+            );
+            if found.trim() != "1" {
+                return String::new();
+            }
+            on_target(target, &format!("SELECT count(*) FROM {}", table(name))).trim().to_owned()
+        };
+        wait_for("the copy", Duration::from_secs(60), || {
+            still_running(&mut child);
+            count("trail") == "1" && count("log") == "3"
+        });
+        mariadb(&format!(
+            "USE {database}; INSERT INTO log VALUES ('twice'); UPDATE keyed SET v = 21 WHERE id = 2; INSERT INTO trail VALUES ('b');"
+        ));
+        wait_for("the stream", Duration::from_secs(60), || {
+            still_running(&mut child);
+            count("log") == "4" && count("trail") == "2"
+        });
+        wait_for("the update", Duration::from_secs(30), || {
+            let rows = on_target(target, &format!("SELECT id, v FROM {keyed} ORDER BY id"));
+            let fields = rows.split(|character: char| character.is_whitespace() || character == '|');
+            fields.filter(|field| !field.is_empty()).collect::<Vec<_>>() == ["1", "10", "2", "21"]
+        });
+        let twice = on_target(target, &format!("SELECT count(*) FROM {} WHERE note = 'twice'", table("log")));
+        assert_eq!(twice.trim(), "3", "{target}: a multiset keeps equal rows");
+        kill(&mut child);
+        let output = child.stderr_text();
+        let warning =
+            format!("tables `{namespace}.log`, `{namespace}.trail` have no primary key, so write_mode: upsert");
+        assert_eq!(output.matches(&warning).count(), 1, "{target}: one warning naming both:\n{output}");
+        assert!(!output.contains("_sluice_copy_"), "{output}");
+    }
+}
+
 #[test]
 fn a_keyless_copy_cut_short_is_copied_again_whole() {
     let database = unique_name("cut");
