@@ -104,6 +104,29 @@ pub enum JobAction {
     },
     /// Every alarm rule's state, per job, and the latest firings and resolutions.
     Alarms,
+    /// The audit trail, newest first: every change asked of the server, who asked, from where,
+    /// and how it ended.
+    Audit {
+        /// Only this job's records.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only this token name's records.
+        #[arg(long)]
+        actor: Option<String>,
+        /// The newest this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+/// `text` as a URL query value: unreserved characters kept, every other byte as `%XX`.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (byte as char).to_string(),
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
 }
 
 /// Reads a job file: its text and content type.
@@ -253,6 +276,15 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
             (Method::POST, format!("/jobs/{name}/dirty/replay"), Some((body.to_string(), "application/json")))
         }
         JobAction::Alarms => (Method::GET, "/alarms".to_owned(), None),
+        JobAction::Audit { job, actor, limit } => {
+            let mut query = format!("/audit?limit={limit}");
+            for (name, value) in [("job", job), ("actor", actor)] {
+                if let Some(value) = value {
+                    query.push_str(&format!("&{name}={}", percent_encode(value)));
+                }
+            }
+            (Method::GET, query, None)
+        }
     };
     let body = body.as_ref().map(|(text, content_type)| (*content_type, text.as_str()));
     let response = match client::request(connection, method, &path, body).await {
@@ -294,6 +326,22 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
                 for failure in value["failed"].as_array().into_iter().flatten() {
                     out!("refused again: {}: {}", cell(failure.get("id")), cell(failure.get("error")));
                 }
+            }
+            JobAction::Audit { .. } => {
+                let rows: Vec<Value> = value
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|record| {
+                        let mut row = record.clone();
+                        row["at"] = Value::String(crate::logger::format_millis(record["at_ms"].as_u64().unwrap_or(0)));
+                        row
+                    })
+                    .collect();
+                print_table(
+                    &["at", "actor", "role", "from", "action", "job", "version", "status", "result"],
+                    Some(&rows),
+                );
             }
             JobAction::Alarms => {
                 print_table(&["job", "name", "when", "for_secs", "state", "value", "since"], value["rules"].as_array());

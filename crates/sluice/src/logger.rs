@@ -52,7 +52,12 @@ pub fn install() {
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` from the system clock, without a date library.
 pub fn timestamp() -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    let seconds = now.as_secs() as i64;
+    format_millis(now.as_millis() as u64)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` of a time in Unix milliseconds.
+pub fn format_millis(millis: u64) -> String {
+    let seconds = (millis / 1000) as i64;
     let (days, second_of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
     // Civil-from-days (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -69,6 +74,6 @@ pub fn timestamp() -> String {
         second_of_day / 3_600,
         second_of_day % 3_600 / 60,
         second_of_day % 60,
-        now.subsec_millis()
+        millis % 1000
     )
 }

@@ -144,6 +144,23 @@ enum Command {
         #[command(subcommand)]
         action: job_command::JobAction,
     },
+    /// The server's audit trail, newest first (as `sluice job audit`).
+    Audit {
+        #[command(flatten)]
+        connection: ConnectionArguments,
+        /// Print the API's JSON answer instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Only this job's records.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only this token name's records.
+        #[arg(long)]
+        actor: Option<String>,
+        /// The newest this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -264,6 +281,11 @@ fn main() -> ExitCode {
                 let connection =
                     client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
                 job_command::run(&connection, json, action).await
+            }
+            Command::Audit { connection, json, job, actor, limit } => {
+                let connection =
+                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
+                job_command::run(&connection, json, job_command::JobAction::Audit { job, actor, limit }).await
             }
         }
     });

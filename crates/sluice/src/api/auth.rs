@@ -1,6 +1,9 @@
-//! Bearer tokens: an admin token may do everything, a read token only GET. Tokens come from
-//! `SLUICE_ADMIN_TOKEN` / `SLUICE_READ_TOKEN` or a tokens file (`admin TOKEN` / `read TOKEN`
-//! per line). A server with no token at all is open, and may then listen on loopback only.
+//! Bearer tokens, each with a name and a role: `read` looks, `operate` also runs jobs (stop,
+//! start, restart, a batch, replay or discard dirty records, verify), `admin` may do everything
+//! (submit, update, roll back, delete, add tables, alarms). Tokens come from
+//! `SLUICE_ADMIN_TOKEN` / `SLUICE_OPERATE_TOKEN` / `SLUICE_READ_TOKEN` (named after the variable)
+//! or a tokens file of `ROLE NAME TOKEN` lines (`ROLE TOKEN` lines, named `ROLE-lineN`, stay
+//! valid). A server with no token at all is open, and may then listen on loopback only.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,7 +12,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
 use serde_json::json;
+use sluice_core::secret::Secret;
 use sluice_core::{Error, Result};
 
 use super::Api;
@@ -17,23 +22,57 @@ use super::Api;
 /// The shortest token accepted, from the environment or the tokens file.
 const MIN_TOKEN_LENGTH: usize = 16;
 
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+/// What a token may do; each role may also do what the roles before it may.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Role {
     Read,
+    Operate,
     Admin,
+}
+
+impl Role {
+    fn parse(word: &str) -> Option<Role> {
+        match word {
+            "read" => Some(Role::Read),
+            "operate" => Some(Role::Operate),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Operate => "operate",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// Who sent a request: the name of its token and the token's role (`anonymous` and admin on a
+/// server without tokens).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
 }
 
 /// The tokens a server accepts.
 #[derive(Debug, Default)]
 pub struct Tokens {
-    tokens: Vec<(sluice_core::secret::Secret, Role)>,
+    tokens: Vec<(Secret, Caller)>,
 }
 
 impl Tokens {
     /// From the environment, then the tokens file when given.
     pub fn load(file: Option<&Path>) -> Result<Tokens> {
-        let mut tokens = Vec::new();
-        for (variable, role) in [("SLUICE_ADMIN_TOKEN", Role::Admin), ("SLUICE_READ_TOKEN", Role::Read)] {
+        let mut tokens: Vec<(String, Caller)> = Vec::new();
+        for (variable, role) in [
+            ("SLUICE_ADMIN_TOKEN", Role::Admin),
+            ("SLUICE_OPERATE_TOKEN", Role::Operate),
+            ("SLUICE_READ_TOKEN", Role::Read),
+        ] {
             if let Ok(token) = std::env::var(variable) {
                 if token.len() < MIN_TOKEN_LENGTH {
                     return Err(Error::config(format!(
@@ -41,58 +80,59 @@ impl Tokens {
                     ))
                     .hint("make one with `openssl rand -hex 32`"));
                 }
-                tokens.push((token, role));
+                tokens.push((token, Caller { name: variable.to_owned(), role }));
             }
         }
         if let Some(path) = file {
             let text = std::fs::read_to_string(path)
                 .map_err(|error| Error::config(format!("--tokens-file {}: cannot read it: {error}", path.display())))?;
-            for (number, line) in text.lines().enumerate() {
+            let mut problems = Vec::new();
+            for (index, line) in text.lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
                     continue;
                 }
-                let role = match line.split_whitespace().next() {
-                    Some("admin") => Role::Admin,
-                    Some("read") => Role::Read,
-                    _ => {
-                        return Err(Error::config(format!(
-                            "--tokens-file {} line {}: expected `admin TOKEN` or `read TOKEN`",
-                            path.display(),
-                            number + 1
-                        )))
-                    }
+                let number = index + 1;
+                let words: Vec<&str> = line.split_whitespace().collect();
+                let (role, name, token) = match words.as_slice() {
+                    [role, token] => (Role::parse(role), format!("{role}-line{number}"), *token),
+                    [role, name, token] => (Role::parse(role), (*name).to_owned(), *token),
+                    _ => (None, String::new(), ""),
                 };
-                let token = line.split_whitespace().nth(1).unwrap_or_default();
+                let Some(role) = role else {
+                    problems.push(format!("line {number}: expected `ROLE NAME TOKEN` (ROLE: read, operate or admin)"));
+                    continue;
+                };
                 if token.len() < MIN_TOKEN_LENGTH {
-                    return Err(Error::config(format!(
-                        "--tokens-file {} line {}: a token needs at least {MIN_TOKEN_LENGTH} characters",
-                        path.display(),
-                        number + 1
-                    )));
+                    problems.push(format!("line {number}: a token needs at least {MIN_TOKEN_LENGTH} characters"));
+                } else if tokens.iter().any(|(_, caller)| caller.name == name) {
+                    problems.push(format!("line {number}: the name {name} is given twice"));
+                } else {
+                    tokens.push((token.to_owned(), Caller { name, role }));
                 }
-                tokens.push((token.to_owned(), role));
+            }
+            if !problems.is_empty() {
+                return Err(Error::config(format!("--tokens-file {}: {}", path.display(), problems.join("; "))));
             }
         }
         for (token, _) in &tokens {
             sluice_core::secret::register(token);
         }
-        Ok(Tokens {
-            tokens: tokens.into_iter().map(|(token, role)| (sluice_core::secret::Secret::new(token), role)).collect(),
-        })
+        Ok(Tokens { tokens: tokens.into_iter().map(|(token, caller)| (Secret::new(token), caller)).collect() })
     }
 
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
 
-    /// The role of a presented token, comparing in time independent of where they differ.
-    fn role(&self, presented: &str) -> Option<Role> {
+    /// Who presents this token (the strongest, should two lines give it), comparing every token in
+    /// time independent of where they differ.
+    fn caller(&self, presented: &str) -> Option<Caller> {
         self.tokens
             .iter()
             .filter(|(token, _)| equal(token.expose().as_bytes(), presented.as_bytes()))
-            .map(|(_, role)| *role)
-            .max()
+            .map(|(_, caller)| caller.clone())
+            .max_by_key(|caller| caller.role)
     }
 }
 
@@ -100,10 +140,30 @@ fn equal(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |difference, (x, y)| difference | (x ^ y)) == 0
 }
 
-/// Lets a request through when its token's role allows its method: 401 without a valid token,
-/// 403 when a read token asks to change something.
+/// The role a request needs: `read` to look; `operate` to run a job's life (stop, start,
+/// restart, a batch, dirty records, verify); `admin` for the rest.
+pub fn needed(method: &Method, path: &str) -> Role {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return Role::Read;
+    }
+    // Inside the API's router the path has lost its `/api/v1`.
+    let job_path = path.trim_end_matches('/').trim_start_matches("/api/v1").strip_prefix("/jobs/");
+    let action = job_path.and_then(|rest| rest.split_once('/'));
+    match action.map(|(_, action)| action) {
+        Some("stop" | "start" | "restart" | "batches" | "dirty/discard" | "dirty/replay" | "verify")
+            if *method == Method::POST =>
+        {
+            Role::Operate
+        }
+        _ => Role::Admin,
+    }
+}
+
+/// Lets a request through when its token's role allows it: 401 without a valid token, 403
+/// naming the role needed when the token's is weaker. The caller goes into the request.
 pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: Next) -> Response {
     if api.tokens.is_empty() {
+        request.extensions_mut().insert(Caller { name: "anonymous".into(), role: Role::Admin });
         return next.run(request).await;
     }
     let presented = request
@@ -112,7 +172,7 @@ pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: 
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.strip_prefix("Bearer "))
         .map(str::trim);
-    let Some(role) = presented.and_then(|token| api.tokens.role(token)) else {
+    let Some(caller) = presented.and_then(|token| api.tokens.caller(token)) else {
         return (
             StatusCode::UNAUTHORIZED,
             [("www-authenticate", "Bearer")],
@@ -120,15 +180,17 @@ pub async fn authorize(State(api): State<Arc<Api>>, mut request: Request, next: 
         )
             .into_response();
     };
-    let reading = matches!(*request.method(), Method::GET | Method::HEAD);
-    if !reading && role < Role::Admin {
-        return (
-            StatusCode::FORBIDDEN,
-            axum::Json(json!({ "error": "this token may only read; changes need an admin token" })),
-        )
-            .into_response();
+    let needed = needed(request.method(), request.uri().path());
+    if caller.role < needed {
+        let message = format!(
+            "this needs the {} role; the token {} has the {} role",
+            needed.name(),
+            caller.name,
+            caller.role.name()
+        );
+        return (StatusCode::FORBIDDEN, axum::Json(json!({ "error": message, "needed": needed }))).into_response();
     }
-    request.extensions_mut().insert(role);
+    request.extensions_mut().insert(caller);
     next.run(request).await
 }
 
@@ -187,7 +249,33 @@ fn loopback_host(host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::loopback_host;
+    use super::{loopback_host, needed, Method, Role};
+
+    #[test]
+    fn each_route_needs_the_role_the_readme_says() {
+        for (method, path, role) in [
+            (Method::GET, "/api/v1/jobs", Role::Read),
+            (Method::GET, "/api/v1/audit", Role::Read),
+            (Method::POST, "/api/v1/jobs/a/stop", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/start", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/restart", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/batches", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/dirty/discard", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/dirty/replay", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/verify", Role::Operate),
+            (Method::POST, "/api/v1/jobs", Role::Admin),
+            (Method::PUT, "/api/v1/jobs/a", Role::Admin),
+            (Method::DELETE, "/api/v1/jobs/a", Role::Admin),
+            (Method::POST, "/api/v1/jobs/a/rollback", Role::Admin),
+            (Method::POST, "/api/v1/jobs/a/tables", Role::Admin),
+            (Method::PUT, "/api/v1/alarms", Role::Admin),
+            // A job named like an action is still the job.
+            (Method::DELETE, "/api/v1/jobs/stop", Role::Admin),
+            (Method::POST, "/jobs/jobs/stop", Role::Operate),
+        ] {
+            assert_eq!(needed(&method, path), role, "{method} {path}");
+        }
+    }
 
     #[test]
     fn loopback_hosts_are_recognized_with_or_without_a_port() {

@@ -2,6 +2,7 @@
 //! metrics and the OpenAPI document. Only this module knows HTTP. Every response passes job
 //! documents and errors through the secret scrubber.
 
+mod audit;
 mod auth;
 mod console;
 mod diff;
@@ -106,6 +107,10 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/alarms", get(show_alarms).put(set_alarms))
         .route("/workers", get(list_workers))
         .route("/leader", get(show_leader))
+        .route("/audit", get(audit::list))
+        .route("/whoami", get(audit::whoami))
+        // Runs inside `authorize`: a change is recorded with its caller, before it runs.
+        .layer(axum::middleware::from_fn_with_state(api.clone(), audit::record))
         .layer(axum::middleware::from_fn_with_state(api.clone(), auth::authorize));
     let metrics = Router::new().route("/metrics", get(metrics));
     let metrics = if api.open_metrics {
@@ -815,7 +820,7 @@ async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
 }
 
 /// Forgets dirty records (`{"ids": [...]}`, or `{"all": true}`); each discard is kept in the
-/// audit log with the kind of token that did it.
+/// audit log with the name of the token that did it.
 #[utoipa::path(post, path = "/jobs/{name}/dirty/discard", tag = "dirty records", params(("name" = String, Path)),
     request_body(content = Object, description = "{\"ids\": [\"…\"]} or {\"all\": true}", content_type = "application/json"),
     responses((status = 200, description = "{discarded: N}", body = Object),
@@ -824,15 +829,15 @@ async fn list_dirty(State(api): Shared, Path(name): Path<String>) -> Reply {
 async fn discard_dirty(
     State(api): Shared,
     Path(name): Path<String>,
-    role: Option<axum::Extension<auth::Role>>,
+    caller: Option<axum::Extension<auth::Caller>>,
     body: Bytes,
 ) -> Reply {
     job(&api, &name).await?;
     let chosen = chosen_of(&body)?.ok_or_else(|| {
         failure(StatusCode::BAD_REQUEST, "name the records to discard: {\"ids\": [\"…\"]}, or {\"all\": true}")
     })?;
-    let by = if role.is_some() { "admin token" } else { "open server (no tokens)" };
-    let discarded = crate::cluster::dirty::discard(&*api.node.store, &name, &chosen, by).await?;
+    let by = caller.map_or_else(|| "anonymous".to_owned(), |caller| format!("token {}", caller.name));
+    let discarded = crate::cluster::dirty::discard(&*api.node.store, &name, &chosen, &by).await?;
     Ok(Json(serde_json::json!({ "discarded": discarded })).into_response())
 }
 

@@ -37,11 +37,14 @@ use super::views::*;
         super::list_repairs,
         super::show_alarms,
         super::set_alarms,
+        super::audit::list,
+        super::audit::whoami,
     ),
     components(schemas(
         JobView, JobState, ScheduleView, BatchView, BatchQueued, BatchRangeView, BatchRowsView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
         VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError,
-        super::series::SeriesView, super::series::Point
+        super::series::SeriesView, super::series::Point, super::audit::AuditRecord, super::auth::Caller,
+        super::auth::Role
     )),
     modifiers(&Bearer),
     security(("bearer" = [])),
@@ -97,7 +100,7 @@ mod tests {
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
-        assert_eq!(paths.len(), 21, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 23, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         assert!(job["schedule"].is_object(), "{job}");

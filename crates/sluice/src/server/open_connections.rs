@@ -6,6 +6,7 @@
 
 use std::convert::Infallible;
 use std::future::Ready;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -28,7 +29,7 @@ impl OpenConnections {
     }
 }
 
-impl<Target> Service<Target> for OpenConnections {
+impl Service<SocketAddr> for OpenConnections {
     type Response = Connection;
     type Error = Infallible;
     type Future = Ready<Result<Connection, Infallible>>;
@@ -45,32 +46,35 @@ impl<Target> Service<Target> for OpenConnections {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _target: Target) -> Self::Future {
+    fn call(&mut self, peer: SocketAddr) -> Self::Future {
         let slot = self.ready.take().expect("poll_ready took a slot before call");
-        std::future::ready(Ok(Connection { router: self.router.clone(), _slot: Arc::new(slot) }))
+        std::future::ready(Ok(Connection { router: self.router.clone(), peer, _slot: Arc::new(slot) }))
     }
 }
 
-/// One connection's service: the router, and the connection's slot.
+/// One connection's service: the router, the client's address (each request carries it as
+/// `ConnectInfo`, for the audit trail), and the connection's slot.
 #[derive(Clone)]
 pub struct Connection {
     router: Router,
+    peer: SocketAddr,
     _slot: Arc<OwnedSemaphorePermit>,
 }
 
-impl<Request> Service<Request> for Connection
+impl<Body> Service<axum::http::Request<Body>> for Connection
 where
-    Router: Service<Request>,
+    Router: Service<axum::http::Request<Body>>,
 {
-    type Response = <Router as Service<Request>>::Response;
-    type Error = <Router as Service<Request>>::Error;
-    type Future = <Router as Service<Request>>::Future;
+    type Response = <Router as Service<axum::http::Request<Body>>>::Response;
+    type Error = <Router as Service<axum::http::Request<Body>>>::Error;
+    type Future = <Router as Service<axum::http::Request<Body>>>::Future;
 
     fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        <Router as Service<Request>>::poll_ready(&mut self.router, context)
+        <Router as Service<axum::http::Request<Body>>>::poll_ready(&mut self.router, context)
     }
 
-    fn call(&mut self, request: Request) -> Self::Future {
+    fn call(&mut self, mut request: axum::http::Request<Body>) -> Self::Future {
+        request.extensions_mut().insert(axum::extract::ConnectInfo(self.peer));
         self.router.call(request)
     }
 }

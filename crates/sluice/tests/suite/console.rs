@@ -166,6 +166,16 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     let listed = browser.wait_text("table#repairs", Duration::from_secs(10), |repairs| repairs.contains("999999"));
     assert!(listed.contains("extra") && listed.contains("deleted"), "{listed}");
     browser.screenshot(&screenshot("12-repairs"));
+    // Who is signed in, and the audit trail of what the operator did through the console.
+    let signed_in = browser.text("#signed-in").unwrap_or_default();
+    assert_eq!(signed_in, "SLUICE_ADMIN_TOKEN (admin)");
+    browser.click("#nav-audit");
+    let trail = browser.wait_text("table#audit", Duration::from_secs(10), |trail| trail.contains("verify job"));
+    assert!(trail.contains("create job") && trail.contains(&name), "{trail}");
+    browser.type_into("#audit-actor", "someone-else");
+    browser.click("#audit-filter");
+    browser.wait_text("table#audit", Duration::from_secs(10), |trail| trail.contains("No change recorded"));
+    browser.screenshot(&screenshot("13-audit"));
     let output = server.output();
     assert!(!output.contains(TOKEN), "the token in the server's log");
     assert!(!output.contains(&webhook.token), "the webhook's secret in the server's log");

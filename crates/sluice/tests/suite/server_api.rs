@@ -624,3 +624,127 @@ fn an_idle_connection_is_closed_and_connections_past_the_cap_wait_for_a_free_one
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// A request and the weakest role allowed it: method, path, body (media type, text), role.
+type Route<'a> = (&'a str, String, Option<(&'a str, &'a str)>, &'a str);
+
+/// Each role against every kind of route: `read` looks, `operate` runs jobs, `admin` changes
+/// them; a refusal names the role needed. Every change is in the audit trail before it runs,
+/// with its actor, address, action, version and diff, and nothing secret.
+#[test]
+fn each_role_may_do_what_the_readme_says_and_every_change_is_audited() {
+    const VIEWER: &str = "viewer-token-0123456789";
+    const ONCALL: &str = "oncall-token-0123456789";
+    const ALICE: &str = "alice-token-0123456789a";
+    const LEGACY: &str = "legacy-admin-token-0123";
+    let workspace = Workspace::new();
+    make_source(&workspace.path("source.db"), 200);
+    workspace.write(
+        "tokens",
+        &format!(
+            "# role name token\nread viewer {VIEWER}\noperate oncall {ONCALL}\nadmin alice {ALICE}\nadmin {LEGACY}\n"
+        ),
+    );
+    let canary = "Canary-Audit-Pw-71f3";
+    let tokens_file = workspace.path("tokens");
+    let server = support::cluster::start_server_with(
+        &workspace,
+        "solo",
+        &["--tokens-file", tokens_file.to_str().unwrap()],
+        &[("SLUICE_VAR_AUDIT_HOOK", format!("http://127.0.0.1:9/{canary}"))],
+    );
+    for (token, name, role) in [
+        (VIEWER, "viewer", "read"),
+        (ONCALL, "oncall", "operate"),
+        (ALICE, "alice", "admin"),
+        (LEGACY, "admin-line5", "admin"),
+    ] {
+        let (status, me) = server.call("GET", "/whoami", Some(token), None);
+        assert_eq!((status, me["name"].as_str(), me["role"].as_str()), (200, Some(name), Some(role)), "{me}");
+    }
+    let yaml = |version: u32| ("application/yaml", job_yaml("audited", version));
+    let create = yaml(1);
+    // (method, path, body, the weakest role allowed)
+    let json = |text: &'static str| Some(("application/json", text));
+    let routes: Vec<Route> = vec![
+        ("POST", "/jobs".into(), Some((create.0, create.1.as_str())), "admin"),
+        ("GET", "/jobs".into(), None, "read"),
+        ("GET", "/jobs/audited".into(), None, "read"),
+        ("GET", "/jobs/audited/versions".into(), None, "read"),
+        ("GET", "/audit".into(), None, "read"),
+        ("POST", "/jobs/audited/stop".into(), None, "operate"),
+        ("POST", "/jobs/audited/start".into(), None, "operate"),
+        ("POST", "/jobs/audited/restart".into(), None, "operate"),
+        ("POST", "/jobs/audited/dirty/discard".into(), json(r#"{"all": true}"#), "operate"),
+        ("POST", "/jobs/audited/verify".into(), json("{}"), "operate"),
+        ("POST", "/jobs/audited/rollback".into(), json(r#"{"version": 1}"#), "admin"),
+        ("PUT", "/alarms".into(), Some(("application/yaml", "- {name: y, when: \"failed == 1\"}\n")), "admin"),
+    ];
+    let rank = |role: &str| ["read", "operate", "admin"].iter().position(|known| *known == role).unwrap();
+    for (method, path, body, weakest) in &routes {
+        for (token, name, role) in
+            [(VIEWER, "viewer", "read"), (ONCALL, "oncall", "operate"), (ALICE, "alice", "admin")]
+        {
+            let (status, answer) = server.call(method, path, Some(token), *body);
+            if rank(role) < rank(weakest) {
+                assert_eq!(status, 403, "{name} {method} {path}: {answer}");
+                let expected = format!("this needs the {weakest} role; the token {name} has the {role} role");
+                assert_eq!(answer["error"], expected.as_str(), "{method} {path}");
+            } else {
+                assert_ne!(status, 403, "{name} {method} {path}: {answer}");
+                assert_ne!(status, 401, "{name} {method} {path}: {answer}");
+            }
+        }
+    }
+    // An update by alice with a secret webhook from the server's environment: a new version,
+    // its diff in the trail, the secret nowhere.
+    let updated = job_yaml("audited", 3).replace("limits:", "retry: {max_attempts: 1}\nlimits:")
+        + "alarms:\n  - {name: late, when: \"lag_seconds > 60\", notify: [{webhook: \"${SLUICE_VAR_AUDIT_HOOK}\"}]}\n";
+    let (status, answer) = server.call("PUT", "/jobs/audited", Some(ALICE), Some(("application/yaml", &updated)));
+    assert_eq!(status, 200, "{answer}");
+    let version = answer["version"].as_u64().expect("a version");
+    let (status, refused) = server.call("DELETE", "/jobs/audited", Some(ONCALL), None);
+    assert_eq!(status, 403, "{refused}");
+
+    let (status, trail) = server.call("GET", "/audit?limit=1000", Some(VIEWER), None);
+    assert_eq!(status, 200, "{trail}");
+    let records = trail.as_array().expect("a list");
+    let found = |actor: &str, action: &str| {
+        records.iter().find(|record| record["actor"] == actor && record["action"] == action).cloned()
+    };
+    let created = found("alice", "create job").expect("the create is recorded");
+    assert_eq!((created["status"].as_u64(), created["result"].as_str()), (Some(201), Some("ok")), "{created}");
+    assert_eq!((created["job"].as_str(), created["version"].as_u64()), (Some("audited"), Some(1)), "{created}");
+    assert!(created["from"].as_str().unwrap().starts_with("127.0.0.1:"), "{created}");
+    let stopped = found("oncall", "stop job").expect("oncall's stop is recorded");
+    assert_eq!(stopped["job"], "audited", "{stopped}");
+    let update = records
+        .iter()
+        .find(|record| record["action"] == "update job" && record["version"].as_u64() == Some(version))
+        .expect("the update is recorded with its version");
+    assert_eq!(update["actor"], "alice");
+    let diff = update["diff"].as_str().unwrap();
+    assert!(diff.contains("+ retry: {max_attempts: 1}") && diff.contains("+ alarms:"), "{update}");
+    assert!(found("alice", "set alarms").is_some(), "{trail:#}");
+    // Refused by role: never ran, so never recorded.
+    assert!(found("oncall", "delete job").is_none(), "{trail:#}");
+    assert!(found("viewer", "stop job").is_none(), "{trail:#}");
+    // Newest first, and filtered by job and by name.
+    let times: Vec<u64> = records.iter().map(|record| record["at_ms"].as_u64().unwrap()).collect();
+    assert!(times.windows(2).all(|pair| pair[0] >= pair[1]), "{times:?}");
+    let (_, mine) = server.call("GET", "/audit?actor=oncall", Some(VIEWER), None);
+    assert!(mine.as_array().unwrap().iter().all(|record| record["actor"] == "oncall"), "{mine}");
+    assert!(!mine.as_array().unwrap().is_empty());
+    let (_, alarms_only) = server.call("GET", "/audit?job=audited", Some(VIEWER), None);
+    assert!(alarms_only.as_array().unwrap().iter().all(|record| record["job"] == "audited"), "{alarms_only}");
+    // The command line shows the same trail.
+    let listed = workspace.sluice(&["audit", "--server", &server.url, "--token", VIEWER, "--actor", "alice"]);
+    listed.assert_code(0);
+    assert!(listed.stdout.contains("update job") && listed.stdout.contains("create job"), "{}", listed.stdout);
+    assert!(!listed.stdout.contains("oncall"), "only alice's: {}", listed.stdout);
+    let everything = trail.to_string() + &listed.stdout + &server.output();
+    assert!(!everything.contains(canary), "a secret in the trail or the log");
+    for token in [VIEWER, ONCALL, ALICE, LEGACY] {
+        assert!(!everything.contains(token), "a token in the trail or the log");
+    }
+}

@@ -73,6 +73,11 @@ function section(title, ...content) {
   return el('section', {}, el('h2', {}, title), content);
 }
 
+/** A section with an id (for the role rules of style.css). */
+function sectionWithId(id, title, ...content) {
+  return el('section', {id}, el('h2', {}, title), content);
+}
+
 function jsonDetails(key, label, value) {
   return el('details', {dataset: {key}}, el('summary', {}, label),
     el('pre', {class: 'json'}, JSON.stringify(value, null, 2)));
@@ -227,6 +232,7 @@ const ROUTES = [
   [/^#\/cluster$/, showCluster, 'cluster'],
   [/^#\/dirty\/([^/]+)$/, showDirty, 'jobs'],
   [/^#\/alarms$/, showAlarms, 'alarms'],
+  [/^#\/audit$/, showAudit, 'audit'],
 ];
 
 // The page shown: `refresh` reloads its data (null for pages that do not reload).
@@ -260,6 +266,7 @@ function route() {
     $('view').replaceChildren();
     window.scrollTo(0, 0);
     show($('view'), ...params);
+    if (show !== showLogin) showCaller();
     refreshNow();
     return;
   }
@@ -357,9 +364,25 @@ function leaveLogin() {
   go(target === '#/login' ? '#/jobs' : target);
 }
 
+/**
+ * Shows who is signed in (GET /whoami: the token's name and role) and marks the page with the
+ * role, so what it may not do is not offered.
+ */
+async function showCaller() {
+  try {
+    const caller = await get('/whoami');
+    $('signed-in').textContent = `${caller.name} (${caller.role})`;
+    document.body.dataset.role = caller.role;
+  } catch {
+    // The page's own request reports what went wrong.
+  }
+}
+
 function logOut(event) {
   event.preventDefault();
   sessionStorage.removeItem(TOKEN_KEY);
+  $('signed-in').textContent = '';
+  delete document.body.dataset.role;
   returnTo = '#/jobs';
   go('#/login');
 }
@@ -442,7 +465,7 @@ function showJob(view, name) {
       'Rows/s', 'Restarts', 'Dirty', 'Error', 'Summary'], ui.runs)),
     section('Versions', table('versions', ['Version', 'Created', 'Origin', '', ''], ui.versions),
       ui.diffTitle, ui.diff),
-    section('Add tables',
+    sectionWithId('add-tables-section', 'Add tables',
       el('p', {class: 'muted'}, 'Tables added to a running job with a change stream are copied while ' +
         'the stream runs on, then taken into it.'),
       el('form', {class: 'inline', onsubmit: (event) => {
@@ -1041,6 +1064,47 @@ function alarmHistoryRows(events) {
     el('td', {class: 'event'}, badge(event.event)),
     el('td', {class: 'num'}, dash(event.value)),
     el('td', {}, dash(event.message))));
+}
+
+/* ------------------------------------------------------------------ audit */
+
+function showAudit(view) {
+  document.title = 'Audit · Sluice';
+  const body = el('tbody');
+  const job = el('input', {id: 'audit-job', type: 'text', size: 20, placeholder: 'job', 'aria-label': 'only this job'});
+  const actor = el('input', {id: 'audit-actor', type: 'text', size: 20, placeholder: 'token name',
+    'aria-label': 'only this token name'});
+  view.append(
+    el('div', {class: 'page-head'}, el('h1', {}, 'Audit trail')),
+    el('p', {class: 'muted'}, 'Every change asked of the server, newest first: recorded before it ran, with who ' +
+      'asked, from where, and how it ended.'),
+    el('form', {class: 'inline', onsubmit: (event) => {
+      event.preventDefault();
+      refreshNow();
+    }}, job, actor, el('button', {id: 'audit-filter', type: 'submit'}, 'Filter')),
+    el('div', {class: 'scroll'}, table('audit', ['At', 'Who', 'Role', 'From', 'Action', 'Job', 'Version', 'Status',
+      'Result', 'Diff'], body)));
+  page.refresh = async () => {
+    const query = new URLSearchParams({limit: '500'});
+    if (job.value.trim()) query.set('job', job.value.trim());
+    if (actor.value.trim()) query.set('actor', actor.value.trim());
+    rebuild(body, auditRows(await get(`/audit?${query}`)));
+  };
+}
+
+function auditRows(records) {
+  if (!records.length) return emptyRow(10, 'No change recorded.');
+  return records.map((record) => el('tr', {},
+    el('td', {}, new Date(record.at_ms).toISOString()),
+    el('td', {}, record.actor),
+    el('td', {}, record.role),
+    el('td', {}, dash(record.from)),
+    el('td', {}, record.action),
+    el('td', {}, record.job ? el('a', {href: jobHref(record.job)}, record.job) : '—'),
+    el('td', {class: 'num'}, dash(record.version)),
+    el('td', {class: 'num'}, dash(record.status)),
+    el('td', {}, record.result),
+    el('td', {}, record.diff ? el('details', {dataset: {key: `${record.at_ms}-${record.node}`}}, el('summary', {}, 'diff'), el('pre', {class: 'diff'}, record.diff)) : '')));
 }
 
 /* ------------------------------------------------------------------ start */
