@@ -8,7 +8,7 @@ use super::views::*;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Sluice server API", version = "1", description = "Jobs, their versions and lifecycle, their series and dirty records, alarms, the cluster's workers and leader. Every route needs a bearer token when the server has tokens (a read token may only GET)."),
+    info(title = "Sluice server API", version = "1", description = "Jobs, their versions and lifecycle, their series and dirty records, alarms, the cluster's workers and leader. Every route needs a bearer token when the server has tokens: read looks, operate also runs jobs, admin changes them; every change is in the audit trail."),
     servers((url = "/api/v1")),
     paths(
         super::list_jobs,

@@ -113,7 +113,7 @@ pub struct AuditEntry {
     pub job: String,
     /// `discard`.
     pub action: String,
-    /// Which kind of token did it (`admin token`, or `open server (no tokens)`).
+    /// Who did it: `token NAME`, or `anonymous` on a server without tokens.
     pub by: String,
     /// The records' ids.
     pub records: Vec<String>,

@@ -327,7 +327,7 @@ function showLogin(view) {
     logIn(input.value.trim(), error, button);
   }},
   el('h1', {}, 'Sluice console'),
-  el('label', {for: 'token'}, 'API token (admin or read)'),
+  el('label', {for: 'token'}, 'API token'),
   input, button, error));
   input.focus();
   // A server with no token configured answers without one: then there is nothing to log in to.
