@@ -19,4 +19,4 @@ pub use job::{
     RetryPolicy, VerifySpec, WriteMode, ZeroDates,
 };
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
-pub use transform::{MaskRule, MaskSpec, RouteSpec, TransformSpec};
+pub use transform::{EventKinds, MaskRule, MaskSpec, RouteSpec, TransformSpec};

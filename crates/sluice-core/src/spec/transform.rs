@@ -68,11 +68,50 @@ pub struct TransformSpec {
     pub mask: Vec<MaskSpec>,
     /// The key of the `hash` mask; registered as a secret, so it never prints.
     pub salt: Option<Secret>,
+    /// `events:`: the kinds of change of the stream that reach the target; `None`: every kind.
+    pub events: Option<EventKinds>,
     pub description: Option<String>,
 }
 
+/// Which kinds of change a rule lets through (`events: [insert, update]`). It judges what the
+/// target would be asked to do: an update whose row leaves the rule's filter is a delete.
+/// Snapshot rows are the table's state, not events: they are always copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventKinds {
+    pub insert: bool,
+    pub update: bool,
+    pub delete: bool,
+}
+
 const ROUTE_FIELDS: &[&str] = &["source_table", "sink_table", "replace_symbol", "origin_column", "description"];
-const TRANSFORM_FIELDS: &[&str] = &["source_table", "projection", "filter", "mask", "salt", "description"];
+const TRANSFORM_FIELDS: &[&str] = &["source_table", "projection", "filter", "mask", "salt", "events", "description"];
+
+/// Reads `events:`, a list of `insert`, `update` and `delete`.
+fn decode_events(decoder: &mut Decoder, node: &Node, path: &str) -> Option<EventKinds> {
+    let names = decoder.string_list(node, path)?;
+    let mut kinds = EventKinds { insert: false, update: false, delete: false };
+    let mut ok = true;
+    for (index, name) in names.iter().enumerate() {
+        match name.as_str() {
+            "insert" => kinds.insert = true,
+            "update" => kinds.update = true,
+            "delete" => kinds.delete = true,
+            other => {
+                decoder.error(
+                    &format!("{path}[{index}]"),
+                    node.line,
+                    format!("unknown kind of change `{other}`; expected insert, update or delete"),
+                );
+                ok = false;
+            }
+        }
+    }
+    if ok && names.is_empty() {
+        decoder.error(path, node.line, "lists no kind of change: name at least one of insert, update, delete");
+        ok = false;
+    }
+    ok.then_some(kinds)
+}
 
 /// A table-name regular expression, anchored to match whole names.
 fn pattern(decoder: &mut Decoder, node: &Node, path: &str) -> Option<(String, regex::Regex)> {
@@ -217,8 +256,19 @@ pub(crate) fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<Trans
             );
             ok = false;
         }
-        if ["projection", "filter", "mask"].iter().all(|key| fields.get(key).is_none()) {
-            decoder.error(&path, item.line, "a transform rule needs at least one of `projection`, `filter` or `mask`");
+        let events = match fields.get("events") {
+            None => None,
+            Some(node) => decode_events(decoder, node, &fields.path("events")).or_else(|| {
+                ok = false;
+                None
+            }),
+        };
+        if ["projection", "filter", "mask", "events"].iter().all(|key| fields.get(key).is_none()) {
+            decoder.error(
+                &path,
+                item.line,
+                "a transform rule needs at least one of `projection`, `filter`, `mask` or `events`",
+            );
             ok = false;
         }
         let description = optional_string(decoder, &fields, "description");
@@ -234,6 +284,7 @@ pub(crate) fn decode_transforms(decoder: &mut Decoder, node: &Node) -> Vec<Trans
                 filter_line,
                 mask,
                 salt,
+                events,
                 description,
             });
         }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::change::{Batch, Change, ChangeKind, Rejected, Row};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::{Column, DataType, Index, TableName, TableSchema};
-use crate::spec::{JobSpec, Mode, RouteSpec, TransformSpec, WriteMode};
+use crate::spec::{EventKinds, JobSpec, Mode, RouteSpec, TransformSpec, WriteMode};
 use crate::value::Value;
 use expression::{Expression, Scope};
 use mask::Mask;
@@ -44,6 +44,8 @@ pub struct TableMapping {
     /// The rules that apply, for messages and `sluice check` (`route[0], transform[1]`).
     pub rules: Vec<String>,
     program: Option<Arc<Program>>,
+    /// The kinds of change of the stream that reach the target (`events:`); `None`: every kind.
+    events: Option<EventKinds>,
 }
 
 /// Turns a source row into a target row.
@@ -202,7 +204,13 @@ impl Transforms {
         let origin = route.and_then(|route| route.origin_column.as_ref().map(|column| (route, column)));
         if rule.is_none() && origin.is_none() {
             let target = TableSchema { name, ..(**source).clone() };
-            return Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: None });
+            return Ok(TableMapping {
+                source: source.clone(),
+                target: Arc::new(target),
+                rules,
+                program: None,
+                events: None,
+            });
         }
         let mut problems = Vec::new();
         let scope = Scope { table: &source.name, columns: &source.columns };
@@ -244,7 +252,13 @@ impl Transforms {
             outputs,
             origin: origin_value,
         };
-        Ok(TableMapping { source: source.clone(), target: Arc::new(target), rules, program: Some(Arc::new(program)) })
+        Ok(TableMapping {
+            source: source.clone(),
+            target: Arc::new(target),
+            rules,
+            program: Some(Arc::new(program)),
+            events: rule.and_then(|rule| rule.events),
+        })
     }
 
     /// The target's primary key and indexes: each source key or index column, where the
@@ -613,9 +627,20 @@ impl TableMapping {
         Transformed { batch: Batch { changes: out, position, rejected, bytes }, filtered }
     }
 
-    /// A source change as a target change; `None` when the filter leaves both images out. An
-    /// update whose row leaves the filter is a delete, one whose row enters it an insert.
+    /// A source change as a target change; `None` when the filter leaves both images out, or
+    /// the rule's `events` leave its kind out. An update whose row leaves the filter is a delete,
+    /// one whose row enters it an insert.
     pub fn change(&self, change: Change) -> Result<Option<Change>> {
+        let mapped = self.mapped_change(change)?;
+        let Some(events) = self.events else { return Ok(mapped) };
+        Ok(mapped.filter(|change| match change.kind {
+            ChangeKind::Insert { .. } => events.insert,
+            ChangeKind::Update { .. } => events.update,
+            ChangeKind::Delete { .. } => events.delete,
+        }))
+    }
+
+    fn mapped_change(&self, change: Change) -> Result<Option<Change>> {
         let table = self.target.clone();
         let Some(program) = &self.program else {
             return Ok(Some(Change { table, kind: change.kind }));
@@ -743,6 +768,15 @@ mod tests {
         parse_job(&text, false, environment).unwrap_or_else(|errors| panic!("{errors:?}"))
     }
 
+    /// Every problem of a job with these rules, as one text.
+    fn parse_job_errors(rules: &str) -> String {
+        let text = format!(
+            "name: t\nmode: snapshot+cdc\nsource: {{type: mysql, url: 'mysql://u@h:1'}}\ntarget: {{type: postgres, url: 'postgres://u@h/d'}}\n{rules}"
+        );
+        let errors = parse_job(&text, false, environment).expect_err("the rules are invalid");
+        errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+    }
+
     fn customers(name: &str) -> TableSchema {
         TableSchema {
             name: TableName::parse(name),
@@ -823,6 +857,39 @@ mod tests {
         assert_eq!(update("150", "50"), Some("delete"));
         assert_eq!(update("50", "150"), Some("insert"));
         assert_eq!(update("50", "60"), None);
+    }
+
+    #[test]
+    fn events_keep_the_kinds_of_change_a_rule_names_and_every_snapshot_row() {
+        let transforms = Transforms::of(&job(
+            "transform:\n  - source_table: shop.customers\n    filter: balance >= 100\n    events: [insert, update]\n",
+        ));
+        let mapping = transforms.map(&Arc::new(customers("shop.customers")), &public).unwrap();
+        let kind_of = |kind: ChangeKind| {
+            mapping.change(Change { table: mapping.source.clone(), kind }).unwrap().map(|change| match change.kind {
+                ChangeKind::Insert { .. } => "insert",
+                ChangeKind::Update { .. } => "update",
+                ChangeKind::Delete { .. } => "delete",
+            })
+        };
+        assert_eq!(kind_of(ChangeKind::Insert { after: row(1, "a", None, "150") }), Some("insert"));
+        assert_eq!(
+            kind_of(ChangeKind::Update { before: row(1, "a", None, "150"), after: row(1, "a", None, "200") }),
+            Some("update")
+        );
+        assert_eq!(kind_of(ChangeKind::Delete { before: row(1, "a", None, "150") }), None, "a delete is left out");
+        assert_eq!(
+            kind_of(ChangeKind::Update { before: row(1, "a", None, "150"), after: row(1, "a", None, "50") }),
+            None,
+            "an update leaving the filter is a delete: left out too"
+        );
+        let snapshot = Batch::new(
+            vec![Change::insert(mapping.source.clone(), row(2, "b", None, "300"))],
+            crate::change::Position(serde_json::json!(1)),
+        );
+        assert_eq!(mapping.batch(snapshot).batch.changes.len(), 1, "snapshot rows are the table's state");
+        let wrong = parse_job_errors("transform:\n  - source_table: shop.customers\n    events: [insert, upsert]\n");
+        assert!(wrong.contains("transform[0].events[1]") && wrong.contains("`upsert`"), "{wrong}");
     }
 
     #[test]

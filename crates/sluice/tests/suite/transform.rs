@@ -307,3 +307,44 @@ fn a_broken_rule_is_named_with_its_line_by_check() {
     );
     assert!(text.contains("primary key column(s) id"), "{text}");
 }
+
+/// `events: [insert, update]` keeps a table's deletes out of the target (a warehouse copy that
+/// keeps every row ever seen) while its inserts and updates stream, and other tables stream
+/// whole; the run summary counts the changes left out.
+#[test]
+fn an_event_filter_keeps_deletes_out_of_one_table_and_not_the_others() {
+    let database = unique_name("events");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database};
+         CREATE TABLE kept (id INT PRIMARY KEY, v INT); INSERT INTO kept VALUES (1, 1), (2, 2), (3, 3);
+         CREATE TABLE whole (id INT PRIMARY KEY, v INT); INSERT INTO whole VALUES (1, 1), (2, 2);"
+    ));
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\n\
+             transform:\n  - source_table: {database}\\.kept\n    events: [insert, update]\n"
+        ),
+    );
+    let (child, log) = start(&workspace, &job);
+    support::wait_for("the copy", Duration::from_secs(60), || {
+        let copied = |table: &str, rows: &str| {
+            psql(&format!("SELECT to_regclass('{database}.{table}') IS NOT NULL")).trim() == "t"
+                && psql(&format!("SELECT count(*) FROM {database}.{table}")).trim() == rows
+        };
+        copied("kept", "3") && copied("whole", "2")
+    });
+    mariadb(&format!(
+        "USE {database}; DELETE FROM kept WHERE id = 1; UPDATE kept SET v = 20 WHERE id = 2; INSERT INTO kept VALUES (4, 4);
+         UPDATE kept SET id = 30 WHERE id = 3; DELETE FROM whole WHERE id = 1; INSERT INTO whole VALUES (3, 3);"
+    ));
+    let output = converge_and_stop(child, &log, &name);
+    let kept = sorted(psql(&format!("SELECT id || ':' || v FROM {database}.kept")));
+    // A change of key is an update: the row moves. Only the delete is left out.
+    assert_eq!(kept, ["1:1", "2:20", "30:3", "4:4"], "{output}");
+    let whole = sorted(psql(&format!("SELECT id || ':' || v FROM {database}.whole")));
+    assert_eq!(whole, ["2:2", "3:3"], "{output}");
+}
