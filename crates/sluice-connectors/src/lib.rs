@@ -69,6 +69,10 @@ pub struct Connector {
     /// The cargo feature that builds it.
     pub feature: &'static str,
     pub capabilities: Capabilities,
+    /// The options (besides `url`, whose passwords the URL rules find) that hold a secret: a
+    /// server refuses a document that writes one out instead of `${VARIABLE}`, and the value is
+    /// registered so it never prints.
+    pub secrets: &'static [&'static str],
     pub source: Option<SourceSide>,
     pub target: Option<TargetSide>,
 }
@@ -364,6 +368,38 @@ pub fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Sour
     reading.mode = Mode::Snapshot;
     reading.source = EndpointSpec { tables: vec![table.name.to_string()], cursor: None, ..target.clone() };
     (side.build)(&reading).map_err(|error| error.on(Side::Target))
+}
+
+/// Every secret a job document (parsed with its `${VARIABLE}`s left as written) writes out: a
+/// connector's secret options and the transform rules' salts. A server keeps documents at rest,
+/// so it refuses these; `sluice run` reads the user's own file and takes them.
+pub fn written_out_secrets(written: &JobSpec) -> Vec<SpecError> {
+    let message = |field: &str| {
+        format!(
+            "`{field}` is a secret, which the server would keep at rest: write it as ${{VARIABLE}} (a variable the \
+             server lets documents read, or a file of its --secrets-dir)"
+        )
+    };
+    let mut errors = Vec::new();
+    for endpoint in [&written.source, &written.target] {
+        let Some(connector) = connector(&endpoint.connector) else { continue };
+        for field in connector.secrets {
+            let written_out = match endpoint.options.get(*field).map(|node| &node.kind) {
+                Some(NodeKind::Scalar { text, .. }) => !sluice_core::spec::is_placeholder(text),
+                Some(_) => true,
+                None => false,
+            };
+            if written_out {
+                errors.push(endpoint.error(field, message(field)));
+            }
+        }
+    }
+    for rule in &written.transforms {
+        if rule.salt.as_ref().is_some_and(|salt| !sluice_core::spec::is_placeholder(salt.expose())) {
+            errors.push(SpecError { path: format!("{}.salt", rule.path), line: rule.line, message: message("salt") });
+        }
+    }
+    errors
 }
 
 /// Builds the sink of a validated job.

@@ -283,6 +283,7 @@ fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>>
 pub(crate) const CONNECTOR: crate::Connector = crate::Connector {
     name: "parquet",
     feature: "parquet",
+    secrets: &[],
     capabilities: Capabilities {
         table_sink: true,
         // A moved task's part is refused by its fence file, or is a whole copy of the same split

@@ -16,6 +16,7 @@ use crate::{Connector, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "delta",
     feature: "delta",
+    secrets: &[],
     capabilities: Capabilities {
         table_sink: true,
         // Groups folded per key, merged into the files that hold the keys.

@@ -16,6 +16,7 @@ use crate::{Connector, SourceSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "directory",
     feature: "file",
+    secrets: &[],
     capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
     source: Some(SourceSide {
         fields: &["type", "path", "tables", "format", "delimiter", "table", "ready", "poll_ms", "key"],

@@ -23,6 +23,7 @@ const fn file_connector(name: &'static str) -> Connector {
     Connector {
         name,
         feature: "file",
+        secrets: &[],
         capabilities: CAPABILITIES,
         source: Some(SourceSide { fields: SOURCE_FIELDS, validate, build: build_source }),
         target: Some(TargetSide { fields: TARGET_FIELDS, validate, build: build_target, read_back: None }),

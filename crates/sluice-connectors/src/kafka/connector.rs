@@ -15,6 +15,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "kafka",
     feature: "kafka",
+    secrets: &["password"],
     capabilities: Capabilities {
         // Topics of change events, read back (`source.rs`).
         change_source: true,

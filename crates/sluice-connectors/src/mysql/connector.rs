@@ -14,6 +14,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "mysql",
     feature: "mysql",
+    secrets: &[],
     capabilities: crate::SERVER_CAPABILITIES,
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
     target: Some(TargetSide {

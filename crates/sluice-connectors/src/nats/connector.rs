@@ -17,6 +17,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "nats",
     feature: "nats",
+    secrets: &[],
     capabilities: Capabilities {
         // Streams of change events, read back (`source.rs`).
         change_source: true,

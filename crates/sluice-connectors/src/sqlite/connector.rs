@@ -12,6 +12,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "sqlite",
     feature: "sqlite",
+    secrets: &[],
     capabilities: Capabilities {
         snapshot_source: true,
         cursor_source: true,

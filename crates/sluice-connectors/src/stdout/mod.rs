@@ -17,6 +17,7 @@ use crate::{Connector, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "stdout",
     feature: "default",
+    secrets: &[],
     capabilities: Capabilities { table_sink: true, event_sink: true, ..Capabilities::NONE },
     source: None,
     target: Some(TargetSide { fields: FIELDS, validate, build, read_back: None }),

@@ -14,6 +14,7 @@ use crate::{Connector, SourceSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "tcp",
     feature: "tcp",
+    secrets: &["auth"],
     capabilities: Capabilities { change_source: true, ..Capabilities::NONE },
     source: Some(SourceSide {
         fields: &[

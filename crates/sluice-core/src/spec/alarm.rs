@@ -181,8 +181,7 @@ pub fn written_out_targets(alarms: &[AlarmSpec], path: &str) -> Vec<SpecError> {
     for (index, alarm) in alarms.iter().enumerate() {
         for (target, notify) in alarm.notify.iter().enumerate() {
             let url = notify.url();
-            let placeholder = url.starts_with("${") && url.ends_with('}') && url.matches("${").count() == 1;
-            if !placeholder {
+            if !super::decode::is_placeholder(url) {
                 errors.push(SpecError {
                     path: format!("{path}[{index}].notify[{target}].{}", notify.field()),
                     line: None,

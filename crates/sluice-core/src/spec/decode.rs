@@ -208,6 +208,12 @@ impl<'v> Decoder<'v> {
     }
 }
 
+/// Whether a value as written is one whole `${VARIABLE}` (a secret given by reference, not
+/// written out).
+pub fn is_placeholder(text: &str) -> bool {
+    text.starts_with("${") && text.ends_with('}') && text.matches("${").count() == 1
+}
+
 /// Whether `name` may be a variable's: letters, digits and `_` (so it is also a plain file name).
 pub fn is_variable_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|byte| byte.is_ascii_alphanumeric() || byte == b'_')

@@ -12,7 +12,7 @@ mod transform;
 
 pub use alarm::{decode_alarms, written_out_targets, AlarmMetric, AlarmSpec, Condition, Notify, Operator};
 pub use cursor::CursorSpec;
-pub use decode::{is_variable_name, join, unset_variable, Decoder, Fields, SpecError, Variables};
+pub use decode::{is_placeholder, is_variable_name, join, unset_variable, Decoder, Fields, SpecError, Variables};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, parse_job_with, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy,

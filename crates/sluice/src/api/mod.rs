@@ -158,6 +158,7 @@ fn validate(
             }
         }
         errors.extend(sluice_core::spec::written_out_targets(&written.alarms, "alarms"));
+        errors.extend(sluice_connectors::written_out_secrets(&written));
     }
     if let Some(job) = &job {
         if cluster && !sluice_connectors::fences(&job.target.connector) {

@@ -235,6 +235,39 @@ fn invalid_jobs_get_every_error_and_secrets_never_come_back() {
     let filed_failed = wait_state(&server, "filed", "failed");
     assert_eq!(filed_failed["error"]["side"], "source", "{filed_failed:#}");
 
+    // Every field that holds a secret must be a ${VARIABLE}: a Kafka password, a tcp input's
+    // token, a mask's salt; each named.
+    let written_out = format!(
+        "name: spelled\nmode: cdc\nsource:\n  type: tcp\n  listen: 9\n  table: t\n  columns: {{id: int}}\n  auth: {secret}-tcp\n\
+         target:\n  type: kafka\n  brokers: 127.0.0.1:1\n  user: u\n  password: {secret}\n\
+         transform:\n  - source_table: t\n    mask: {{id: hash}}\n    salt: {secret}-salt\n"
+    );
+    let (status, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &written_out)));
+    assert_eq!(status, 400, "{body}");
+    for field in ["source.auth", "target.password", "transform[0].salt"] {
+        assert!(
+            body["errors"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|error| error["path"] == field && error["message"].as_str().unwrap().contains("is a secret")),
+            "{field} is refused: {body:#}"
+        );
+    }
+    assert!(!body.to_string().contains(secret), "{body}");
+    let referenced = written_out
+        .replace(&format!("{secret}-tcp"), "${SLUICE_VAR_SECRETIVE_PW}-long-enough")
+        .replace(&format!("password: {secret}"), "password: ${SLUICE_VAR_SECRETIVE_PW}")
+        .replace(&format!("{secret}-salt"), "${SLUICE_VAR_SECRETIVE_PW}");
+    let (_, body) = server.call("POST", "/jobs", Some(ADMIN), Some(("application/yaml", &referenced)));
+    let left: Vec<&Value> = body["errors"]
+        .as_array()
+        .map(|errors| {
+            errors.iter().filter(|error| error["message"].as_str().unwrap_or("").contains("is a secret")).collect()
+        })
+        .unwrap_or_default();
+    assert!(left.iter().all(|error| error["path"] == "source.auth"), "only the token with text around it: {body:#}");
+
     // A password from the server's environment: no response or log shows it.
     let (status, body) = server.call(
         "POST",
