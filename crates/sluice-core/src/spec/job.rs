@@ -41,6 +41,19 @@ pub struct JobSpec {
     pub alarms: Vec<AlarmSpec>,
     /// `verify:`: the job's target compared with its source every so often.
     pub verify: Option<VerifySpec>,
+    /// `schema_changes:`: what the stream does with DDL on the job's tables.
+    pub schema_changes: SchemaChanges,
+}
+
+/// `schema_changes: carry | stop` (Flink CDC's evolve and exception behaviours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchemaChanges {
+    /// The target follows: tables created, altered, renamed, dropped and emptied as the source's.
+    #[default]
+    Carry,
+    /// The stream stops before the statement, naming it and its position; nothing of it or
+    /// after it is applied until the job is changed.
+    Stop,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -281,6 +294,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "after",
             "alarms",
             "verify",
+            "schema_changes",
         ],
     )?;
     let name = decode_name(decoder, &fields);
@@ -311,6 +325,26 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         None => Some(None),
         Some(node) => decode_verify(decoder, node).map(Some),
     };
+    let schema_changes = match fields.get("schema_changes") {
+        None => Some(SchemaChanges::Carry),
+        Some(node) => decoder.string(node, "schema_changes").and_then(|text| match text.as_str() {
+            "carry" => Some(SchemaChanges::Carry),
+            "stop" => Some(SchemaChanges::Stop),
+            "ignore" => {
+                decoder.error(
+                    "schema_changes",
+                    node.line,
+                    "`ignore` is not supported yet (the target would have to keep its shape while the rows change \
+                     theirs); use carry or stop",
+                );
+                None
+            }
+            other => {
+                decoder.error("schema_changes", node.line, format!("expected carry or stop, found `{other}`"));
+                None
+            }
+        }),
+    };
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
     check_schedule(decoder, &fields, mode, &schedule, &after);
@@ -338,6 +372,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         after: after?,
         alarms: alarms?,
         verify: verify?,
+        schema_changes: schema_changes?,
     })
 }
 

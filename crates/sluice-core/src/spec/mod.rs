@@ -16,7 +16,7 @@ pub use decode::{is_placeholder, is_variable_name, join, unset_variable, Decoder
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, parse_job_with, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy,
-    RetryPolicy, VerifySpec, WriteMode, ZeroDates,
+    RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
 };
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
 pub use transform::{EventKinds, MaskRule, MaskSpec, RouteSpec, TransformSpec};

@@ -248,6 +248,52 @@ fn an_upsert_job_copies_keyless_tables_as_multisets_with_one_warning() {
     }
 }
 
+/// `schema_changes: stop`: the stream applies everything before a DDL statement and stops at it,
+/// naming it; the job changed to `carry` goes on from there, the statement applied.
+#[test]
+fn a_job_that_stops_at_schema_changes_applies_up_to_the_statement_and_goes_on_with_carry() {
+    let database = unique_name("ddl_stop");
+    mariadb(&format!("CREATE DATABASE {database}; USE {database}; CREATE TABLE t (id INT PRIMARY KEY, v INT); INSERT INTO t VALUES (1, 1), (2, 2);"));
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let job =
+        job_file(&workspace, &name, "snapshot+cdc", &format!("{database}.*"), "postgres", "schema_changes: stop\n");
+    let namespace = name.replace('-', "_");
+    let rows = || psql(&format!("SELECT count(*) FROM {namespace}.t")).trim().to_owned();
+    let mut child: Guard = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    wait_for("the copy", Duration::from_secs(60), || {
+        still_running(&mut child);
+        psql(&format!("SELECT to_regclass('{namespace}.t') IS NOT NULL")).trim() == "t" && rows() == "2"
+    });
+    mariadb(&format!("USE {database}; INSERT INTO t VALUES (3, 3)"));
+    wait_for("the row before the statement", Duration::from_secs(60), || rows() == "3");
+    mariadb(&format!("USE {database}; ALTER TABLE t ADD COLUMN w INT; INSERT INTO t VALUES (4, 4, 40);"));
+    wait_for("the stop", Duration::from_secs(60), || child.try_wait().unwrap().is_some());
+    let output = child.stderr_text();
+    assert_ne!(child.try_wait().unwrap().and_then(|status| status.code()), Some(0), "{output}");
+    assert!(output.contains("ALTER TABLE t ADD COLUMN w INT") && output.contains("schema_changes: stop"), "{output}");
+    assert_eq!(rows(), "3", "nothing at or after the statement is applied");
+    let columns = psql(&format!(
+        "SELECT count(*) FROM information_schema.columns WHERE table_schema = '{namespace}' AND table_name = 't'"
+    ));
+    assert_eq!(columns.trim(), "2", "the target keeps its shape");
+    // The operator applies the statement to the target, and the job changed to carry goes on
+    // from it (the statement finds its effect there already).
+    psql(&format!("ALTER TABLE {namespace}.t ADD COLUMN w INT"));
+    let text = std::fs::read_to_string(&job).unwrap().replace("schema_changes: stop", "schema_changes: carry");
+    std::fs::write(&job, text).unwrap();
+    let mut child: Guard = workspace.start_run(&job, &mysql_url(), &postgres_url(), &[]);
+    wait_for("the statement and the row after it", Duration::from_secs(60), || {
+        still_running(&mut child);
+        let widened = format!(
+            "SELECT count(*) FROM information_schema.columns WHERE table_schema = '{namespace}' AND table_name = 't' AND column_name = 'w'"
+        );
+        psql(&widened).trim() == "1" && psql(&format!("SELECT coalesce(sum(w), 0) FROM {namespace}.t")).trim() == "40"
+    });
+    assert_eq!(rows(), "4");
+    kill(&mut child);
+}
+
 #[test]
 fn a_keyless_copy_cut_short_is_copied_again_whole() {
     let database = unique_name("cut");

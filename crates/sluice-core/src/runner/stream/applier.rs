@@ -852,6 +852,21 @@ impl Applier<'_> {
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;
         }
+        if self.context.job.schema_changes == crate::spec::SchemaChanges::Stop {
+            let tables: Vec<String> =
+                changes.iter().flat_map(SourceSchemaChange::tables).map(ToString::to_string).collect();
+            return Err(Error::new(
+                ErrorKind::Schema,
+                format!(
+                    "DDL `{statement}` on {} at {}: the job says schema_changes: stop, so the stream stops before it \
+                     (everything before it is applied)",
+                    tables.join(", "),
+                    position.0
+                ),
+            )
+            .on(Side::Source)
+            .hint("to go on, apply the statement's effect to the target yourself (a job starts only against a target with the source's columns), then set schema_changes: carry: the stream takes the statement (its effect is there) and what follows it"));
+        }
         for change in changes {
             let Some(change) = target_schema_change(self.context, statement, change, &mut self.checkpoint.pending)?
             else {
