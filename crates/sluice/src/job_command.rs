@@ -106,17 +106,21 @@ pub enum JobAction {
     Alarms,
     /// The audit trail, newest first: every change asked of the server, who asked, from where,
     /// and how it ended.
-    Audit {
-        /// Only this job's records.
-        #[arg(long)]
-        job: Option<String>,
-        /// Only this token name's records.
-        #[arg(long)]
-        actor: Option<String>,
-        /// The newest this many.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
-    },
+    Audit(AuditFilter),
+}
+
+/// Which records of the audit trail to show (`sluice job audit`, `sluice audit`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuditFilter {
+    /// Only this job's records.
+    #[arg(long)]
+    job: Option<String>,
+    /// Only this token name's records.
+    #[arg(long)]
+    actor: Option<String>,
+    /// The newest this many.
+    #[arg(long, default_value_t = 50)]
+    limit: usize,
 }
 
 /// `text` as a URL query value: unreserved characters kept, every other byte as `%XX`.
@@ -276,7 +280,7 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
             (Method::POST, format!("/jobs/{name}/dirty/replay"), Some((body.to_string(), "application/json")))
         }
         JobAction::Alarms => (Method::GET, "/alarms".to_owned(), None),
-        JobAction::Audit { job, actor, limit } => {
+        JobAction::Audit(AuditFilter { job, actor, limit }) => {
             let mut query = format!("/audit?limit={limit}");
             for (name, value) in [("job", job), ("actor", actor)] {
                 if let Some(value) = value {
@@ -327,7 +331,7 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
                     out!("refused again: {}: {}", cell(failure.get("id")), cell(failure.get("error")));
                 }
             }
-            JobAction::Audit { .. } => {
+            JobAction::Audit(_) => {
                 let rows: Vec<Value> = value
                     .as_array()
                     .into_iter()

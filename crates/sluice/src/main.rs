@@ -151,15 +151,8 @@ enum Command {
         /// Print the API's JSON answer instead of a table.
         #[arg(long)]
         json: bool,
-        /// Only this job's records.
-        #[arg(long)]
-        job: Option<String>,
-        /// Only this token name's records.
-        #[arg(long)]
-        actor: Option<String>,
-        /// The newest this many.
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
+        #[command(flatten)]
+        filter: job_command::AuditFilter,
     },
 }
 
@@ -251,6 +244,12 @@ struct ConnectionArguments {
     ca: Option<PathBuf>,
 }
 
+impl From<ConnectionArguments> for client::Connection {
+    fn from(arguments: ConnectionArguments) -> client::Connection {
+        client::Connection { server: arguments.server, token: arguments.token, ca: arguments.ca }
+    }
+}
+
 fn main() -> ExitCode {
     logger::install();
     // Every TLS configuration of the process (ours and the drivers') uses this provider.
@@ -271,21 +270,18 @@ fn main() -> ExitCode {
             Command::Check { job } => check(job).await,
             Command::Verify(arguments) => verify_command::verify(arguments).await,
             Command::Tail { job, format, from, connection } => {
-                let connection =
-                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
+                let connection = client::Connection::from(connection);
                 tail(job, format, from, &connection).await
             }
             Command::Schema { job, apply } => schema(job, apply).await,
             Command::Server(arguments) => server::serve(server_options(*arguments)).await,
             Command::Job { connection, json, action } => {
-                let connection =
-                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
+                let connection = client::Connection::from(connection);
                 job_command::run(&connection, json, action).await
             }
-            Command::Audit { connection, json, job, actor, limit } => {
-                let connection =
-                    client::Connection { server: connection.server, token: connection.token, ca: connection.ca };
-                job_command::run(&connection, json, job_command::JobAction::Audit { job, actor, limit }).await
+            Command::Audit { connection, json, filter } => {
+                let connection = client::Connection::from(connection);
+                job_command::run(&connection, json, job_command::JobAction::Audit(filter)).await
             }
         }
     });

@@ -31,7 +31,7 @@ const KEEP_SECS: u64 = 90 * 86_400;
 /// Every this many records a node writes, it prunes the trail.
 const PRUNE_EVERY: u64 = 100;
 
-/// The largest answer body read for its result (larger ones are recorded by status alone).
+/// The largest answer body read for its result (larger ones pass through, recorded by status).
 const MOST_ANSWER_BYTES: usize = 1 << 20;
 
 fn prefix() -> String {
@@ -142,15 +142,25 @@ pub async fn record(State(api): State<Arc<Api>>, request: Request, next: Next) -
     }
     let response = next.run(request).await;
     let (parts, body) = response.into_parts();
-    let answer = axum::body::to_bytes(body, MOST_ANSWER_BYTES).await.unwrap_or_default();
-    let answered: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    // The answer is read for its error, version or name only when it is whole and small; a
+    // larger one (a verification's differences) passes through untouched, recorded by status.
+    use axum::body::HttpBody;
+    let small = body.size_hint().exact().is_some_and(|size| size <= MOST_ANSWER_BYTES as u64);
+    let (body, answered) = if small {
+        let answer = axum::body::to_bytes(body, MOST_ANSWER_BYTES).await.unwrap_or_default();
+        let answered: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        (Body::from(answer), answered)
+    } else {
+        (body, serde_json::Value::Null)
+    };
     entry.status = Some(parts.status.as_u16());
     entry.result = match answered["error"].as_str() {
         Some(error) if !parts.status.is_success() => scrub(error),
         _ if parts.status.is_success() => "ok".to_owned(),
         _ => format!("refused with status {}", parts.status.as_u16()),
     };
-    if parts.status.is_success() {
+    let versioning = matches!(entry.action.as_str(), "create job" | "update job" | "rollback job" | "add tables");
+    if parts.status.is_success() && versioning {
         entry.version = answered["version"].as_u64().map(|version| version as u32);
         // A created job is named by its document: the answer says which.
         if entry.job.is_none() {
@@ -168,7 +178,7 @@ pub async fn record(State(api): State<Arc<Api>>, request: Request, next: Next) -
             log::warn!("audit: cannot prune the trail now: {error}");
         }
     }
-    Response::from_parts(parts, Body::from(answer))
+    Response::from_parts(parts, body)
 }
 
 fn encode(record: &AuditRecord) -> String {

@@ -130,12 +130,8 @@ pub fn router(api: Arc<Api>) -> Router {
 }
 
 /// Parses and validates a job document; every error found, as the API returns them.
-fn validate(
-    body: &[u8],
-    headers: &HeaderMap,
-    cluster: bool,
-    document_rules: &job_text::DocumentRules,
-) -> Result<(JobSpec, String, DocumentFormat), Failure> {
+fn validate(api: &Api, body: &[u8], headers: &HeaderMap) -> Result<(JobSpec, String, DocumentFormat), Failure> {
+    let (cluster, document_rules) = (api.node.config.fencing, &api.node.config.document_rules);
     let text =
         std::str::from_utf8(body).map_err(|_| failure(StatusCode::BAD_REQUEST, "the job document is not UTF-8"))?;
     let content_type = headers.get("content-type").and_then(|value| value.to_str().ok()).unwrap_or("application/json");
@@ -217,7 +213,7 @@ async fn save_job(api: &Api, job: &JobRecord) -> Result<(), Failure> {
         (status = 409, description = "a job of that name exists", body = ErrorBody),
     ))]
 async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Reply {
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.document_rules)?;
+    let (spec, document, format) = validate(&api, &body, &headers)?;
     no_cycle(&api, &spec).await?;
     let record = JobRecord {
         name: spec.name.clone(),
@@ -455,7 +451,7 @@ fn reschedule(job: &mut JobRecord, schedule: Option<sluice_core::spec::ScheduleS
 async fn update_job(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
     no_backfill(&job)?;
-    let (spec, document, format) = validate(&body, &headers, api.node.config.fencing, &api.node.config.document_rules)?;
+    let (spec, document, format) = validate(&api, &body, &headers)?;
     if spec.name != name {
         return Err(failure(
             StatusCode::BAD_REQUEST,
@@ -497,12 +493,7 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
     let (old, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, version as u32))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {version}")))?;
-    let (spec, _, _) = validate(
-        old.document.as_bytes(),
-        &format_header(old.format),
-        api.node.config.fencing,
-        &api.node.config.document_rules,
-    )?;
+    let (spec, _, _) = validate(&api, old.document.as_bytes(), &format_header(old.format))?;
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
@@ -703,12 +694,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     let (current, _) = load::<VersionRecord>(&*api.node.store, &version_key(&name, job.version))
         .await?
         .ok_or_else(|| failure(StatusCode::NOT_FOUND, format!("job {name} has no version {}", job.version)))?;
-    let (spec, _, _) = validate(
-        current.document.as_bytes(),
-        &format_header(current.format),
-        api.node.config.fencing,
-        &api.node.config.document_rules,
-    )?;
+    let (spec, _, _) = validate(&api, current.document.as_bytes(), &format_header(current.format))?;
     let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
     if let Some(known) = tables.iter().find(|table| filter.matches(&sluice_core::TableName::parse(table))) {
         return Err(failure(
@@ -730,12 +716,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
     };
     listed.extend(tables.iter().cloned().map(Value::String));
     let document = serde_json::to_string_pretty(&document).expect("JSON serializes");
-    validate(
-        document.as_bytes(),
-        &format_header(DocumentFormat::Json),
-        api.node.config.fencing,
-        &api.node.config.document_rules,
-    )?;
+    validate(&api, document.as_bytes(), &format_header(DocumentFormat::Json))?;
     job.backfill = Some(BackfillRequest {
         id: format!("added-{}", next_generation(job.generation)),
         tables: tables.clone(),
