@@ -17,6 +17,7 @@ use support::workload::{committed, create_tables, Load, Random};
 use support::{address_of, mysql_url, postgres_url, psql, through, unique_name, wait_for, Workspace};
 
 const TOKEN: &str = "console-admin-token-0123456789";
+const READER: &str = "console-read-token-0123456789";
 
 fn screenshot(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console").join(format!("{name}.png"))
@@ -32,6 +33,7 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     let workspace = Workspace::new();
     let environment = [
         ("SLUICE_ADMIN_TOKEN", TOKEN.to_owned()),
+        ("SLUICE_READ_TOKEN", READER.to_owned()),
         ("SLUICE_VAR_SOURCE", mysql_url()),
         ("SLUICE_VAR_TARGET", through(&postgres_url(), &proxy)),
         ("SLUICE_VAR_ALARM_HOOK", webhook.url.clone()),
@@ -176,6 +178,18 @@ fn an_operator_submits_fixes_watches_and_sees_the_lag_alarm_fire_and_resolve() {
     browser.click("#audit-filter");
     browser.wait_text("table#audit", Duration::from_secs(10), |trail| trail.contains("No change recorded"));
     browser.screenshot(&screenshot("13-audit"));
+    // A read token sees the job, and is offered nothing it may not do.
+    browser.click("#nav-logout");
+    browser.type_into("#token", READER);
+    browser.click("#login");
+    browser.wait_text("#signed-in", Duration::from_secs(10), |text| text == "SLUICE_READ_TOKEN (read)");
+    browser.goto(&format!("{}/#/jobs/{name}", server.url));
+    browser.wait_text("table#tasks", Duration::from_secs(10), |tasks| tasks.contains("stream"));
+    for hidden in ["#job-stop", "#job-verify", "#job-delete", "#job-edit", "#nav-new"] {
+        assert_eq!(browser.text(hidden).as_deref(), Some(""), "{hidden} is not offered to a read token");
+    }
+    assert_eq!(browser.text("#job-dirty").as_deref(), Some("Dirty records"), "what it may see stays");
+    browser.screenshot(&screenshot("14-read-only"));
     let output = server.output();
     assert!(!output.contains(TOKEN), "the token in the server's log");
     assert!(!output.contains(&webhook.token), "the webhook's secret in the server's log");
