@@ -327,6 +327,12 @@ pub trait ChangeSource: Send + Sync {
         Ok(None)
     }
 
+    /// Where a job's stream ends (`source.stop_position`), if it names one: the stream commits
+    /// the transaction that reaches it (`reached`) and ends successfully, applying nothing after.
+    fn stop_position(&self) -> Option<Position> {
+        None
+    }
+
     /// Opens the change stream of the selected tables strictly after `after`, a transaction
     /// boundary (a position from `log_position`, `start_position` or a `Commit`). Called by the
     /// stream task, again after every retry, always from the last position durable in the target.

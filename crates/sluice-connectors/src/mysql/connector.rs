@@ -25,7 +25,8 @@ pub(crate) const CONNECTOR: Connector = Connector {
     }),
 };
 
-const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "start_position", "server_id", "read_timeout_secs"];
+const SOURCE_FIELDS: &[&str] =
+    &["type", "url", "tables", "start_position", "stop_position", "server_id", "read_timeout_secs"];
 
 /// How long a snapshot read waits for the source's next bytes by default: far longer than a
 /// primary-key range read is ever silent, far shorter than forever.
@@ -36,6 +37,8 @@ const READ_TIMEOUT_SECS: u64 = 120;
 pub struct SourceOptions {
     /// `start_position: {file: mysql-bin.000003, position: 4}`: where a `cdc` job starts.
     pub start_position: Option<Position>,
+    /// `stop_position: {file: …, position: …}`: where its stream ends.
+    pub stop_position: Option<Position>,
     /// `server_id`: the replica id of the binlog reader (default: derived from the job name).
     pub server_id: Option<u32>,
     /// `read_timeout_secs`: a snapshot read silent this long is given up and retried.
@@ -46,14 +49,16 @@ impl SourceOptions {
     /// Reads the options of a `mysql` source; every problem, each with its path and line.
     pub fn read(endpoint: &EndpointSpec) -> std::result::Result<SourceOptions, Vec<SpecError>> {
         let mut errors = Vec::new();
-        let start_position = match endpoint.options.get("start_position").map(start_position) {
+        let mut position_option = |field: &str| match endpoint.options.get(field).map(log_position) {
             Some(Err(message)) => {
-                errors.push(endpoint.error("start_position", message));
+                errors.push(endpoint.error(field, message));
                 None
             }
             Some(Ok(position)) => Some(position),
             None => None,
         };
+        let start_position = position_option("start_position");
+        let stop_position = position_option("stop_position");
         let server_id = endpoint.options.get("server_id").and_then(|node| {
             let id = scalar(node).and_then(|text| text.parse::<u32>().ok()).filter(|id| *id > 0);
             if id.is_none() {
@@ -82,6 +87,7 @@ impl SourceOptions {
         }
         Ok(SourceOptions {
             start_position,
+            stop_position,
             server_id,
             read_timeout: Duration::from_secs(read_timeout.unwrap_or(READ_TIMEOUT_SECS)),
         })
@@ -95,8 +101,9 @@ fn scalar(node: &Node) -> Option<&str> {
     }
 }
 
-/// `start_position: {file: mysql-bin.000003, position: 4}` as a source position.
-fn start_position(node: &Node) -> std::result::Result<Position, String> {
+/// `{file: mysql-bin.000003, position: 4}` (a `start_position` or `stop_position`) as a source
+/// position.
+fn log_position(node: &Node) -> std::result::Result<Position, String> {
     let expected = "expected a mapping {file: <binlog file>, position: <offset>}";
     let NodeKind::Mapping(entries) = &node.kind else { return Err(expected.to_owned()) };
     let mut file = None;
@@ -109,6 +116,11 @@ fn start_position(node: &Node) -> std::result::Result<Position, String> {
                 offset = Some(text.parse::<u64>().map_err(|_| format!("position `{text}` is not an offset"))?)
             }
             "gtid" => {}
+            "time" => {
+                return Err("a time is not supported yet: give the binlog file and offset ({file: …, position: …}), \
+                            e.g. from SHOW BINARY LOGS or the position a job logged"
+                    .to_owned())
+            }
             other => return Err(format!("unknown field `{other}`; {expected}")),
         }
     }
@@ -134,6 +146,11 @@ fn validate_source(job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
             "only a cdc job starts from a given position; snapshot+cdc starts where its snapshot was taken",
         ));
     }
+    if endpoint.options.contains_key("stop_position") && !matches!(job.mode, Mode::Cdc | Mode::SnapshotAndCdc) {
+        errors.push(
+            endpoint.error("stop_position", "only a job with a change stream (cdc, snapshot+cdc) stops at a position"),
+        );
+    }
     errors.extend(tls_problems(endpoint));
     errors
 }
@@ -153,6 +170,7 @@ fn build_source(job: &JobSpec) -> Result<Arc<dyn Source>> {
         job.parallelism,
         super::StreamOptions {
             start_position: options.start_position,
+            stop_position: options.stop_position,
             server_id: options.server_id.unwrap_or_else(|| super::default_server_id(&job.name)),
             batch_rows: job.limits.batch_rows,
         },
@@ -173,4 +191,19 @@ fn build_target(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
         )?
         .fenced_if(fence),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_position_is_a_file_and_an_offset_and_a_time_is_refused_for_now() {
+        let node = |text: &str| sluice_core::spec::parse_yaml(text).unwrap();
+        let position = log_position(&node("{file: mysql-bin.000003, position: 4}")).unwrap();
+        assert_eq!(position.0, serde_json::json!({"file": "mysql-bin.000003", "position": 4, "gtid": ""}));
+        let time = log_position(&node("{time: \"2026-12-01T00:00:00Z\"}")).unwrap_err();
+        assert!(time.contains("not supported yet"), "{time}");
+        assert!(log_position(&node("{file: mysql-bin.000003}")).unwrap_err().contains("expected a mapping"));
+    }
 }

@@ -74,6 +74,8 @@ pub struct SplitRead {
 pub struct StreamOptions {
     /// Where a `cdc` job without a checkpoint starts; the current position when `None`.
     pub start_position: Option<Position>,
+    /// Where the stream ends (`source.stop_position`), if anywhere.
+    pub stop_position: Option<Position>,
     /// The replica id the stream registers with; unique among the source's replicas.
     pub server_id: u32,
     /// Changes per `StreamEvent::Changes`.
@@ -290,6 +292,10 @@ impl Source for MysqlSource {
 impl ChangeSource for MysqlSource {
     async fn start_position(&self) -> Result<Option<Position>> {
         Ok(self.stream.start_position.clone())
+    }
+
+    fn stop_position(&self) -> Option<Position> {
+        self.stream.stop_position.clone()
     }
 
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {

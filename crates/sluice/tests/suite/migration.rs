@@ -294,6 +294,39 @@ fn a_job_that_stops_at_schema_changes_applies_up_to_the_statement_and_goes_on_wi
     kill(&mut child);
 }
 
+/// `source.stop_position`: a `cdc` job from one binlog position to another applies exactly the
+/// transactions between them and ends with exit 0; run again, it ends at once.
+#[test]
+fn a_cdc_job_between_two_positions_applies_what_lies_between_and_ends() {
+    let database = unique_name("bounded");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT);"));
+    let position = || {
+        let status = mariadb("SHOW MASTER STATUS");
+        let fields: Vec<&str> = status.lines().last().unwrap().split_whitespace().collect();
+        (fields[0].to_owned(), fields[1].to_owned())
+    };
+    let (file, start) = position();
+    mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
+    mariadb(&format!("INSERT INTO {database}.t VALUES (2, 2); UPDATE {database}.t SET v = 10 WHERE id = 1"));
+    let (stop_file, stop) = position();
+    mariadb(&format!("INSERT INTO {database}.t VALUES (3, 3)"));
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let source_extra = format!(
+        "  start_position: {{file: {file}, position: {start}}}\n  stop_position: {{file: {stop_file}, position: {stop}}}\n"
+    );
+    let job = job_file_with_source(&workspace, &name, "cdc", &format!("{database}.*"), &source_extra, "postgres", "");
+    let finished = run(&workspace, &job, "postgres", &[]);
+    finished.assert_code(0);
+    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
+    let namespace = name.replace('-', "_");
+    let rows = psql(&format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM {namespace}.t"));
+    assert_eq!(rows.trim(), "1:10,2:2", "what lies between the positions, and nothing after");
+    run(&workspace, &job, "postgres", &[]).assert_code(0);
+    let again = psql(&format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM {namespace}.t"));
+    assert_eq!(again.trim(), "1:10,2:2", "a second run applies nothing more");
+}
+
 #[test]
 fn a_keyless_copy_cut_short_is_copied_again_whole() {
     let database = unique_name("cut");

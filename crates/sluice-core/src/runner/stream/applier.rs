@@ -365,7 +365,19 @@ impl Applier<'_> {
         }
         let cadence = self.cadence;
         let batch = context.job.mode == crate::spec::Mode::Cdc && context.job.batched();
+        let stop_at = self.changes.stop_position();
         loop {
+            // `source.stop_position`: the transaction that reached it ended the last event; it
+            // commits with its group, and nothing after it is applied.
+            if let Some(mark) = stop_at.as_ref().filter(|mark| self.changes.reached(&self.checkpoint.at, mark)) {
+                if !self.open_transaction {
+                    if !self.arrivals.is_empty() || self.moved {
+                        self.commit().await?;
+                    }
+                    log::info!("change stream: reached source.stop_position {}; the job ends", mark.0);
+                    return Ok(());
+                }
+            }
             // A batch of a scheduled `cdc` job ends once everything up to where the source
             // stood at its start is committed.
             if batch
