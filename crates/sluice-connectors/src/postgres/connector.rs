@@ -19,14 +19,16 @@ pub(crate) const CONNECTOR: Connector = Connector {
     target: Some(TargetSide { fields: crate::SERVER_TARGET_FIELDS, validate, build, read_back: None }),
 };
 
-const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "slot", "publication"];
+const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "slot", "publication", "stop_position"];
 
 /// The source's own options: the replication slot and publication a DBA created, when the job
 /// is not to create its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SourceOptions {
     pub slot: Option<String>,
     pub publication: Option<String>,
+    /// `stop_position: {lsn: "0/16B3748"}`: where the stream ends.
+    pub stop_position: Option<sluice_core::Position>,
 }
 
 impl SourceOptions {
@@ -57,11 +59,36 @@ impl SourceOptions {
             |text| !text.is_empty() && text.len() <= 63,
             "expected a publication name of at most 63 bytes",
         );
+        let stop_position = endpoint.options.get("stop_position").and_then(|node| match stop_lsn(node) {
+            Ok(position) => Some(position),
+            Err(message) => {
+                errors.push(endpoint.error("stop_position", message));
+                None
+            }
+        });
         if errors.is_empty() {
-            Ok(SourceOptions { slot, publication })
+            Ok(SourceOptions { slot, publication, stop_position })
         } else {
             Err(errors)
         }
+    }
+}
+
+/// `{lsn: "0/16B3748"}` (as `pg_current_wal_lsn()` prints it) as a source position.
+fn stop_lsn(node: &sluice_core::spec::Node) -> std::result::Result<sluice_core::Position, String> {
+    let expected = "expected a mapping {lsn: \"X/Y\"}, a WAL position as pg_current_wal_lsn() prints it";
+    let NodeKind::Mapping(entries) = &node.kind else { return Err(expected.to_owned()) };
+    match entries.as_slice() {
+        [(key, value)] if key == "lsn" => match &value.kind {
+            NodeKind::Scalar { text, .. } if super::source::parse_lsn(text).is_some() => {
+                Ok(sluice_core::Position(serde_json::json!({ "lsn": text })))
+            }
+            _ => Err(expected.to_owned()),
+        },
+        [(key, _)] if key == "time" => {
+            Err("a time is not supported yet: give a WAL position {lsn: \"X/Y\"}".to_owned())
+        }
+        _ => Err(expected.to_owned()),
     }
 }
 
@@ -70,8 +97,13 @@ fn tls_problems(endpoint: &EndpointSpec) -> Vec<SpecError> {
     super::TLS_PARAMETERS.problems(url.expose()).into_iter().map(|problem| endpoint.error("url", problem)).collect()
 }
 
-fn validate_source(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
+fn validate_source(job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
     let mut errors = SourceOptions::read(endpoint).err().unwrap_or_default();
+    if endpoint.options.contains_key("stop_position") && !job.mode.streams() {
+        errors.push(
+            endpoint.error("stop_position", "only a job with a change stream (cdc, snapshot+cdc) stops at a position"),
+        );
+    }
     errors.extend(tls_problems(endpoint));
     errors
 }
@@ -86,6 +118,7 @@ fn build_source(job: &JobSpec) -> Result<Arc<dyn Source>> {
         job.mode,
         super::Replication::named(&job.name, options.slot, options.publication),
         job.limits.batch_rows,
+        options.stop_position,
     )))
 }
 

@@ -294,8 +294,9 @@ fn a_job_that_stops_at_schema_changes_applies_up_to_the_statement_and_goes_on_wi
     kill(&mut child);
 }
 
-/// `source.stop_position`: a `cdc` job from one binlog position to another applies exactly the
-/// transactions between them and ends with exit 0; run again, it ends at once.
+/// `source.stop_position`: a `cdc` job from one binlog position to another applies the
+/// transactions before the stop, ends with exit 0 at the first that reaches it, and leaves what
+/// follows alone; run again, it ends at once.
 #[test]
 fn a_cdc_job_between_two_positions_applies_what_lies_between_and_ends() {
     let database = unique_name("bounded");
@@ -305,10 +306,14 @@ fn a_cdc_job_between_two_positions_applies_what_lies_between_and_ends() {
         let fields: Vec<&str> = status.lines().last().unwrap().split_whitespace().collect();
         (fields[0].to_owned(), fields[1].to_owned())
     };
+    // The stop mark is one byte past the binlog's end after the first transaction: that one lies
+    // before it; the next (of this job or, on a busy server, another's) reaches it; the last one
+    // lies after it, whatever other sessions write meanwhile.
     let (file, start) = position();
     mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
-    mariadb(&format!("INSERT INTO {database}.t VALUES (2, 2); UPDATE {database}.t SET v = 10 WHERE id = 1"));
-    let (stop_file, stop) = position();
+    let (stop_file, after_first) = position();
+    let stop = after_first.parse::<u64>().unwrap() + 1;
+    mariadb(&format!("INSERT INTO {database}.t VALUES (2, 2)"));
     mariadb(&format!("INSERT INTO {database}.t VALUES (3, 3)"));
     let workspace = Workspace::new();
     let name = database.replace('_', "-");
@@ -320,11 +325,11 @@ fn a_cdc_job_between_two_positions_applies_what_lies_between_and_ends() {
     finished.assert_code(0);
     assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
     let namespace = name.replace('-', "_");
-    let rows = psql(&format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM {namespace}.t"));
-    assert_eq!(rows.trim(), "1:10,2:2", "what lies between the positions, and nothing after");
+    let ids = || psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {namespace}.t"));
+    let applied = ids();
+    assert!(matches!(applied.trim(), "1" | "1,2"), "before the mark applied, after it not: {applied}");
     run(&workspace, &job, "postgres", &[]).assert_code(0);
-    let again = psql(&format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM {namespace}.t"));
-    assert_eq!(again.trim(), "1:10,2:2", "a second run applies nothing more");
+    assert_eq!(ids(), applied, "a second run applies nothing more");
 }
 
 #[test]

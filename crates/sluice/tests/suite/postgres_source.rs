@@ -654,3 +654,44 @@ fn a_slot_confirmed_past_the_targets_checkpoint_stops_the_job_naming_it() {
     );
     assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.t")).trim(), "0", "nothing is applied from a lost place");
 }
+
+/// `source.stop_position: {lsn}`: a job started again with a WAL position applies the
+/// transactions before it, ends with exit 0 at the first that reaches it, and leaves alone
+/// what was committed after.
+#[test]
+fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
+    let source = SourceDatabase::create("pgstop");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v int); INSERT INTO {schema}.t VALUES (1, 1)"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    support::kill(&mut run);
+    // The mark is one byte past the WAL's end after the first transaction: that one lies before
+    // it; the next one of the job's (or, on a busy server, another's position) reaches it; the
+    // last one lies after it, whatever other sessions write meanwhile.
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (2, 2)"));
+    let after_first = source.sql("SELECT pg_current_wal_lsn() + 1");
+    source.sql(&format!("UPDATE {schema}.t SET v = 10 WHERE id = 1"));
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (3, 3)"));
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("  tables:", &format!("  stop_position: {{lsn: \"{}\"}}\n  tables:", after_first.trim()));
+    std::fs::write(&job, text).unwrap();
+    let finished = Run::from(
+        workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    finished.assert_code(0);
+    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
+    let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
+    assert_eq!(ids.trim(), "1,2", "the transaction before the position is applied, the one after it is not");
+}

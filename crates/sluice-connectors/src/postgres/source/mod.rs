@@ -156,6 +156,8 @@ pub struct PostgresSource {
     mode: Mode,
     replication: Replication,
     batch_rows: usize,
+    /// Where the stream ends (`source.stop_position`), if anywhere.
+    stop_position: Option<Position>,
     /// The tables as `discover` described them, for splits and checks.
     described: Mutex<BTreeMap<TableName, Described>>,
     /// The snapshot of the slot this run created, kept exported until the stream starts.
@@ -170,6 +172,7 @@ impl PostgresSource {
         mode: Mode,
         replication: Replication,
         batch_rows: usize,
+        stop_position: Option<Position>,
     ) -> PostgresSource {
         PostgresSource {
             url,
@@ -178,6 +181,7 @@ impl PostgresSource {
             mode,
             replication,
             batch_rows,
+            stop_position,
             described: Mutex::new(BTreeMap::new()),
             export: Mutex::new(None),
         }
@@ -568,6 +572,10 @@ impl ChangeSource for PostgresSource {
             bytes_behind,
             files_to_spare: safe.map_or(u64::MAX, |safe| safe.max(0) as u64 / segment),
         }))
+    }
+
+    fn stop_position(&self) -> Option<Position> {
+        self.stop_position.clone()
     }
 
     fn reached(&self, position: &Position, mark: &Position) -> bool {
