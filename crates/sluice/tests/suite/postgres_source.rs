@@ -27,16 +27,15 @@ fn job_file(workspace: &Workspace, name: &str, schema: &str, target: &str, extra
     )
 }
 
+/// `sluice ARGUMENTS` run to its end, `${SOURCE}` being `source` and `${TARGET}` the test
+/// PostgreSQL.
+fn sluice_into_postgres(workspace: &Workspace, arguments: &[&str], source: &SourceDatabase) -> Run {
+    Run::from(workspace.command(arguments).env("SOURCE", source.url()).env("TARGET", postgres_url()).output().unwrap())
+}
+
 /// `sluice check` of `job` from `source` into the test PostgreSQL.
 fn check(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase) -> Run {
-    Run::from(
-        workspace
-            .command(&["check", job.to_str().unwrap()])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    )
+    sluice_into_postgres(workspace, &["check", job.to_str().unwrap()], source)
 }
 
 /// `sluice verify` of `job` from `source` into the target at `target_url`, with more arguments.
@@ -293,14 +292,7 @@ fn a_dropped_slot_stops_the_job_naming_it_and_reset_drops_the_jobs_own() {
 
     // Reset forgets the job's progress and drops what it owns at the source; the next run
     // makes a new slot and copies again.
-    let reset = Run::from(
-        workspace
-            .command(&["reset", job.to_str().unwrap()])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let reset = sluice_into_postgres(&workspace, &["reset", job.to_str().unwrap()], &source);
     reset.assert_code(0);
     assert!(source.slots().is_empty(), "reset drops the slot its planning made");
     assert_eq!(source.sql(&format!("SELECT count(*) FROM pg_publication WHERE pubname = '{slot}'")).trim(), "0");
@@ -682,14 +674,7 @@ fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
         .unwrap()
         .replace("  tables:", &format!("  stop_position: {{lsn: \"{}\"}}\n  tables:", after_first.trim()));
     std::fs::write(&job, text).unwrap();
-    let finished = Run::from(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", source.url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let finished = sluice_into_postgres(&workspace, &["run", job.to_str().unwrap()], &source);
     finished.assert_code(0);
     assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
     let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
