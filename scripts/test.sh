@@ -17,8 +17,11 @@ cleanup() {
   # A test server that crashed leaves every later test without a server: show why it crashed.
   for log in "$base"/*/server.log; do
     if [ -f "$log" ] && grep -qiE 'got signal|segfault|stack trace|PANIC' "$log"; then
-      echo "test server crashed; tail of $log:" >&2
-      tail -n 80 "$log" >&2 || true
+      # MariaDB writes the signal, the query and the stack first, then its settings: show the
+      # report from its start, without the one long line of optimizer switches.
+      echo "test server crashed; its report in $log:" >&2
+      sed -n '/got signal\|segfault\|[Ss]tack trace\|PANIC/,$p' "$log" | grep -v '^Optimizer switch' |
+        head -n 120 >&2 || true
     fi
   done
   for server in mariadb postgres; do
