@@ -85,6 +85,16 @@ pub(crate) fn key_values_text(table: &TableSchema, key: &[crate::value::Value]) 
         .join(", ")
 }
 
+/// A place in a source's change log that a job names (`source.start_position`,
+/// `source.stop_position`): a position, or a time.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogMark {
+    /// A position as the connector writes it.
+    Position(Position),
+    /// Seconds since the epoch: where the first transaction the log dates at or after it begins.
+    Time(u64),
+}
+
 /// A source position: opaque to the engine, owned and interpreted by the connector that made it.
 /// It is stored in checkpoints and served by the API, so it is plain JSON.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -397,6 +397,11 @@ pub enum StreamEvent {
     /// A DDL statement on selected tables, a transaction of its own. `statement` is its text,
     /// for messages; `changes` carry source table names.
     SchemaChange { statement: String, changes: Vec<SourceSchemaChange>, position: Position, committed_at: u64 },
+    /// The stream reached the job's stop time (`source.stop_position: {time: …}`): the next
+    /// transaction, dated `committed_at`, lies at or after it and is not part of the job.
+    /// `position` is where that transaction begins. Only ever between transactions; nothing
+    /// follows.
+    End { position: Position, committed_at: u64 },
 }
 
 /// A DDL statement's effect on source tables, as the change stream saw it.
@@ -579,6 +584,14 @@ pub trait Sink: Send + Sync {
     /// Creates the missing tables (when the job allows it) and checks that the others exist.
     /// Idempotent; called once per run, before any writer opens. `tables` carry target names.
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;
+
+    /// The names of the columns target table `table` has, in the target's spelling: `Some` of
+    /// an empty list when it does not exist, `None` for a target without table definitions of
+    /// its own (files, event streams, lakes). Read by a stream under `schema_changes: ignore`,
+    /// whose rows reach the table with those columns alone.
+    async fn table_columns(&self, _table: &TableName) -> Result<Option<Vec<String>>> {
+        Ok(None)
+    }
 
     /// Builds what is best built after the rows are in (secondary indexes). Idempotent; called
     /// once at the end of a run in which every split completed. `tables` carry target names.

@@ -210,6 +210,31 @@ impl TableSchema {
         self.columns.iter().position(|column| column.name == name)
     }
 
+    /// The table with the columns `keeps` keeps alone; a key or an index that loses a column is
+    /// dropped.
+    pub fn keeping(&self, keeps: &dyn Fn(&str) -> bool) -> TableSchema {
+        let mut positions = vec![None; self.columns.len()];
+        let mut columns = Vec::with_capacity(self.columns.len());
+        for (index, column) in self.columns.iter().enumerate() {
+            if keeps(&column.name) {
+                positions[index] = Some(columns.len());
+                columns.push(column.clone());
+            }
+        }
+        let moved = |indexes: &[usize]| indexes.iter().map(|&index| positions[index]).collect::<Option<Vec<usize>>>();
+        TableSchema {
+            name: self.name.clone(),
+            columns,
+            primary_key: moved(&self.primary_key).unwrap_or_default(),
+            indexes: self
+                .indexes
+                .iter()
+                .filter_map(|index| Some(Index { columns: moved(&index.columns)?, ..index.clone() }))
+                .collect(),
+            details: self.details.clone(),
+        }
+    }
+
     pub fn primary_key_names(&self) -> Vec<&str> {
         self.primary_key.iter().map(|&index| self.columns[index].name.as_str()).collect()
     }

@@ -107,6 +107,8 @@ pub struct StreamStats {
     pub transactions_applied: AtomicU64,
     /// DDL statements carried to the target.
     pub schema_changes: AtomicU64,
+    /// DDL statements passed over (`schema_changes: ignore`).
+    pub schema_changes_ignored: AtomicU64,
     /// Row changes a transform's `filter` left out (both images outside it).
     pub changes_filtered: AtomicU64,
     /// Changes left out as dirty records (a value the target cannot hold), each counted once
@@ -198,6 +200,7 @@ impl StreamStats {
             rows_applied: load(&self.rows_applied),
             transactions_applied: load(&self.transactions_applied),
             schema_changes: load(&self.schema_changes),
+            schema_changes_ignored: load(&self.schema_changes_ignored),
             changes_filtered: load(&self.changes_filtered),
             dirty_records: load(&self.dirty_records),
             lag_seconds: self.lag_seconds(),
@@ -227,6 +230,8 @@ pub struct StreamSummary {
     pub rows_applied: u64,
     pub transactions_applied: u64,
     pub schema_changes: u64,
+    /// DDL statements passed over (`schema_changes: ignore`).
+    pub schema_changes_ignored: u64,
     pub changes_filtered: u64,
     /// Changes left out as dirty records.
     pub dirty_records: u64,

@@ -823,6 +823,9 @@ fn print_summary(summary: &RunSummary, to_stderr: bool) {
         if stream.schema_changes > 0 {
             out!("  {} DDL statements carried to the target", stream.schema_changes);
         }
+        if stream.schema_changes_ignored > 0 {
+            out!("  {} DDL statements not carried (schema_changes: ignore)", stream.schema_changes_ignored);
+        }
         if stream.dirty_records > 0 {
             out!("  {} changes left out of the target as dirty records", group(stream.dirty_records));
         }

@@ -133,6 +133,11 @@ pub struct BinlogChangeStream {
     /// The effects of the DDL statement being committed, with its text.
     ddl: Option<(String, Vec<SourceSchemaChange>)>,
     ready: VecDeque<StreamEvent>,
+    /// The stream ends before the first transaction dated at or after this (seconds since the
+    /// epoch; `source.stop_position: {time: …}`).
+    stop_time: Option<u64>,
+    /// The stream reached `stop_time`: it reads on, but hands on nothing more.
+    ended: bool,
 }
 
 impl BinlogChangeStream {
@@ -151,6 +156,7 @@ impl BinlogChangeStream {
         after: &Position,
         server_id: u32,
         batch_rows: usize,
+        stop_time: Option<u64>,
     ) -> Result<BinlogChangeStream> {
         let start = LogPosition::from_position(after)?;
         let server_name = server.clone();
@@ -265,7 +271,21 @@ impl BinlogChangeStream {
             changes: Vec::new(),
             ddl: None,
             ready: VecDeque::new(),
+            stop_time,
+            ended: false,
         })
+    }
+
+    /// A transaction begins with an event dated `at`. At or past the stream's stop time, the
+    /// stream ends before it, where the last one ended (returns true).
+    fn reaches_stop(&mut self, at: u64) -> bool {
+        if self.in_transaction || self.stop_time.is_none_or(|stop| at < stop) {
+            return false;
+        }
+        self.ended = true;
+        let position = self.position(self.offset);
+        self.ready.push_back(StreamEvent::End { position, committed_at: at });
+        true
     }
 
     fn position(&self, offset: u64) -> Position {
@@ -318,6 +338,9 @@ impl BinlogChangeStream {
         let kind = header.event_type_raw();
         let offset = u64::from(header.log_pos());
         let committed_at = u64::from(header.timestamp());
+        if self.ended {
+            return Ok(());
+        }
         if MARIADB_COMPRESSED.contains(&kind) {
             return Err(self.read_error(format!("event type {kind} at {offset} is compressed (log_bin_compress=ON), which this reader does not inflate"))
                 .hint("SET GLOBAL log_bin_compress = OFF on the source; the compressed events already written cannot be streamed"));
@@ -332,6 +355,9 @@ impl BinlogChangeStream {
                 let domain = u32::from_le_bytes(data[8..12].try_into().expect("4 bytes"));
                 // A standalone GTID announces one statement (DDL); otherwise it stands for BEGIN.
                 let standalone = data[12] & 1 != 0;
+                if self.reaches_stop(committed_at) {
+                    return Ok(());
+                }
                 self.in_transaction = !standalone;
                 self.gtid = Some((domain, format!("{domain}-{}-{sequence}", header.server_id())));
                 return Ok(());
@@ -392,6 +418,10 @@ impl BinlogChangeStream {
             EventData::QueryEvent(query) => {
                 let statement = query.query();
                 let keyword = statement.split_whitespace().next().unwrap_or("").to_ascii_uppercase();
+                let begins = keyword != "COMMIT" && keyword != "ROLLBACK";
+                if begins && self.gtid.is_none() && self.mysql_gtid.is_none() && self.reaches_stop(committed_at) {
+                    return Ok(());
+                }
                 match keyword.as_str() {
                     "BEGIN" => self.in_transaction = true,
                     // A transaction on non-transactional tables that "rolled back" kept its rows.
@@ -425,8 +455,14 @@ impl BinlogChangeStream {
             | EventData::StopEvent => {}
             // MySQL announces each transaction with a GTID, then BEGIN (DML) or the statement
             // (DDL); the set grows at the commit. The stream resumes from the file position.
-            EventData::GtidEvent(gtid) => self.mysql_gtid = Some((uuid(gtid.sid()), gtid.gno())),
-            EventData::AnonymousGtidEvent(_) => {}
+            EventData::GtidEvent(gtid) => {
+                if !self.reaches_stop(committed_at) {
+                    self.mysql_gtid = Some((uuid(gtid.sid()), gtid.gno()));
+                }
+            }
+            EventData::AnonymousGtidEvent(_) => {
+                self.reaches_stop(committed_at);
+            }
             other => {
                 if header.flags_raw() & IGNORABLE_FLAG == 0 {
                     let name = format!("{other:?}");

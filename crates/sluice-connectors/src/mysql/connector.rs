@@ -7,7 +7,7 @@ use std::time::Duration;
 use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, Mode, Node, NodeKind, SpecError};
-use sluice_core::{Position, Result};
+use sluice_core::{LogMark, Position, Result};
 
 use crate::{Connector, SourceSide, TargetSide};
 
@@ -35,10 +35,11 @@ const READ_TIMEOUT_SECS: u64 = 120;
 /// The source's own options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceOptions {
-    /// `start_position: {file: mysql-bin.000003, position: 4}`: where a `cdc` job starts.
-    pub start_position: Option<Position>,
-    /// `stop_position: {file: …, position: …}`: where its stream ends.
-    pub stop_position: Option<Position>,
+    /// `start_position: {file: mysql-bin.000003, position: 4}` or `{time: …}`: where a `cdc`
+    /// job starts.
+    pub start_position: Option<LogMark>,
+    /// `stop_position: {file: …, position: …}` or `{time: …}`: where its stream ends.
+    pub stop_position: Option<LogMark>,
     /// `server_id`: the replica id of the binlog reader (default: derived from the job name).
     pub server_id: Option<u32>,
     /// `read_timeout_secs`: a snapshot read silent this long is given up and retried.
@@ -101,13 +102,14 @@ fn scalar(node: &Node) -> Option<&str> {
     }
 }
 
-/// `{file: mysql-bin.000003, position: 4}` (a `start_position` or `stop_position`) as a source
-/// position.
-fn log_position(node: &Node) -> std::result::Result<Position, String> {
-    let expected = "expected a mapping {file: <binlog file>, position: <offset>}";
+/// `{file: mysql-bin.000003, position: 4}` or `{time: "2026-12-01T00:00:00Z"}` (a
+/// `start_position` or `stop_position`).
+fn log_position(node: &Node) -> std::result::Result<LogMark, String> {
+    let expected = "expected a mapping {file: <binlog file>, position: <offset>} or {time: <RFC 3339 time>}";
     let NodeKind::Mapping(entries) = &node.kind else { return Err(expected.to_owned()) };
     let mut file = None;
     let mut offset = None;
+    let mut time = None;
     for (key, value) in entries {
         let Some(text) = scalar(value) else { return Err(expected.to_owned()) };
         match key.as_str() {
@@ -117,16 +119,20 @@ fn log_position(node: &Node) -> std::result::Result<Position, String> {
             }
             "gtid" => {}
             "time" => {
-                return Err("a time is not supported yet: give the binlog file and offset ({file: …, position: …}), \
-                            e.g. from SHOW BINARY LOGS or the position a job logged"
-                    .to_owned())
+                time = Some(sluice_core::clock::parse_rfc3339(text).ok_or_else(|| {
+                    format!("time `{text}` is not an RFC 3339 time with its zone, e.g. 2026-12-01T00:00:00Z")
+                })?)
             }
             other => return Err(format!("unknown field `{other}`; {expected}")),
         }
     }
-    match (file, offset) {
-        (Some(file), Some(offset)) => Ok(Position(serde_json::json!({"file": file, "position": offset, "gtid": ""}))),
-        _ => Err(expected.to_owned()),
+    match (file, offset, time) {
+        (Some(file), Some(offset), None) => {
+            Ok(LogMark::Position(Position(serde_json::json!({"file": file, "position": offset, "gtid": ""}))))
+        }
+        (None, None, Some(time)) => Ok(LogMark::Time(time)),
+        (None, None, None) | (Some(_), None, None) | (None, Some(_), None) => Err(expected.to_owned()),
+        _ => Err(format!("give a file and position, or a time, not both; {expected}")),
     }
 }
 
@@ -198,12 +204,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_log_position_is_a_file_and_an_offset_and_a_time_is_refused_for_now() {
+    fn a_log_position_is_a_file_and_an_offset_or_a_time() {
         let node = |text: &str| sluice_core::spec::parse_yaml(text).unwrap();
         let position = log_position(&node("{file: mysql-bin.000003, position: 4}")).unwrap();
-        assert_eq!(position.0, serde_json::json!({"file": "mysql-bin.000003", "position": 4, "gtid": ""}));
-        let time = log_position(&node("{time: \"2026-12-01T00:00:00Z\"}")).unwrap_err();
-        assert!(time.contains("not supported yet"), "{time}");
+        let expected = serde_json::json!({"file": "mysql-bin.000003", "position": 4, "gtid": ""});
+        assert_eq!(position, LogMark::Position(Position(expected)));
+        let time = log_position(&node("{time: \"2026-12-01T00:00:00Z\"}")).unwrap();
+        assert_eq!(time, LogMark::Time(1_796_083_200));
+        let zoneless = log_position(&node("{time: \"2026-12-01 00:00:00\"}")).unwrap_err();
+        assert!(zoneless.contains("not an RFC 3339 time with its zone"), "{zoneless}");
+        let both = log_position(&node("{file: mysql-bin.000003, position: 4, time: \"2026-12-01T00:00:00Z\"}"));
+        assert!(both.unwrap_err().contains("not both"));
         assert!(log_position(&node("{file: mysql-bin.000003}")).unwrap_err().contains("expected a mapping"));
     }
 }

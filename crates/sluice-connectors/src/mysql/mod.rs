@@ -8,6 +8,7 @@ mod ddl;
 mod decoded;
 mod gtid;
 mod keyless;
+mod log_time;
 mod logged;
 mod rows;
 mod sink;

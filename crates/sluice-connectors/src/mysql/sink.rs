@@ -94,6 +94,19 @@ impl MysqlSink {
         Ok(connection)
     }
 
+    /// The columns table `table` has (none when it does not exist).
+    async fn columns(&self, connection: &mut Conn, table: &TableName) -> Result<Vec<String>> {
+        let namespace = table.namespace.as_deref().unwrap_or("sluice_default");
+        connection
+            .exec(
+                "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ? \
+                 ORDER BY ORDINAL_POSITION",
+                (namespace, &table.name),
+            )
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, &format!("describe table {table}")))
+    }
+
     /// A connection for one of the job's task writers; a fenced task's is recorded, so the
     /// task's next owner can end it.
     async fn task_connection(&self, job: &str) -> Result<Conn> {
@@ -211,6 +224,11 @@ impl Sink for MysqlSink {
             .map_err(error("forget the job's table identities"))
     }
 
+    async fn table_columns(&self, table: &TableName) -> Result<Option<Vec<String>>> {
+        let mut connection = self.connection().await?;
+        Ok(Some(self.columns(&mut connection, table).await?))
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let mut connection = self.connection().await?;
@@ -237,14 +255,7 @@ impl Sink for MysqlSink {
         connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
         warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
-            let namespace = table.name.namespace.as_deref().unwrap_or("sluice_default");
-            let existing: Vec<String> = connection
-                .exec(
-                    "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = ? AND TABLE_NAME = ?",
-                    (namespace, &table.name.name),
-                )
-                .await
-                .map_err(error(&format!("describe table {}", table.name)))?;
+            let existing = self.columns(&mut connection, &table.name).await?;
             if to_create(table, &existing, self.create_tables, |known, name| known.eq_ignore_ascii_case(name))? {
                 connection
                     .query_drop(create_table_sql(table, self.flavor.get().map(String::as_str)))

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Pool, Row};
 use serde_json::json;
-use sluice_core::change::{Batch, Position};
+use sluice_core::change::{Batch, LogMark, Position};
 use sluice_core::connector::{
     ChangeSource, ChangeStream, CheckItem, CopyRead, CursorSource, LogBacklog, Reader, SnapshotSource, Source, Split,
     SplitHint,
@@ -29,6 +29,7 @@ use super::gtid::GtidSet;
 use super::keyless::{
     no_snapshot_position, not_transactional, snapshot_position, KeylessReader, SNAPSHOT_STATUS, START_SNAPSHOT,
 };
+use super::log_time::LogReader;
 use super::tables::qualified;
 use super::wire::{WireConnection, WireError};
 use super::{decode, endpoint, mysql_error, pool, quote, wire_error, ColumnType, Endpoint, SESSION_SETUP};
@@ -73,9 +74,9 @@ pub struct SplitRead {
 #[derive(Debug, Clone)]
 pub struct StreamOptions {
     /// Where a `cdc` job without a checkpoint starts; the current position when `None`.
-    pub start_position: Option<Position>,
+    pub start_position: Option<LogMark>,
     /// Where the stream ends (`source.stop_position`), if anywhere.
-    pub stop_position: Option<Position>,
+    pub stop_position: Option<LogMark>,
     /// The replica id the stream registers with; unique among the source's replicas.
     pub server_id: u32,
     /// Changes per `StreamEvent::Changes`.
@@ -290,12 +291,33 @@ impl Source for MysqlSource {
 
 #[async_trait]
 impl ChangeSource for MysqlSource {
+    /// At a time (`start_position: {time: …}`): where the first transaction dated at or after
+    /// it begins, found once, when the job is first planned.
+    async fn start_log(&self) -> Result<Option<Position>> {
+        let Some(LogMark::Time(time)) = self.stream.start_position else { return self.log_position().await };
+        let reader =
+            LogReader { opts: self.endpoint.opts.clone(), server: &self.server, server_id: self.stream.server_id };
+        let position = reader.position_at(&mut self.connection().await?, time).await?;
+        log::info!(
+            "source.start_position {}: the first transaction dated at or after it begins at {}",
+            sluice_core::clock::rfc3339(time),
+            position.brief()
+        );
+        Ok(Some(position))
+    }
+
     async fn start_position(&self) -> Result<Option<Position>> {
-        Ok(self.stream.start_position.clone())
+        Ok(match &self.stream.start_position {
+            Some(LogMark::Position(position)) => Some(position.clone()),
+            _ => None,
+        })
     }
 
     fn stop_position(&self) -> Option<Position> {
-        self.stream.stop_position.clone()
+        match &self.stream.stop_position {
+            Some(LogMark::Position(position)) => Some(position.clone()),
+            _ => None,
+        }
     }
 
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
@@ -308,6 +330,10 @@ impl ChangeSource for MysqlSource {
             after,
             self.stream.server_id,
             self.stream.batch_rows,
+            match self.stream.stop_position {
+                Some(LogMark::Time(time)) => Some(time),
+                _ => None,
+            },
         )
         .await?;
         Ok(Box::new(stream))
@@ -658,6 +684,7 @@ impl MysqlSource {
             &position,
             self.stream.server_id ^ 0x2000_0000,
             1,
+            None,
         )
         .await;
         let read = match opened {

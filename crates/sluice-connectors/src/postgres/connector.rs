@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sluice_core::connector::{Fence, Sink, Source};
 use sluice_core::filter::TableFilter;
 use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
-use sluice_core::Result;
+use sluice_core::{LogMark, Result};
 
 use crate::{Connector, SourceSide, TargetSide};
 
@@ -27,8 +27,8 @@ const SOURCE_FIELDS: &[&str] = &["type", "url", "tables", "slot", "publication",
 pub struct SourceOptions {
     pub slot: Option<String>,
     pub publication: Option<String>,
-    /// `stop_position: {lsn: "0/16B3748"}`: where the stream ends.
-    pub stop_position: Option<sluice_core::Position>,
+    /// `stop_position: {lsn: "0/16B3748"}` or `{time: …}`: where the stream ends.
+    pub stop_position: Option<LogMark>,
 }
 
 impl SourceOptions {
@@ -74,20 +74,26 @@ impl SourceOptions {
     }
 }
 
-/// `{lsn: "0/16B3748"}` (as `pg_current_wal_lsn()` prints it) as a source position.
-fn stop_lsn(node: &sluice_core::spec::Node) -> std::result::Result<sluice_core::Position, String> {
-    let expected = "expected a mapping {lsn: \"X/Y\"}, a WAL position as pg_current_wal_lsn() prints it";
+/// `{lsn: "0/16B3748"}` (as `pg_current_wal_lsn()` prints it) or `{time: "2026-12-01T00:00:00Z"}`.
+fn stop_lsn(node: &sluice_core::spec::Node) -> std::result::Result<LogMark, String> {
+    let expected =
+        "expected a mapping {lsn: \"X/Y\"}, a WAL position as pg_current_wal_lsn() prints it, or {time: <RFC 3339 time>}";
     let NodeKind::Mapping(entries) = &node.kind else { return Err(expected.to_owned()) };
     match entries.as_slice() {
         [(key, value)] if key == "lsn" => match &value.kind {
             NodeKind::Scalar { text, .. } if super::source::parse_lsn(text).is_some() => {
-                Ok(sluice_core::Position(serde_json::json!({ "lsn": text })))
+                Ok(LogMark::Position(sluice_core::Position(serde_json::json!({ "lsn": text }))))
             }
             _ => Err(expected.to_owned()),
         },
-        [(key, _)] if key == "time" => {
-            Err("a time is not supported yet: give a WAL position {lsn: \"X/Y\"}".to_owned())
-        }
+        [(key, value)] if key == "time" => match &value.kind {
+            NodeKind::Scalar { text, .. } => {
+                sluice_core::clock::parse_rfc3339(text).map(LogMark::Time).ok_or_else(|| {
+                    format!("time `{text}` is not an RFC 3339 time with its zone, e.g. 2026-12-01T00:00:00Z")
+                })
+            }
+            _ => Err(expected.to_owned()),
+        },
         _ => Err(expected.to_owned()),
     }
 }

@@ -75,6 +75,22 @@ impl PostgresSink {
         let doing = doing.to_owned();
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
+
+    /// The columns table `table` has (none when it does not exist).
+    async fn columns(&self, client: &Client, table: &TableName) -> Result<Vec<String>> {
+        let namespace = table.namespace.as_deref().unwrap_or("public");
+        Ok(client
+            .query(
+                "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 \
+                 ORDER BY ordinal_position",
+                &[&namespace, &table.name],
+            )
+            .await
+            .map_err(self.error(&format!("describe table {table}")))?
+            .iter()
+            .map(|row| row.get(0))
+            .collect())
+    }
 }
 
 #[async_trait]
@@ -139,6 +155,11 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
+    async fn table_columns(&self, table: &TableName) -> Result<Option<Vec<String>>> {
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        Ok(Some(self.columns(&client, table).await?))
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         refuse_long_names(tables)?;
         let client = connect(&self.url, Side::Target, &self.server).await?;
@@ -155,14 +176,7 @@ impl Sink for PostgresSink {
         client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
         warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
-            let namespace = table.name.namespace.as_deref().unwrap_or("public");
-            let existing: Vec<String> = client
-                .query("SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2", &[&namespace, &table.name.name])
-                .await
-                .map_err(self.error(&format!("describe table {}", table.name)))?
-                .iter()
-                .map(|row| row.get(0))
-                .collect();
+            let existing = self.columns(&client, &table.name).await?;
             if to_create(table, &existing, self.create_tables, |known, name| known == name)? {
                 client
                     .batch_execute(&create_table_sql(table))

@@ -73,6 +73,11 @@ impl Sink for SqliteSink {
         tables.iter().map(create_table_sql).collect()
     }
 
+    async fn table_columns(&self, table: &TableName) -> Result<Option<Vec<String>>> {
+        let table = table.clone();
+        self.blocking(move |connection| columns(&connection, &table).map(Some)).await
+    }
+
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         let tables = tables.to_vec();
         let (write_mode, create_tables) = (self.write_mode, self.create_tables);
@@ -221,14 +226,15 @@ impl Sink for SqliteSink {
 }
 
 /// Checks that an existing target table has every column the source sends.
+/// The columns table `table` has (none when it does not exist).
+fn columns(connection: &Connection, table: &TableName) -> Result<Vec<String>> {
+    let described = |error| sqlite_error(error, Side::Target, &format!("describe table {table}"));
+    let mut statement = connection.prepare("SELECT name FROM pragma_table_info(?1) ORDER BY cid").map_err(described)?;
+    statement.query_map([&table.name], |row| row.get(0)).and_then(|rows| rows.collect()).map_err(described)
+}
+
 fn check_columns(connection: &Connection, table: &TableSchema) -> Result<()> {
-    let mut statement = connection
-        .prepare("SELECT name FROM pragma_table_info(?1)")
-        .map_err(|error| sqlite_error(error, Side::Target, &format!("describe table {}", table.name)))?;
-    let existing: Vec<String> = statement
-        .query_map([&table.name.name], |row| row.get(0))
-        .and_then(|rows| rows.collect())
-        .map_err(|error| sqlite_error(error, Side::Target, &format!("describe table {}", table.name)))?;
+    let existing = columns(connection, &table.name)?;
     let missing: Vec<&str> = table
         .columns
         .iter()

@@ -30,6 +30,9 @@ struct KnownMappings {
     by_source: BTreeMap<TableName, Arc<TableMapping>>,
     /// Target tables that more than one source table is merged into.
     shared_targets: BTreeSet<TableName>,
+    /// Target tables that keep their own columns whatever the source's become
+    /// (`schema_changes: ignore`): their names there.
+    kept_columns: BTreeMap<TableName, Vec<String>>,
 }
 
 impl Mappings {
@@ -40,12 +43,16 @@ impl Mappings {
     /// The mapping of a source table as planned, or, for a schema the plan does not have (a
     /// table created or altered in the change stream), compiled now.
     pub(super) fn mapping(&self, table: &Arc<TableSchema>, sink: &dyn Sink) -> Result<Arc<TableMapping>> {
-        if let Some(mapping) = lock(&self.known).by_source.get(&table.name) {
-            if mapping.source.columns == table.columns && mapping.source.primary_key == table.primary_key {
-                return Ok(mapping.clone());
+        let kept = {
+            let known = lock(&self.known);
+            if let Some(mapping) = known.by_source.get(&table.name) {
+                if mapping.source.columns == table.columns && mapping.source.primary_key == table.primary_key {
+                    return Ok(mapping.clone());
+                }
             }
-        }
-        let mapping = Arc::new(self.transforms.map(table, &|name| sink.target_name(name))?);
+            known.kept_columns.get(&self.target_name(&table.name, sink)).cloned()
+        };
+        let mapping = Arc::new(self.transforms.map_onto(table, &|name| sink.target_name(name), kept.as_deref())?);
         let mut known = lock(&self.known);
         // A table merged with others (created later, or altered) must keep their shape.
         let sibling = known
@@ -59,6 +66,14 @@ impl Mappings {
         }
         known.by_source.insert(table.name.clone(), mapping.clone());
         Ok(mapping)
+    }
+
+    /// Maps the rows of every source table routed to `target` onto these columns of it (its
+    /// names there), whatever columns the source's rows have (`schema_changes: ignore`).
+    pub(super) fn keep_columns(&self, target: TableName, columns: Vec<String>) {
+        let mut known = lock(&self.known);
+        known.by_source.retain(|_, mapping| mapping.target.name != target);
+        known.kept_columns.insert(target, columns);
     }
 
     /// The target name of a source table: routed, then named by the sink.

@@ -15,7 +15,7 @@ use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::planner::Planner;
 use crate::schema::TableSchema;
-use crate::spec::Mode;
+use crate::spec::{Mode, SchemaChanges};
 use crate::state::Plan;
 use crate::transform;
 
@@ -165,7 +165,11 @@ async fn prepare_target(
     restarting: bool,
 ) -> Result<bool> {
     let job = &context.job;
-    context.sink.prepare(&hidden.schemas(targets)).await?;
+    let mut prepared = hidden.schemas(targets);
+    if job.schema_changes == SchemaChanges::Ignore {
+        keep_target_columns(context, targets, &mut prepared).await?;
+    }
+    context.sink.prepare(&prepared).await?;
     let mut tables = hidden.tasks(plan.table_tasks());
     if !restarting {
         crate::planner::verify_checkpoints(job, &*context.sink, &tables).await?;
@@ -180,4 +184,36 @@ async fn prepare_target(
     context.state.forget(&job.name)?;
     context.state.save_plan(&job.name, plan)?;
     Ok(true)
+}
+
+/// `schema_changes: ignore`: a target table that exists keeps its columns, whatever the source's
+/// are now (an ignored statement may have added some since it was made): the job's rows reach it
+/// with the columns it has, and the target is prepared for those alone. `targets` carry the own
+/// names, `prepared` the names written under now (a hidden copy's).
+async fn keep_target_columns(
+    context: &RunContext,
+    targets: &[TableSchema],
+    prepared: &mut [TableSchema],
+) -> Result<()> {
+    for (target, table) in targets.iter().zip(prepared.iter_mut()) {
+        let columns = context
+            .with_retry(&format!("read the columns of target table {}", table.name), || {
+                context.sink.table_columns(&table.name)
+            })
+            .await?;
+        let Some(columns) = columns.filter(|columns| !columns.is_empty()) else { continue };
+        let has = |name: &str| columns.iter().any(|column| column.eq_ignore_ascii_case(name));
+        let left_out: Vec<&str> =
+            table.columns.iter().map(|column| column.name.as_str()).filter(|name| !has(name)).collect();
+        if !left_out.is_empty() {
+            log::warn!(
+                "target table {} lacks columns {} of the source's (schema_changes: ignore): rows reach it without them",
+                table.name,
+                left_out.join(", ")
+            );
+            *table = table.keeping(&has);
+        }
+        context.mappings.keep_columns(target.name.clone(), columns);
+    }
+    Ok(())
 }

@@ -346,8 +346,9 @@ impl StreamStage {
                     _ => 1,
                 };
                 let Ok(permit) = budget.clone().acquire_many_owned(cost).await else { return };
-                let failed = event.is_err();
-                if events.send((event, permit)).is_err() || failed {
+                // Nothing follows an error or the stream's end.
+                let last = matches!(event, Err(_) | Ok(StreamEvent::End { .. }));
+                if events.send((event, permit)).is_err() || last {
                     return;
                 }
             }

@@ -45,12 +45,17 @@ pub struct JobSpec {
     pub schema_changes: SchemaChanges,
 }
 
-/// `schema_changes: carry | stop` (Flink CDC's evolve and exception behaviours).
+/// `schema_changes: carry | ignore | stop` (Flink CDC's evolve, ignore and exception behaviours).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SchemaChanges {
     /// The target follows: tables created, altered, renamed, dropped and emptied as the source's.
     #[default]
     Carry,
+    /// The target keeps its shape: a statement that alters, drops or empties a table is passed
+    /// over, and rows reach the target with the columns it has (a column it lacks is left out, one
+    /// the rows lack is not written). A statement that creates or renames a table is carried,
+    /// since its rows need a table.
+    Ignore,
     /// The stream stops before the statement, naming it and its position; nothing of it or
     /// after it is applied until the job is changed.
     Stop,
@@ -330,17 +335,9 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         Some(node) => decoder.string(node, "schema_changes").and_then(|text| match text.as_str() {
             "carry" => Some(SchemaChanges::Carry),
             "stop" => Some(SchemaChanges::Stop),
-            "ignore" => {
-                decoder.error(
-                    "schema_changes",
-                    node.line,
-                    "`ignore` is not supported yet (the target would have to keep its shape while the rows change \
-                     theirs); use carry or stop",
-                );
-                None
-            }
+            "ignore" => Some(SchemaChanges::Ignore),
             other => {
-                decoder.error("schema_changes", node.line, format!("expected carry or stop, found `{other}`"));
+                decoder.error("schema_changes", node.line, format!("expected carry, ignore or stop, found `{other}`"));
                 None
             }
         }),

@@ -180,7 +180,20 @@ impl Transforms {
 
     /// Maps one source table. Errors name the rule, its line and what is wrong.
     pub fn map(&self, source: &Arc<TableSchema>, sink_name: &dyn Fn(&TableName) -> TableName) -> Result<TableMapping> {
-        self.map_table(source, sink_name).map_err(|problems| {
+        self.map_onto(source, sink_name, None)
+    }
+
+    /// Maps one source table onto a target table that has only the columns `kept` (its names
+    /// there; `None`: every column the rules make). What the rules make and the target lacks is
+    /// left out (`schema_changes: ignore`); a left-out key column is a problem where the job needs
+    /// the key.
+    pub fn map_onto(
+        &self,
+        source: &Arc<TableSchema>,
+        sink_name: &dyn Fn(&TableName) -> TableName,
+        kept: Option<&[String]>,
+    ) -> Result<TableMapping> {
+        self.map_table(source, sink_name, kept).map_err(|problems| {
             Error::new(ErrorKind::Config, problems.join("; "))
                 .hint("fix the job's `route` or `transform` rules for this table, or exclude it from source.tables")
         })
@@ -190,7 +203,9 @@ impl Transforms {
         &self,
         source: &Arc<TableSchema>,
         sink_name: &dyn Fn(&TableName) -> TableName,
+        kept: Option<&[String]>,
     ) -> std::result::Result<TableMapping, Vec<String>> {
+        let keeps = |name: &str| kept.is_none_or(|kept| kept.iter().any(|known| known.eq_ignore_ascii_case(name)));
         let name = self.target_name(&source.name, sink_name);
         let route = self.route(&source.name);
         let rule = self.rule(&source.name);
@@ -202,7 +217,7 @@ impl Transforms {
             rules.push(rule.path.clone());
         }
         let origin = route.and_then(|route| route.origin_column.as_ref().map(|column| (route, column)));
-        if rule.is_none() && origin.is_none() {
+        if rule.is_none() && origin.is_none() && source.columns.iter().all(|column| keeps(&column.name)) {
             let target = TableSchema { name, ..(**source).clone() };
             return Ok(TableMapping {
                 source: source.clone(),
@@ -214,8 +229,13 @@ impl Transforms {
         }
         let mut problems = Vec::new();
         let scope = Scope { table: &source.name, columns: &source.columns };
-        let rule_name = rule.map(|rule| located(&rule.path, rule.line)).unwrap_or_default();
+        let rule_name = match (rule, kept) {
+            (Some(rule), _) => located(&rule.path, rule.line),
+            (None, Some(_)) => "schema_changes: ignore".to_owned(),
+            (None, None) => String::new(),
+        };
         let mut outputs = outputs_of(rule, source, scope, &rule_name, &mut problems);
+        outputs.retain(|(name, _, _)| keeps(name));
         let filter = filter_of(rule, scope, &mut problems);
         let mut masks = masks_of(rule, &outputs, source, &mut problems);
         // Columns moved out of the source row must be the last use of that column.
@@ -318,7 +338,7 @@ impl Transforms {
         let mut problems = Vec::new();
         let mut mappings: Vec<TableMapping> = Vec::with_capacity(sources.len());
         for source in sources {
-            match self.map_table(&Arc::new(source), sink_name) {
+            match self.map_table(&Arc::new(source), sink_name, None) {
                 Ok(mapping) => mappings.push(mapping),
                 Err(found) => problems.extend(found),
             }
@@ -835,6 +855,39 @@ mod tests {
         let again = mapping.row(row(12, "Grace", Some("g@x.org"), "0")).unwrap().unwrap();
         assert_eq!(again[2], out[2]);
         assert_eq!(mapping.row(row(13, "Linus", None, "0")).unwrap().unwrap()[2], Value::Null);
+    }
+
+    #[test]
+    fn a_table_mapped_onto_fewer_target_columns_leaves_the_others_out() {
+        // `schema_changes: ignore`: the target lacks `email` (added at the source since).
+        let kept = ["ID".to_owned(), "name".to_owned(), "balance".to_owned()];
+        let plain = Transforms::of(&job(""));
+        let mapping = plain.map_onto(&Arc::new(customers("shop.customers")), &public, Some(&kept)).unwrap();
+        let names: Vec<&str> = mapping.target.columns.iter().map(|column| column.name.as_str()).collect();
+        assert_eq!(names, ["id", "name", "balance"]);
+        assert_eq!(mapping.target.primary_key, vec![0]);
+        assert!(mapping.target.indexes.is_empty(), "the index on the left-out column goes with it");
+        let out = mapping.row(row(7, "Ada", Some("a@x.org"), "1.50")).unwrap().unwrap();
+        assert_eq!(
+            out,
+            vec![Value::Int(7), Value::Text("Ada".into()), Value::Decimal(Decimal::parse("1.50").unwrap())]
+        );
+        // Every column kept: the identity.
+        let all = ["id", "name", "email", "balance"].map(str::to_owned);
+        assert!(plain.map_onto(&Arc::new(customers("shop.customers")), &public, Some(&all)).unwrap().is_identity());
+        // With a rule, what the rule makes is narrowed; a left-out key is named where the job needs it.
+        let renamed = Transforms::of(&job(
+            "transform:\n  - source_table: shop.customers\n    projection: \"id, name AS full_name, balance\"\n",
+        ));
+        let mapping = renamed.map_onto(&Arc::new(customers("shop.customers")), &public, Some(&kept)).unwrap();
+        let names: Vec<&str> = mapping.target.columns.iter().map(|column| column.name.as_str()).collect();
+        assert_eq!(names, ["id", "balance"]);
+        let keyless = ["name".to_owned()];
+        let error = plain.map_onto(&Arc::new(customers("shop.customers")), &public, Some(&keyless)).unwrap_err();
+        assert!(
+            error.to_string().contains("schema_changes: ignore: table shop.customers keeps its primary key"),
+            "{error}"
+        );
     }
 
     #[test]

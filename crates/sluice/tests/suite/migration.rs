@@ -294,6 +294,78 @@ fn a_job_that_stops_at_schema_changes_applies_up_to_the_statement_and_goes_on_wi
     kill(&mut child);
 }
 
+/// `schema_changes: ignore`: statements that add, drop and retype columns or empty a table are
+/// passed over; rows reach the target with the columns it has, through a restart after an added
+/// column (the source has it, the target not); a table the source creates is created.
+#[test]
+fn a_job_that_ignores_schema_changes_keeps_the_target_shape_and_every_row() {
+    for target in ["postgres", "mysql"] {
+        let database = unique_name(&format!("ddl_ignore_{target}"));
+        mariadb(&format!(
+            "CREATE DATABASE {database}; USE {database}; CREATE TABLE t (id INT PRIMARY KEY, v INT, gone INT);
+             CREATE TABLE emptied (id INT PRIMARY KEY); INSERT INTO t VALUES (1, 1, 1), (2, 2, 2); INSERT INTO emptied VALUES (1);"
+        ));
+        let workspace = Workspace::new();
+        // The target's namespace is the job's name: on a MySQL target, not the source database.
+        let name = format!("{database}-copy").replace('_', "-");
+        let namespace = name.replace('-', "_");
+        let job =
+            job_file(&workspace, &name, "snapshot+cdc", &format!("{database}.*"), target, "schema_changes: ignore\n");
+        let query = |sql: &str| on_target(target, sql).replace('|', "\t").trim().to_owned();
+        let rows =
+            |table: &str, columns: &str| query(&format!("SELECT {columns} FROM {namespace}.{table} ORDER BY id"));
+        let count = |table: &str| query(&format!("SELECT count(*) FROM {namespace}.{table}"));
+        let exists = |table: &str| {
+            query(&format!(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{namespace}' AND table_name = '{table}'"
+            )) == "1"
+        };
+        let mut child: Guard = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        wait_for("the copy", Duration::from_secs(60), || {
+            still_running(&mut child);
+            exists("t") && count("t") == "2"
+        });
+        mariadb(&format!(
+            "USE {database}; ALTER TABLE t ADD COLUMN w INT; INSERT INTO t VALUES (3, 3, 3, 30);
+             TRUNCATE emptied; INSERT INTO emptied VALUES (2);"
+        ));
+        wait_for("the rows after the statements", Duration::from_secs(60), || {
+            still_running(&mut child);
+            count("t") == "3" && count("emptied") == "2"
+        });
+        // Stopped with a column the source has and the target not: the next run starts all the same.
+        kill(&mut child);
+        mariadb(&format!(
+            "USE {database}; INSERT INTO t VALUES (4, 4, 4, 40); ALTER TABLE t DROP COLUMN gone;
+             INSERT INTO t VALUES (5, 5, 50); ALTER TABLE t MODIFY v BIGINT; UPDATE t SET v = v + 100 WHERE id = 2;
+             CREATE TABLE born (id INT PRIMARY KEY, b INT); INSERT INTO born VALUES (1, 1);"
+        ));
+        let mut child: Guard = workspace.start_run(&job, &mysql_url(), &target_url(target), &[]);
+        wait_for("every row", Duration::from_secs(60), || {
+            still_running(&mut child);
+            count("t") == "5"
+                && exists("born")
+                && count("born") == "1"
+                && query(&format!("SELECT max(v) FROM {namespace}.t")) == "102"
+        });
+        kill(&mut child);
+        let columns = query(&format!(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = '{namespace}' AND table_name = 't' \
+             ORDER BY ordinal_position"
+        ));
+        assert_eq!(columns.split_whitespace().collect::<Vec<_>>().join(",").to_lowercase(), "id,v,gone", "{target}");
+        assert_eq!(rows("t", "id, v"), "1\t1\n2\t102\n3\t3\n4\t4\n5\t5", "{target}");
+        // The column the source dropped keeps what rows written before had; a row written since
+        // (5 inserted, 2 updated) has it empty.
+        let gone = rows("t", "id, gone").replace("NULL", "");
+        let gone: Vec<&str> = gone.lines().map(str::trim_end).collect();
+        assert_eq!(gone, ["1\t1", "2", "3\t3", "4\t4", "5"], "{target}");
+        assert_eq!(rows("emptied", "id"), "1\n2", "{target}: an emptied table keeps its rows");
+        let output = child.stderr_text();
+        assert!(output.contains("not carried to the target (schema_changes: ignore)"), "{target}: {output}");
+    }
+}
+
 /// `source.stop_position`: a `cdc` job from one binlog position to another applies the
 /// transactions before the stop, ends with exit 0 at the first that reaches it, and leaves what
 /// follows alone; run again, it ends at once.
@@ -330,6 +402,58 @@ fn a_cdc_job_between_two_positions_applies_what_lies_between_and_ends() {
     assert!(matches!(applied.trim(), "1" | "1,2"), "before the mark applied, after it not: {applied}");
     run(&workspace, &job, "postgres", &[]).assert_code(0);
     assert_eq!(ids(), applied, "a second run applies nothing more");
+}
+
+/// `start_position` and `stop_position` at times: a `cdc` job gets exactly the transactions the
+/// binlog dates from the first time up to (not including) the second, and ends with exit 0.
+#[test]
+fn a_cdc_job_between_two_times_applies_the_transactions_dated_between_them() {
+    let database = unique_name("dated");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT);"));
+    // The server's clock, whose seconds date its binlog: once it has passed the second it is in,
+    // the second it is in then as an RFC 3339 time (what was written before is dated before it).
+    let next_second = || {
+        let now: u64 = mariadb("SELECT UNIX_TIMESTAMP()").trim().parse().unwrap();
+        wait_for("the source's clock to pass a second", Duration::from_secs(5), || {
+            mariadb("SELECT UNIX_TIMESTAMP()").trim().parse::<u64>().unwrap() > now
+        });
+        mariadb("SELECT DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%dT%H:%i:%sZ')").trim().to_owned()
+    };
+    mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
+    let start = next_second();
+    mariadb(&format!("INSERT INTO {database}.t VALUES (2, 2); INSERT INTO {database}.t VALUES (3, 3);"));
+    let stop = next_second();
+    mariadb(&format!("INSERT INTO {database}.t VALUES (4, 4)"));
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let source_extra = format!("  start_position: {{time: \"{start}\"}}\n  stop_position: {{time: \"{stop}\"}}\n");
+    let job = job_file_with_source(&workspace, &name, "cdc", &format!("{database}.*"), &source_extra, "postgres", "");
+    let finished = run(&workspace, &job, "postgres", &[]);
+    finished.assert_code(0);
+    let output = finished.all();
+    assert!(
+        output.contains(&format!("source.start_position {start}: the first transaction dated at or after it")),
+        "{output}"
+    );
+    assert!(output.contains("reached source.stop_position"), "{output}");
+    let namespace = name.replace('-', "_");
+    let ids = || psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {namespace}.t")).trim().to_owned();
+    assert_eq!(ids(), "2,3", "the transactions dated from {start} up to {stop}");
+    run(&workspace, &job, "postgres", &[]).assert_code(0);
+    assert_eq!(ids(), "2,3", "a second run applies nothing more");
+    // A time to come cannot be resolved yet: refused, naming it.
+    let future = job_file_with_source(
+        &workspace,
+        &format!("{name}-later"),
+        "cdc",
+        &format!("{database}.*"),
+        "  start_position: {time: \"2999-01-01T00:00:00Z\"}\n",
+        "postgres",
+        "",
+    );
+    let refused = run(&workspace, &future, "postgres", &[]);
+    assert_ne!(refused.code, 0, "{}", refused.all());
+    assert!(refused.all().contains("start_position time 2999-01-01T00:00:00Z is in the future"), "{}", refused.all());
 }
 
 #[test]

@@ -10,7 +10,7 @@ use support::postgres_source::{
     create_tables_sql, load, stream_lsn, stream_lsn_in, target_sql, SourceDatabase, ACCOUNTS,
 };
 use support::workload::{assert_same, Random};
-use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, Guard, Run, Workspace};
+use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, wait_for, Guard, Run, Workspace};
 
 /// `sluice run` of `job` from `source` into `target`, in the background.
 fn start(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase, target: &str) -> Guard {
@@ -679,4 +679,39 @@ fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
     assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
     let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
     assert_eq!(ids.trim(), "1,2", "the transaction before the position is applied, the one after it is not");
+}
+
+/// `source.stop_position: {time}`: the stream ends with exit 0 before the first transaction
+/// committed at or after the time.
+#[test]
+fn a_postgres_stream_stops_before_the_first_transaction_committed_at_a_time() {
+    let source = SourceDatabase::create("pgstoptime");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v int); INSERT INTO {schema}.t VALUES (1, 1)"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    support::kill(&mut run);
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (2, 2)"));
+    // Once the server's clock has passed the second it is in, the second it is in then: what
+    // committed before is dated before it, what commits after at or after it.
+    let second =
+        || source.sql("SELECT floor(extract(epoch FROM clock_timestamp()))::bigint").trim().parse::<u64>().unwrap();
+    let now = second();
+    wait_for("the server's clock to pass a second", Duration::from_secs(5), || second() > now);
+    let stop = source.sql("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')");
+    source.sql(&format!("INSERT INTO {schema}.t VALUES (3, 3)"));
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("  tables:", &format!("  stop_position: {{time: \"{}\"}}\n  tables:", stop.trim()));
+    std::fs::write(&job, text).unwrap();
+    let finished = sluice_into_postgres(&workspace, &["run", job.to_str().unwrap()], &source);
+    finished.assert_code(0);
+    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
+    let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
+    assert_eq!(ids.trim(), "1,2", "committed before {stop}: applied; at or after it: not");
 }

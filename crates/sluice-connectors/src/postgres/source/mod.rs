@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sluice_core::change::Position;
+use sluice_core::change::{LogMark, Position};
 use sluice_core::connector::{
     ChangeSource, ChangeStream, CheckItem, CopyRead, CursorSource, LogBacklog, Reader, SnapshotSource, Source, Split,
     SplitHint,
@@ -157,7 +157,7 @@ pub struct PostgresSource {
     replication: Replication,
     batch_rows: usize,
     /// Where the stream ends (`source.stop_position`), if anywhere.
-    stop_position: Option<Position>,
+    stop_position: Option<LogMark>,
     /// The tables as `discover` described them, for splits and checks.
     described: Mutex<BTreeMap<TableName, Described>>,
     /// The snapshot of the slot this run created, kept exported until the stream starts.
@@ -172,7 +172,7 @@ impl PostgresSource {
         mode: Mode,
         replication: Replication,
         batch_rows: usize,
-        stop_position: Option<Position>,
+        stop_position: Option<LogMark>,
     ) -> PostgresSource {
         PostgresSource {
             url,
@@ -575,7 +575,10 @@ impl ChangeSource for PostgresSource {
     }
 
     fn stop_position(&self) -> Option<Position> {
-        self.stop_position.clone()
+        match &self.stop_position {
+            Some(LogMark::Position(position)) => Some(position.clone()),
+            _ => None,
+        }
     }
 
     fn reached(&self, position: &Position, mark: &Position) -> bool {

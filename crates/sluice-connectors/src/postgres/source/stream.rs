@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sluice_core::change::{Change, ChangeKind, Position};
+use sluice_core::change::{Change, ChangeKind, LogMark, Position};
 use sluice_core::connector::{ChangeStream, SourceSchemaChange, StreamEvent};
 use sluice_core::filter::TableFilter;
 use sluice_core::{Column, Error, ErrorKind, Result, Row, Side, TableName, TableSchema, Value};
@@ -61,6 +61,11 @@ pub(crate) struct WalChangeStream {
     in_transaction: bool,
     /// The last transaction boundary returned.
     boundary: u64,
+    /// The stream ends before the first transaction committed at or after this (seconds since
+    /// the epoch; `source.stop_position: {time: …}`).
+    stop_time: Option<u64>,
+    /// The stream reached `stop_time`: it hands on nothing more.
+    ended: bool,
 }
 
 impl std::fmt::Debug for WalChangeStream {
@@ -158,6 +163,11 @@ impl WalChangeStream {
             returned: false,
             in_transaction: false,
             boundary: after,
+            stop_time: match source.stop_position {
+                Some(LogMark::Time(time)) => Some(time),
+                _ => None,
+            },
+            ended: false,
         })
     }
 
@@ -167,8 +177,20 @@ impl WalChangeStream {
 
     /// Takes one message of the slot's stream into `ready` / `changes`.
     async fn take(&mut self, message: LogicalMessage) -> Result<()> {
+        if self.ended {
+            return Ok(());
+        }
         match message {
             LogicalMessage::Begin { final_lsn, commit_time, .. } => {
+                let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
+                if self.stop_time.is_some_and(|stop| committed_at >= stop) {
+                    // The stop time: this transaction, committed at or after it, is not the
+                    // job's; the stream ends where it begins.
+                    let position = Position::of(&WalPosition { lsn: Lsn(self.boundary.max(final_lsn.0)).to_string() });
+                    self.ready.push_back(StreamEvent::End { position, committed_at });
+                    self.ended = true;
+                    return Ok(());
+                }
                 // The start of the transaction's commit record is a place to resume from with
                 // the transaction ahead (the server skips only transactions committed before
                 // it): the engine compares the copy's positions with it, so a transaction
@@ -176,7 +198,6 @@ impl WalChangeStream {
                 // position.
                 if final_lsn.0 > self.boundary {
                     self.boundary = final_lsn.0;
-                    let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
                     let position = Position::of(&WalPosition { lsn: final_lsn.to_string() });
                     self.ready.push_back(StreamEvent::Advance { position, committed_at });
                 }

@@ -28,6 +28,7 @@ use crate::runner::context::RunContext;
 use crate::runner::copied_keys::CopiedKeys;
 use crate::runner::interrupted;
 use crate::schema::{TableName, TableSchema};
+use crate::spec::SchemaChanges;
 use crate::stats::{StreamPhase, TableStats};
 use crate::transform::TableMapping;
 use crate::zero_dates;
@@ -246,6 +247,9 @@ pub(super) struct Applier<'a> {
     head: Option<Position>,
     /// Source table → its mapping to the target, for the source schema it was made for.
     targets: HashMap<TableName, (Arc<TableSchema>, Arc<TableMapping>)>,
+    /// Under `schema_changes: ignore`, the source tables whose target's columns this attempt
+    /// has read.
+    columns_read: HashSet<TableName>,
     net: NetChanges,
     /// The source transactions in the group, for the latency histogram.
     arrivals: Vec<Arrival>,
@@ -316,6 +320,7 @@ impl<'a> Applier<'a> {
             rows_applied,
             head,
             targets: HashMap::new(),
+            columns_read: HashSet::new(),
             net: NetChanges::default(),
             arrivals: Vec::new(),
             staged_rows: 0,
@@ -419,6 +424,15 @@ impl Applier<'_> {
                     self.schema_change(&statement, changes, position, committed_at).await?
                 }
                 Some(StreamEvent::Advance { position, committed_at }) => self.advance(position, committed_at),
+                Some(StreamEvent::End { position, committed_at }) => {
+                    self.advance(position, committed_at);
+                    self.commit().await?;
+                    log::info!(
+                        "change stream: reached source.stop_position (the next transaction is dated {}, at or after its time); the job ends",
+                        crate::clock::rfc3339(committed_at)
+                    );
+                    return Ok(());
+                }
             }
             // Whole transactions commit as soon as nothing more is waiting (the events in
             // flight are bounded by rows, so under a backlog plenty wait and groups grow), or
@@ -574,6 +588,9 @@ impl Applier<'_> {
             }
             self.reshape(reshaped).await?;
         }
+        if self.context.job.schema_changes == SchemaChanges::Ignore {
+            self.keep_target_columns(&changes).await?;
+        }
         self.open_transaction = true;
         let mode = apply_mode(self.changes, &self.checkpoint);
         let first_source = changes.first().map(|change| change.table.clone());
@@ -711,6 +728,31 @@ impl Applier<'_> {
             })
             .count();
         self.context.stats.stream.dirty_records.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `schema_changes: ignore`: the first rows of each table in an attempt read which columns
+    /// its target table has, so that its rows reach it with those alone, whatever columns the
+    /// source added since (a target without a table definition answers nothing and takes rows
+    /// as they are).
+    async fn keep_target_columns(&mut self, changes: &[Change]) -> Result<()> {
+        let context = self.context;
+        for change in changes {
+            let source = &change.table.name;
+            if !self.columns_read.insert(source.clone()) {
+                continue;
+            }
+            let target = context.target_name(source);
+            let columns = context
+                .with_retry(&format!("read the columns of target table {target}"), || {
+                    context.sink.table_columns(&target)
+                })
+                .await?;
+            if let Some(columns) = columns.filter(|columns| !columns.is_empty()) {
+                self.targets.retain(|_, (_, mapping)| mapping.target.name != target);
+                context.mappings.keep_columns(target, columns);
+            }
+        }
+        Ok(())
     }
 
     /// Gives each target table whose source table changed by DDL (`pending`) the schema its
@@ -864,7 +906,7 @@ impl Applier<'_> {
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;
         }
-        if self.context.job.schema_changes == crate::spec::SchemaChanges::Stop {
+        if self.context.job.schema_changes == SchemaChanges::Stop {
             let tables: Vec<String> =
                 changes.iter().flat_map(SourceSchemaChange::tables).map(ToString::to_string).collect();
             return Err(Error::new(
@@ -878,6 +920,23 @@ impl Applier<'_> {
             )
             .on(Side::Source)
             .hint("to go on, apply the statement's effect to the target yourself (a job starts only against a target with the source's columns), then set schema_changes: carry: the stream takes the statement (its effect is there) and what follows it"));
+        }
+        let (changes, passed_over): (Vec<_>, Vec<_>) = changes.into_iter().partition(|change| {
+            self.context.job.schema_changes != SchemaChanges::Ignore
+                || matches!(change, SourceSchemaChange::Create(_) | SourceSchemaChange::Rename { .. })
+        });
+        if !passed_over.is_empty() {
+            let tables: Vec<String> =
+                passed_over.iter().flat_map(SourceSchemaChange::tables).map(ToString::to_string).collect();
+            log::warn!(
+                "DDL `{statement}` on {} is not carried to the target (schema_changes: ignore): the target keeps its columns and rows",
+                tables.join(", ")
+            );
+            self.context.stats.stream.schema_changes_ignored.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if changes.is_empty() {
+                self.advance(position, committed_at);
+                return Ok(());
+            }
         }
         for change in changes {
             let Some(change) = target_schema_change(self.context, statement, change, &mut self.checkpoint.pending)?
