@@ -15,7 +15,7 @@ use crate::{Connector, SourceSide, TargetSide};
 pub(crate) const CONNECTOR: Connector = Connector {
     name: "kafka",
     feature: "kafka",
-    secrets: &["password"],
+    secrets: &["password", "tls_key_password"],
     capabilities: Capabilities {
         // Topics of change events, read back (`source.rs`).
         change_source: true,
@@ -44,6 +44,7 @@ const SOURCE_FIELDS: &[&str] = &[
     "tls_ca",
     "tls_cert",
     "tls_key",
+    "tls_key_password",
 ];
 
 const FIELDS: &[&str] = &[
@@ -62,6 +63,7 @@ const FIELDS: &[&str] = &[
     "tls_ca",
     "tls_cert",
     "tls_key",
+    "tls_key_password",
 ];
 
 /// The topic that keeps the checkpoints when `checkpoint_topic` is not given.
@@ -149,6 +151,14 @@ fn security(endpoint: &EndpointSpec, errors: &mut Vec<SpecError>) -> Option<Kafk
             endpoint.error(if cert.is_some() { "tls_key" } else { "tls_cert" }, "tls_cert and tls_key go together"),
         );
     }
+    // The passphrase of an encrypted `tls_key`.
+    let key_password = text_option(endpoint, "tls_key_password");
+    if let Some(passphrase) = &key_password {
+        sluice_core::secret::register(passphrase);
+        if key.is_none() {
+            errors.push(endpoint.error("tls_key_password", "is the passphrase of tls_key, which is not given"));
+        }
+    }
     let user = text_option(endpoint, "user");
     let password = text_option(endpoint, "password");
     if let Some(password) = &password {
@@ -184,6 +194,7 @@ fn security(endpoint: &EndpointSpec, errors: &mut Vec<SpecError>) -> Option<Kafk
         ca,
         cert,
         key,
+        key_password: key_password.map(sluice_core::secret::Secret::new),
         sasl: user.zip(password).map(|(user, password)| {
             (mechanism.unwrap_or_else(|| "PLAIN".into()), user, sluice_core::secret::Secret::new(password))
         }),

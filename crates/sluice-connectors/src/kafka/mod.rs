@@ -48,6 +48,8 @@ pub struct KafkaSecurity {
     pub ca: Option<String>,
     pub cert: Option<String>,
     pub key: Option<String>,
+    /// The passphrase of an encrypted `key`.
+    pub key_password: Option<Secret>,
     /// Mechanism, user and password.
     pub sasl: Option<(String, String, Secret)>,
 }
@@ -135,6 +137,9 @@ pub(crate) fn client_config(brokers: &str, security: &KafkaSecurity) -> ClientCo
         }
         if let (Some(cert), Some(key)) = (&security.cert, &security.key) {
             config.set("ssl.certificate.location", cert).set("ssl.key.location", key);
+        }
+        if let Some(passphrase) = &security.key_password {
+            config.set("ssl.key.password", passphrase.expose());
         }
     }
     if let Some((mechanism, user, password)) = &security.sasl {
@@ -560,6 +565,7 @@ mod tests {
             ca: ca.map(str::to_owned),
             cert: None,
             key: None,
+            key_password: None,
             sasl: None,
         };
         let checks = |security: &KafkaSecurity| {
