@@ -825,6 +825,16 @@ pub trait FoldedChangeWriter: ChangeWriter {
     /// whose own name is taken fails, naming both. Part of the open transaction where DDL is
     /// transactional; else (`ddl_commits`) one statement of its own, between commits.
     async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()>;
+
+    /// Puts the hidden copy `hidden` in the place of table `own` (a resync): `own` is dropped and
+    /// `hidden` takes its name, together, so readers see the one or the other. The default, for
+    /// targets whose DDL is part of the open transaction, drops and renames in it; a target whose
+    /// DDL commits on its own (`ddl_commits`) must make this idempotent, as a crash may come
+    /// before the checkpoint that follows: without `hidden`, nothing is left to replace.
+    async fn replace(&mut self, hidden: &TableName, own: &TableName) -> Result<()> {
+        self.apply_schema_change(&SchemaChange::Drop(own.clone())).await?;
+        self.apply_schema_change(&SchemaChange::Rename { from: hidden.clone(), to: own.clone() }).await
+    }
 }
 
 /// Sends a change stream as row events, each as the source wrote it, in order, with each

@@ -40,6 +40,7 @@ use copy::SnapshotCopy;
 use stream::StreamStage;
 
 pub use replay::{DirtyEntry, ReplayReport, Verdict};
+pub use stream::ResyncRequest;
 pub use verify::{Difference, DifferenceKind, ReadBack, Repair, TableVerdict, VerifyOptions, VerifyReport};
 
 /// What part of a job one run covers. A standalone run covers the whole job; a cluster worker
@@ -79,6 +80,8 @@ pub struct Runner {
     /// The plan to execute when it was made elsewhere (a cluster leader's); without one the
     /// runner plans the job itself, from the plan kept in the state store.
     given_plan: Option<Plan>,
+    /// Tables the stream copies again while it runs (`sluice job resync`).
+    resync: Option<ResyncRequest>,
     /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
     /// Cleared once they are. Atomic because `run` takes the runner shared (callers hold it in an
     /// `Arc` and ask `still_restarting` once the run ends) and clears it in the middle.
@@ -115,6 +118,7 @@ impl Runner {
             context: Arc::new(RunContext::new(job, source, sink, state, stop)),
             scope: Scope::Whole,
             given_plan: None,
+            resync: None,
             restart: AtomicBool::new(false),
             _never_stopped: None,
         }
@@ -131,6 +135,13 @@ impl Runner {
     /// Limits the run to part of the job (a cluster task).
     pub fn with_scope(mut self, scope: Scope) -> Runner {
         self.scope = scope;
+        self
+    }
+
+    /// Has the stream copy these tables again while it runs, each switched in whole once copied
+    /// (`sluice job resync`); a request the stream has done already is not done again.
+    pub fn with_resync(mut self, resync: Option<ResyncRequest>) -> Runner {
+        self.resync = resync;
         self
     }
 
@@ -212,6 +223,7 @@ impl Runner {
             _ => None,
         };
         StreamStage::new(context.clone(), backfill, prepared.splits, copied, prepared.hidden)
+            .resyncing(self.resync.clone())
             .stream_changes(start, snapshot)
             .await
     }

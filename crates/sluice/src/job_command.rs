@@ -51,6 +51,15 @@ pub enum JobAction {
         /// The job's name.
         name: String,
     },
+    /// Copy tables of a running job's stream again while it runs, each put in the table's place
+    /// whole once copied (PostgreSQL and MySQL targets).
+    Resync {
+        /// The job's name.
+        name: String,
+        /// Source tables of the job (`db.table`).
+        #[arg(required = true)]
+        tables: Vec<String>,
+    },
     /// The job's versions.
     Versions {
         /// The job's name.
@@ -261,6 +270,11 @@ pub async fn run(connection: &Connection, json: bool, action: JobAction) -> u8 {
             };
             (Method::POST, format!("/jobs/{name}/batches"), body)
         }
+        JobAction::Resync { name, tables } => (
+            Method::POST,
+            format!("/jobs/{name}/resync"),
+            Some((serde_json::json!({ "tables": tables }).to_string(), "application/json")),
+        ),
         JobAction::Versions { name } => (Method::GET, format!("/jobs/{name}/versions"), None),
         JobAction::Diff { name, from, to } => (Method::GET, format!("/jobs/{name}/versions/{from}/diff/{to}"), None),
         JobAction::Rollback { name, version } => (

@@ -25,6 +25,7 @@ mod suite {
     mod mysql_to_postgres;
     mod parquet_target;
     mod postgres_source;
+    mod resync;
     mod schedules;
     mod server_api;
     mod snapshot_resume;

@@ -297,4 +297,27 @@ impl FoldedChangeWriter for MysqlChangeWriter {
         }
         self.execute(&format!("RENAME TABLE {}", renames.join(", ")), "publish the copied tables").await
     }
+
+    /// One `RENAME TABLE` moves the table aside and the copy into its place, so a reader sees
+    /// the one or the other; the old table is dropped after. Run again after a crash, it finds
+    /// the copy gone and only drops what is left.
+    async fn replace(&mut self, hidden: &TableName, own: &TableName) -> Result<()> {
+        check_fence(&mut self.connection, &self.server, &self.task.job, self.task.fence.as_ref()).await?;
+        let old = TableName { namespace: own.namespace.clone(), name: format!("_sluice_old_{}", own.name) };
+        if !self.columns(hidden).await?.is_empty() {
+            let moves = if self.columns(own).await?.is_empty() {
+                format!("RENAME TABLE {} TO {}", qualified(hidden), qualified(own))
+            } else {
+                format!(
+                    "DROP TABLE IF EXISTS {old}; RENAME TABLE {own} TO {old}, {hidden} TO {own}",
+                    old = qualified(&old),
+                    own = qualified(own),
+                    hidden = qualified(hidden)
+                )
+            };
+            self.execute(&moves, &format!("put the copy {hidden} in the place of {own}")).await?;
+        }
+        self.execute(&format!("DROP TABLE IF EXISTS {}", qualified(&old)), &format!("drop the replaced table {own}"))
+            .await
+    }
 }

@@ -96,35 +96,40 @@ impl CopiedKeys {
                 continue;
             }
             let Change { table: schema, kind } = change;
-            let holds = |row: &Row| holds(&table.reads, &key_of(&schema, row), source, at);
-            let rest = match kind {
-                ChangeKind::Insert { after } => (!holds(&after)).then_some(ChangeKind::Insert { after }),
-                ChangeKind::Delete { before } => (!holds(&before)).then_some(ChangeKind::Delete { before }),
-                ChangeKind::Update { before, after } => match (holds(&before), holds(&after)) {
-                    (true, true) => None,
-                    (false, false) => Some(ChangeKind::Update { before, after }),
-                    // The copy holds the old key's row as it was before the change and the new
-                    // key's as it is after: only the old row's removal is missing.
-                    (false, true) => Some(ChangeKind::Delete { before }),
-                    // Neither row: the row's arrival under its new key is missing.
-                    (true, false) => Some(ChangeKind::Insert { after }),
-                },
-            };
+            let rest = split_kind(kind, |row: &Row| holds(&table.reads, &key_of(&schema, row), source, at));
             kept.extend(rest.map(|kind| Change { table: schema, kind }));
         }
         kept
     }
 }
 
+/// What of a change a copy lacks, given which rows it holds (`holds`, of a row image): the
+/// change itself when it holds neither image, nothing when it holds both.
+pub(super) fn split_kind(kind: ChangeKind, holds: impl Fn(&Row) -> bool) -> Option<ChangeKind> {
+    match kind {
+        ChangeKind::Insert { after } => (!holds(&after)).then_some(ChangeKind::Insert { after }),
+        ChangeKind::Delete { before } => (!holds(&before)).then_some(ChangeKind::Delete { before }),
+        ChangeKind::Update { before, after } => match (holds(&before), holds(&after)) {
+            (true, true) => None,
+            (false, false) => Some(ChangeKind::Update { before, after }),
+            // The copy holds the old key's row as it was before the change and the new key's as
+            // it is after: only the old row's removal is missing.
+            (false, true) => Some(ChangeKind::Delete { before }),
+            // Neither row: the row's arrival under its new key is missing.
+            (true, false) => Some(ChangeKind::Insert { after }),
+        },
+    }
+}
+
 /// The key columns' values of a row (all of them for a table without a key: its one read
 /// covers every row).
-fn key_of(table: &TableSchema, row: &Row) -> Row {
+pub(super) fn key_of(table: &TableSchema, row: &Row) -> Row {
     table.primary_key.iter().filter_map(|&index| row.get(index).cloned()).collect()
 }
 
 /// Whether the read that copied `key` holds the transaction starting at `at`: it read the key
 /// at a position past `at`.
-fn holds(reads: &[CopyRead], key: &[Value], source: &dyn ChangeSource, at: &Position) -> bool {
+pub(super) fn holds(reads: &[CopyRead], key: &[Value], source: &dyn ChangeSource, at: &Position) -> bool {
     // The last read starting strictly before the key covers it.
     let covering = reads.partition_point(|read| match &read.after {
         None => true,
@@ -135,7 +140,7 @@ fn holds(reads: &[CopyRead], key: &[Value], source: &dyn ChangeSource, at: &Posi
 }
 
 /// Key tuples in the order of their values, column by column.
-fn compare_keys(left: &[Value], right: &[Value]) -> Ordering {
+pub(super) fn compare_keys(left: &[Value], right: &[Value]) -> Ordering {
     left.iter()
         .zip(right)
         .map(|(left, right)| compare(left, right))

@@ -39,6 +39,8 @@ use crate::stats::StreamPhase;
 
 mod applier;
 
+use applier::resync::Resync;
+pub use applier::resync::ResyncRequest;
 use applier::{Applier, AttemptStart, Carried};
 
 /// The stream task's checkpoint: where to resume, and the end of the replay window of a
@@ -64,6 +66,12 @@ struct StreamCheckpoint {
     /// published in the commit that ends the replay window.
     #[serde(default, skip_serializing_if = "HiddenCopies::is_empty")]
     hidden: HiddenCopies,
+    /// Tables being copied again while the stream runs (`applier::resync`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resync: Option<Resync>,
+    /// The last resync (`ResyncRequest::id`) done, so a restart does not copy its tables again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resynced: Option<String>,
 }
 
 /// The source position up to which the target has applied the stream, read off the stream
@@ -160,6 +168,8 @@ pub(super) struct StreamStage {
     /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
     /// the run began.
     hidden: HiddenCopies,
+    /// Tables to copy again while the stream runs (`applier::resync`).
+    resync: Option<ResyncRequest>,
     /// What one attempt hands the next.
     carried: Carried,
 }
@@ -172,7 +182,13 @@ impl StreamStage {
         copied: HashMap<String, Option<Position>>,
         hidden: HiddenCopies,
     ) -> StreamStage {
-        StreamStage { context, backfill, splits, copied, hidden, carried: Carried::default() }
+        StreamStage { context, backfill, splits, copied, hidden, resync: None, carried: Carried::default() }
+    }
+
+    /// Tables to copy again while the stream runs, unless the stream did so already.
+    pub(super) fn resyncing(mut self, resync: Option<ResyncRequest>) -> StreamStage {
+        self.resync = resync;
+        self
     }
 
     /// Streams changes until stopped. `start` is where the stream begins when the target has no
@@ -282,6 +298,8 @@ impl StreamStage {
                     backfilled: None,
                     catch_up: None,
                     hidden: if after_snapshot { self.hidden.clone() } else { HiddenCopies::default() },
+                    resync: None,
+                    resynced: None,
                 };
                 (checkpoint, 0)
             }
@@ -306,6 +324,20 @@ impl StreamStage {
                     catch_up: ahead.then(|| CatchUp { until: checkpoint.at.clone(), tables: backfill.tables.clone() }),
                     ..checkpoint
                 }
+            }
+            _ => checkpoint,
+        };
+        let checkpoint = match &self.resync {
+            Some(request)
+                if checkpoint.resynced.as_deref() != Some(request.id.as_str())
+                    && checkpoint.resync.as_ref().is_none_or(|resync| resync.id != request.id) =>
+            {
+                if let Some(previous) = &checkpoint.resync {
+                    log::warn!("resync {} gives way to resync {}: its copy is not finished", previous.id, request.id);
+                }
+                let names: Vec<String> = request.tables.iter().map(ToString::to_string).collect();
+                log::info!("resync {}: {} are copied again while the stream runs", request.id, names.join(", "));
+                StreamCheckpoint { resync: Some(Resync::of(request)), ..checkpoint }
             }
             _ => checkpoint,
         };

@@ -609,6 +609,11 @@ impl TableMapping {
 
     /// A batch of the source table as a batch of the target table. A row that cannot be
     /// transformed (a lossy cast, a number too large) is a dirty record, never dropped silently.
+    /// The same mapping onto a target table of another name (a resync's hidden copy).
+    pub fn renamed(&self, name: TableName) -> TableMapping {
+        TableMapping { target: Arc::new(TableSchema { name, ..(*self.target).clone() }), ..self.clone() }
+    }
+
     pub fn batch(&self, batch: Batch) -> Transformed {
         let Batch { changes, position, mut rejected, bytes } = batch;
         let mut out = Vec::with_capacity(changes.len());

@@ -83,6 +83,7 @@ fn action(method: &Method, path: &str) -> (String, Option<String>) {
         (_, "dirty/discard") => "discard dirty records",
         (_, "dirty/replay") => "replay dirty records",
         (_, "tables") => "add tables",
+        (_, "resync") => "resync tables",
         (_, "batches") => "run a batch",
         (_, "") => return (format!("{} job", verb(method)), Some(job.to_owned())),
         (_, sub) => return (format!("{sub} job"), Some(job.to_owned())),
@@ -261,6 +262,7 @@ mod tests {
             (Method::POST, "/jobs/orders/rollback", "rollback job", Some("orders")),
             (Method::POST, "/jobs/orders/dirty/discard", "discard dirty records", Some("orders")),
             (Method::POST, "/jobs/orders/dirty/replay", "replay dirty records", Some("orders")),
+            (Method::POST, "/jobs/orders/resync", "resync tables", Some("orders")),
             (Method::PUT, "/alarms", "set alarms", None),
         ];
         for (method, path, expected, job) in cases {

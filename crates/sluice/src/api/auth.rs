@@ -150,7 +150,7 @@ pub fn needed(method: &Method, path: &str) -> Role {
     let job_path = path.trim_end_matches('/').trim_start_matches("/api/v1").strip_prefix("/jobs/");
     let action = job_path.and_then(|rest| rest.split_once('/'));
     match action.map(|(_, action)| action) {
-        Some("stop" | "start" | "restart" | "batches" | "dirty/discard" | "dirty/replay" | "verify")
+        Some("stop" | "start" | "restart" | "batches" | "dirty/discard" | "dirty/replay" | "verify" | "resync")
             if *method == Method::POST =>
         {
             Role::Operate

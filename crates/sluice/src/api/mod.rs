@@ -31,8 +31,8 @@ use crate::cluster::model::*;
 use crate::cluster::node::Node;
 use crate::logger::timestamp;
 use views::{
-    BatchQueued, DesiredView, ErrorBody, FieldError, JobSummary, JobView, LeaderView, TablesAdded, VersionCreated,
-    VersionDiff, VersionDocument, VersionSummary, WorkerView,
+    BatchQueued, DesiredView, ErrorBody, FieldError, JobSummary, JobView, LeaderView, ResyncAccepted, TablesAdded,
+    VersionCreated, VersionDiff, VersionDocument, VersionSummary, WorkerView,
 };
 
 /// What every handler shares.
@@ -98,6 +98,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/jobs/{name}/rollback", post(rollback_job))
         .route("/jobs/{name}/runs", get(list_runs))
         .route("/jobs/{name}/tables", post(add_tables))
+        .route("/jobs/{name}/resync", post(resync_tables))
         .route("/jobs/{name}/series", get(job_series))
         .route("/jobs/{name}/dirty", get(list_dirty))
         .route("/jobs/{name}/dirty/discard", post(discard_dirty))
@@ -223,6 +224,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         mode: spec.mode.to_string(),
         updated_at: timestamp(),
         backfill: None,
+        resync: None,
         schedule: spec.schedule.clone(),
         after: spec.after.clone(),
         priority: spec.priority,
@@ -726,6 +728,65 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         next_version(&api, &mut job, document, DocumentFormat::Json, format!("add tables {}", tables.join(", ")))
             .await?;
     Ok((StatusCode::ACCEPTED, Json(TablesAdded { name, version: created.version, backfill: tables })).into_response())
+}
+
+/// Copies tables of a running job's stream again, while the stream runs: each into a hidden
+/// copy, chunk by chunk between the stream's groups, then put in the table's place whole
+/// (PostgreSQL and MySQL targets). The job's tasks start again (a new generation) with the request.
+#[utoipa::path(post, path = "/jobs/{name}/resync", tag = "jobs", params(("name" = String, Path)),
+    request_body(content = Object, description = "{\"tables\": [\"db.table\", …]} (source names)", content_type = "application/json"),
+    responses((status = 202, description = "accepted: the stream copies the tables again", body = ResyncAccepted),
+        (status = 400, description = "invalid, a job without a stream, a table not in the job, or a target that cannot take it", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+async fn resync_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
+    let mut job = job(&api, &name).await?;
+    let expected = "expected {\"tables\": [\"db.table\", …]}: one or more source tables of the job, without wildcards";
+    let request: Value = serde_json::from_slice(&body)
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
+    let tables: Vec<String> = request
+        .get("tables")
+        .and_then(Value::as_array)
+        .map(|tables| tables.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if tables.is_empty() || tables.iter().any(|table| !table.contains('.') || table.contains(['*', '?', '!', ' '])) {
+        return Err(failure(StatusCode::BAD_REQUEST, expected));
+    }
+    let spec = crate::cluster::model::load_spec(&*api.node.store, &api.node.config.document_rules, &name, job.version)
+        .await
+        .map_err(|error| failure(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+    let mut problems = Vec::new();
+    if !spec.mode.streams() {
+        problems.push(format!("job {name} has no change stream ({}): run it again to copy its tables", spec.mode));
+    }
+    let filter = sluice_core::filter::TableFilter::new(&spec.source.tables);
+    for table in &tables {
+        if !filter.matches(&sluice_core::TableName::parse(table)) {
+            problems.push(format!("table {table} is not among job {name}'s source.tables"));
+        }
+    }
+    let takes_copies = sluice_connectors::sink(&spec)
+        .map(|sink| sink.folded_changes().is_some_and(|folded| folded.hides_copies()))
+        .unwrap_or(false);
+    if !takes_copies {
+        problems.push(format!(
+            "job {name}'s target ({}) cannot take a table's copy under another name and put it in the table's place; PostgreSQL and MySQL targets can",
+            spec.target.connector
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(failure(StatusCode::BAD_REQUEST, problems.join("; ")));
+    }
+    let generation = next_generation(job.generation);
+    let id = format!("resync-{generation}");
+    job.resync = Some(sluice_core::runner::ResyncRequest {
+        id: id.clone(),
+        tables: tables.iter().map(|table| sluice_core::TableName::parse(table)).collect(),
+    });
+    job.generation = generation;
+    job.updated_at = timestamp();
+    save_job(&api, &job).await?;
+    log::info!("job {name}: resync {id} of {}", tables.join(", "));
+    Ok((StatusCode::ACCEPTED, Json(ResyncAccepted { name, id, tables })).into_response())
 }
 
 /// Live workers: capacity, weight, the tasks they run.

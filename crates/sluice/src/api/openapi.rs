@@ -26,6 +26,7 @@ use super::views::*;
         super::rollback_job,
         super::list_runs,
         super::add_tables,
+        super::resync_tables,
         super::list_workers,
         super::show_leader,
         super::job_series,
@@ -42,7 +43,7 @@ use super::views::*;
     ),
     components(schemas(
         JobView, JobState, ScheduleView, BatchView, BatchQueued, BatchRangeView, BatchRowsView, JobStatsView, TaskView, ErrorView, JobSummary, VersionCreated, DesiredView, VersionSummary,
-        VersionDocument, VersionDiff, TablesAdded, WorkerView, LeaderView, ErrorBody, FieldError,
+        VersionDocument, VersionDiff, TablesAdded, super::views::ResyncAccepted, WorkerView, LeaderView, ErrorBody, FieldError,
         super::series::SeriesView, super::series::Point, super::audit::AuditRecord, super::auth::Caller,
         super::auth::Role
     )),
@@ -87,6 +88,7 @@ mod tests {
             "/jobs/{name}/rollback",
             "/jobs/{name}/runs",
             "/jobs/{name}/tables",
+            "/jobs/{name}/resync",
             "/jobs/{name}/batches",
             "/jobs/{name}/series",
             "/jobs/{name}/dirty",
@@ -100,7 +102,7 @@ mod tests {
         ] {
             assert!(paths.contains_key(path), "{path} is not in the document");
         }
-        assert_eq!(paths.len(), 23, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 24, "{:?}", paths.keys().collect::<Vec<_>>());
         let job = &document["components"]["schemas"]["JobView"]["properties"];
         assert!(job["tasks"].is_object() && job["state"].is_object() && job["stats"].is_object(), "{job}");
         assert!(job["schedule"].is_object(), "{job}");

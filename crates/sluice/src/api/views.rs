@@ -77,6 +77,15 @@ pub struct TablesAdded {
     pub backfill: Vec<String>,
 }
 
+/// Tables a running stream copies again.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResyncAccepted {
+    pub name: String,
+    /// Names the request (the stream does it once).
+    pub id: String,
+    pub tables: Vec<String>,
+}
+
 /// A live worker.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct WorkerView {

@@ -91,6 +91,10 @@ pub struct JobRecord {
     /// Tables added to the running job whose copy has not joined the stream yet.
     #[serde(default)]
     pub backfill: Option<BackfillRequest>,
+    /// Tables the stream is to copy again while it runs (`POST /jobs/{name}/resync`); the
+    /// stream's checkpoint says whether it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync: Option<sluice_core::runner::ResyncRequest>,
     /// The version in force's `schedule:`: the leader runs the job again by it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<sluice_core::spec::ScheduleSpec>,

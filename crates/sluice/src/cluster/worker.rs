@@ -383,7 +383,9 @@ impl Node {
             store: self.store.clone(),
             node: self.config.id.clone(),
         });
-        let runner = Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole);
+        let resync = if task.kind == TaskKind::Cdc { job.resync.clone() } else { None };
+        let runner =
+            Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole).with_resync(resync);
         Ok((spec, Arc::new(runner)))
     }
 }

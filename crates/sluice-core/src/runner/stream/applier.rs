@@ -33,6 +33,8 @@ use crate::stats::{StreamPhase, TableStats};
 use crate::transform::TableMapping;
 use crate::zero_dates;
 
+pub(super) mod resync;
+
 /// A group of whole transactions waits at most this long for more before it commits, even while
 /// more keep arriving: bounds latency under a steady load that never leaves the channel empty.
 const GROUP_LINGER: Duration = Duration::from_millis(50);
@@ -284,6 +286,11 @@ pub(super) struct Applier<'a> {
     /// Changes of the group left out (a value the target cannot hold), recorded as dirty
     /// records when the group commits.
     left_out: Vec<Refusal>,
+    /// What this attempt knows of a resync's copy beyond the checkpoint (`resync`).
+    resync_frontier: Option<resync::Frontier>,
+    /// A group committed since the resync's last step: the resync may take the next one even
+    /// while events wait.
+    resync_turn: bool,
 }
 
 /// The mapping of a source table to its target (cached per source schema).
@@ -321,6 +328,8 @@ impl<'a> Applier<'a> {
             head,
             targets: HashMap::new(),
             columns_read: HashSet::new(),
+            resync_frontier: None,
+            resync_turn: false,
             net: NetChanges::default(),
             arrivals: Vec::new(),
             staged_rows: 0,
@@ -368,6 +377,7 @@ impl Applier<'_> {
             // MySQL's commit and its rename): publish before anything else.
             self.commit().await?;
         }
+        self.resume_resync().await?;
         let cadence = self.cadence;
         let batch = context.job.mode == crate::spec::Mode::Cdc && context.job.batched();
         let stop_at = self.changes.stop_position();
@@ -392,7 +402,13 @@ impl Applier<'_> {
                 log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
                 return Ok(());
             }
-            let deadline = self.deadline();
+            // A resync copies a chunk between groups: after each group, or whenever nothing waits.
+            if self.resync_due() && (self.resync_turn || received.is_empty()) {
+                self.resync_step().await?;
+                self.resync_turn = false;
+            }
+            let resync_next = self.resync_due() && (self.resync_turn || received.is_empty());
+            let deadline = if resync_next { Some(Instant::now()) } else { self.deadline() };
             let event = tokio::select! {
                 // The permit goes back on receipt: the budget bounds what waits in the channel.
                 event = received.recv() => event.map(|(event, _permit)| Some(event)),
@@ -411,7 +427,7 @@ impl Applier<'_> {
             match event.transpose()? {
                 // The group waited long enough (with a cadence: if it is due).
                 None => {
-                    if cadence.is_none_or(|cadence| self.due(cadence, received.is_empty())) {
+                    if !self.idle() && cadence.is_none_or(|cadence| self.due(cadence, received.is_empty())) {
                         self.commit().await?;
                     }
                     continue;
@@ -594,6 +610,7 @@ impl Applier<'_> {
         self.open_transaction = true;
         let mode = apply_mode(self.changes, &self.checkpoint);
         let first_source = changes.first().map(|change| change.table.clone());
+        let resynced = self.resync_changes(&changes)?;
         let mut mapped = Vec::with_capacity(changes.len());
         let mut filtered = 0u64;
         for change in changes {
@@ -603,6 +620,10 @@ impl Applier<'_> {
                 None => filtered += 1,
             }
         }
+        let mut copied = Vec::with_capacity(resynced.len());
+        for change in resynced {
+            copied.extend(self.resync_mapping(&change.table)?.change(change)?);
+        }
         if filtered > 0 {
             self.context.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
         }
@@ -610,6 +631,11 @@ impl Applier<'_> {
         // out, or a row the filter does, cannot fail it.
         if let Some(source) = first_source {
             self.take_in(mapped, &source.name, mode)?;
+            // A resync's copy takes its changes as a replay: a key its last read found gone may
+            // still see its deletion, and taking it in twice changes nothing.
+            if !copied.is_empty() {
+                self.take_in(copied, &source.name, ApplyMode::Replay)?;
+            }
         }
         // A large transaction goes to the target in pieces, inside the one target transaction
         // that its commit will end.
@@ -649,7 +675,8 @@ impl Applier<'_> {
                 self.transaction_events += 1;
                 self.events.push(change);
             } else {
-                let mode = self.mode_of(&change, mode);
+                let mode =
+                    if self.resyncing(&change.table.name) { ApplyMode::Replay } else { self.mode_of(&change, mode) };
                 self.net.add(change, mode)?;
             }
         }
@@ -906,6 +933,8 @@ impl Applier<'_> {
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;
         }
+        let touched: Vec<&TableName> = changes.iter().flat_map(SourceSchemaChange::tables).collect();
+        self.abandon_resync(statement, &touched).await?;
         if self.context.job.schema_changes == SchemaChanges::Stop {
             let tables: Vec<String> =
                 changes.iter().flat_map(SourceSchemaChange::tables).map(ToString::to_string).collect();
@@ -1030,6 +1059,7 @@ impl Applier<'_> {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
         }
+        self.resync_turn |= !self.arrivals.is_empty();
         self.arrivals.clear();
         self.staged_rows = 0;
         self.moved = false;

@@ -438,6 +438,8 @@ function showJob(view, name) {
     el('button', {id, type: 'button', class: tone, onclick: (event) => act(event.currentTarget, work)}, label);
   const tables = el('input', {id: 'add-tables', type: 'text', size: 40, placeholder: 'db.table, db.other',
     'aria-label': 'tables to add, comma separated'});
+  const resynced = el('input', {id: 'resync-tables', type: 'text', size: 40, placeholder: 'db.table, db.other',
+    'aria-label': 'tables to copy again, comma separated'});
   view.append(
     el('div', {class: 'page-head'}, el('h1', {}, name), ui.state,
       el('span', {class: 'muted'}, 'phase:'), ui.phase),
@@ -471,7 +473,14 @@ function showJob(view, name) {
       el('form', {class: 'inline', onsubmit: (event) => {
         event.preventDefault();
         act(event.currentTarget.querySelector('button'), () => addTables(name, tables));
-      }}, tables, el('button', {id: 'add-tables-submit', type: 'submit'}, 'Add tables'))));
+      }}, tables, el('button', {id: 'add-tables-submit', type: 'submit'}, 'Add tables'))),
+    sectionWithId('resync-section', 'Resync tables',
+      el('p', {class: 'muted'}, 'Tables of the job copied again while its stream runs, each put in the ' +
+        'table\'s place whole once copied (PostgreSQL and MySQL targets).'),
+      el('form', {class: 'inline', onsubmit: (event) => {
+        event.preventDefault();
+        act(event.currentTarget.querySelector('button'), () => resyncTables(name, resynced));
+      }}, resynced, el('button', {id: 'resync-submit', type: 'submit'}, 'Resync'))));
   page.refresh = () => loadJob(name, ui);
 }
 
@@ -663,6 +672,14 @@ async function addTables(name, input) {
   input.value = '';
   return `Job ${name}: adding ${(added.backfill || tables).join(', ')} as version ${added.version}; ` +
     'they are copied, then taken into the stream.';
+}
+
+async function resyncTables(name, input) {
+  const tables = input.value.split(',').map((table) => table.trim()).filter(Boolean);
+  if (!tables.length) throw new ApiError(0, 'List the tables to copy again as db.table, separated by commas.');
+  const accepted = await post(`/jobs/${enc(name)}/resync`, {tables});
+  input.value = '';
+  return `Job ${name}: ${accepted.tables.join(', ')} are copied again while the stream runs (${accepted.id}).`;
 }
 
 async function deleteJob(name) {

@@ -1,0 +1,105 @@
+//! Resync on a server (`sluice job resync`): a table of a running snapshot+cdc job, damaged in
+//! the target, is copied again while a mixed load runs on it and on the other table; the copy
+//! replaces it whole, exactly once, and both tables end equal to the source. Into PostgreSQL
+//! (the copy put in place in the group's transaction) and MySQL (one `RENAME TABLE`).
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+
+use support::cluster::start_server;
+use support::workload::{assert_same, create_tables_sql, rows, source_position, stream_position, Load, Random};
+use support::{mariadb, mysql_url, postgres_url, psql, unique_name, Workspace};
+
+#[test]
+fn a_table_copied_again_under_a_mixed_load_replaces_the_damaged_one_whole_and_exactly_once() {
+    for target in ["postgres", "mysql"] {
+        let database = unique_name(&format!("resync_{target}"));
+        mariadb(&create_tables_sql(&database));
+        let workspace = Workspace::new();
+        let name = database.replace('_', "-");
+        let namespace = database.clone() + "_copy";
+        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+        let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", target_url)];
+        let server = start_server(&workspace, "solo", None, &environment);
+        // Small batches: the table is copied again in many chunks, between many groups.
+        let document = format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: {target}\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {namespace}\nlimits: {{batch_rows: 200}}\n"
+        );
+        let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", &document)));
+        assert_eq!(status, 201, "{body}");
+        let converged = |what: &str| {
+            let source = source_position();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while stream_position(target, &name).is_none_or(|at| at < source) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{target}, {what}: the stream did not reach {source:?}\n{}",
+                    server.output()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        let on_target = |sql: &str| if target == "postgres" { psql(sql) } else { mariadb(sql) };
+        converged("the copy");
+        let load = Load::start(&database, Random::from_environment("resync"), 150);
+        // Damage the target's items: rows gone, values changed, a row the source never had. The
+        // stream may stop at a change of a row gone; the resync starts it again.
+        on_target(&format!(
+            "DELETE FROM {namespace}.items WHERE id % 7 = 0; UPDATE {namespace}.items SET note = 'damaged' WHERE id % 5 = 0;
+             INSERT INTO {namespace}.items VALUES (999999999, 1, 'stray')"
+        ));
+        let resynced =
+            workspace.sluice(&["job", "--server", &server.url, "resync", &name, &format!("{database}.items")]);
+        resynced.assert_code(0);
+        assert!(resynced.stdout.contains("resync-"), "{}", resynced.all());
+        let replaced = format!("resync: table {database}.items is copied again and replaces");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !server.output().contains(&replaced) {
+            assert!(Instant::now() < deadline, "{target}: the copy did not replace the table:\n{}", server.output());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        load.stop();
+        converged("the end of the load");
+        let side = |side: &str, table: &str| {
+            if side == "source" {
+                rows("mariadb", &format!("{database}.{table}"), &columns(table))
+            } else {
+                rows(
+                    if target == "postgres" { "postgres" } else { "mariadb" },
+                    &format!("{namespace}.{table}"),
+                    &columns(table),
+                )
+            }
+        };
+        for table in ["items", "accounts"] {
+            assert_same(&format!("{target}: {table}"), &side("source", table), &side("target", table));
+        }
+        let log = server.output();
+        assert_eq!(log.matches("is copied again and replaces").count(), 1, "{target}: replaced once:\n{log}");
+        assert!(log.matches("resync: every row of table").count() == 1, "{target}: {log}");
+        let copies = on_target(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema IN ('{namespace}', '{namespace}_sluice_resync') \
+             AND table_name LIKE '\\_sluice%'"
+        ));
+        assert_eq!(copies.trim(), "0", "{target}: no copy or old table is left behind");
+        // A table that is not the job's is refused, naming it.
+        let (status, body) = server.call(
+            "POST",
+            &format!("/jobs/{name}/resync"),
+            None,
+            Some(("application/json", r#"{"tables": ["elsewhere.items"]}"#)),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(body.to_string().contains("elsewhere.items is not among job"), "{body}");
+    }
+}
+
+fn columns(table: &str) -> Vec<&'static str> {
+    if table == "items" {
+        vec!["id", "v", "note"]
+    } else {
+        vec!["id", "balance"]
+    }
+}
