@@ -265,3 +265,128 @@ fn a_tcp_line_input_acknowledges_durable_lines_and_a_resending_client_loses_none
     let expected = psql(&format!("SELECT count(*) FROM {table} WHERE body = 'line ' || id"));
     assert_eq!(expected.trim(), (TOTAL + 1).to_string());
 }
+
+/// A process's memory as `/proc` tells it: (resident now, peak resident), in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The `tcp` input's bounds at scale, with its defaults: a 100 MB line is cut once past 1 MiB
+/// (`max_line_bytes`), 2,000 connections at once leave 256 open (`max_connections`), a client
+/// without the token gets nothing in; the input's memory stays bounded (measured: its peak
+/// resident size, against the size it had listening) and a client with the token loads its lines
+/// exactly.
+#[test]
+fn a_tcp_input_cuts_a_100_mb_line_refuses_connections_past_its_cap_and_keeps_its_memory() {
+    use std::io::{BufRead, Read, Write};
+    use std::net::TcpStream;
+    let namespace = unique_name("tcp_bounds");
+    let workspace = Workspace::new();
+    let address = format!("127.0.0.1:{}", support::cluster::free_port());
+    let token = "bounds-token-0123456789abcdef";
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {}\nmode: cdc\nsource:\n  type: tcp\n  listen: \"{address}\"\n  table: inbox\n  \
+             columns: {{id: bigint, body: text}}\n  key: [id]\n  auth: ${{TCP_TOKEN}}\n\
+             target:\n  type: postgres\n  url: {}\n  namespace: {namespace}\n",
+            namespace.replace('_', "-"),
+            postgres_url()
+        ),
+    );
+    let child = workspace
+        .command(&["run", job.to_str().unwrap()])
+        .env("TCP_TOKEN", token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut run = support::Running::new(child);
+    let stderr = run.stderr_view();
+    wait_for("the input listens", Duration::from_secs(60), || stderr().contains("listening on"));
+    let pid = run.id();
+    let (listening, _) = memory_kib(pid);
+
+    // A 100 MB line: the input answers its number once past max_line_bytes and closes (what the
+    // client still sends in the next second is read and dropped, so it reads the answer).
+    let mut long = TcpStream::connect(&address).unwrap();
+    long.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    long.write_all(format!("auth {token}\n{{\"id\": 1, \"body\": \"").as_bytes()).unwrap();
+    let chunk = vec![b'x'; 1 << 20];
+    let mut written = 0usize;
+    while written < 100_000_000 {
+        match long.write(&chunk) {
+            Ok(count) => written += count,
+            Err(_) => break,
+        }
+    }
+    let mut reply = String::new();
+    let _ = std::io::BufReader::new(&long).read_line(&mut reply);
+    assert_eq!(reply.trim_end(), "error 1: line too long (more than 1048576 bytes, source.max_line_bytes)");
+    drop(long);
+
+    // 2,000 connections at once: past the cap, each is told so and closed, unread.
+    let mut connections: Vec<(TcpStream, Vec<u8>, bool)> =
+        (0..2_000).map(|_| (TcpStream::connect(&address).unwrap(), Vec::new(), false)).collect();
+    for (connection, _, _) in &connections {
+        connection.set_nonblocking(true).unwrap();
+    }
+    let mut refused = 0;
+    wait_for("the connections past the cap closed", Duration::from_secs(60), || {
+        for (connection, received, closed) in connections.iter_mut().filter(|(_, _, closed)| !closed) {
+            let mut buffer = [0u8; 256];
+            match connection.read(&mut buffer) {
+                Ok(0) => *closed = true,
+                Ok(count) => received.extend_from_slice(&buffer[..count]),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => *closed = true,
+            }
+        }
+        refused = connections.iter().filter(|(_, _, closed)| *closed).count();
+        refused >= 2_000 - 256
+    });
+    assert!(refused < 2_000, "the input keeps max_connections open: {refused} of 2000 closed");
+    for (_, received, closed) in &connections {
+        let text = String::from_utf8_lossy(received);
+        if *closed {
+            assert!(
+                matches!(text.as_ref(), "" | "error 0: too many connections (source.max_connections 256)\n"),
+                "{text}"
+            );
+        }
+    }
+    drop(connections);
+
+    // No token: refused before any line is read.
+    let mut stranger = TcpStream::connect(&address).unwrap();
+    stranger.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = stranger.write_all(b"{\"id\": 2, \"body\": \"stranger\"}\n");
+    let replies: Vec<String> = std::io::BufReader::new(stranger).lines().map_while(Result::ok).collect();
+    assert!(replies.iter().all(|reply| !reply.starts_with("ok")), "{replies:?}");
+
+    // The token: every line in, once.
+    let lines = (100..1_100).map(|id| format!("{{\"id\": {id}, \"body\": \"line {id}\"}}\n")).collect::<String>();
+    wait_for("a client with the token loads its lines", Duration::from_secs(60), || {
+        let Ok(mut member) = TcpStream::connect(&address) else { return false };
+        member.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        if member.write_all(format!("auth {token}\n{lines}").as_bytes()).is_err() {
+            return false;
+        }
+        std::io::BufReader::new(member).lines().map_while(Result::ok).any(|reply| reply == "ok 1000")
+    });
+    let (_, peak) = memory_kib(pid);
+    eprintln!("tcp input memory: {listening} KiB listening, {peak} KiB at its peak");
+    assert!(peak < listening + 64 * 1024, "{listening} KiB listening, {peak} KiB at the peak");
+    kill(&mut run);
+    assert_eq!(loaded_rows(&format!("{namespace}.inbox")), 1_000, "{}", stderr());
+    assert!(!stderr().contains(token), "the token never prints");
+}
