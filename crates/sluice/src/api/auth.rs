@@ -263,6 +263,7 @@ mod tests {
             (Method::POST, "/api/v1/jobs/a/dirty/discard", Role::Operate),
             (Method::POST, "/api/v1/jobs/a/dirty/replay", Role::Operate),
             (Method::POST, "/api/v1/jobs/a/verify", Role::Operate),
+            (Method::POST, "/api/v1/jobs/a/resync", Role::Operate),
             (Method::POST, "/api/v1/jobs", Role::Admin),
             (Method::PUT, "/api/v1/jobs/a", Role::Admin),
             (Method::DELETE, "/api/v1/jobs/a", Role::Admin),
