@@ -172,9 +172,17 @@ impl Bus {
 
     /// Waits until `topic` holds `count` events. tansu 0.6's last stable offset at times stops
     /// moving under load (see `one_at_a_time`), and then no read_committed reader gets past it:
-    /// a Kafka broker that made nothing new readable for 45 s is restarted, once per broker, a
-    /// fault the job has to take anyway.
-    fn wait_for_events(&mut self, child: &support::Guard, what: &str, topic: &str, count: usize) {
+    /// a Kafka broker that made nothing new readable for 45 s is restarted, and the run with it
+    /// (`start` runs the job again), so its producer starts afresh and ends what the broker
+    /// still holds open: faults the job has to take anyway.
+    fn wait_for_events(
+        &mut self,
+        child: &mut support::Guard,
+        start: &dyn Fn() -> support::Guard,
+        what: &str,
+        topic: &str,
+        count: usize,
+    ) {
         let mut seen = self.count(topic);
         let mut progressed = std::time::Instant::now();
         let deadline = std::time::Instant::now() + Duration::from_secs(240);
@@ -191,7 +199,9 @@ impl Bus {
             } else if progressed.elapsed() > Duration::from_secs(45) {
                 if let Bus::Kafka(broker) = self {
                     if broker.restart_stalled() {
-                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it");
+                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and the run");
+                        kill(child);
+                        *child = start();
                     }
                 }
                 progressed = std::time::Instant::now();
@@ -464,7 +474,8 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
     for round in 0..(KILLS + ABORTS + broker_restarts) {
         send(&mut client, &mut random, &mut expected, &mut versions, &mut exists, 100);
         let seen = bus.count(&topic);
-        bus.wait_for_events(&child, &format!("events after fault {round}"), &topic, seen + 1);
+        let again = || start(&workspace, None);
+        bus.wait_for_events(&mut child, &again, &format!("events after fault {round}"), &topic, seen + 1);
         std::thread::sleep(Duration::from_millis(random.below(200)));
         if round < KILLS {
             kill(&mut child);
@@ -500,7 +511,8 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
     }
     client.finish();
     let total: usize = expected.values().map(Vec::len).sum();
-    bus.wait_for_events(&child, "every change in the stream", &topic, total);
+    let again = || start(&workspace, None);
+    bus.wait_for_events(&mut child, &again, "every change in the stream", &topic, total);
     kill(&mut child);
 
     let events = bus.events(&topic).expect("the stream exists");
