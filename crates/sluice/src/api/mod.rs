@@ -672,20 +672,7 @@ async fn list_runs(State(api): Shared, Path(name): Path<String>) -> Reply {
         (status = 409, description = "tables added before are still being copied", body = ErrorBody)))]
 async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
-    let request: Value = serde_json::from_slice(&body).map_err(|error| {
-        failure(StatusCode::BAD_REQUEST, format!("expected {{\"tables\": [\"db.table\", …]}}: {error}"))
-    })?;
-    let tables: Vec<String> = request
-        .get("tables")
-        .and_then(Value::as_array)
-        .map(|tables| tables.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-        .unwrap_or_default();
-    if tables.is_empty() || tables.iter().any(|table| !table.contains('.') || table.contains(['*', '?', '!', ' '])) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            "expected {\"tables\": [\"db.table\", …]}: one or more table names, without wildcards",
-        ));
-    }
+    let tables = requested_tables(&body)?;
     if job.mode == "snapshot" {
         return Err(failure(
             StatusCode::BAD_REQUEST,
@@ -740,17 +727,7 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
         (status = 404, description = "no such job", body = ErrorBody)))]
 async fn resync_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
     let mut job = job(&api, &name).await?;
-    let expected = "expected {\"tables\": [\"db.table\", …]}: one or more source tables of the job, without wildcards";
-    let request: Value = serde_json::from_slice(&body)
-        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
-    let tables: Vec<String> = request
-        .get("tables")
-        .and_then(Value::as_array)
-        .map(|tables| tables.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-        .unwrap_or_default();
-    if tables.is_empty() || tables.iter().any(|table| !table.contains('.') || table.contains(['*', '?', '!', ' '])) {
-        return Err(failure(StatusCode::BAD_REQUEST, expected));
-    }
+    let tables = requested_tables(&body)?;
     let spec = crate::cluster::model::load_spec(&*api.node.store, &api.node.config.document_rules, &name, job.version)
         .await
         .map_err(|error| failure(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
@@ -787,6 +764,22 @@ async fn resync_tables(State(api): Shared, Path(name): Path<String>, body: Bytes
     save_job(&api, &job).await?;
     log::info!("job {name}: resync {id} of {}", tables.join(", "));
     Ok((StatusCode::ACCEPTED, Json(ResyncAccepted { name, id, tables })).into_response())
+}
+
+/// The tables a request names: `{"tables": ["db.table", …]}`, one or more, without wildcards.
+fn requested_tables(body: &[u8]) -> Result<Vec<String>, Failure> {
+    let expected = "expected {\"tables\": [\"db.table\", …]}: one or more table names, without wildcards";
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|error| failure(StatusCode::BAD_REQUEST, format!("{expected}: {error}")))?;
+    let tables: Vec<String> = request
+        .get("tables")
+        .and_then(Value::as_array)
+        .map(|tables| tables.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if tables.is_empty() || tables.iter().any(|table| !table.contains('.') || table.contains(['*', '?', '!', ' '])) {
+        return Err(failure(StatusCode::BAD_REQUEST, expected));
+    }
+    Ok(tables)
 }
 
 /// Live workers: capacity, weight, the tasks they run.

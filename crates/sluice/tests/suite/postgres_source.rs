@@ -647,12 +647,10 @@ fn a_slot_confirmed_past_the_targets_checkpoint_stops_the_job_naming_it() {
     assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.t")).trim(), "0", "nothing is applied from a lost place");
 }
 
-/// `source.stop_position: {lsn}`: a job started again with a WAL position applies the
-/// transactions before it, ends with exit 0 at the first that reaches it, and leaves alone
-/// what was committed after.
-#[test]
-fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
-    let source = SourceDatabase::create("pgstop");
+/// A stream job over a table `t` holding row 1, run until its stream exists, then killed: its
+/// source, workspace, job file and schema.
+fn stopped_stream_job(prefix: &str) -> (SourceDatabase, Workspace, std::path::PathBuf, String) {
+    let source = SourceDatabase::create(prefix);
     let schema = source.name.clone();
     source.sql(&format!(
         "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v int); INSERT INTO {schema}.t VALUES (1, 1)"
@@ -663,6 +661,27 @@ fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
     support::kill(&mut run);
+    (source, workspace, job, schema)
+}
+
+/// Runs the job again with `stop_position: {mark}`: it ends with exit 0, saying so; the ids of
+/// `t` in the target after.
+fn run_to_stop(source: &SourceDatabase, workspace: &Workspace, job: &std::path::Path, mark: &str) -> String {
+    let text =
+        std::fs::read_to_string(job).unwrap().replace("  tables:", &format!("  stop_position: {{{mark}}}\n  tables:"));
+    std::fs::write(job, text).unwrap();
+    let finished = sluice_into_postgres(workspace, &["run", job.to_str().unwrap()], source);
+    finished.assert_code(0);
+    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
+    psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {}.t", source.name)).trim().to_owned()
+}
+
+/// `source.stop_position: {lsn}`: a job started again with a WAL position applies the
+/// transactions before it, ends with exit 0 at the first that reaches it, and leaves alone
+/// what was committed after.
+#[test]
+fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
+    let (source, workspace, job, schema) = stopped_stream_job("pgstop");
     // The mark is one byte past the WAL's end after the first transaction: that one lies before
     // it; the next one of the job's (or, on a busy server, another's position) reaches it; the
     // last one lies after it, whatever other sessions write meanwhile.
@@ -670,32 +689,15 @@ fn a_postgres_stream_stops_at_a_wal_position_with_what_lies_before_it() {
     let after_first = source.sql("SELECT pg_current_wal_lsn() + 1");
     source.sql(&format!("UPDATE {schema}.t SET v = 10 WHERE id = 1"));
     source.sql(&format!("INSERT INTO {schema}.t VALUES (3, 3)"));
-    let text = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("  tables:", &format!("  stop_position: {{lsn: \"{}\"}}\n  tables:", after_first.trim()));
-    std::fs::write(&job, text).unwrap();
-    let finished = sluice_into_postgres(&workspace, &["run", job.to_str().unwrap()], &source);
-    finished.assert_code(0);
-    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
-    let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
-    assert_eq!(ids.trim(), "1,2", "the transaction before the position is applied, the one after it is not");
+    let ids = run_to_stop(&source, &workspace, &job, &format!("lsn: \"{}\"", after_first.trim()));
+    assert_eq!(ids, "1,2", "the transaction before the position is applied, the one after it is not");
 }
 
 /// `source.stop_position: {time}`: the stream ends with exit 0 before the first transaction
 /// committed at or after the time.
 #[test]
 fn a_postgres_stream_stops_before_the_first_transaction_committed_at_a_time() {
-    let source = SourceDatabase::create("pgstoptime");
-    let schema = source.name.clone();
-    source.sql(&format!(
-        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v int); INSERT INTO {schema}.t VALUES (1, 1)"
-    ));
-    let workspace = Workspace::new();
-    let name = schema.replace('_', "-");
-    let job = job_file(&workspace, &name, &schema, "postgres", "");
-    let mut run = start(&workspace, &job, &source, &postgres_url());
-    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
-    support::kill(&mut run);
+    let (source, workspace, job, schema) = stopped_stream_job("pgstoptime");
     source.sql(&format!("INSERT INTO {schema}.t VALUES (2, 2)"));
     // Once the server's clock has passed the second it is in, the second it is in then: what
     // committed before is dated before it, what commits after at or after it.
@@ -705,13 +707,6 @@ fn a_postgres_stream_stops_before_the_first_transaction_committed_at_a_time() {
     wait_for("the server's clock to pass a second", Duration::from_secs(5), || second() > now);
     let stop = source.sql("SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')");
     source.sql(&format!("INSERT INTO {schema}.t VALUES (3, 3)"));
-    let text = std::fs::read_to_string(&job)
-        .unwrap()
-        .replace("  tables:", &format!("  stop_position: {{time: \"{}\"}}\n  tables:", stop.trim()));
-    std::fs::write(&job, text).unwrap();
-    let finished = sluice_into_postgres(&workspace, &["run", job.to_str().unwrap()], &source);
-    finished.assert_code(0);
-    assert!(finished.all().contains("reached source.stop_position"), "{}", finished.all());
-    let ids = psql(&format!("SELECT string_agg(id::text, ',' ORDER BY id) FROM {schema}.t"));
-    assert_eq!(ids.trim(), "1,2", "committed before {stop}: applied; at or after it: not");
+    let ids = run_to_stop(&source, &workspace, &job, &format!("time: \"{}\"", stop.trim()));
+    assert_eq!(ids, "1,2", "committed before {stop}: applied; at or after it: not");
 }

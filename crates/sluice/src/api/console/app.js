@@ -436,10 +436,6 @@ function showJob(view, name) {
   };
   const action = (id, label, work, tone) =>
     el('button', {id, type: 'button', class: tone, onclick: (event) => act(event.currentTarget, work)}, label);
-  const tables = el('input', {id: 'add-tables', type: 'text', size: 40, placeholder: 'db.table, db.other',
-    'aria-label': 'tables to add, comma separated'});
-  const resynced = el('input', {id: 'resync-tables', type: 'text', size: 40, placeholder: 'db.table, db.other',
-    'aria-label': 'tables to copy again, comma separated'});
   view.append(
     el('div', {class: 'page-head'}, el('h1', {}, name), ui.state,
       el('span', {class: 'muted'}, 'phase:'), ui.phase),
@@ -467,21 +463,26 @@ function showJob(view, name) {
       'Rows/s', 'Restarts', 'Dirty', 'Error', 'Summary'], ui.runs)),
     section('Versions', table('versions', ['Version', 'Created', 'Origin', '', ''], ui.versions),
       ui.diffTitle, ui.diff),
-    sectionWithId('add-tables-section', 'Add tables',
-      el('p', {class: 'muted'}, 'Tables added to a running job with a change stream are copied while ' +
-        'the stream runs on, then taken into it.'),
-      el('form', {class: 'inline', onsubmit: (event) => {
-        event.preventDefault();
-        act(event.currentTarget.querySelector('button'), () => addTables(name, tables));
-      }}, tables, el('button', {id: 'add-tables-submit', type: 'submit'}, 'Add tables'))),
-    sectionWithId('resync-section', 'Resync tables',
-      el('p', {class: 'muted'}, 'Tables of the job copied again while its stream runs, each put in the ' +
-        'table\'s place whole once copied (PostgreSQL and MySQL targets).'),
-      el('form', {class: 'inline', onsubmit: (event) => {
-        event.preventDefault();
-        act(event.currentTarget.querySelector('button'), () => resyncTables(name, resynced));
-      }}, resynced, el('button', {id: 'resync-submit', type: 'submit'}, 'Resync'))));
+    tablesForm('add-tables', 'Add tables', 'Tables added to a running job with a change stream are copied ' +
+      'while the stream runs on, then taken into it.', 'Add tables', (input) => addTables(name, input)),
+    tablesForm('resync-tables', 'Resync tables', 'Tables of the job copied again while its stream runs, each ' +
+      'put in the table\'s place whole once copied (PostgreSQL and MySQL targets).', 'Resync',
+      (input) => resyncTables(name, input)));
   page.refresh = () => loadJob(name, ui);
+}
+
+/**
+ * A section whose form takes tables, comma separated, and hands its input to `submit`: the input
+ * is `#id`, the section `#id-section`, the button `#id-submit`.
+ */
+function tablesForm(id, title, note, button, submit) {
+  const input = el('input', {id, type: 'text', size: 40, placeholder: 'db.table, db.other',
+    'aria-label': `${title}: tables, comma separated`});
+  return sectionWithId(`${id}-section`, title, el('p', {class: 'muted'}, note),
+    el('form', {class: 'inline', onsubmit: (event) => {
+      event.preventDefault();
+      act(event.currentTarget.querySelector('button'), () => submit(input));
+    }}, input, el('button', {id: `${id}-submit`, type: 'submit'}, button)));
 }
 
 /**
