@@ -80,8 +80,9 @@ pub struct Runner {
     /// The plan to execute when it was made elsewhere (a cluster leader's); without one the
     /// runner plans the job itself, from the plan kept in the state store.
     given_plan: Option<Plan>,
-    /// Tables the stream copies again while it runs (`sluice job resync`).
-    resync: Option<ResyncRequest>,
+    /// Tables the stream copies again while it runs (`sluice job resync`), as asked now and
+    /// later.
+    resync: Option<watch::Receiver<Option<ResyncRequest>>>,
     /// Start from scratch: a new plan, the target's tables emptied and its checkpoints forgotten.
     /// Cleared once they are. Atomic because `run` takes the runner shared (callers hold it in an
     /// `Arc` and ask `still_restarting` once the run ends) and clears it in the middle.
@@ -138,10 +139,11 @@ impl Runner {
         self
     }
 
-    /// Has the stream copy these tables again while it runs, each switched in whole once copied
-    /// (`sluice job resync`); a request the stream has done already is not done again.
-    pub fn with_resync(mut self, resync: Option<ResyncRequest>) -> Runner {
-        self.resync = resync;
+    /// Has the stream copy tables again while it runs, each switched in whole once copied
+    /// (`sluice job resync`): the request `resync` holds now, and each one it is sent later,
+    /// taken in where the stream is. A request the stream has done already is not done again.
+    pub fn with_resync(mut self, resync: watch::Receiver<Option<ResyncRequest>>) -> Runner {
+        self.resync = Some(resync);
         self
     }
 

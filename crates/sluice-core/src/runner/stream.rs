@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::context::RunContext;
 use super::copied_keys::CopiedKeys;
@@ -72,6 +72,24 @@ struct StreamCheckpoint {
     /// The last resync (`ResyncRequest::id`) done, so a restart does not copy its tables again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     resynced: Option<String>,
+}
+
+impl StreamCheckpoint {
+    /// Whether `request` is new to this stream: neither done nor being done. A resync it
+    /// replaces is named (its copy, if any, is the caller's to drop).
+    fn takes_resync(&self, request: &ResyncRequest) -> bool {
+        if self.resynced.as_deref() == Some(request.id.as_str())
+            || self.resync.as_ref().is_some_and(|resync| resync.id == request.id)
+        {
+            return false;
+        }
+        if let Some(previous) = &self.resync {
+            log::warn!("resync {} gives way to resync {}: its copy is not finished", previous.id, request.id);
+        }
+        let names: Vec<String> = request.tables.iter().map(ToString::to_string).collect();
+        log::info!("resync {}: {} are copied again while the stream runs", request.id, names.join(", "));
+        true
+    }
 }
 
 /// The source position up to which the target has applied the stream, read off the stream
@@ -168,8 +186,8 @@ pub(super) struct StreamStage {
     /// The plan's tables whose copy is still hidden (`crate::hidden`), as the target said when
     /// the run began.
     hidden: HiddenCopies,
-    /// Tables to copy again while the stream runs (`applier::resync`).
-    resync: Option<ResyncRequest>,
+    /// Tables to copy again while the stream runs (`applier::resync`), as asked now and later.
+    resync: Option<watch::Receiver<Option<ResyncRequest>>>,
     /// What one attempt hands the next.
     carried: Carried,
 }
@@ -186,7 +204,7 @@ impl StreamStage {
     }
 
     /// Tables to copy again while the stream runs, unless the stream did so already.
-    pub(super) fn resyncing(mut self, resync: Option<ResyncRequest>) -> StreamStage {
+    pub(super) fn resyncing(mut self, resync: Option<watch::Receiver<Option<ResyncRequest>>>) -> StreamStage {
         self.resync = resync;
         self
     }
@@ -260,6 +278,7 @@ impl StreamStage {
             copied_at,
             copied_keys,
             dirty_keys: self.dirty_keys(),
+            resync_requests: self.resync.clone(),
             carried: std::mem::take(&mut self.carried),
         };
         let mut applier = Applier::new(context, changes, start);
@@ -327,20 +346,13 @@ impl StreamStage {
             }
             _ => checkpoint,
         };
-        let checkpoint = match &self.resync {
-            Some(request)
-                if checkpoint.resynced.as_deref() != Some(request.id.as_str())
-                    && checkpoint.resync.as_ref().is_none_or(|resync| resync.id != request.id) =>
-            {
-                if let Some(previous) = &checkpoint.resync {
-                    log::warn!("resync {} gives way to resync {}: its copy is not finished", previous.id, request.id);
-                }
-                let names: Vec<String> = request.tables.iter().map(ToString::to_string).collect();
-                log::info!("resync {}: {} are copied again while the stream runs", request.id, names.join(", "));
-                StreamCheckpoint { resync: Some(Resync::of(request)), ..checkpoint }
+        // A request that came while no stream ran; one that comes later is taken in by the applier.
+        let mut checkpoint = checkpoint;
+        if let Some(request) = self.resync.as_ref().and_then(|requests| requests.borrow().clone()) {
+            if checkpoint.takes_resync(&request) {
+                checkpoint.resync = Some(Resync::of(&request));
             }
-            _ => checkpoint,
-        };
+        }
         Ok((checkpoint, rows_applied))
     }
 

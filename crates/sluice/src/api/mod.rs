@@ -719,7 +719,8 @@ async fn add_tables(State(api): Shared, Path(name): Path<String>, body: Bytes) -
 
 /// Copies tables of a running job's stream again, while the stream runs: each into a hidden
 /// copy, chunk by chunk between the stream's groups, then put in the table's place whole
-/// (PostgreSQL and MySQL targets). The job's tasks start again (a new generation) with the request.
+/// (PostgreSQL and MySQL targets). The running stream takes the request in where it is; a
+/// failed job starts again with it.
 #[utoipa::path(post, path = "/jobs/{name}/resync", tag = "jobs", params(("name" = String, Path)),
     request_body(content = Object, description = "{\"tables\": [\"db.table\", …]} (source names)", content_type = "application/json"),
     responses((status = 202, description = "accepted: the stream copies the tables again", body = ResyncAccepted),
@@ -753,13 +754,16 @@ async fn resync_tables(State(api): Shared, Path(name): Path<String>, body: Bytes
     if !problems.is_empty() {
         return Err(failure(StatusCode::BAD_REQUEST, problems.join("; ")));
     }
-    let generation = next_generation(job.generation);
-    let id = format!("resync-{generation}");
+    let id = format!("resync-{}", sluice_core::clock::unix_millis());
     job.resync = Some(sluice_core::runner::ResyncRequest {
         id: id.clone(),
         tables: tables.iter().map(|table| sluice_core::TableName::parse(table)).collect(),
     });
-    job.generation = generation;
+    // A running stream takes the request in where it is (a stream that fails meanwhile runs
+    // again with it); a job that failed (a damaged table stops its stream) starts again with it.
+    if views::job_view(&*api.node.store, &job).await?.state == crate::cluster::status::JobState::Failed {
+        job.generation = next_generation(job.generation);
+    }
     job.updated_at = timestamp();
     save_job(&api, &job).await?;
     log::info!("job {name}: resync {id} of {}", tables.join(", "));

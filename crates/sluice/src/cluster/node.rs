@@ -81,6 +81,8 @@ pub struct NodeConfig {
 #[derive(Debug)]
 pub(super) struct Running {
     pub(super) stop: watch::Sender<bool>,
+    /// The job's resync request, as the task was last told it.
+    pub(super) resync: watch::Sender<Option<sluice_core::runner::ResyncRequest>>,
     pub(super) generation: u64,
     pub(super) guard: Guard,
 }
@@ -385,6 +387,10 @@ impl Node {
             if !keep && !*running.stop.borrow() {
                 log::info!("node {}: stopping task {key}: its job stopped, changed or the task moved", self.config.id);
                 running.stop.send_replace(true);
+            }
+            // A resync asked since: the running stream takes it in without a restart.
+            if let Some(job) = jobs.get(job).filter(|job| *running.resync.borrow() != job.resync) {
+                running.resync.send_replace(job.resync.clone());
             }
         }
     }

@@ -105,14 +105,17 @@ impl Node {
             };
             log::info!("node {}: claimed task {name}/{} with epoch {epoch}", self.config.id, task.id);
             let (stop, stopped) = watch::channel(false);
+            // The job's resync request as it is now; `stop_what_moved` hands on a new one.
+            let (resync, resyncs) = watch::channel(job.resync.clone());
             let guard = Guard { key, create_revision: epoch };
             lock(&self.running).insert(
                 format!("{name}/{}", task.id),
-                Running { stop, generation: job.generation, guard: guard.clone() },
+                Running { stop, resync, generation: job.generation, guard: guard.clone() },
             );
             let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
             let previous = status.cloned();
-            tokio::spawn(async move { node.run_task(job, plan, task, guard, stopped, previous).await });
+            let signals = TaskSignals { stop: stopped, resync: resyncs };
+            tokio::spawn(async move { node.run_task(job, plan, task, guard, signals, previous).await });
             return Ok(());
         }
         Ok(())
@@ -131,9 +134,10 @@ impl Node {
         plan: PlanRecord,
         task: TaskPlan,
         guard: Guard,
-        stop: watch::Receiver<bool>,
+        signals: TaskSignals,
         previous: Option<TaskStatus>,
     ) {
+        let TaskSignals { stop, resync } = signals;
         let name = format!("{}/{}", job.name, task.id);
         let status_key = status_key(&job.name, &task.id);
         let (fresh_through, log_backlog) =
@@ -167,7 +171,8 @@ impl Node {
         let mut failed_here = 0;
         let mut policy = sluice_core::spec::RestartPolicy::default();
         let (outcome, summary) = loop {
-            let (outcome, summary) = match self.prepare_task(&job, &plan, &task, &guard, stop.clone()).await {
+            let signals = TaskSignals { stop: stop.clone(), resync: resync.clone() };
+            let (outcome, summary) = match self.prepare_task(&job, &plan, &task, &guard, signals).await {
                 Ok((spec, runner)) => {
                     policy = spec.restart.clone();
                     (status.state, status.error) = (TaskState::Running, None);
@@ -200,6 +205,14 @@ impl Node {
                 Err(error) => (Some(error), None),
             };
             let Some(error) = outcome.as_ref().filter(|_| !*stop.borrow()) else { break (outcome, summary) };
+            if task.kind == TaskKind::Cdc && self.resync_arrived(&job.name, &name, &resync).await {
+                // A damaged table stops the stream; the resync asked for it starts it again.
+                log::warn!(
+                    "node {}: task {name} failed: {error}; a resync was asked meanwhile: runs again with it",
+                    self.config.id
+                );
+                continue;
+            }
             let progressed = summary.as_ref().is_some_and(|run| sluice_core::retry::ran_well(&policy, run));
             let wait = match status.restarts.failed(&policy, error, progressed, sluice_core::clock::unix_seconds()) {
                 Restart::After(wait) => wait,
@@ -334,14 +347,33 @@ impl Node {
         }
     }
 
+    /// Whether the job was asked a resync the task has not been told yet (read from the store,
+    /// not at the next tick): then the task is told it.
+    async fn resync_arrived(
+        &self,
+        job: &str,
+        task: &str,
+        told: &watch::Receiver<Option<sluice_core::runner::ResyncRequest>>,
+    ) -> bool {
+        let Ok(Some(current)) = super::model::load_job(&*self.store, job).await else { return false };
+        if current.resync.is_none() || *told.borrow() == current.resync {
+            return false;
+        }
+        if let Some(running) = lock(&self.running).get(task) {
+            running.resync.send_replace(current.resync);
+        }
+        true
+    }
+
     async fn prepare_task(
         &self,
         job: &JobRecord,
         plan: &PlanRecord,
         task: &TaskPlan,
         guard: &Guard,
-        stop: watch::Receiver<bool>,
+        signals: TaskSignals,
     ) -> Result<(Arc<sluice_core::spec::JobSpec>, Arc<Runner>)> {
+        let TaskSignals { stop, resync } = signals;
         // While added tables are copied, the stream runs the version before them.
         let version = match task.kind {
             TaskKind::Cdc => plan.stream_version.unwrap_or(plan.version),
@@ -383,11 +415,18 @@ impl Node {
             store: self.store.clone(),
             node: self.config.id.clone(),
         });
-        let resync = if task.kind == TaskKind::Cdc { job.resync.clone() } else { None };
-        let runner =
-            Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole).with_resync(resync);
+        let mut runner = Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole);
+        if task.kind == TaskKind::Cdc {
+            runner = runner.with_resync(resync);
+        }
         Ok((spec, Arc::new(runner)))
     }
+}
+
+/// What a running task is told while it runs: to stop, and the job's resync request.
+struct TaskSignals {
+    stop: watch::Receiver<bool>,
+    resync: watch::Receiver<Option<sluice_core::runner::ResyncRequest>>,
 }
 
 fn snapshot_status(base: &TaskStatus, stats: &sluice_core::stats::JobStats, rows_per_sec: f64) -> TaskStatus {

@@ -22,10 +22,10 @@ fn a_table_copied_again_under_a_mixed_load_replaces_the_damaged_one_whole_and_ex
         let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
         let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", target_url)];
         let server = start_server(&workspace, "solo", None, &environment);
-        // Small batches: the table is copied again in many chunks, between many groups.
+        // Small batches: the table is copied again in some 150 chunks, between many groups.
         let document = format!(
             "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
-             target:\n  type: {target}\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {namespace}\nlimits: {{batch_rows: 200}}\n"
+             target:\n  type: {target}\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {namespace}\nlimits: {{batch_rows: 20}}\n"
         );
         let (status, body) = server.call("POST", "/jobs", None, Some(("application/yaml", &document)));
         assert_eq!(status, 201, "{body}");
@@ -54,12 +54,35 @@ fn a_table_copied_again_under_a_mixed_load_replaces_the_damaged_one_whole_and_ex
             workspace.sluice(&["job", "--server", &server.url, "resync", &name, &format!("{database}.items")]);
         resynced.assert_code(0);
         assert!(resynced.stdout.contains("resync-"), "{}", resynced.all());
-        let replaced = format!("resync: table {database}.items is copied again and replaces");
+        // From the copy's start to its end the stream goes on: the longest time its committed
+        // position stood still while the load ran is one chunk's read and one group, not the copy.
+        let (begun, replaced) = (
+            format!("resync: table {database}.items is copied again into"),
+            format!("resync: table {database}.items is copied again and replaces"),
+        );
         let deadline = Instant::now() + Duration::from_secs(120);
-        while !server.output().contains(&replaced) {
-            assert!(Instant::now() < deadline, "{target}: the copy did not replace the table:\n{}", server.output());
-            std::thread::sleep(Duration::from_millis(50));
+        let (mut position, mut moved, mut longest, mut samples) = (None, Instant::now(), Duration::ZERO, 0);
+        loop {
+            let log = server.output();
+            if log.contains(&replaced) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{target}: the copy did not replace the table:\n{log}");
+            if log.contains(&begun) {
+                samples += 1;
+                let now = stream_position(target, &name);
+                if now != position {
+                    (position, moved) = (now, Instant::now());
+                }
+                longest = longest.max(moved.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        eprintln!(
+            "{target}: while the table was copied again ({samples} looks), the stream's position stood still {longest:?} at the longest"
+        );
+        assert!(samples >= 5, "{target}: the copy was too quick to watch the stream ({samples} looks)");
+        assert!(longest < Duration::from_secs(3), "{target}: the stream stood still {longest:?} during the copy");
         load.stop();
         converged("the end of the load");
         let side = |side: &str, table: &str| {

@@ -67,6 +67,8 @@ pub(super) struct AttemptStart {
     pub(super) copied_keys: CopiedKeys,
     /// Keys with a dirty record, by target table.
     pub(super) dirty_keys: HashMap<TableName, HashSet<String>>,
+    /// Resync requests made while the stream runs.
+    pub(super) resync_requests: Option<tokio::sync::watch::Receiver<Option<resync::ResyncRequest>>>,
     pub(super) carried: Carried,
 }
 
@@ -288,6 +290,8 @@ pub(super) struct Applier<'a> {
     left_out: Vec<Refusal>,
     /// What this attempt knows of a resync's copy beyond the checkpoint (`resync`).
     resync_frontier: Option<resync::Frontier>,
+    /// Resync requests made while the stream runs.
+    resync_requests: Option<tokio::sync::watch::Receiver<Option<resync::ResyncRequest>>>,
     /// A group committed since the resync's last step: the resync may take the next one even
     /// while events wait.
     resync_turn: bool,
@@ -311,8 +315,18 @@ fn mapping_of(
 
 impl<'a> Applier<'a> {
     pub(super) fn new(context: &'a RunContext, changes: &'a dyn ChangeSource, start: AttemptStart) -> Applier<'a> {
-        let AttemptStart { writer, acks, checkpoint, rows_applied, head, copied_at, copied_keys, dirty_keys, carried } =
-            start;
+        let AttemptStart {
+            writer,
+            acks,
+            checkpoint,
+            rows_applied,
+            head,
+            copied_at,
+            copied_keys,
+            dirty_keys,
+            resync_requests,
+            carried,
+        } = start;
         Applier {
             context,
             raw: matches!(writer, AnyChangeWriter::Events(_)),
@@ -329,6 +343,7 @@ impl<'a> Applier<'a> {
             targets: HashMap::new(),
             columns_read: HashSet::new(),
             resync_frontier: None,
+            resync_requests,
             resync_turn: false,
             net: NetChanges::default(),
             arrivals: Vec::new(),
@@ -402,7 +417,11 @@ impl Applier<'_> {
                 log::info!("change stream: caught up with where the source stood at the batch's start; the batch ends");
                 return Ok(());
             }
-            // A resync copies a chunk between groups: after each group, or whenever nothing waits.
+            // A resync asked now is taken in between groups; it copies a chunk between groups:
+            // after each group, or whenever nothing waits.
+            if self.idle() {
+                self.take_resync_request().await?;
+            }
             if self.resync_due() && (self.resync_turn || received.is_empty()) {
                 self.resync_step().await?;
                 self.resync_turn = false;

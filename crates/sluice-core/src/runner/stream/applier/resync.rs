@@ -88,6 +88,27 @@ pub(super) struct Frontier {
 }
 
 impl Applier<'_> {
+    /// A resync asked since the last look, taken in (the stream is idle): a copy another request
+    /// left unfinished is dropped first.
+    pub(super) async fn take_resync_request(&mut self) -> Result<()> {
+        let Some(requests) = self.resync_requests.as_mut() else { return Ok(()) };
+        if !requests.has_changed().unwrap_or(false) {
+            return Ok(());
+        }
+        let Some(request) = requests.borrow_and_update().clone() else { return Ok(()) };
+        if !self.checkpoint.takes_resync(&request) {
+            return Ok(());
+        }
+        if let Some(copy) = self.checkpoint.resync.as_ref().and_then(|resync| resync.copy.as_ref()) {
+            let hidden = copy.hidden.clone();
+            self.writer.common().apply_schema_change(&SchemaChange::Drop(hidden)).await?;
+        }
+        self.checkpoint.resync = Some(Resync::of(&request));
+        self.resync_frontier = None;
+        self.moved = true;
+        Ok(())
+    }
+
     /// Whether a step of the resync can be taken now: nothing open or waiting, no copy of the
     /// job's own still hidden, no backfill catching up, and the step has something to do.
     pub(super) fn resync_due(&self) -> bool {
