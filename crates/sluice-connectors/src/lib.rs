@@ -418,6 +418,20 @@ pub fn fences(target_type: &str) -> bool {
     connector(target_type).is_some_and(|connector| connector.capabilities.fencing)
 }
 
+/// The target types of this build that can run on a cluster, for messages: `a, b or c`.
+pub fn fencing_targets() -> String {
+    let able: Vec<&str> = CONNECTORS
+        .iter()
+        .filter(|connector| connector.capabilities.fencing && connector.target.is_some())
+        .map(|connector| connector.name)
+        .collect();
+    match able.split_last() {
+        Some((last, [])) => (*last).to_owned(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => "none".to_owned(),
+    }
+}
+
 fn build_sink(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let endpoint = &job.target;
     let Some((connector, side)) =
@@ -429,12 +443,10 @@ fn build_sink(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
         )));
     };
     if fence.is_some() && !connector.capabilities.fencing {
-        let able: Vec<&str> =
-            CONNECTORS.iter().filter(|other| other.capabilities.fencing).map(|other| other.name).collect();
         return Err(Error::config(format!(
             "target.type: `{}` cannot run on a cluster: its writes cannot be fenced against a worker whose task moved; use a {} target, or run the job standalone (sluice run)",
             endpoint.connector,
-            able.join(" or ")
+            fencing_targets()
         )));
     }
     (side.build)(job, fence)

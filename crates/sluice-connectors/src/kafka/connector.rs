@@ -22,8 +22,11 @@ pub(crate) const CONNECTOR: Connector = Connector {
         table_sink: true,
         event_sink: true,
         transactions: true,
-        // Not `fencing`: a second producer of a task fences the first by the transactional id's
-        // epoch, but a cluster's epochs are not carried: a standalone job only.
+        // Fenced by Kafka itself: a task's transactional id is the same on every node, and a new
+        // owner's `init_transactions` aborts what an older producer left open and refuses its
+        // further writes (FENCED, which ends that task); the new owner reads the checkpoint only
+        // then (`mod.rs`).
+        fencing: true,
         ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),

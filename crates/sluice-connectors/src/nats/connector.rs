@@ -23,8 +23,9 @@ pub(crate) const CONNECTOR: Connector = Connector {
         change_source: true,
         table_sink: true,
         event_sink: true,
-        // Not `fencing`: a checkpoint commit refuses a second writer of the same job (FENCED), but
-        // a cluster's epochs are not carried: a standalone job only.
+        // A cluster task claims its checkpoint subject with its epoch; a checkpoint commit
+        // refuses a writer whose claim is no longer the last (`mod.rs`, `NatsChannel::claim`).
+        fencing: true,
         ..Capabilities::NONE
     },
     source: Some(SourceSide { fields: SOURCE_FIELDS, validate: validate_source, build: build_source }),
@@ -116,10 +117,10 @@ fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
     options(endpoint).err().unwrap_or_default()
 }
 
-fn build(job: &JobSpec, _fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
+fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let options = options(&job.target).map_err(crate::invalid)?;
     let events = options.events.clone();
-    Ok(Arc::new(EventSink::new(events, &job.source.connector, Arc::new(NatsTransport::new(options)))))
+    Ok(Arc::new(EventSink::new(events, &job.source.connector, Arc::new(NatsTransport::new(options, fence)))))
 }
 
 fn source_options(endpoint: &EndpointSpec) -> std::result::Result<NatsSourceOptions, Vec<SpecError>> {

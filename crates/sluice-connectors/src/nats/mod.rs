@@ -24,7 +24,8 @@ use std::sync::Arc;
 
 use async_nats::jetstream::{self, message::PublishMessage as Publish, stream};
 use async_trait::async_trait;
-use sluice_core::connector::{CheckItem, Checkpoint};
+use serde::{Deserialize, Serialize};
+use sluice_core::connector::{CheckItem, Checkpoint, Fence};
 use sluice_core::secret::redact_url_passwords;
 use sluice_core::{Error, ErrorKind, Result, Side};
 
@@ -163,6 +164,9 @@ pub(crate) async fn connect(address: &str, side: Side) -> Result<jetstream::Cont
 /// JetStream as a transport.
 pub struct NatsTransport {
     options: NatsOptions,
+    /// A cluster task's claim: written into its checkpoint message, refused when the message
+    /// holds a newer one.
+    fence: Option<Fence>,
 }
 
 impl std::fmt::Debug for NatsTransport {
@@ -172,8 +176,8 @@ impl std::fmt::Debug for NatsTransport {
 }
 
 impl NatsTransport {
-    pub fn new(options: NatsOptions) -> NatsTransport {
-        NatsTransport { options }
+    pub fn new(options: NatsOptions, fence: Option<Fence>) -> NatsTransport {
+        NatsTransport { options, fence }
     }
 
     fn shown_url(&self) -> String {
@@ -308,6 +312,8 @@ impl Transport for NatsTransport {
             checkpoint_subject: format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task)),
             checkpoint_sequence: 0,
             in_flight: VecDeque::new(),
+            job: job.to_owned(),
+            fence: self.fence.clone(),
         }))
     }
 
@@ -344,9 +350,65 @@ struct NatsChannel {
     /// must find still last on its subject.
     checkpoint_sequence: u64,
     in_flight: VecDeque<jetstream::context::PublishAckFuture>,
+    job: String,
+    fence: Option<Fence>,
+}
+
+/// The checkpoint message of a task: its checkpoint, if it committed one, and the epoch of the
+/// cluster claim that wrote it, if a cluster task did.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct CheckpointMessage {
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    checkpoint: Option<Checkpoint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    epoch: Option<u64>,
 }
 
 impl NatsChannel {
+    /// Writes `message` as the task's checkpoint, if its subject still ends with the one this
+    /// channel read or wrote last; FENCED otherwise (another run or a newer claim wrote since).
+    async fn write_checkpoint(&mut self, message: &CheckpointMessage) -> Result<()> {
+        let payload = serde_json::to_vec(message).expect("checkpoints serialize");
+        let publish = Publish::build().payload(payload.into()).expected_last_subject_sequence(self.checkpoint_sequence);
+        let sent = self
+            .context
+            .send_publish(self.checkpoint_subject.clone(), publish)
+            .await
+            .map_err(|error| unavailable("writing the checkpoint", error))?;
+        match sent.await {
+            Ok(ack) => {
+                self.checkpoint_sequence = ack.sequence;
+                Ok(())
+            }
+            Err(error) if error.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Err(Error::new(
+                ErrorKind::Fenced,
+                format!(
+                    "FENCED: the checkpoint on NATS subject {} moved under this run: another run of the job, or a newer owner of its cluster task, writes to the same stream; nothing more is written by this one",
+                    self.checkpoint_subject
+                ),
+            )
+            .on(Side::Target)
+            .hint("run a job in one place at a time; its events so far are in the stream")),
+            Err(error) => Err(unavailable("writing the checkpoint", error)),
+        }
+    }
+
+    /// A cluster task claims its checkpoint subject before it sends anything: a message written
+    /// by a newer claim refuses this one (FENCED); otherwise the found checkpoint is written again
+    /// with this claim's epoch, so an older owner that wakes can commit nothing more (its
+    /// checkpoint no longer ends the subject) and cannot start again either. Standalone: as found.
+    async fn claim(&mut self, found: CheckpointMessage) -> Result<Option<Checkpoint>> {
+        let Some(fence) = self.fence.clone() else { return Ok(found.checkpoint) };
+        if let Some(held) = found.epoch.filter(|held| *held > fence.epoch) {
+            return Err(fence.moved(&self.job, held));
+        }
+        if found.epoch != Some(fence.epoch) {
+            let claim = CheckpointMessage { checkpoint: found.checkpoint.clone(), epoch: Some(fence.epoch) };
+            self.write_checkpoint(&claim).await?;
+        }
+        Ok(found.checkpoint)
+    }
+
     async fn settle_one(&mut self) -> Result<()> {
         let Some(ack) = self.in_flight.pop_front() else { return Ok(()) };
         ack.await.map_err(|error| unavailable("a publish was not acknowledged", error))?;
@@ -366,7 +428,7 @@ impl Channel for NatsChannel {
         match stream.get_last_raw_message_by_subject(&self.checkpoint_subject).await {
             Ok(message) => {
                 self.checkpoint_sequence = message.sequence;
-                let checkpoint = serde_json::from_slice(&message.payload).map_err(|error| {
+                let found: CheckpointMessage = serde_json::from_slice(&message.payload).map_err(|error| {
                     Error::new(
                         ErrorKind::State,
                         format!(
@@ -377,11 +439,11 @@ impl Channel for NatsChannel {
                     .on(Side::Target)
                     .hint("purge that subject of the checkpoint stream to start the task over")
                 })?;
-                Ok(Some(checkpoint))
+                self.claim(found).await
             }
             Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
                 self.checkpoint_sequence = 0;
-                Ok(None)
+                self.claim(CheckpointMessage::default()).await
             }
             Err(error) => Err(unavailable(&format!("reading the checkpoint on {}", self.checkpoint_subject), error)),
         }
@@ -411,29 +473,11 @@ impl Channel for NatsChannel {
             self.settle_one().await?;
         }
         sluice_core::failpoint::hit("events.acknowledged");
-        let payload = serde_json::to_vec(checkpoint).expect("checkpoints serialize");
-        let publish = Publish::build().payload(payload.into()).expected_last_subject_sequence(self.checkpoint_sequence);
-        let sent = self
-            .context
-            .send_publish(self.checkpoint_subject.clone(), publish)
-            .await
-            .map_err(|error| unavailable("writing the checkpoint", error))?;
-        match sent.await {
-            Ok(ack) => {
-                self.checkpoint_sequence = ack.sequence;
-                Ok(())
-            }
-            Err(error) if error.kind() == jetstream::context::PublishErrorKind::WrongLastSequence => Err(Error::new(
-                ErrorKind::Fenced,
-                format!(
-                    "FENCED: the checkpoint on NATS subject {} moved under this run: another run of the job writes to the same stream; nothing more is written by this one",
-                    self.checkpoint_subject
-                ),
-            )
-            .on(Side::Target)
-            .hint("run a job in one place at a time; its events so far are in the stream")),
-            Err(error) => Err(unavailable("writing the checkpoint", error)),
-        }
+        let message = CheckpointMessage {
+            checkpoint: Some(checkpoint.clone()),
+            epoch: self.fence.as_ref().map(|fence| fence.epoch),
+        };
+        self.write_checkpoint(&message).await
     }
 }
 

@@ -10,10 +10,11 @@ use crate::support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use support::cluster::{start_server, Etcd, Server};
 use support::kafka::KafkaBroker;
 use support::nats::NatsServer;
 use support::workload::{Client, Load, Random};
-use support::{kill, mariadb, mysql_url, postgres_url, unique_name, wait_for, Workspace};
+use support::{kill, mariadb, mysql_url, postgres_url, signal, unique_name, wait_for, Workspace};
 const KILLS: usize = 10;
 const ABORTS: usize = 5;
 const BROKER_RESTARTS: usize = 3;
@@ -544,8 +545,14 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
     let again = || start(&workspace, None);
     bus.wait_for_events(&mut child, &again, "every change in the stream", &topic, total);
     kill(&mut child);
+    assert_exactly_once_in_order(&bus, &topic, &expected, sent);
+}
 
-    let events = bus.events(&topic).expect("the stream exists");
+/// The events of `topic` hold, per key, exactly the changes `expected`, in order, one message a
+/// change, each transaction whole and in order.
+fn assert_exactly_once_in_order(bus: &Bus, topic: &str, expected: &Expected, sent: usize) {
+    let total: usize = expected.values().map(Vec::len).sum();
+    let events = bus.events(topic).expect("the stream exists");
     let mut found = Expected::new();
     let mut transactions: BTreeMap<String, Vec<(u64, u64)>> = BTreeMap::new();
     for event in &events {
@@ -555,7 +562,7 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
         transactions.entry(event.transaction.clone()).or_default().push((event.index, event.count));
     }
     let mut wrong = Vec::new();
-    for (key, changes) in &expected {
+    for (key, changes) in expected {
         let got = found.get(key).cloned().unwrap_or_default();
         if &got != changes {
             wrong.push(format!("key {key}: expected {changes:?}, the stream holds {got:?}"));
@@ -576,6 +583,160 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
         assert_eq!(orders, (1..=count).collect::<Vec<_>>(), "transaction {id} whole and in order");
     }
     assert!(transactions.values().any(|parts| parts.len() > 1), "some transactions have several events");
+}
+
+/// The same workload and oracle with the job on a cluster of three nodes: the node streaming it
+/// is SIGKILLed; then its successor is SIGSTOPped past its lease and woken once the third node
+/// owns the task. The woken node writes nothing more: Kafka's producer epoch (the task's
+/// transactional id is the same on every node) or NATS's claim in the task's checkpoint message
+/// fences it, so the stream holds every change once, in order.
+fn exactly_once_on_a_cluster(mut bus: Bus, prefix: &str) {
+    let database = unique_name(prefix);
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.counters (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, note VARCHAR(32));"
+    ));
+    let topic = format!("cdc.{database}.counters");
+    let workspace = Workspace::new();
+    let etcd = Etcd::start(1);
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", bus.address())];
+    let start = |index: usize| start_server(&workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment);
+    let mut cluster = Nodes {
+        nodes: (0..3).map(|index| Some(start(index))).collect(),
+        paused: None,
+        job: database.replace('_', "-"),
+    };
+    let job = format!(
+        "name: {}\nmode: cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n{}",
+        cluster.job,
+        bus.target().replace("${TARGET}", "${SLUICE_VAR_TARGET}")
+    );
+    let (status, body) = cluster.asking().call("POST", "/jobs", None, Some(("application/yaml", &job)));
+    assert_eq!(status, 201, "{body}");
+    // The job is planned at the source's position once its task runs and the stream exists.
+    wait_for("the stream task", Duration::from_secs(60), || cluster.owner().is_some() && bus.events(&topic).is_some());
+
+    let mut random = Random::from_environment(prefix);
+    let (mut expected, mut versions, mut exists) = (Expected::new(), BTreeMap::new(), BTreeMap::new());
+    let mut client = Client::start(&database);
+    let mut sent = 0;
+    let mut send = |client: &mut Client, random: &mut Random, expected: &mut Expected, transactions: usize| {
+        for sql in workload(random, 200, transactions, expected, &mut versions, &mut exists) {
+            client.send(&sql);
+        }
+        sent += transactions;
+    };
+    // Waits until the stream holds `count` events. A Kafka test broker that made nothing
+    // readable for 45 s is restarted (see `Bus::wait_for_events`), and so is the node streaming
+    // into it.
+    let progress = |bus: &mut Bus, cluster: &mut Nodes, what: &str, count: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(240);
+        let (mut seen, mut progressed) = (bus.count(&topic), std::time::Instant::now());
+        while seen < count {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{}", cluster.logs());
+            std::thread::sleep(Duration::from_millis(50));
+            let now = bus.count(&topic);
+            if now > seen {
+                (seen, progressed) = (now, std::time::Instant::now());
+            } else if progressed.elapsed() > Duration::from_secs(45) {
+                if let Bus::Kafka(broker) = bus {
+                    if let (true, Some((worker, _))) = (broker.restart_stalled(), cluster.owner()) {
+                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and {worker}");
+                        let index = cluster.index_of(&worker);
+                        cluster.nodes[index] = None;
+                        cluster.nodes[index] = Some(start(index));
+                    }
+                }
+                progressed = std::time::Instant::now();
+            }
+        }
+    };
+
+    // Every change sent so far, which the stream must come to hold.
+    let changes = |expected: &Expected| expected.values().map(Vec::len).sum::<usize>();
+
+    // The owner is SIGKILLed while it streams; another node takes the task over and streams
+    // what it left and what comes after.
+    send(&mut client, &mut random, &mut expected, 100);
+    progress(&mut bus, &mut cluster, "events before the kill", 1);
+    let (first, epoch) = cluster.owner().expect("an owner");
+    let killed = cluster.index_of(&first);
+    let mut node = cluster.nodes[killed].take().unwrap();
+    node.child.kill().unwrap();
+    node.child.wait().unwrap();
+    send(&mut client, &mut random, &mut expected, 100);
+    wait_for("the task to move after the kill", Duration::from_secs(60), || {
+        cluster.owner().is_some_and(|(worker, new)| worker != first && new > epoch)
+    });
+    progress(&mut bus, &mut cluster, "every change after the kill", changes(&expected));
+    cluster.nodes[killed] = Some(start(killed));
+
+    // The new owner is paused while it streams: the task moves past its lease to the third
+    // node, which streams everything, and the paused node wakes to find itself fenced.
+    let (second, epoch) = cluster.owner().expect("an owner");
+    let paused = cluster.index_of(&second);
+    send(&mut client, &mut random, &mut expected, 50);
+    signal(&cluster.nodes[paused].as_ref().unwrap().child, "STOP");
+    cluster.paused = Some(paused);
+    send(&mut client, &mut random, &mut expected, 100);
+    wait_for("the task to move past the paused node's lease", Duration::from_secs(60), || {
+        cluster.owner().is_some_and(|(worker, new)| worker != second && new > epoch)
+    });
+    progress(&mut bus, &mut cluster, "every change from the third owner", changes(&expected));
+    signal(&cluster.nodes[paused].as_ref().unwrap().child, "CONT");
+    cluster.paused = None;
+    wait_for("the woken node to stop its task", Duration::from_secs(60), || {
+        let output = cluster.nodes[paused].as_ref().unwrap().output();
+        output.contains("lease ended") || output.contains("FENCED")
+    });
+    send(&mut client, &mut random, &mut expected, 100);
+    client.finish();
+    progress(&mut bus, &mut cluster, "every change in the stream", changes(&expected));
+    assert_exactly_once_in_order(&bus, &topic, &expected, sent);
+}
+
+/// The nodes of a cluster test and the one it paused (asked nothing while paused).
+struct Nodes {
+    nodes: Vec<Option<Server>>,
+    paused: Option<usize>,
+    job: String,
+}
+
+impl Nodes {
+    fn asking(&self) -> &Server {
+        let live = self.nodes.iter().enumerate().filter(|(index, _)| Some(*index) != self.paused);
+        live.filter_map(|(_, node)| node.as_ref()).next().expect("a live node")
+    }
+
+    /// The stream task's owner and epoch while it runs.
+    fn owner(&self) -> Option<(String, u64)> {
+        let (_, job) = self.asking().call("GET", &format!("/jobs/{}", self.job), None, None);
+        let task = job["tasks"].as_array()?.iter().find(|task| task["kind"] == "cdc")?.clone();
+        if task["state"] != "running" {
+            return None;
+        }
+        Some((task["worker"].as_str()?.to_owned(), task["epoch"].as_u64()?))
+    }
+
+    fn index_of(&self, id: &str) -> usize {
+        self.nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == id)).expect("a known node")
+    }
+
+    fn logs(&self) -> String {
+        self.nodes.iter().flatten().map(|node| format!("--- {}\n{}", node.id, node.output())).collect()
+    }
+}
+
+#[test]
+fn every_change_reaches_nats_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
+    let _one_at_a_time = one_at_a_time();
+    exactly_once_on_a_cluster(Bus::Nats(NatsServer::start()), "cluster_nats");
+}
+
+#[cfg(feature = "kafka")]
+#[test]
+fn every_change_reaches_kafka_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
+    let _one_at_a_time = one_at_a_time();
+    exactly_once_on_a_cluster(Bus::Kafka(KafkaBroker::start()), "cluster_kafka");
 }
 
 #[test]
