@@ -202,6 +202,14 @@ struct ServerArguments {
     /// twice as big).
     #[arg(long, default_value_t = 1.0)]
     weight: f64,
+    /// The zone this node is in (a data centre, a region): jobs with `placement: {zone: …}` run
+    /// their tasks only on nodes of that zone.
+    #[arg(long)]
+    zone: Option<String>,
+    /// A label of this node, NAME=VALUE (repeatable): jobs with `placement: {labels: …}` run their
+    /// tasks only on nodes carrying every label they name.
+    #[arg(long = "label", value_name = "NAME=VALUE")]
+    labels: Vec<String>,
     /// Seconds a node may stay silent before its tasks move to other nodes.
     #[arg(long, default_value_t = 5)]
     lease_secs: u64,
@@ -307,6 +315,8 @@ fn server_options(arguments: ServerArguments) -> server::Options {
         state_dir: arguments.state_dir,
         capacity: arguments.capacity,
         weight: arguments.weight,
+        zone: arguments.zone,
+        labels: arguments.labels,
         lease_secs: arguments.lease_secs,
         tokens_file: arguments.tokens_file,
         open_metrics: arguments.open_metrics,

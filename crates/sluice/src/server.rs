@@ -2,6 +2,7 @@
 
 mod open_connections;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +33,9 @@ pub struct Options {
     pub state_dir: PathBuf,
     pub capacity: usize,
     pub weight: f64,
+    /// `--zone` and `--label NAME=VALUE`s, as given: checked at start.
+    pub zone: Option<String>,
+    pub labels: Vec<String>,
     pub lease_secs: u64,
     pub tokens_file: Option<PathBuf>,
     /// Global alarm rules that replace the cluster's when this node starts.
@@ -93,6 +97,7 @@ async fn run(options: Options) -> Result<()> {
     if options.capacity == 0 || options.lease_secs < 2 || !(options.weight > 0.0 && options.weight.is_finite()) {
         return Err(Error::config("--capacity must be at least 1, --weight above 0 and --lease-secs at least 2"));
     }
+    let (zone, labels) = placement_of(options.zone.as_deref(), &options.labels)?;
     crate::private_files::create_dir(&options.state_dir).map_err(|error| {
         Error::config(format!("--state-dir {}: cannot create it: {error}", options.state_dir.display()))
     })?;
@@ -133,6 +138,8 @@ async fn run(options: Options) -> Result<()> {
         address: format!("{scheme}://{}", options.listen),
         capacity: options.capacity,
         weight: options.weight,
+        zone,
+        labels,
         lease: Duration::from_secs(options.lease_secs),
         state_dir: options.state_dir.clone(),
         fencing: options.etcd.is_some(),
@@ -181,4 +188,47 @@ async fn run(options: Options) -> Result<()> {
     };
     let _ = running.await;
     served.map_err(|error| Error::config(format!("the API server failed: {error}")))
+}
+
+/// `--zone` and the `--label NAME=VALUE`s, checked: every problem in one error.
+fn placement_of(zone: Option<&str>, labels: &[String]) -> Result<(Option<String>, BTreeMap<String, String>)> {
+    use sluice_core::spec::is_placement_word;
+    let mut problems = Vec::new();
+    if let Some(zone) = zone.filter(|zone| !is_placement_word(zone)) {
+        problems.push(format!("--zone `{zone}`"));
+    }
+    let mut parsed = BTreeMap::new();
+    for label in labels {
+        match label.split_once('=') {
+            Some((name, value)) if is_placement_word(name) && is_placement_word(value) => {
+                parsed.insert(name.to_owned(), value.to_owned());
+            }
+            _ => problems.push(format!("--label `{label}`")),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(Error::config(format!(
+            "{}: a zone, a label's name and its value are 1 to 63 letters, digits, `-`, `_` or `.`; a label is NAME=VALUE",
+            problems.join(", ")
+        )));
+    }
+    Ok((zone.map(str::to_owned), parsed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zones_and_labels_are_checked_all_at_once() {
+        let (zone, labels) = placement_of(Some("east"), &["disk=ssd".into(), "rack=r1".into()]).unwrap();
+        assert_eq!(zone.as_deref(), Some("east"));
+        assert_eq!(labels.get("disk").map(String::as_str), Some("ssd"));
+        let error = placement_of(Some("east coast"), &["disk".into(), "ok=yes".into(), "a=b c".into()]).unwrap_err();
+        let message = error.to_string();
+        for named in ["--zone `east coast`", "--label `disk`", "--label `a=b c`"] {
+            assert!(message.contains(named), "{message}");
+        }
+        assert!(!message.contains("ok=yes"), "{message}");
+    }
 }

@@ -7,6 +7,7 @@ use super::alarm::{self, AlarmSpec};
 use super::cursor::{self, CursorSpec};
 use super::decode::{self, unset_variable, Decoder, Fields, SpecError, Variables};
 use super::document::{self, Node};
+use super::placement::{self, Placement};
 use super::schedule::{self, Dependency, ScheduleSpec};
 use super::transform::{self, RouteSpec, TransformSpec};
 use crate::error::Side;
@@ -37,6 +38,8 @@ pub struct JobSpec {
     /// `priority:` (0 to 1,000, default 0): when a cluster lacks room, the tasks of higher
     /// priorities are claimed first.
     pub priority: u32,
+    /// `placement:` (a cluster): the zone and labels a node needs to run the job's tasks.
+    pub placement: Placement,
     /// `alarms:`: rules a server evaluates against the job's figures.
     pub alarms: Vec<AlarmSpec>,
     /// `verify:`: the job's target compared with its source every so often.
@@ -296,6 +299,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "transform",
             "schedule",
             "priority",
+            "placement",
             "after",
             "alarms",
             "verify",
@@ -321,6 +325,10 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let priority = match fields.get("priority") {
         None => Some(0),
         Some(node) => decoder.unsigned(node, "priority", 1_000).map(|priority| priority as u32),
+    };
+    let placement = match fields.get("placement") {
+        None => Some(Placement::default()),
+        Some(node) => placement::decode_placement(decoder, node),
     };
     let alarms = match fields.get("alarms") {
         None => Some(Vec::new()),
@@ -366,6 +374,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         transforms,
         schedule: schedule?,
         priority: priority?,
+        placement: placement?,
         after: after?,
         alarms: alarms?,
         verify: verify?,
@@ -764,6 +773,24 @@ mod tests {
             ]
         );
         assert!(errors[0].message.contains("unknown field `extra`"), "{}", errors[0]);
+    }
+
+    #[test]
+    fn a_placement_names_a_zone_and_labels_and_every_bad_word_is_reported() {
+        let job = parse(&format!("{MINIMAL}placement: {{zone: east, labels: {{disk: ssd}}}}\n")).unwrap();
+        assert_eq!(job.placement.zone.as_deref(), Some("east"));
+        assert_eq!(job.placement.labels.get("disk").map(String::as_str), Some("ssd"));
+        assert!(parse(MINIMAL).unwrap().placement.is_any());
+        let errors = parse(&format!(
+            "{MINIMAL}placement: {{zone: east coast, labels: {{\"a b\": x, rack: \"\"}}, region: 1}}\n"
+        ))
+        .unwrap_err();
+        let paths: Vec<&str> = errors.iter().map(|error| error.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["placement.region", "placement.zone", "placement.labels.a b", "placement.labels.rack"],
+            "{errors:?}"
+        );
     }
 
     #[test]

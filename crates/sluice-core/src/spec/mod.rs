@@ -6,6 +6,7 @@ mod cursor;
 mod decode;
 mod document;
 mod job;
+mod placement;
 mod schedule;
 pub(crate) mod sql_text;
 mod transform;
@@ -18,5 +19,6 @@ pub use job::{
     parse_job, parse_job_partially, parse_job_with, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, RestartPolicy,
     RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
 };
+pub use placement::{is_placement_word, Placement};
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
 pub use transform::{EventKinds, MaskRule, MaskSpec, RouteSpec, TransformSpec};

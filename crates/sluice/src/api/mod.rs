@@ -163,8 +163,9 @@ fn validate(api: &Api, body: &[u8], headers: &HeaderMap) -> Result<(JobSpec, Str
                 path: "target.type".into(),
                 line: job.target.line_of("type"),
                 message: format!(
-                    "`{}` cannot run on a cluster: its writes cannot be fenced against a worker whose task moved; use mysql or postgres, or run the job standalone",
-                    job.target.connector
+                    "`{}` cannot run on a cluster: its writes cannot be fenced against a worker whose task moved; use a {} target, or run the job standalone",
+                    job.target.connector,
+                    sluice_connectors::fencing_targets()
                 ),
             });
         }
@@ -228,6 +229,7 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
         schedule: spec.schedule.clone(),
         after: spec.after.clone(),
         priority: spec.priority,
+        placement: spec.placement.clone(),
         batches: None,
         revision: 0,
     };
@@ -463,6 +465,7 @@ async fn update_job(State(api): Shared, Path(name): Path<String>, headers: Heade
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
+    job.placement = spec.placement.clone();
     job.after = spec.after;
     reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, document, format, "updated".into()).await?).into_response())
@@ -499,6 +502,7 @@ async fn rollback_job(State(api): Shared, Path(name): Path<String>, body: Bytes)
     job.mode = spec.mode.to_string();
     no_cycle(&api, &spec).await?;
     job.priority = spec.priority;
+    job.placement = spec.placement.clone();
     job.after = spec.after;
     reschedule(&mut job, spec.schedule);
     Ok(Json(next_version(&api, &mut job, old.document, old.format, format!("rollback to {version}")).await?)

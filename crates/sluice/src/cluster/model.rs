@@ -104,6 +104,9 @@ pub struct JobRecord {
     /// The version in force's `priority:`: when workers lack room, higher goes first.
     #[serde(default)]
     pub priority: u32,
+    /// The version in force's `placement:`: the nodes that may claim its tasks.
+    #[serde(default, skip_serializing_if = "sluice_core::spec::Placement::is_any")]
+    pub placement: sluice_core::spec::Placement,
     /// The batches a schedule fired, and when it fires next (set by the leader).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batches: Option<Batches>,
@@ -626,6 +629,11 @@ pub struct WorkerRecord {
     /// machine: 2.0); 1.0 by default.
     #[serde(default = "one")]
     pub weight: f64,
+    /// Its `--zone` and `--label`s, which a job's `placement:` may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
     /// `job/task` of the tasks it runs.
     pub tasks: Vec<String>,
     pub started_at: String,
@@ -663,6 +671,11 @@ pub fn may_claim_avoiding(me: &WorkerRecord, tasks: usize, others: &[WorkerRecor
     }
     let others: Vec<WorkerRecord> = others.iter().filter(|worker| !avoid.contains(&worker.id)).cloned().collect();
     may_claim(me, tasks, &others)
+}
+
+/// The workers whose zone and labels `placement` admits.
+pub fn admitted(placement: &sluice_core::spec::Placement, workers: &[WorkerRecord]) -> Vec<WorkerRecord> {
+    workers.iter().filter(|worker| placement.admits(worker.zone.as_deref(), &worker.labels)).cloned().collect()
 }
 
 /// Whether a live worker other than those in `avoid` has a free slot.
@@ -927,6 +940,8 @@ mod tests {
             address: String::new(),
             capacity,
             weight,
+            zone: None,
+            labels: Default::default(),
             tasks: (0..tasks).map(|task| format!("job/{task}")).collect(),
             started_at: String::new(),
             fence_refusals: 0,

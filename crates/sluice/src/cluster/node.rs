@@ -68,6 +68,9 @@ pub struct NodeConfig {
     pub capacity: usize,
     /// Its share of work relative to workers of the same capacity.
     pub weight: f64,
+    /// `--zone` and `--label`s: which jobs' `placement:` it may run.
+    pub zone: Option<String>,
+    pub labels: std::collections::BTreeMap<String, String>,
     /// The lease of its worker record and task ownerships.
     pub lease: Duration,
     pub state_dir: PathBuf,
@@ -301,6 +304,8 @@ impl Node {
             address: self.config.address.clone(),
             capacity: self.config.capacity,
             weight: self.config.weight,
+            zone: self.config.zone.clone(),
+            labels: self.config.labels.clone(),
             tasks: lock(&self.running).keys().cloned().collect(),
             started_at: self.started_at.clone(),
             fence_refusals: self.fence_refusals.load(std::sync::atomic::Ordering::Relaxed),

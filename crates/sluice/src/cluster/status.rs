@@ -85,6 +85,10 @@ pub struct TaskView {
     pub error: Option<ErrorView>,
     /// Times it was run again after a failure that may heal, in this generation.
     pub restarts: u32,
+    /// Why a pending task is not claimed, when the job's `placement:` is the reason: no live node
+    /// has its zone and labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
 }
 
 /// A job as `GET /jobs/{name}` shows it.
@@ -251,6 +255,16 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             .map(|(_, status, _)| status)
     };
     let now = sluice_core::clock::unix_seconds();
+    // With a `placement:` that no live node meets, a pending task says what it waits for.
+    let unplaced = if job.placement.is_any() {
+        None
+    } else {
+        let workers: Vec<WorkerRecord> =
+            load_all(store, &format!("{ROOT}workers/")).await?.into_iter().map(|(_, worker, _)| worker).collect();
+        admitted(&job.placement, &workers)
+            .is_empty()
+            .then(|| format!("a live node of {} (the job's placement:); none is up", job.placement))
+    };
     let mut tasks = Vec::new();
     let mut stats = JobStatsView {
         rows_read: 0,
@@ -301,6 +315,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             }
             restarts += status.restarts.total;
         }
+        let waiting_for = unplaced.clone().filter(|_| state == "pending");
         tasks.push(TaskView {
             id: task.id.clone(),
             kind: serde_name(&task.kind),
@@ -314,6 +329,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
             updated_at: status.map(|status| status.updated_at.clone()),
             error: status.and_then(|status| status.error.as_ref().map(ErrorView::from)),
             restarts: status.map_or(0, |status| status.restarts.total),
+            waiting_for,
         });
     }
     let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));

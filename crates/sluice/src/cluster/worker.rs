@@ -46,7 +46,8 @@ impl Node {
             else {
                 continue;
             };
-            if job.desired != Desired::Running {
+            // `placement:`: only nodes of its zone and labels claim its tasks.
+            if job.desired != Desired::Running || !job.placement.admits(me.zone.as_deref(), &me.labels) {
                 continue;
             }
             let status = |task: &str| {
@@ -80,9 +81,18 @@ impl Node {
             let key = owner_key(name, &task.id);
             // A task workers kept failing goes to another one while another has room.
             let restarting = status.filter(|status| status.state == TaskState::Restarting);
+            // Its load is weighed against the workers that may run it.
+            let placed: Vec<WorkerRecord>;
+            let workers = if job.placement.is_any() {
+                &view.workers
+            } else {
+                placed = admitted(&job.placement, &view.workers);
+                &placed
+            };
             let allowed = match restarting.filter(|status| !status.avoid.is_empty()) {
-                Some(status) => may_claim_avoiding(&me, tasks_here, &view.workers, &status.avoid),
-                None => free,
+                Some(status) => may_claim_avoiding(&me, tasks_here, workers, &status.avoid),
+                None if job.placement.is_any() => free,
+                None => may_claim(&me, tasks_here, workers),
             };
             if !allowed {
                 continue;

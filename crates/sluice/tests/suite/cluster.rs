@@ -802,3 +802,94 @@ fn dirty_records_of_two_nodes_are_one_list_and_one_budget() {
     let total: u64 = psql(&format!("SELECT count(*) FROM {database}.events")).trim().parse().unwrap();
     assert!(total >= ROWS - 1, "{total} rows");
 }
+
+/// `placement:` keeps a job on the nodes of its zone and labels. The stream runs on the one node
+/// of zone `east`; that node killed, the stream waits (and says for what) while a node of zone
+/// `west` with every other label idles beside it, and goes to the next `east` node that starts,
+/// which brings the target level with the source. A job asking for a label no node carries
+/// waits from the start.
+#[test]
+fn a_job_placed_in_a_zone_runs_only_on_its_nodes_and_waits_for_one() {
+    let database = unique_name("zoned");
+    create_tables(&database);
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", postgres_url())];
+    let node = |id: &str, zone: &str| {
+        let arguments = ["--etcd", etcd.endpoints.as_str(), "--zone", zone, "--label", "disk=ssd"];
+        support::cluster::start_server_with(&workspace, id, &arguments, &environment)
+    };
+    let west = node("west0", "west");
+    let east = node("east0", "east");
+    let job = |name: &str, namespace: &str, placement: &str| {
+        format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{SLUICE_VAR_TARGET}}\n  namespace: {namespace}\nplacement: {placement}\n"
+        )
+    };
+    let name = database.replace('_', "-");
+    let jobs = [
+        (name.clone(), database.clone(), "{zone: east, labels: {disk: ssd}}"),
+        (format!("{name}-hdd"), format!("{database}_hdd"), "{labels: {disk: hdd}}"),
+    ];
+    for (name, namespace, placement) in jobs {
+        let document = job(&name, &namespace, placement);
+        let (status, body) = west.call("POST", "/jobs", None, Some(("application/yaml", &document)));
+        assert_eq!(status, 201, "{body}");
+    }
+    let stream = |name: &str| {
+        let (_, job) = west.call("GET", &format!("/jobs/{name}"), None, None);
+        job["tasks"].as_array().and_then(|tasks| tasks.iter().find(|task| task["kind"] == "cdc").cloned())
+    };
+    let logs =
+        |nodes: &[&Server]| nodes.iter().map(|node| format!("--- {}\n{}", node.id, node.output())).collect::<String>();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !stream(&name).is_some_and(|task| task["state"] == "running" && task["worker"] == "east0") {
+        let (_, job) = west.call("GET", &format!("/jobs/{name}"), None, None);
+        assert!(Instant::now() < deadline, "the stream runs on the east node: {job:#}\n{}", logs(&[&west, &east]));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, job_view) = west.call("GET", &format!("/jobs/{name}"), None, None);
+    for task in job_view["tasks"].as_array().unwrap() {
+        assert_eq!(task["worker"], "east0", "every task of the job ran in its zone: {job_view:#}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, hdd) = west.call("GET", &format!("/jobs/{name}-hdd"), None, None);
+        let tasks = hdd["tasks"].as_array().cloned().unwrap_or_default();
+        let waiting = |task: &Value| task["waiting_for"].as_str().is_some_and(|why| why.contains("label disk=hdd"));
+        if !tasks.is_empty() && tasks.iter().all(|task| task["state"] == "pending" && waiting(task)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a job no node can run says so: {hdd:#}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    drop(east);
+    mariadb(&format!("INSERT INTO {database}.items VALUES (900001, 1, 'while east is down')"));
+    // Past the dead node's lease the stream is pending, and says it waits for its zone; the
+    // west node never takes it meanwhile.
+    wait_for("the stream to wait for its zone", Duration::from_secs(60), || {
+        let task = stream(&name).unwrap_or_default();
+        assert_ne!(task["worker"], "west0", "the stream ran outside its zone:\n{}", logs(&[&west]));
+        task["state"] == "pending" && task["waiting_for"].as_str().is_some_and(|why| why.contains("zone east"))
+    });
+    let east = node("east1", "east");
+    wait_for("the stream on the new east node", Duration::from_secs(60), || {
+        let task = stream(&name).unwrap_or_default();
+        assert_ne!(task["worker"], "west0", "the stream ran outside its zone:\n{}", logs(&[&west, &east]));
+        task["state"] == "running" && task["worker"] == "east1"
+    });
+    let source = source_position();
+    wait_for("the target to catch up", Duration::from_secs(60), || {
+        stream_position("postgres", &name).is_some_and(|at| at >= source)
+    });
+    for (table, columns) in [("items", &["id", "v", "note"][..]), ("accounts", &["id", "balance"][..])] {
+        let source = rows("mysql", &format!("{database}.{table}"), columns);
+        let target = rows("postgres", &format!("{database}.{table}"), columns);
+        assert_same(table, &source, &target);
+    }
+    drop((west, east));
+    mariadb(&format!("DROP DATABASE IF EXISTS {database}"));
+    psql(&format!("DROP SCHEMA IF EXISTS {database} CASCADE; DROP SCHEMA IF EXISTS {database}_hdd CASCADE"));
+}

@@ -606,7 +606,8 @@ function taskRows(tasks) {
     el('td', {class: 'num'}, count(task.rows_read)),
     el('td', {class: 'num'}, count(task.rows_written)),
     el('td', {class: 'num'}, dash(task.restarts)),
-    el('td', {class: 'error'}, errorText(task.error))));
+    // A pending task that no live node's zone and labels admit says what it waits for.
+    el('td', {class: 'error'}, task.waiting_for ? `waits for ${task.waiting_for}` : errorText(task.error))));
 }
 
 /** Run summaries (sluice-core's RunSummary), most recent first, each with its full JSON. */
