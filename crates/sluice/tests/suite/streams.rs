@@ -299,24 +299,96 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn mysql_to_kafka_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
     let _one_at_a_time = one_at_a_time();
-    // The whole pipeline once more on a fresh broker when the test broker itself stalled for good
-    // (an independent reader saw nothing new become readable while the load ran: tansu 0.6 at
-    // times keeps a transaction open across restarts). Every check holds for the run that ends.
-    if let Err(stalled) = split_across(Bus::Kafka(KafkaBroker::start()), "maxwell") {
+    split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Run));
+}
+
+/// The split pipeline with its consumer (Kafka → PostgreSQL) on a cluster of two nodes, the node
+/// applying it SIGKILLed again and again: the target's fence and checkpoints carry it over.
+#[cfg(feature = "kafka")]
+#[test]
+fn mysql_to_kafka_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
+    let _one_at_a_time = one_at_a_time();
+    split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Cluster));
+}
+
+/// Runs a Kafka split pipeline once more on a fresh broker when the test broker itself stalled
+/// for good (an independent reader saw nothing new become readable while the load ran: tansu 0.6
+/// at times keeps a transaction open across restarts). Every check holds for the run that ends.
+#[cfg(feature = "kafka")]
+fn split_twice(pipeline: impl Fn() -> Result<(), String>) {
+    if let Err(stalled) = pipeline() {
         eprintln!("{stalled}; the pipeline runs again on a fresh broker");
-        split_across(Bus::Kafka(KafkaBroker::start()), "maxwell").unwrap_or_else(|stalled| panic!("{stalled}, twice"));
+        pipeline().unwrap_or_else(|stalled| panic!("{stalled}, twice"));
     }
 }
 
 #[test]
 fn mysql_to_nats_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
     let _one_at_a_time = one_at_a_time();
-    split_across(Bus::Nats(NatsServer::start()), "debezium").unwrap();
+    split_across(Bus::Nats(NatsServer::start()), "debezium", Place::Run).unwrap();
+}
+
+#[test]
+fn mysql_to_nats_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
+    let _one_at_a_time = one_at_a_time();
+    split_across(Bus::Nats(NatsServer::start()), "debezium", Place::Cluster).unwrap();
+}
+
+/// Where the split pipeline's consumer runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Place {
+    /// `sluice run`, killed and run again.
+    Run,
+    /// A job of a cluster of two nodes; the node applying it is killed, and started again once
+    /// the other node took the job over.
+    Cluster,
+}
+
+/// The split pipeline's consumer, running.
+enum Consuming<'a> {
+    Run(support::Guard),
+    Cluster { nodes: Nodes, start: Box<dyn Fn(usize) -> Server + 'a> },
+}
+
+impl Consuming<'_> {
+    /// Kills the consumer: the process, or the node that applies the job (then waits until the
+    /// other node took it over and starts the killed one again).
+    fn kill(&mut self, again: impl FnOnce() -> support::Guard) {
+        match self {
+            Consuming::Run(child) => {
+                kill(child);
+                *child = again();
+            }
+            Consuming::Cluster { nodes, start } => {
+                let mut owner = None;
+                wait_for("the consumer's owner", Duration::from_secs(60), || {
+                    owner = nodes.owner();
+                    owner.is_some()
+                });
+                let (worker, epoch) = owner.unwrap();
+                let index = nodes.index_of(&worker);
+                let mut node = nodes.nodes[index].take().unwrap();
+                node.child.kill().unwrap();
+                node.child.wait().unwrap();
+                wait_for("the consumer to move", Duration::from_secs(60), || {
+                    nodes.owner().is_some_and(|(other, new)| other != worker && new > epoch)
+                });
+                nodes.nodes[index] = Some(start(index));
+            }
+        }
+    }
+
+    fn output(&self) -> String {
+        match self {
+            Consuming::Run(child) => child.stderr_text(),
+            Consuming::Cluster { nodes, .. } => nodes.logs(),
+        }
+    }
 }
 
 /// Runs the split pipeline; `Err` only when the Kafka test broker made nothing new readable to
 /// an independent reader for a minute, after its restarts, while the load ran.
-fn split_across(mut bus: Bus, format: &str) -> Result<(), String> {
+fn split_across(mut bus: Bus, format: &str, consumer_at: Place) -> Result<(), String> {
     use support::workload::{committed, create_tables, rows, ACCOUNTS};
 
     let database = unique_name("split");
@@ -359,12 +431,36 @@ fn split_across(mut bus: Bus, format: &str) -> Result<(), String> {
         Bus::Nats(server) => stream_info(server, "SPLIT").is_some_and(|messages| messages > 0),
     });
     let load = Load::start(&database, Random::from_environment("split"), 300);
-    let mut consuming = run(&consumer, "consumer-state");
+    let etcd = (consumer_at == Place::Cluster).then(|| Etcd::start(1));
+    let mut consuming = match &etcd {
+        None => Consuming::Run(run(&consumer, "consumer-state")),
+        Some(etcd) => {
+            let environment = [("SLUICE_VAR_TARGET", postgres_url()), ("SLUICE_VAR_BUS", address.clone())];
+            let workspace = &workspace;
+            let start = move |index: usize| {
+                start_server(workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment)
+            };
+            let nodes = Nodes {
+                nodes: (0..2).map(|index| Some(start(index))).collect(),
+                paused: None,
+                job: consumer_name.clone(),
+            };
+            let document = std::fs::read_to_string(&consumer)
+                .unwrap()
+                .replace("${TARGET}", "${SLUICE_VAR_TARGET}")
+                .replace("${BUS}", "${SLUICE_VAR_BUS}");
+            let (status, body) = nodes.asking().call("POST", "/jobs", None, Some(("application/yaml", &document)));
+            assert_eq!(status, 201, "{body}");
+            Consuming::Cluster { nodes, start: Box::new(start) }
+        }
+    };
+    // A node takes a few seconds to take a job over: fewer rounds on a cluster.
+    let rounds = if consumer_at == Place::Cluster { 3 } else { KILLS };
     // tansu 0.6's last stable offset at times stops moving under load, and then no
     // read_committed reader gets past it (see `one_at_a_time`): a stalled Kafka broker is
     // restarted, and the producer with it (its new session with the same transactional id ends
     // the transaction the broker still counts as open), faults the jobs have to take anyway.
-    for round in 0..KILLS {
+    for round in 0..rounds {
         let before = committed("postgres", &consumer_name);
         let started = std::time::Instant::now();
         let mut deadline = started + Duration::from_secs(90);
@@ -388,13 +484,12 @@ fn split_across(mut bus: Bus, format: &str) -> Result<(), String> {
             assert!(
                 std::time::Instant::now() < deadline,
                 "no rows in PostgreSQL after kill {round}; the consumer says:\n{}\nthe producer says:\n{}",
-                consuming.stderr_text(),
+                consuming.output(),
                 producing.stderr_text()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        kill(&mut consuming);
-        consuming = run(&consumer, "consumer-state");
+        consuming.kill(|| run(&consumer, "consumer-state"));
     }
     load.stop();
     let columns: [(&str, &[&str]); 2] = [("items", &["id", "v", "note"]), ("accounts", &["id", "balance"])];
@@ -431,12 +526,12 @@ fn split_across(mut bus: Bus, format: &str) -> Result<(), String> {
         assert!(
             std::time::Instant::now() < deadline,
             "timed out waiting for PostgreSQL equal to MySQL; the consumer says:\n{}\nthe producer says:\n{}",
-            consuming.stderr_text(),
+            consuming.output(),
             producing.stderr_text()
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    kill(&mut consuming);
+    drop(consuming);
     kill(&mut producing);
     for ((table, names), expected) in columns.iter().zip(&source) {
         support::workload::assert_same(table, expected, &rows("postgres", &format!("{database}.{table}"), names));
