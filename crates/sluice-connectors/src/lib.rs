@@ -1,8 +1,10 @@
 //! Sluice's connectors, one module per external system, each behind a cargo feature, and the
 //! registry: the one place that maps a job's `type` to a connector.
 
+pub mod blackhole;
 #[cfg(any(feature = "parquet", feature = "delta"))]
 mod columnar;
+mod declared;
 #[cfg(feature = "delta")]
 pub mod delta;
 #[cfg(feature = "file")]
@@ -10,6 +12,7 @@ pub mod directory;
 pub mod events;
 #[cfg(feature = "file")]
 pub mod file;
+pub mod generate;
 pub mod json;
 #[cfg(feature = "kafka")]
 pub mod kafka;
@@ -140,6 +143,8 @@ pub const CONNECTORS: &[&Connector] = &[
     #[cfg(feature = "tcp")]
     &tcp::connector::CONNECTOR,
     &stdout::CONNECTOR,
+    &generate::connector::CONNECTOR,
+    &blackhole::CONNECTOR,
     #[cfg(feature = "nats")]
     &nats::connector::CONNECTOR,
     #[cfg(feature = "kafka")]
@@ -162,6 +167,8 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("nats", "nats"),
     ("kafka", "kafka"),
     ("delta", "delta"),
+    ("generate", "default"),
+    ("blackhole", "default"),
 ];
 
 /// The connector types a job may name, for messages.
@@ -226,6 +233,12 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
                     ),
                 });
             }
+        }
+        if endpoint.options.contains_key("tables") && connector.name != generate::connector::CONNECTOR.name {
+            errors.push(endpoint.error(
+                "tables",
+                "expected a list of table names or globs; tables declared with their columns are the `generate` source's",
+            ));
         }
         if fields.contains(&"path") && endpoint.path.is_none() {
             errors.push(endpoint.error(

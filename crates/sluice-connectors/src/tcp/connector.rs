@@ -4,10 +4,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use sluice_core::connector::{Capabilities, Source};
-use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
-use sluice_core::{Column, Result, TableName, TableSchema};
+use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
+use sluice_core::{Result, TableName, TableSchema};
 
-use super::{column_type, TcpOptions, TcpSource};
+use super::{TcpOptions, TcpSource};
 use crate::events::{count_option, names_option, text_option};
 use crate::{Connector, SourceSide};
 
@@ -79,40 +79,20 @@ fn options(endpoint: &EndpointSpec) -> std::result::Result<TcpOptions, Vec<SpecE
     if table.is_none() {
         errors.push(endpoint.error("table", "missing required field `table` (the table every line is a row of)"));
     }
-    let mut columns = Vec::new();
-    match endpoint.options.get("columns").map(|node| &node.kind) {
-        Some(NodeKind::Mapping(entries)) if !entries.is_empty() => {
-            for (name, node) in entries {
-                let type_name = match &node.kind {
-                    NodeKind::Scalar { text, .. } => text.as_str(),
-                    _ => "",
-                };
-                match column_type(type_name) {
-                    Some(data_type) => columns.push(Column::new(name.clone(), data_type, true)),
-                    None => errors.push(SpecError {
-                        path: format!("{}.columns.{name}", endpoint.role),
-                        line: node.line,
-                        message: format!("unknown type `{type_name}`; expected boolean, integer, bigint, float, decimal, text, bytes, date, datetime, timestamp or json"),
-                    }),
-                }
-            }
-        }
-        _ => errors.push(endpoint.error(
-            "columns",
-            "missing required field `columns`: a mapping of column name to type, e.g. {id: bigint, name: text}",
-        )),
-    }
-    let mut primary_key = Vec::new();
+    let mut columns = crate::declared::declared_columns(
+        endpoint.options.get("columns"),
+        &endpoint.path_of("columns"),
+        endpoint.line,
+        &mut errors,
+    );
     let names = names_option(endpoint, "key").map_err(|error| errors.push(error)).unwrap_or_default();
-    for name in names {
-        match columns.iter().position(|column| column.name == name) {
-            Some(index) => {
-                columns[index].nullable = false;
-                primary_key.push(index);
-            }
-            None => errors.push(endpoint.error("key", format!("`{name}` is not one of `columns`"))),
-        }
-    }
+    let primary_key = crate::declared::declared_key(
+        &mut columns,
+        &names,
+        &endpoint.path_of("key"),
+        endpoint.line_of("key"),
+        &mut errors,
+    );
     let mut count = |field: &str, default: u64| {
         match count_option(endpoint, field, default) {
             Ok(0) => errors.push(endpoint.error(field, "must be at least 1")),

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::change::Change;
 use sluice_core::connector::{ChangeSource, ChangeStream, CheckItem, Source, StreamEvent};
 use sluice_core::secret::Secret;
-use sluice_core::{DataType, Error, ErrorKind, Position, Result, Row, Side, TableSchema};
+use sluice_core::{Error, ErrorKind, Position, Result, Row, Side, TableSchema};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -44,24 +44,6 @@ const LINES_PER_TRANSACTION: usize = 5_000;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// A column type by the name `columns` gives it.
-pub fn column_type(name: &str) -> Option<DataType> {
-    Some(match name.to_ascii_lowercase().as_str() {
-        "boolean" | "bool" => DataType::Boolean,
-        "integer" | "int" => DataType::Integer { bytes: 4, unsigned: false },
-        "bigint" | "long" => DataType::Integer { bytes: 8, unsigned: false },
-        "float" | "double" => DataType::Float64,
-        "decimal" | "numeric" => DataType::Decimal { precision: None, scale: None },
-        "text" | "string" => DataType::Text { length: None, fixed: false },
-        "bytes" => DataType::Bytes { length: None, fixed: false },
-        "date" => DataType::Date,
-        "datetime" => DataType::DateTime { precision: 6 },
-        "timestamp" => DataType::Timestamp { precision: 6 },
-        "json" => DataType::Json,
-        _ => return None,
-    })
-}
 
 /// A `tcp` source's options.
 #[derive(Debug, Clone)]

@@ -544,7 +544,9 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<End
         Secret::new(url)
     });
     let path = fields.get("path").and_then(|node| decoder.string(node, &fields.path("path")));
+    // A list of table declarations (mappings: the `generate` source's) is the connector's to read.
     let tables = match fields.get("tables") {
+        Some(node) if declares_tables(node) => Vec::new(),
         Some(node) => decoder.string_list(node, &fields.path("tables"))?,
         None => Vec::new(),
     };
@@ -570,7 +572,10 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<End
     let cursor = cursor::decode_cursor(decoder, &fields);
     let options = entries
         .iter()
-        .filter(|(key, value)| !ENDPOINT_FIELDS.contains(&key.as_str()) && !value.is_null())
+        .filter(|(key, value)| {
+            (!ENDPOINT_FIELDS.contains(&key.as_str()) || (key == "tables" && declares_tables(value)))
+                && !value.is_null()
+        })
         .map(|(key, value)| (key.clone(), decoder.substituted(value, &fields.path(key))))
         .collect();
     Some(EndpointSpec {
@@ -586,6 +591,11 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<End
         options,
         line: node.line,
     })
+}
+
+/// Whether `tables:` declares tables (a list holding mappings) instead of naming them.
+fn declares_tables(node: &Node) -> bool {
+    matches!(&node.kind, document::NodeKind::Sequence(items) if items.iter().any(|item| matches!(item.kind, document::NodeKind::Mapping(_))))
 }
 
 /// Registers the password part of a connection URL so no message can leak it, even one a driver

@@ -267,6 +267,7 @@ async fn list_jobs(State(api): Shared) -> Reply {
             rows_per_sec: view.stats.rows_per_sec,
             lag_secs: view.stats.lag_secs,
             error: view.error,
+            stats: view.stats,
         });
     }
     Ok(Json(listed).into_response())

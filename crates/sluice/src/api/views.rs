@@ -20,6 +20,8 @@ pub struct JobSummary {
     pub lag_secs: Option<u64>,
     /// The last error, with its side.
     pub error: Option<ErrorView>,
+    /// Its counters, as `GET /jobs/{name}` shows them: one request shows every job's progress.
+    pub stats: JobStatsView,
 }
 
 /// A job made or given a new version.

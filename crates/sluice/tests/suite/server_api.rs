@@ -65,11 +65,13 @@ fn a_job_submitted_through_the_api_runs_and_its_versions_roll_back() {
         "{job:#}"
     );
     let (_, listed) = server.call("GET", "/jobs", Some(READ), None);
+    // Each line carries the job's counters, as the job's own view shows them.
     assert_eq!(
         listed,
         serde_json::json!([{ "name": "copy", "state": "succeeded", "version": 1, "mode": "snapshot", "phase": null,
-            "rows_per_sec": 0.0, "lag_secs": null, "error": null }])
+            "rows_per_sec": 0.0, "lag_secs": null, "error": null, "stats": job["stats"] }])
     );
+    assert_eq!(listed[0]["stats"]["rows_written"], source_rows, "{listed:#}");
     let (_, runs) = server.call("GET", "/jobs/copy/runs", Some(READ), None);
     assert_eq!(
         runs.as_array().unwrap().iter().map(|run| run["rows_written"].as_u64().unwrap()).sum::<u64>(),
