@@ -321,6 +321,15 @@ pub trait ChangeSource: Send + Sync {
         Ok(None)
     }
 
+    /// The change log the source keeps for this job alone, in bytes, read or not: a PostgreSQL
+    /// replication slot's WAL from its restart position to the server's current one. `None` for
+    /// a source that keeps nothing for one job (a binlog is kept for every reader alike), or when
+    /// what it would keep is gone. A server asks it of stopped jobs, which hold it until they run
+    /// again or are reset.
+    async fn held_log(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
+
     /// The position a `cdc` job names to start from (`source.start_position`), if any. Without
     /// one, a job starts from the position captured when it was first planned.
     async fn start_position(&self) -> Result<Option<Position>> {

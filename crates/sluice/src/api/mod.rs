@@ -571,6 +571,7 @@ async fn delete_job(State(api): Shared, Path(name): Path<String>) -> Reply {
         store.delete_prefix(&prefix).await?;
     }
     store.delete(&verification_key(&name)).await?;
+    store.delete(&crate::cluster::held_log::held_log_key(&name)).await?;
     store.delete_prefix(&crate::cluster::model::repairs_prefix(&name)).await?;
     store.delete(&plan_key(&name)).await?;
     store.delete_prefix(&plan_pieces_prefix(&name)).await?;

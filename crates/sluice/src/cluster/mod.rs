@@ -3,6 +3,7 @@
 
 pub mod dirty;
 pub mod etcd;
+pub mod held_log;
 mod leader;
 pub mod model;
 pub mod node;

@@ -108,6 +108,10 @@ pub struct Node {
     /// Whether scheduled verifications (as leader) are under way, and when the last round began.
     verifying: Arc<std::sync::atomic::AtomicBool>,
     last_verify_check: Mutex<Option<Instant>>,
+    /// Whether a measure of what stopped jobs' sources hold (as leader) is under way, and when
+    /// the last began.
+    measuring: Arc<std::sync::atomic::AtomicBool>,
+    last_held_log: Mutex<Option<Instant>>,
     /// Each job version's `verify:` and the scheduled verifications that failed lately.
     verify_schedules: Arc<super::verification::Schedules>,
     /// Sends alarm notifications.
@@ -162,6 +166,8 @@ impl Node {
             last_alarms: Mutex::new(None),
             verifying: Default::default(),
             last_verify_check: Mutex::new(None),
+            measuring: Default::default(),
+            last_held_log: Mutex::new(None),
             verify_schedules: Default::default(),
             webhooks: webhook_client()?,
             alarm_rules: Default::default(),
@@ -333,6 +339,7 @@ impl Node {
             let guard = Guard { key: LEADER.to_owned(), create_revision: revision };
             self.evaluate_alarms(&guard);
             self.verify_on_schedule();
+            self.measure_held_logs();
             self.lead(&view, guard);
         }
         self.stop_what_moved(&view);
@@ -357,6 +364,27 @@ impl Node {
                 log::warn!("alarms: cannot evaluate them now: {error}");
             }
             drop(evaluating);
+        });
+    }
+
+    /// As leader: every `HELD_LOG_EVERY`, measures what the sources of stopped stream jobs hold
+    /// for them (`held_log::measure`), one round at a time.
+    fn measure_held_logs(&self) {
+        use std::sync::atomic::Ordering;
+        let mut last = lock(&self.last_held_log);
+        if last.is_some_and(|last| last.elapsed() < super::held_log::HELD_LOG_EVERY)
+            || self.measuring.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        *last = Some(Instant::now());
+        let (store, document_rules) = (self.store.clone(), self.config.document_rules.clone());
+        let measuring = Evaluating(self.measuring.clone());
+        tokio::spawn(async move {
+            if let Err(error) = super::held_log::measure(&*store, &document_rules).await {
+                log::warn!("what stopped jobs' sources hold: cannot measure it now: {error}");
+            }
+            drop(measuring);
         });
     }
 

@@ -491,8 +491,10 @@ fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookbac
     assert_eq!(run("third.json"), 15, "nothing changed: only the lookback window again");
 }
 
+/// A stopped job's slot keeps the WAL written meanwhile: the job's view (and its console page)
+/// shows how much; running again, the figure goes. Deleted, the job's slot goes too.
 #[test]
-fn a_job_deleted_from_a_server_drops_its_slot_once_its_reader_ends() {
+fn a_stopped_job_shows_the_wal_its_slot_holds_and_a_deleted_one_drops_its_slot() {
     let source = SourceDatabase::create("pgdelete");
     let schema = source.name.clone();
     source.sql(&format!(
@@ -518,6 +520,18 @@ fn a_job_deleted_from_a_server_drops_its_slot_once_its_reader_ends() {
     support::wait_for("the job's stream to read its slot", Duration::from_secs(60), || {
         source.sql(&active).trim() == "1"
     });
+    let held = || server.call("GET", &format!("/jobs/{name}"), Some(admin), None).1["held_log"].clone();
+    assert!(held().is_null(), "a running job's slot is read: {}", held());
+    assert_eq!(server.call("POST", &format!("/jobs/{name}/stop"), Some(admin), None).0, 200);
+    support::wait_for("the stream to let go of its slot", Duration::from_secs(60), || {
+        source.sql(&active).trim() == "0"
+    });
+    source.sql(&format!("INSERT INTO {schema}.t SELECT generate_series(2, 20001)"));
+    support::wait_for("the view to show the WAL the slot holds", Duration::from_secs(60), || {
+        held()["bytes"].as_u64().is_some_and(|bytes| bytes > 100_000)
+    });
+    assert_eq!(server.call("POST", &format!("/jobs/{name}/start"), Some(admin), None).0, 200);
+    support::wait_for("the figure to go once the job runs", Duration::from_secs(60), || held().is_null());
     assert_eq!(server.call("DELETE", &format!("/jobs/{name}"), Some(admin), None).0, 204);
     support::wait_for("the slot to be dropped", Duration::from_secs(60), || source.slots().is_empty());
     assert_eq!(source.sql(&format!("SELECT count(*) FROM pg_publication WHERE pubname = '{slot}'")).trim(), "0");

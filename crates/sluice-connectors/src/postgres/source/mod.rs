@@ -552,6 +552,11 @@ impl ChangeSource for PostgresSource {
     /// The WAL past the stream's checkpoint, and how much more the server keeps for the slot
     /// before `max_slot_wal_keep_size` lets it go (unlimited when that is unset), in WAL
     /// segments.
+    async fn held_log(&self) -> Result<Option<u64>> {
+        let client = self.connection().await?;
+        self.replication.held_bytes(&client, &self.server).await
+    }
+
     async fn log_backlog(&self, position: &Position) -> Result<Option<LogBacklog>> {
         let Some(at) = position_lsn(position) else { return Ok(None) };
         let client = self.connection().await?;

@@ -127,6 +127,19 @@ impl Replication {
         Ok(items)
     }
 
+    /// The WAL the slot holds, from its restart position to the server's current one; `None`
+    /// when there is no such slot.
+    pub(super) async fn held_bytes(&self, client: &Client, server: &str) -> Result<Option<u64>> {
+        let row = client
+            .query_opt(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::float8 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the replication slot"))?;
+        Ok(row.and_then(|row| row.get::<_, Option<f64>>(0)).map(|bytes| bytes.max(0.0) as u64))
+    }
+
     /// The slot's line of `sluice check`: the WAL it holds, and whether a job reads it now (a
     /// slot no one reads keeps the server's WAL growing).
     async fn held_wal(&self, client: &Client, server: &str) -> Result<CheckItem> {

@@ -574,6 +574,12 @@ function showJobSummary(job, ui) {
   replace(ui.notes,
     job.backfill && job.backfill.length
       ? el('p', {class: 'callout'}, `Copying added tables: ${job.backfill.join(', ')}`) : null,
+    // A stopped stream job whose source keeps its log meanwhile (a PostgreSQL slot's WAL).
+    job.held_log
+      ? el('p', {id: 'held-log', class: 'callout error'},
+        `Stopped, and its source holds ${(job.held_log.bytes / 1048576).toFixed(1)} MiB of change log for it ` +
+        `(a replication slot), growing until the job runs again or is reset (measured ${job.held_log.at}).`)
+      : null,
     scheduleBlock(job.schedule));
 }
 
