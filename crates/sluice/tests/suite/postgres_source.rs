@@ -319,7 +319,7 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
     );
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
-    const ROWS: u32 = 200_000;
+    const ROWS: u32 = 1_000_000;
     source.sql(&format!(
         "BEGIN; INSERT INTO {schema}.t SELECT g, 'rolled back ' || g FROM generate_series(1, {ROWS}) g; ROLLBACK;
          BEGIN; INSERT INTO {schema}.t SELECT g, 'kept ' || g FROM generate_series(1, {ROWS}) g; UPDATE {schema}.t SET v = v || '!' WHERE id % 2 = 0; COMMIT;"
