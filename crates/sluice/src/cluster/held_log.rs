@@ -1,8 +1,9 @@
 //! What the sources of stopped stream jobs keep for them alone: a PostgreSQL replication slot
 //! holds the server's WAL from where its job stopped until the job runs again or is reset, and a
 //! forgotten one fills the server's disk. The leader measures it every `HELD_LOG_EVERY` for each
-//! stopped job (`ChangeSource::held_log`), keeps the figure for the job's view and the console,
-//! and warns in the log once it passes `HELD_LOG_WARNING_BYTES`.
+//! stream job that nobody reads (stopped, or its stream failed for good: `ChangeSource::held_log`),
+//! keeps the figure for the job's view and the console, and warns in the log once it passes
+//! `HELD_LOG_WARNING_BYTES`.
 
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use sluice_core::Result;
 use utoipa::ToSchema;
 
-use super::model::{load_all, load_spec, Desired, JobRecord, ROOT};
+use super::model::{load_all, load_spec, statuses_prefix, Desired, JobRecord, TaskState, TaskStatus, ROOT};
 use super::store::Store;
 use crate::job_text::DocumentRules;
 use crate::logger::timestamp;
@@ -33,17 +34,23 @@ pub fn held_log_key(job: &str) -> String {
     format!("{ROOT}held_logs/{job}")
 }
 
-/// Measures what the source of each stopped stream job holds for it, and forgets the figure of
-/// every other job (it runs, so its stream reads the log, or it is gone).
+/// Measures what the source of each unread stream job holds for it, and forgets the figure of
+/// every other job (its stream reads the log, or it is gone).
 pub async fn measure(store: &dyn Store, document_rules: &DocumentRules) -> Result<()> {
     let jobs: Vec<(String, JobRecord, _)> = load_all(store, &format!("{ROOT}jobs/")).await?;
+    let mut unread = Vec::new();
+    for (name, job, _) in jobs {
+        if unread_stream(store, &job).await? {
+            unread.push((name, job));
+        }
+    }
     let measured: Vec<(String, HeldLog, _)> = load_all(store, &format!("{ROOT}held_logs/")).await?;
     for (name, _, _) in &measured {
-        if !jobs.iter().any(|(job, record, _)| job == name && stopped_stream(record)) {
+        if !unread.iter().any(|(job, _)| job == name) {
             store.delete(&held_log_key(name)).await?;
         }
     }
-    for (name, job, _) in jobs.iter().filter(|(_, job, _)| stopped_stream(job)) {
+    for (name, job) in &unread {
         match held_by_source(store, document_rules, job).await {
             Ok(Some(bytes)) => {
                 if bytes >= HELD_LOG_WARNING_BYTES {
@@ -62,8 +69,21 @@ pub async fn measure(store: &dyn Store, document_rules: &DocumentRules) -> Resul
     Ok(())
 }
 
-fn stopped_stream(job: &JobRecord) -> bool {
-    job.desired == Desired::Stopped && job.mode.contains("cdc")
+/// A stream job whose stream reads nothing: stopped, or its stream task failed for good in the
+/// job's generation.
+async fn unread_stream(store: &dyn Store, job: &JobRecord) -> Result<bool> {
+    if !job.mode.contains("cdc") {
+        return Ok(false);
+    }
+    if job.desired == Desired::Stopped {
+        return Ok(true);
+    }
+    let statuses: Vec<(String, TaskStatus, _)> = load_all(store, &statuses_prefix(&job.name)).await?;
+    Ok(statuses.iter().any(|(task, status, _)| {
+        task == sluice_core::names::STREAM_TASK
+            && status.generation == job.generation
+            && status.state == TaskState::Failed
+    }))
 }
 
 async fn held_by_source(store: &dyn Store, document_rules: &DocumentRules, job: &JobRecord) -> Result<Option<u64>> {

@@ -367,7 +367,7 @@ impl Node {
         });
     }
 
-    /// As leader: every `HELD_LOG_EVERY`, measures what the sources of stopped stream jobs hold
+    /// As leader: every `HELD_LOG_EVERY`, measures what the sources of unread stream jobs hold
     /// for them (`held_log::measure`), one round at a time.
     fn measure_held_logs(&self) {
         use std::sync::atomic::Ordering;

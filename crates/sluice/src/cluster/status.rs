@@ -114,8 +114,8 @@ pub struct JobView {
     pub backfill: Option<Vec<String>>,
     /// Its schedule and batches, for a job with `schedule:`.
     pub schedule: Option<ScheduleView>,
-    /// A stopped stream job: the change log its source keeps for it meanwhile (a PostgreSQL
-    /// replication slot's WAL), as the leader last measured it.
+    /// A stream job stopped or failed: the change log its source keeps for it meanwhile (a
+    /// PostgreSQL replication slot's WAL), as the leader last measured it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_log: Option<super::held_log::HeldLog>,
     pub updated_at: String,
@@ -361,11 +361,13 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         restarts,
         backfill: job.backfill.as_ref().map(|backfill| backfill.tables.clone()),
         schedule: schedule_view(job, state),
-        held_log: match job.desired {
-            Desired::Stopped => load::<super::held_log::HeldLog>(store, &super::held_log::held_log_key(&job.name))
-                .await?
-                .map(|(held, _)| held),
-            Desired::Running => None,
+        held_log: match state {
+            JobState::Stopped | JobState::Failed => {
+                load::<super::held_log::HeldLog>(store, &super::held_log::held_log_key(&job.name))
+                    .await?
+                    .map(|(held, _)| held)
+            }
+            _ => None,
         },
         updated_at: job.updated_at.clone(),
     })
