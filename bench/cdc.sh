@@ -109,7 +109,8 @@ if [[ -z "$sluice" ]]; then
   sluice=$PWD/target/release/sluice
 fi
 sluice=$(realpath "$sluice")
-clk_tck=$(getconf CLK_TCK)
+# shellcheck source=bench/measure.sh
+source bench/measure.sh
 
 base=$(mktemp -d /dev/shm/sluice-cdc.XXXXXX)
 chmod 755 "$base"
@@ -137,41 +138,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# descendants PID: every descendant's pid, depth first.
-descendants() {
-  local child
-  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do
-    echo "$child"
-    descendants "$child"
-  done
-}
 kill_tree() {
   local pids
   pids=$(descendants "$1")
   # shellcheck disable=SC2086
   kill -"$2" "$1" $pids 2>/dev/null || true
 }
-# tree_cpu PID: CPU seconds (user+sys, reaped children included) of PID and its live descendants.
-tree_cpu() {
-  local pid ticks=0 stat fields
-  for pid in "$1" $(descendants "$1"); do
-    { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || continue
-    read -ra fields <<<"${stat##*) }"
-    ticks=$((ticks + fields[11] + fields[12] + fields[13] + fields[14]))
-  done
-  awk "BEGIN{printf \"%.2f\", $ticks / $clk_tck}"
-}
-# tree_rss_kb PID: the sum of VmHWM (peak RSS) of PID and its live descendants.
-tree_rss_kb() {
-  local pid total=0 hwm
-  for pid in "$1" $(descendants "$1"); do
-    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-    total=$((total + ${hwm:-0}))
-  done
-  echo "$total"
-}
-now() { date +%s.%N; }
-elapsed() { awk "BEGIN{printf \"%.2f\", $(now) - $1}"; }
 
 # start_server ENGINE NAME: starts a server in $base/NAME (registered for cleanup first); sets url.
 start_server() {
@@ -217,7 +189,6 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 results="$out/cdc-$stamp.jsonl"
 : >"$results"
 emit() { echo "$1" >>"$results"; }
-json_str() { tr -d '"\\' <<<"$1" | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/ *$//' | cut -c1-200; }
 
 # checksum SERVER: per table "count sum(k) sum(md5 prefix of c)" of the source or a target.
 checksum() {

@@ -97,7 +97,8 @@ if [[ -z "$sluice" ]]; then
   sluice=${CARGO_TARGET_DIR:-$PWD/target}/release/sluice
 fi
 sluice=$(realpath "$sluice")
-clk_tck=$(getconf CLK_TCK)
+# shellcheck source=bench/measure.sh
+source bench/measure.sh
 
 base=$(mktemp -d /dev/shm/sluice-pgbench.XXXXXX)
 chmod 755 "$base"
@@ -117,33 +118,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# descendants PID: every descendant's pid, depth first.
-descendants() {
-  local child
-  for child in $(cat /proc/"$1"/task/*/children 2>/dev/null); do echo "$child"; descendants "$child"; done
-}
-# tree_cpu PID: CPU seconds (user+sys, reaped children included) of PID and its live descendants.
-tree_cpu() {
-  local pid ticks=0 stat fields
-  for pid in "$1" $(descendants "$1"); do
-    { read -r stat <"/proc/$pid/stat"; } 2>/dev/null || continue
-    read -ra fields <<<"${stat##*) }"
-    ticks=$((ticks + fields[11] + fields[12] + fields[13] + fields[14]))
-  done
-  awk "BEGIN{printf \"%.2f\", $ticks / $clk_tck}"
-}
-tree_rss_kb() {
-  local pid total=0 hwm
-  for pid in "$1" $(descendants "$1"); do
-    hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
-    total=$((total + ${hwm:-0}))
-  done
-  echo "$total"
-}
-now() { date +%s.%N; }
-elapsed() { awk "BEGIN{printf \"%.2f\", $(now) - $1}"; }
-sub() { awk "BEGIN{printf \"%.2f\", $1 - $2}"; }
-json_str() { tr -d '"\\' <<<"$1" | tr '\n' ' ' | sed 's/\x1b\[[0-9;]*m//g; s/ *$//' | cut -c1-200; }
 
 log "starting servers in $base"
 for server in src dst native; do

@@ -1,4 +1,4 @@
-//! What the sources of stopped stream jobs keep for them alone: a PostgreSQL replication slot
+//! What the sources of stream jobs nobody reads keep for them alone: a PostgreSQL replication slot
 //! holds the server's WAL from where its job stopped until the job runs again or is reset, and a
 //! forgotten one fills the server's disk. The leader measures it every `HELD_LOG_EVERY` for each
 //! stream job that nobody reads (stopped, or its stream failed for good: `ChangeSource::held_log`),
@@ -16,13 +16,13 @@ use super::store::Store;
 use crate::job_text::DocumentRules;
 use crate::logger::timestamp;
 
-/// How often the leader measures what stopped jobs' sources hold.
+/// How often the leader measures what unread jobs' sources hold.
 pub const HELD_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// From this size on, each measure of a stopped job's held log is also a warning in the log.
+/// From this size on, each measure of an unread job's held log is also a warning in the log.
 const HELD_LOG_WARNING_BYTES: u64 = 1 << 30;
 
-/// The change log a stopped job's source keeps for it, as last measured.
+/// The change log an unread job's source keeps for it, as last measured.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HeldLog {
     pub bytes: u64,
@@ -55,7 +55,7 @@ pub async fn measure(store: &dyn Store, document_rules: &DocumentRules) -> Resul
             Ok(Some(bytes)) => {
                 if bytes >= HELD_LOG_WARNING_BYTES {
                     log::warn!(
-                        "job {name} is stopped and its source holds {:.1} MiB of change log for it (a replication slot), which grows until the job runs again or is reset",
+                        "job {name} does not run and its source holds {:.1} MiB of change log for it (a replication slot), which grows until the job runs again or is reset",
                         bytes as f64 / (1u64 << 20) as f64
                     );
                 }
