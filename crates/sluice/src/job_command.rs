@@ -452,6 +452,14 @@ fn print_job(job: &Value) {
         let parts: Vec<String> = stats.iter().map(|(name, value)| format!("{name} {}", cell(Some(value)))).collect();
         out!("{:<12} {}", "stats:", parts.join(", "));
     }
+    if let Some(held) = job.get("held_log").filter(|held| !held.is_null()) {
+        out!(
+            "{:<12} its source holds {:.1} MiB of change log for it (a replication slot) until it runs again or is reset; measured {}",
+            "warning:",
+            held["bytes"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64,
+            cell(held.get("at"))
+        );
+    }
     if let Some(schedule) = job.get("schedule").filter(|schedule| !schedule.is_null()) {
         out!(
             "{:<12} {}; batch {}; next {}{}",
@@ -464,7 +472,12 @@ fn print_job(job: &Value) {
     }
     if let Some(tasks) = job.get("tasks").and_then(Value::as_array).filter(|tasks| !tasks.is_empty()) {
         out!("");
-        print_table(&["id", "kind", "state", "worker", "rows_written", "lag_secs", "error"], Some(tasks));
+        let mut columns = vec!["id", "kind", "state", "worker", "rows_written", "lag_secs", "error"];
+        // A job whose `placement:` no live node meets: what its tasks wait for.
+        if tasks.iter().any(|task| task.get("waiting_for").is_some_and(|why| !why.is_null())) {
+            columns.push("waiting_for");
+        }
+        print_table(&columns, Some(tasks));
     }
     if let Some(history) =
         job.pointer("/schedule/history").and_then(Value::as_array).filter(|history| !history.is_empty())

@@ -530,6 +530,8 @@ fn a_stopped_job_shows_the_wal_its_slot_holds_and_a_deleted_one_drops_its_slot()
     support::wait_for("the view to show the WAL the slot holds", Duration::from_secs(60), || {
         held()["bytes"].as_u64().is_some_and(|bytes| bytes > 100_000)
     });
+    let shown = workspace.sluice(&["job", "show", &name, "--server", &server.url, "--token", admin]);
+    assert!(shown.stdout.contains("warning:") && shown.stdout.contains("MiB of change log"), "{}", shown.all());
     assert_eq!(server.call("POST", &format!("/jobs/{name}/start"), Some(admin), None).0, 200);
     support::wait_for("the figure to go once the job runs", Duration::from_secs(60), || held().is_null());
     assert_eq!(server.call("DELETE", &format!("/jobs/{name}"), Some(admin), None).0, 204);
