@@ -175,7 +175,8 @@ impl Bus {
     /// moving under load (see `one_at_a_time`), and then no read_committed reader gets past it:
     /// a Kafka broker that made nothing new readable for 45 s is restarted, and the run with it
     /// (`start` runs the job again), so its producer starts afresh and ends what the broker
-    /// still holds open: faults the job has to take anyway.
+    /// still holds open: faults the job has to take anyway. `Err` when it stalled again after
+    /// its last allowed restart (the caller runs its scenario again on a fresh broker).
     fn wait_for_events(
         &mut self,
         child: &mut support::Guard,
@@ -183,7 +184,7 @@ impl Bus {
         what: &str,
         topic: &str,
         count: usize,
-    ) {
+    ) -> Result<(), String> {
         let mut seen = self.count(topic);
         let mut progressed = std::time::Instant::now();
         let deadline = std::time::Instant::now() + Duration::from_secs(240);
@@ -199,15 +200,19 @@ impl Bus {
                 (seen, progressed) = (now, std::time::Instant::now());
             } else if progressed.elapsed() > Duration::from_secs(45) {
                 if let Bus::Kafka(broker) = self {
-                    if broker.restart_stalled() {
-                        eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and the run");
-                        kill(child);
-                        *child = start();
+                    if !broker.restart_stalled() {
+                        return Err(format!(
+                            "{what}: the test broker made nothing readable for 45 s after its restarts"
+                        ));
                     }
+                    eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and the run");
+                    kill(child);
+                    *child = start();
                 }
                 progressed = std::time::Instant::now();
             }
         }
+        Ok(())
     }
 
     /// How many events are in the stream now (0 before it exists).
@@ -268,7 +273,7 @@ fn maxwell(destination: &str, key: &str, event: &serde_json::Value) -> Seen {
 #[test]
 fn every_change_reaches_nats_exactly_once_in_order_across_kills_and_broker_restarts() {
     let _one_at_a_time = one_at_a_time();
-    exactly_once_across_faults(Bus::Nats(NatsServer::start()), "streams", BROKER_RESTARTS);
+    exactly_once_across_faults(Bus::Nats(NatsServer::start()), "streams", BROKER_RESTARTS).unwrap();
 }
 
 #[cfg(feature = "kafka")]
@@ -278,7 +283,7 @@ fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_broker_rest
     // One broker restart only: the test broker (tansu 0.6 on an S3 store) itself loses a
     // partition after a second or third restart under load (an independent reader cannot read
     // it to its end either), whatever wrote to it.
-    exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1);
+    split_twice(|| exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1));
 }
 
 /// The broker tests of this file run one after the other. Run beside the others on a 2-core
@@ -311,9 +316,9 @@ fn mysql_to_kafka_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills
     split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Cluster));
 }
 
-/// Runs a Kafka split pipeline once more on a fresh broker when the test broker itself stalled
-/// for good (an independent reader saw nothing new become readable while the load ran: tansu 0.6
-/// at times keeps a transaction open across restarts). Every check holds for the run that ends.
+/// Runs a Kafka scenario once more on a fresh broker when the test broker itself stalled for good
+/// (an independent reader saw nothing new become readable through its restarts: tansu 0.6 at
+/// times keeps a transaction open across restarts). Every check holds for the run that ends.
 #[cfg(feature = "kafka")]
 fn split_twice(pipeline: impl Fn() -> Result<(), String>) {
     if let Err(stalled) = pipeline() {
@@ -551,7 +556,7 @@ fn broker_stalled(broker: &KafkaBroker, database: &str) -> bool {
     broker.records(&topics).len() == readable
 }
 
-fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize) {
+fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize) -> Result<(), String> {
     let database = unique_name(prefix);
     mariadb(&format!(
         "CREATE DATABASE {database}; CREATE TABLE {database}.counters (id BIGINT PRIMARY KEY, version BIGINT NOT NULL, note VARCHAR(32));"
@@ -601,7 +606,7 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
         send(&mut client, &mut random, &mut expected, &mut versions, &mut exists, 100);
         let seen = bus.count(&topic);
         let again = || start(&workspace, None);
-        bus.wait_for_events(&mut child, &again, &format!("events after fault {round}"), &topic, seen + 1);
+        bus.wait_for_events(&mut child, &again, &format!("events after fault {round}"), &topic, seen + 1)?;
         std::thread::sleep(Duration::from_millis(random.below(200)));
         if round < KILLS {
             kill(&mut child);
@@ -638,9 +643,10 @@ fn exactly_once_across_faults(mut bus: Bus, prefix: &str, broker_restarts: usize
     client.finish();
     let total: usize = expected.values().map(Vec::len).sum();
     let again = || start(&workspace, None);
-    bus.wait_for_events(&mut child, &again, "every change in the stream", &topic, total);
+    bus.wait_for_events(&mut child, &again, "every change in the stream", &topic, total)?;
     kill(&mut child);
     assert_exactly_once_in_order(&bus, &topic, &expected, sent);
+    Ok(())
 }
 
 /// The events of `topic` hold, per key, exactly the changes `expected`, in order, one message a
@@ -837,21 +843,21 @@ fn every_change_reaches_kafka_exactly_once_in_order_on_a_cluster_through_a_kill_
 #[test]
 fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
     let _one_at_a_time = one_at_a_time();
-    copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch");
+    copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch").unwrap();
 }
 
 #[cfg(feature = "kafka")]
 #[test]
 fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
     let _one_at_a_time = one_at_a_time();
-    copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch");
+    split_twice(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch"));
 }
 
 /// A `snapshot+cdc` job copies a table in small splits while every key keeps being updated
 /// (each update adds one to `v`), and is SIGKILLed twice during the copy. Per key, the events
 /// must be exactly its copied row and then every update after it: `v` rising by one from the
 /// copied value to the source's last, never back, none missing, none twice.
-fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
+fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) -> Result<(), String> {
     const KEYS: u64 = 4_000;
     let database = unique_name(prefix);
     let values: Vec<String> = (1..=KEYS).map(|id| format!("({id}, 0)")).collect();
@@ -924,7 +930,7 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
         per_key
     };
     // As `Bus::wait_for_events`: a Kafka test broker whose events stopped growing for 45 s is
-    // restarted once (tansu at times stops making anything readable under load).
+    // restarted, and the run with it (tansu at times stops making anything readable under load).
     let deadline = std::time::Instant::now() + Duration::from_secs(240);
     let (mut seen, mut progressed) = (0, std::time::Instant::now());
     loop {
@@ -943,9 +949,14 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
             (seen, progressed) = (count, std::time::Instant::now());
         } else if progressed.elapsed() > Duration::from_secs(45) {
             if let Bus::Kafka(broker) = &mut bus {
-                if broker.restart_stalled() {
-                    eprintln!("the last updates: the test broker made nothing readable for 45 s; restarted it");
+                if !broker.restart_stalled() {
+                    return Err(
+                        "the last updates: the test broker made nothing readable for 45 s after its restarts".into()
+                    );
                 }
+                eprintln!("the last updates: the test broker made nothing readable for 45 s; restarted it and the run");
+                kill(&mut child);
+                child = start();
             }
             progressed = std::time::Instant::now();
         }
@@ -975,6 +986,7 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) {
         wrong.iter().take(10).cloned().collect::<Vec<_>>().join("\n")
     );
     assert!(straddling >= 100, "only {straddling} keys were updated both before and after their copy");
+    Ok(())
 }
 
 /// The rows a run's last progress line says it copied.
