@@ -326,6 +326,42 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
         }
         errors.extend(validate(job, endpoint));
     }
+    errors.extend(two_way_problems(job));
+    errors
+}
+
+/// The targets that read their rows back to judge a change against them (`conflict:`).
+const CONFLICT_TARGETS: &[&str] = &["mysql"];
+
+/// `two_way` is for a MySQL source and target (the source's binlog shows which transactions
+/// Sluice wrote); `conflict` needs a target that reads its rows back.
+fn two_way_problems(job: &JobSpec) -> Vec<SpecError> {
+    let mut errors = Vec::new();
+    if job.two_way {
+        for endpoint in [&job.source, &job.target] {
+            if endpoint.connector != "mysql" {
+                errors.push(SpecError {
+                    path: "two_way".into(),
+                    line: None,
+                    message: format!(
+                        "a two-way pair runs between MySQL or MariaDB servers; {}.type is `{}`",
+                        endpoint.role, endpoint.connector
+                    ),
+                });
+            }
+        }
+    }
+    if job.conflict.is_some() && !job.two_way && !CONFLICT_TARGETS.contains(&job.target.connector.as_str()) {
+        errors.push(SpecError {
+            path: "conflict".into(),
+            line: None,
+            message: format!(
+                "a conflict policy reads the target's rows back ({} targets); a `{}` target cannot",
+                CONFLICT_TARGETS.join(", "),
+                job.target.connector
+            ),
+        });
+    }
     errors
 }
 

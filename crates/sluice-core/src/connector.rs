@@ -403,6 +403,11 @@ pub enum StreamEvent {
     /// The source moved on with nothing for this job: a transaction on other tables, a log
     /// rotation, a heartbeat. Only ever between transactions.
     Advance { position: Position, committed_at: u64 },
+    /// A transaction Sluice itself wrote into the source, passed over by a `two_way` job (the
+    /// other job of the pair applied it). Only ever between transactions. The position moves on
+    /// without a target write of its own, so a pair at rest stays at rest: a checkpoint written
+    /// for it would be the other side's next echo.
+    Echo { position: Position, committed_at: u64 },
     /// A DDL statement on selected tables, a transaction of its own. `statement` is its text,
     /// for messages; `changes` carry source table names.
     SchemaChange { statement: String, changes: Vec<SourceSchemaChange>, position: Position, committed_at: u64 },
@@ -821,6 +826,20 @@ pub trait FoldedChangeWriter: ChangeWriter {
     /// image of the key in the group). Called between a group's deletes and its inserts. Returns
     /// the indexes of the rows whose key the target lacks.
     async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>>;
+
+    /// The rows the target holds under these primary keys, locked until the open transaction
+    /// ends, in any order (a key without a row has none): what a conflict policy (`conflict:`)
+    /// judges each change against. Called inside the open transaction, before the group is
+    /// written. The default, for targets that cannot read their rows back, refuses.
+    async fn rows_by_key(&mut self, table: &TableSchema, keys: &[Row]) -> Result<Vec<Row>> {
+        let _ = keys;
+        Err(Error::new(
+            ErrorKind::Config,
+            format!("this target cannot read the rows of {} back to judge conflicts", table.name),
+        )
+        .on(Side::Target)
+        .hint("remove `conflict:` from the job"))
+    }
 
     /// Whether DDL commits the open transaction on its own (MySQL), so a schema change or a
     /// `publish` cannot share a transaction with rows and their checkpoint.

@@ -13,6 +13,8 @@
 //! that many matching rows (one per copy) and inserts the new copies; a duplicate row stays a
 //! duplicate.
 
+mod conflicts;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ use crate::connector::FoldedChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::TableSchema;
 use crate::value::Value;
+
+pub(crate) use conflicts::{Conflict, Winner};
 
 /// Whether a row holds a value its update left unchanged and its log did not carry.
 pub(crate) fn has_unchanged(row: &Row) -> bool {
@@ -524,6 +528,55 @@ mod tests {
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
             unreachable!("nothing hidden here: {tables:?}")
         }
+        async fn rows_by_key(&mut self, _table: &TableSchema, keys: &[Row]) -> Result<Vec<Row>> {
+            Ok(keys.iter().filter_map(|key| self.rows.get(&id(key)).map(|value| row(id(key), *value))).collect())
+        }
+    }
+
+    #[tokio::test]
+    async fn conflicts_are_judged_against_the_target_rows_and_settled_by_the_policy() {
+        use crate::spec::ConflictPolicy;
+        let change = |kind| Change { table: table(), kind };
+        let changes = || {
+            vec![
+                change(ChangeKind::Update { before: row(1, 10), after: row(1, 11) }),
+                // The target holds 20: someone else changed the row.
+                change(ChangeKind::Update { before: row(2, 15), after: row(2, 16) }),
+                change(ChangeKind::Insert { after: row(4, 40) }),
+                // The target has a row of this key already.
+                change(ChangeKind::Insert { after: row(3, 33) }),
+                // Gone already: nothing to do, no conflict.
+                change(ChangeKind::Delete { before: row(5, 50) }),
+            ]
+        };
+        let settle = |policy: ConflictPolicy| async move {
+            let mut target = MemoryTarget::default();
+            target.rows.extend([(1, 10), (2, 20), (3, 30)]);
+            let mut net = NetChanges::default();
+            for change in changes() {
+                net.add(change, ApplyMode::Strict)?;
+            }
+            let conflicts = net.settle_conflicts(&mut target, &mut |table| table.clone(), &policy).await?;
+            net.apply(&mut target, &mut |table| table.clone()).await?;
+            let winners: Vec<(i64, Winner)> =
+                conflicts.iter().map(|conflict| (id(conflict.some_row()), conflict.winner)).collect();
+            Ok::<_, Error>((target.rows.into_iter().collect::<Vec<_>>(), winners))
+        };
+        let (rows, winners) = settle(ConflictPolicy::SourceWins).await.unwrap();
+        assert_eq!(rows, [(1, 11), (2, 16), (3, 33), (4, 40)]);
+        assert_eq!(winners, [(2, Winner::Source), (3, Winner::Source)]);
+        let (rows, winners) = settle(ConflictPolicy::TargetWins).await.unwrap();
+        assert_eq!(rows, [(1, 11), (2, 20), (3, 30), (4, 40)]);
+        assert_eq!(winners, [(2, Winner::Target), (3, Winner::Target)]);
+        // Dated by v: the source's 16 is older than the target's 20, its 33 newer than 30.
+        let (rows, winners) = settle(ConflictPolicy::NewerWins("v".into())).await.unwrap();
+        assert_eq!(rows, [(1, 11), (2, 20), (3, 33), (4, 40)]);
+        assert_eq!(winners, [(2, Winner::Target), (3, Winner::Source)]);
+        let stopped = settle(ConflictPolicy::Stop).await.unwrap_err().to_string();
+        assert!(stopped.contains("db.t (id=2): conflict"), "{stopped}");
+        assert!(stopped.contains(r#"{"id": 2, "v": 20}"#) && stopped.contains(r#"{"id": 2, "v": 16}"#), "{stopped}");
+        let unknown = settle(ConflictPolicy::NewerWins("changed_at".into())).await.unwrap_err().to_string();
+        assert!(unknown.contains("`changed_at` is not a column of target table db.t"), "{unknown}");
     }
 
     async fn apply(target: &mut MemoryTarget, changes: Vec<Change>, mode: ApplyMode) -> Result<()> {

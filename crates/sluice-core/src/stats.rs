@@ -114,6 +114,11 @@ pub struct StreamStats {
     /// Changes left out as dirty records (a value the target cannot hold), each counted once
     /// per run.
     pub dirty_records: AtomicU64,
+    /// Changes that found the target's row otherwise than they expected (`conflict:`), each
+    /// settled by the job's policy and kept as a dirty record.
+    pub conflicts: AtomicU64,
+    /// Transactions Sluice itself wrote into the source, passed over (`two_way`).
+    pub echoes: AtomicU64,
     /// Unix seconds before which the target holds every change the source committed: the
     /// source commit time of the last transaction applied, or the time of the last heartbeat
     /// seen with nothing left to apply. 0 before the stream applied or saw anything.
@@ -203,6 +208,8 @@ impl StreamStats {
             schema_changes_ignored: load(&self.schema_changes_ignored),
             changes_filtered: load(&self.changes_filtered),
             dirty_records: load(&self.dirty_records),
+            conflicts: load(&self.conflicts),
+            echoes: load(&self.echoes),
             lag_seconds: self.lag_seconds(),
             position: self
                 .position
@@ -235,6 +242,10 @@ pub struct StreamSummary {
     pub changes_filtered: u64,
     /// Changes left out as dirty records.
     pub dirty_records: u64,
+    /// Conflicts settled by the job's policy (`conflict:`), each kept as a dirty record.
+    pub conflicts: u64,
+    /// Transactions Sluice wrote into the source, passed over (`two_way`).
+    pub echoes: u64,
     pub lag_seconds: u64,
     /// The last source position committed in the target.
     pub position: Option<serde_json::Value>,

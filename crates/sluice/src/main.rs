@@ -839,6 +839,12 @@ fn print_summary(summary: &RunSummary, to_stderr: bool) {
         if stream.dirty_records > 0 {
             out!("  {} changes left out of the target as dirty records", group(stream.dirty_records));
         }
+        if stream.conflicts > 0 {
+            out!("  {} conflicts settled by the job's policy, kept as dirty records", group(stream.conflicts));
+        }
+        if stream.echoes > 0 {
+            out!("  {} transactions Sluice wrote into the source passed over (two_way)", group(stream.echoes));
+        }
     }
     if to_stderr {
         eprint!("{text}");

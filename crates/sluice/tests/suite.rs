@@ -33,6 +33,7 @@ mod suite {
     mod streams;
     mod tls;
     mod transform;
+    mod two_way;
     mod type_matrix;
     mod verify;
 }

@@ -138,6 +138,10 @@ pub struct BinlogChangeStream {
     stop_time: Option<u64>,
     /// The stream reached `stop_time`: it reads on, but hands on nothing more.
     ended: bool,
+    /// `two_way`: the transactions Sluice wrote (`super::writes`) are passed over as echoes.
+    two_way: bool,
+    /// The open transaction is one Sluice wrote, to be passed over.
+    echo: bool,
 }
 
 impl BinlogChangeStream {
@@ -273,7 +277,15 @@ impl BinlogChangeStream {
             ready: VecDeque::new(),
             stop_time,
             ended: false,
+            two_way: false,
+            echo: false,
         })
+    }
+
+    /// Passes over the transactions Sluice wrote into this server (a `two_way` job).
+    pub fn passing_over_own_writes(mut self, two_way: bool) -> BinlogChangeStream {
+        self.two_way = two_way;
+        self
     }
 
     /// A transaction begins with an event dated `at`. At or past the stream's stop time, the
@@ -318,7 +330,11 @@ impl BinlogChangeStream {
         }
         self.offset = offset;
         let position = self.position(offset);
-        if let Some((statement, changes)) = self.ddl.take() {
+        if std::mem::take(&mut self.echo) {
+            self.changes.clear();
+            self.ddl = None;
+            self.ready.push_back(StreamEvent::Echo { position, committed_at });
+        } else if let Some((statement, changes)) = self.ddl.take() {
             self.ready.push_back(StreamEvent::SchemaChange { statement, changes, position, committed_at });
         } else if self.relevant {
             if !self.changes.is_empty() {
@@ -478,6 +494,10 @@ impl BinlogChangeStream {
     /// `ddl` for the commit that ends the statement's transaction; on other tables it only moves
     /// the position. DDL this stream cannot carry stops it, naming the statement.
     fn statement(&mut self, schema: &str, statement: &str, offset: u64) -> Result<()> {
+        if self.two_way && super::writes::is_marked(statement) {
+            self.echo = true;
+            return Ok(());
+        }
         let touched = super::ddl::tables_named(statement, schema);
         let Some(table) = touched.iter().find(|table| self.filter.matches(table)).cloned() else {
             return Ok(());
@@ -521,6 +541,9 @@ impl BinlogChangeStream {
 
     fn map_table(&mut self, map: TableMapEvent<'static>) -> Result<()> {
         let name = TableName::new(Some(&map.database_name()), &map.table_name());
+        if self.two_way && self.in_transaction && super::writes::is_writes_table(&name) {
+            self.echo = true;
+        }
         let table_id = map.table_id();
         if !self.filter.matches(&name) {
             self.tables.insert(table_id, None);
@@ -691,7 +714,7 @@ impl BinlogChangeStream {
         let Some(mapped) = self.tables.get(&table_id) else {
             return Err(self.read_error(format!("a rows event at {offset} has no table map before it")));
         };
-        let Some(mapped) = mapped else { return Ok(()) };
+        let Some(mapped) = mapped.as_ref().filter(|_| !self.echo) else { return Ok(()) };
         if matches!(rows, RowsEventData::PartialUpdateRowsEvent(_)) {
             return Err(Error::new(
                 ErrorKind::Config,

@@ -16,6 +16,7 @@ use super::tables::{
     table_comment_sql, Fidelity,
 };
 use super::trial::{InsertTrial, TableInserts};
+use super::writes::{mark_transaction, DDL_MARK};
 use super::{decode, mysql_error, quote, refuse_long_names};
 use sluice_core::conflict::missing_rows;
 
@@ -59,8 +60,12 @@ impl Catalog for MysqlChangeWriter {
 }
 
 impl MysqlChangeWriter {
+    /// Runs a DDL statement, marked as Sluice's (`writes::DDL_MARK`).
     async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
-        self.connection.query_drop(sql).await.map_err(|error| mysql_error(error, Side::Target, &self.server, doing))
+        self.connection
+            .query_drop(format!("{DDL_MARK}{sql}"))
+            .await
+            .map_err(|error| mysql_error(error, Side::Target, &self.server, doing))
     }
 
     async fn flavor(&mut self) -> Result<&'static str> {
@@ -114,6 +119,7 @@ impl MysqlChangeWriter {
                 .await
                 .map_err(|error| mysql_error(error, Side::Target, &self.server, "begin a transaction"))?;
             self.in_transaction = true;
+            mark_transaction(&mut self.connection, &self.server, &self.task.job, &self.task.name).await?;
         }
         Ok(())
     }
@@ -126,32 +132,45 @@ impl MysqlChangeWriter {
         self.connection.query_drop("ROLLBACK").await.map_err(failed)?;
         let key_columns: Vec<&sluice_core::Column> =
             table.primary_key.iter().map(|&index| &table.columns[index]).collect();
-        let names: Vec<String> = key_columns.iter().map(|column| quote(&column.name)).collect();
-        let mut present = Vec::new();
+        let present = self.select_by_key(table, keys, &key_columns, "").await?;
+        Ok(keys.iter().filter(|key| !present.contains(key)).collect())
+    }
+
+    /// The `columns` of the rows of `table` under `keys` (`suffix`: a locking clause).
+    async fn select_by_key(
+        &mut self,
+        table: &TableSchema,
+        keys: &[Row],
+        columns: &[&sluice_core::Column],
+        suffix: &str,
+    ) -> Result<Vec<Row>> {
+        let failed =
+            |error| mysql_error(error, Side::Target, &self.server, &format!("read rows of {} by key", table.name));
+        let key_names: Vec<String> = table.primary_key.iter().map(|&index| quote(&table.columns[index].name)).collect();
+        let names: Vec<String> = columns.iter().map(|column| quote(&column.name)).collect();
+        let placeholder = format!("({})", vec!["?"; key_names.len()].join(", "));
+        let mut found = Vec::new();
         for chunk in keys.chunks(1_000) {
-            let placeholder = format!("({})", vec!["?"; names.len()].join(", "));
             let sql = format!(
-                "SELECT {} FROM {} WHERE ({}) IN ({})",
+                "SELECT {} FROM {} WHERE ({}) IN ({}){suffix}",
                 names.join(", "),
                 qualified(&table.name),
-                names.join(", "),
+                key_names.join(", "),
                 vec![placeholder.as_str(); chunk.len()].join(", ")
             );
             let parameters: Vec<mysql_async::Value> = chunk.iter().flatten().map(super::rows::encode).collect();
-            let rows: Vec<mysql_async::Row> = self.connection.exec(sql, parameters).await.map_err(|error| {
-                mysql_error(error, Side::Target, &self.server, &format!("look up keys of {}", table.name))
-            })?;
+            let rows: Vec<mysql_async::Row> = self.connection.exec(sql, parameters).await.map_err(failed)?;
             for row in rows {
                 let values: std::result::Result<Row, String> = row
                     .unwrap()
                     .into_iter()
-                    .zip(&key_columns)
+                    .zip(columns)
                     .map(|(value, column)| decode(value, &column.data_type))
                     .collect();
-                present.push(values.map_err(|reason| Error::new(ErrorKind::Write, reason).on(Side::Target))?);
+                found.push(values.map_err(|reason| Error::new(ErrorKind::Write, reason).on(Side::Target))?);
             }
         }
-        Ok(keys.iter().filter(|key| !present.contains(key)).collect())
+        Ok(found)
     }
 }
 
@@ -277,6 +296,12 @@ impl FoldedChangeWriter for MysqlChangeWriter {
         let rows: Vec<&Row> = rows.iter().collect();
         let mut inserts = TableInserts { connection: &mut self.connection, server: &self.server, table };
         InsertTrial { inserts: &mut inserts, rows: &rows, key_conflicts: true }.run().await
+    }
+
+    async fn rows_by_key(&mut self, table: &TableSchema, keys: &[Row]) -> Result<Vec<Row>> {
+        self.begin().await?;
+        let columns: Vec<&sluice_core::Column> = table.columns.iter().collect();
+        self.select_by_key(table, keys, &columns, " FOR UPDATE").await
     }
 
     fn ddl_commits(&self) -> bool {

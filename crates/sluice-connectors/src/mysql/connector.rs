@@ -179,6 +179,7 @@ fn build_source(job: &JobSpec) -> Result<Arc<dyn Source>> {
             stop_position: options.stop_position,
             server_id: options.server_id.unwrap_or_else(|| super::default_server_id(&job.name)),
             batch_rows: job.limits.batch_rows,
+            two_way: job.two_way,
         },
         options.read_timeout,
     )?))

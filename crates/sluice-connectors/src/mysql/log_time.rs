@@ -93,6 +93,7 @@ impl LogReader<'_> {
                     return Ok(Some((plain(&found), committed_at)));
                 }
                 StreamEvent::Advance { position, .. }
+                | StreamEvent::Echo { position, .. }
                 | StreamEvent::Commit { position, .. }
                 | StreamEvent::SchemaChange { position, .. } => position,
                 StreamEvent::Changes(_) => continue,

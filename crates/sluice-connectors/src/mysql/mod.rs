@@ -16,6 +16,7 @@ mod source;
 mod tables;
 mod trial;
 mod wire;
+mod writes;
 
 use std::sync::Arc;
 use std::time::Duration;

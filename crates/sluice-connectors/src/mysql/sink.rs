@@ -253,6 +253,7 @@ impl Sink for MysqlSink {
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
         connection.query_drop(FENCE_TABLE).await.map_err(error("create the fence table sluice.fences"))?;
         connection.query_drop(SESSION_TABLE).await.map_err(error("create the session table sluice.sessions"))?;
+        connection.query_drop(super::writes::WRITES_TABLE).await.map_err(error("create the table sluice.writes"))?;
         warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
             let existing = self.columns(&mut connection, &table.name).await?;

@@ -81,6 +81,8 @@ pub struct StreamOptions {
     pub server_id: u32,
     /// Changes per `StreamEvent::Changes`.
     pub batch_rows: usize,
+    /// `two_way`: the transactions Sluice wrote into the source are passed over.
+    pub two_way: bool,
 }
 
 /// A replica server id derived from the job name: stable across restarts (so a restarted
@@ -335,7 +337,8 @@ impl ChangeSource for MysqlSource {
                 _ => None,
             },
         )
-        .await?;
+        .await?
+        .passing_over_own_writes(self.stream.two_way);
         Ok(Box::new(stream))
     }
 

@@ -277,9 +277,9 @@ pub(super) async fn add_missing_indexes(connection: &mut Conn, server: &str, tab
     for index in
         table.indexes.iter().filter(|index| !existing.iter().any(|name| name.eq_ignore_ascii_case(&index.name)))
     {
-        connection.query_drop(add_index_sql(table, index)).await.map_err(|error| {
-            mysql_error(error, Side::Target, server, &format!("build index {} of {}", index.name, table.name))
-        })?;
+        connection.query_drop(format!("{}{}", super::writes::DDL_MARK, add_index_sql(table, index))).await.map_err(
+            |error| mysql_error(error, Side::Target, server, &format!("build index {} of {}", index.name, table.name)),
+        )?;
     }
     Ok(())
 }
@@ -288,7 +288,7 @@ pub(super) async fn add_missing_indexes(connection: &mut Conn, server: &str, tab
 pub(super) async fn move_counter(connection: &mut Conn, server: &str, table: &TableSchema) -> Result<()> {
     let Some(counter) = counter_sql(table) else { return Ok(()) };
     connection
-        .query_drop(counter)
+        .query_drop(format!("{}{counter}", super::writes::DDL_MARK))
         .await
         .map_err(|error| mysql_error(error, Side::Target, server, &format!("set the counter of {}", table.name)))
 }

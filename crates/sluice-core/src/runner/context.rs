@@ -102,6 +102,16 @@ impl RunContext {
     /// budget for the copy and the stream). Called before the commit that moves past them, so a
     /// crash cannot lose them; storing is idempotent, so a batch or group applied again after a
     /// failed commit does not count them twice.
+    /// Keeps the conflicts a policy settled (`conflict:`) with the dirty records, outside their
+    /// budget.
+    pub(super) fn keep_conflicts(&self, task: &str, records: &[Rejected]) -> Result<()> {
+        self.state.record_dirty(&self.job.name, task, records)?;
+        for record in records {
+            log::warn!("conflict in {} ({}): {}", record.table, record.key, record.reason);
+        }
+        Ok(())
+    }
+
     pub(super) fn keep_dirty(&self, task: &str, rejects: &[Rejected]) -> Result<()> {
         let total = self.state.record_dirty(&self.job.name, task, rejects)?;
         for reject in rejects {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::alarm::{self, AlarmSpec};
+use super::conflict::{self, ConflictPolicy};
 use super::cursor::{self, CursorSpec};
 use super::decode::{self, unset_variable, Decoder, Fields, SpecError, Variables};
 use super::document::{self, Node};
@@ -44,8 +45,17 @@ pub struct JobSpec {
     pub alarms: Vec<AlarmSpec>,
     /// `verify:`: the job's target compared with its source every so often.
     pub verify: Option<VerifySpec>,
-    /// `schema_changes:`: what the stream does with DDL on the job's tables.
+    /// `schema_changes:`: what the stream does with DDL on the job's tables. A `two_way` job
+    /// that does not say stops at DDL: a pair carries DDL one way only, by the job that says
+    /// `carry`.
     pub schema_changes: SchemaChanges,
+    /// `two_way:` (MySQL to MySQL): the stream passes over the transactions Sluice itself wrote
+    /// into the source (the other job of a two-way pair applied them), so nothing loops.
+    pub two_way: bool,
+    /// `conflict:`: what the stream does with a change whose row the target holds otherwise
+    /// than the change found it. `None`: no check beyond the target's own (a missing row stops
+    /// the job); a `two_way` job checks with `stop` unless it says.
+    pub conflict: Option<ConflictPolicy>,
 }
 
 /// `schema_changes: carry | ignore | stop` (Flink CDC's evolve, ignore and exception behaviours).
@@ -304,6 +314,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "alarms",
             "verify",
             "schema_changes",
+            "two_way",
+            "conflict",
         ],
     )?;
     let name = decode_name(decoder, &fields);
@@ -338,7 +350,16 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         None => Some(None),
         Some(node) => decode_verify(decoder, node).map(Some),
     };
+    let two_way = match fields.get("two_way") {
+        None => Some(false),
+        Some(node) => decoder.boolean(node, "two_way"),
+    };
+    let conflict = match fields.get("conflict") {
+        None => Some(two_way.unwrap_or(false).then_some(ConflictPolicy::Stop)),
+        Some(node) => conflict::decode_conflict(decoder, node).map(Some),
+    };
     let schema_changes = match fields.get("schema_changes") {
+        None if two_way == Some(true) => Some(SchemaChanges::Stop),
         None => Some(SchemaChanges::Carry),
         Some(node) => decoder.string(node, "schema_changes").and_then(|text| match text.as_str() {
             "carry" => Some(SchemaChanges::Carry),
@@ -353,6 +374,17 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
     check_schedule(decoder, &fields, mode, &schedule, &after);
+    if let Some(mode) = mode.filter(|mode| !mode.streams()) {
+        for field in ["two_way", "conflict"] {
+            if let Some(node) = fields.get(field) {
+                decoder.error(
+                    field,
+                    node.line,
+                    format!("mode {mode} has no change stream; `{field}` is for cdc and snapshot+cdc jobs"),
+                );
+            }
+        }
+    }
     let mut target = target;
     if let (Some(mode), Some(source), Some(target)) = (mode, &source, &mut target) {
         check_cursor(decoder, mode, source, target);
@@ -379,6 +411,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         alarms: alarms?,
         verify: verify?,
         schema_changes: schema_changes?,
+        two_way: two_way?,
+        conflict: conflict?,
     })
 }
 

@@ -2,6 +2,7 @@
 //! a typed `JobSpec` while every error is collected.
 
 mod alarm;
+mod conflict;
 mod cursor;
 mod decode;
 mod document;
@@ -12,6 +13,7 @@ pub(crate) mod sql_text;
 mod transform;
 
 pub use alarm::{decode_alarms, written_out_targets, AlarmMetric, AlarmSpec, Condition, Notify, Operator};
+pub use conflict::ConflictPolicy;
 pub use cursor::CursorSpec;
 pub use decode::{is_placeholder, is_variable_name, join, unset_variable, Decoder, Fields, SpecError, Variables};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};

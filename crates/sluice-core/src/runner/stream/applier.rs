@@ -23,12 +23,12 @@ use crate::connector::{
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::names::STREAM_TASK;
-use crate::net_changes::{has_unchanged, unchanged_lost, ApplyMode, NetChanges, Refusal};
+use crate::net_changes::{has_unchanged, unchanged_lost, ApplyMode, Conflict, NetChanges, Refusal, Winner};
 use crate::runner::context::RunContext;
 use crate::runner::copied_keys::CopiedKeys;
 use crate::runner::interrupted;
 use crate::schema::{TableName, TableSchema};
-use crate::spec::SchemaChanges;
+use crate::spec::{ConflictPolicy, SchemaChanges};
 use crate::stats::{StreamPhase, TableStats};
 use crate::transform::TableMapping;
 use crate::zero_dates;
@@ -41,6 +41,9 @@ const GROUP_LINGER: Duration = Duration::from_millis(50);
 
 /// How often the position is committed when only transactions of other tables go by.
 const IDLE_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Echoes (`StreamEvent::Echo`) that make a commit of their own when nothing else does.
+const ECHOES_PER_CHECKPOINT: u64 = 1_000;
 
 /// A source transaction folded into the open group: when it arrived and when the source
 /// committed it, for the latency histogram.
@@ -227,6 +230,37 @@ fn stream_record(context: &RunContext, refusal: &Refusal, position: &Position) -
     }
 }
 
+/// The dirty record of a conflict (`conflict:`): the target's row, the change's two images,
+/// and which row the policy kept.
+fn conflict_record(
+    context: &RunContext,
+    conflict: &Conflict,
+    policy: &ConflictPolicy,
+    position: &Position,
+) -> Rejected {
+    let table = &conflict.table;
+    let shown = |row: Option<&Row>| row.map_or_else(|| "no row".to_owned(), |row| row_json(table, row));
+    let kept = match conflict.winner {
+        Winner::Source => "the source's row went in",
+        Winner::Target => "the target's row stays",
+    };
+    let row = conflict.some_row();
+    let refusal = Refusal {
+        table: table.clone(),
+        before: conflict.expected.clone(),
+        after: row.clone(),
+        transaction: conflict.transaction,
+        reason: format!(
+            "conflict ({policy}): the target held {} where the change expected {}; {kept}",
+            shown(conflict.target.as_ref()),
+            shown(conflict.expected.as_ref())
+        ),
+    };
+    let mut record = stream_record(context, &refusal, position);
+    record.record = conflict.source.as_ref().map(|source| row_json(table, source));
+    record
+}
+
 /// One attempt's applier: the writer, the checkpoint it moves, and the open group of whole
 /// source transactions folded (`net`) or written (`staged_rows`) since the last target commit.
 pub(super) struct Applier<'a> {
@@ -266,6 +300,8 @@ pub(super) struct Applier<'a> {
     opened: Instant,
     /// The position moved past transactions of other tables since the last commit.
     moved: bool,
+    /// Echoes passed over since the last commit.
+    echoes: u64,
     /// A source transaction's changes are folded or written, its commit not seen yet.
     open_transaction: bool,
     last_commit: Instant,
@@ -288,6 +324,8 @@ pub(super) struct Applier<'a> {
     /// Changes of the group left out (a value the target cannot hold), recorded as dirty
     /// records when the group commits.
     left_out: Vec<Refusal>,
+    /// The conflicts the open group settled (`conflict:`), kept as dirty records when it commits.
+    conflicts: Vec<Conflict>,
     /// What this attempt knows of a resync's copy beyond the checkpoint (`resync`).
     resync_frontier: Option<resync::Frontier>,
     /// Resync requests made while the stream runs.
@@ -351,6 +389,7 @@ impl<'a> Applier<'a> {
             started: Instant::now(),
             opened: Instant::now(),
             moved: false,
+            echoes: 0,
             open_transaction: false,
             last_commit: Instant::now(),
             commit_took: Duration::ZERO,
@@ -361,6 +400,7 @@ impl<'a> Applier<'a> {
             copied_keys,
             dirty_keys,
             left_out: Vec::new(),
+            conflicts: Vec::new(),
         }
     }
 
@@ -459,6 +499,7 @@ impl Applier<'_> {
                     self.schema_change(&statement, changes, position, committed_at).await?
                 }
                 Some(StreamEvent::Advance { position, committed_at }) => self.advance(position, committed_at),
+                Some(StreamEvent::Echo { position, committed_at }) => self.echo(position, committed_at),
                 Some(StreamEvent::End { position, committed_at }) => {
                     self.advance(position, committed_at);
                     self.commit().await?;
@@ -545,7 +586,7 @@ impl Applier<'_> {
 
     /// Writes the folded changes (or the raw events) into the open target transaction.
     async fn write_folded(&mut self) -> Result<()> {
-        let Applier { writer, net, events, staged_rows, checkpoint, .. } = self;
+        let Applier { context, writer, net, events, staged_rows, checkpoint, conflicts, .. } = self;
         let writer = match writer {
             AnyChangeWriter::Events(writer) => {
                 if !events.is_empty() {
@@ -558,7 +599,11 @@ impl Applier<'_> {
             AnyChangeWriter::Folded(writer) => writer,
         };
         // The folded changes carry their target tables already.
-        let applied = net.apply(&mut **writer, &mut |table| checkpoint.hidden.schema(table)).await?;
+        let mut target = |table: &Arc<TableSchema>| checkpoint.hidden.schema(table);
+        if let Some(policy) = &context.job.conflict {
+            conflicts.extend(net.settle_conflicts(&mut **writer, &mut target, policy).await?);
+        }
+        let applied = net.apply(&mut **writer, &mut target).await?;
         *staged_rows += applied.changes as u64;
         for refusal in applied.refused {
             self.mark_dirty(&refusal.table, &refusal.after);
@@ -748,6 +793,7 @@ impl Applier<'_> {
     /// them; past the job's budget the group does not commit and the stream stops.
     fn keep_left_out(&mut self) -> Result<()> {
         self.net.end_group();
+        self.keep_conflicts()?;
         if self.left_out.is_empty() {
             return Ok(());
         }
@@ -760,6 +806,33 @@ impl Applier<'_> {
             .collect();
         self.count_left_out(&records);
         self.context.keep_dirty(STREAM_TASK, &records)
+    }
+
+    /// Keeps the conflicts the group settled as dirty records with both rows. They were settled
+    /// by the job's policy, so they count apart from `errors.max_dirty_records`.
+    fn keep_conflicts(&mut self) -> Result<()> {
+        if self.conflicts.is_empty() {
+            return Ok(());
+        }
+        let policy = self.context.job.conflict.clone().unwrap_or_default();
+        let records: Vec<Rejected> = std::mem::take(&mut self.conflicts)
+            .iter()
+            .map(|conflict| {
+                let arrival = self.arrivals.get(conflict.transaction).or(self.arrivals.last());
+                let position = arrival.map_or(&self.checkpoint.at, |arrival| &arrival.position);
+                conflict_record(self.context, conflict, &policy, position)
+            })
+            .collect();
+        let counted = &mut self.carried.counted_left_out;
+        let new = records
+            .iter()
+            .filter(|record| {
+                let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
+                counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
+            })
+            .count();
+        self.context.stats.stream.conflicts.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+        self.context.keep_conflicts(STREAM_TASK, &records)
     }
 
     /// Counts the changes the stream left out, each once per run (a group applied again after a
@@ -889,14 +962,33 @@ impl Applier<'_> {
 
     /// Transactions of other tables, a rotation or a heartbeat.
     fn advance(&mut self, position: Position, committed_at: u64) {
+        // A heartbeat where the stream already stands moves nothing once the attempt committed
+        // and streams: an idle stream does not write its checkpoint again and again (the first
+        // commit keeps where a new job starts; while it catches up, the commit is what says it
+        // caught up).
+        self.moved |= self.checkpoint.at != position
+            || !self.progressed
+            || self.context.stats.stream.phase() == StreamPhase::CatchingUp;
         self.checkpoint.at = position;
-        self.moved = true;
         self.end_catch_up();
         if self.arrivals.is_empty() && !self.open_transaction {
             // A heartbeat (no commit time) says the source had nothing more up to now.
             let through = if committed_at == 0 { crate::clock::unix_seconds() } else { committed_at };
             self.context.stats.stream.fresh_through(through);
         }
+    }
+
+    /// A transaction the other job of a two-way pair wrote into the source: the position
+    /// moves on, but only every `ECHOES_PER_CHECKPOINT` of them make a commit of their own.
+    /// Each checkpoint this job writes is a transaction the other job passes over in turn, so a
+    /// commit per echo would bounce between the two servers forever; this way a pair at rest
+    /// settles, and the checkpoint still follows a long run of the other side's writes.
+    fn echo(&mut self, position: Position, committed_at: u64) {
+        let moved = self.moved;
+        self.advance(position, committed_at);
+        self.echoes += 1;
+        self.context.stats.stream.echoes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.moved = moved || self.echoes >= ECHOES_PER_CHECKPOINT;
     }
 
     /// A DDL statement: a transaction of its own, after the group before it.
@@ -1082,6 +1174,7 @@ impl Applier<'_> {
         self.arrivals.clear();
         self.staged_rows = 0;
         self.moved = false;
+        self.echoes = 0;
         self.last_commit = Instant::now();
         self.commit_took = began.elapsed();
         self.progressed = true;
