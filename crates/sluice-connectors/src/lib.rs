@@ -192,7 +192,7 @@ pub fn connector(name: &str) -> Option<&'static Connector> {
 /// options. Returns every problem found.
 pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
-    for endpoint in [&job.source, &job.target] {
+    for endpoint in std::iter::once(&job.source).chain(job.target_endpoints()) {
         let is_source = endpoint.role == Side::Source;
         let Some(connector) = connector(&endpoint.connector) else {
             let message = match EVERY_TYPE.iter().find(|(name, _)| *name == endpoint.connector) {
@@ -337,6 +337,13 @@ const CONFLICT_TARGETS: &[&str] = &["mysql"];
 /// Sluice wrote); `conflict` needs a target that reads its rows back.
 fn two_way_problems(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
+    if job.two_way && job.targets.len() > 1 {
+        errors.push(SpecError {
+            path: "two_way".into(),
+            line: None,
+            message: "a two-way pair is two jobs of one target each; this job names several targets".into(),
+        });
+    }
     if job.two_way {
         for endpoint in [&job.source, &job.target] {
             if endpoint.connector != "mysql" {
@@ -351,14 +358,17 @@ fn two_way_problems(job: &JobSpec) -> Vec<SpecError> {
             }
         }
     }
-    if job.conflict.is_some() && !job.two_way && !CONFLICT_TARGETS.contains(&job.target.connector.as_str()) {
+    let unable =
+        job.target_endpoints().into_iter().filter(|target| !CONFLICT_TARGETS.contains(&target.connector.as_str()));
+    for target in unable.filter(|_| job.conflict.is_some() && !job.two_way) {
         errors.push(SpecError {
             path: "conflict".into(),
             line: None,
             message: format!(
-                "a conflict policy reads the target's rows back ({} targets); a `{}` target cannot",
+                "a conflict policy reads the target's rows back ({} targets); {} is a `{}` target",
                 CONFLICT_TARGETS.join(", "),
-                job.target.connector
+                target.at,
+                target.connector
             ),
         });
     }
@@ -430,7 +440,7 @@ pub fn written_out_secrets(written: &JobSpec) -> Vec<SpecError> {
         )
     };
     let mut errors = Vec::new();
-    for endpoint in [&written.source, &written.target] {
+    for endpoint in std::iter::once(&written.source).chain(written.target_endpoints()) {
         let Some(connector) = connector(&endpoint.connector) else { continue };
         for field in connector.secrets {
             let written_out = match endpoint.options.get(*field).map(|node| &node.kind) {

@@ -48,6 +48,13 @@ impl DocumentRules {
             return Vec::new();
         };
         let mut errors = Vec::new();
+        if !job.targets.is_empty() {
+            errors.push(SpecError {
+                path: "targets".into(),
+                line: job.targets[0].endpoint.line,
+                message: "a job with several targets runs with `sluice run` in this version; on a server, submit one job per target".into(),
+            });
+        }
         for endpoint in [&mut job.source, &mut job.target] {
             let Some(path) = &endpoint.path else { continue };
             match server.resolve(Path::new(path)) {

@@ -348,13 +348,26 @@ fn fail(error: &Error) -> u8 {
 
 async fn check(path: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
+    let targets: Vec<&str> = job.target_endpoints().iter().map(|target| target.connector.as_str()).collect();
     out!(
         "ok    job file: {} is valid ({} → {}, {})",
         path.display(),
         job.source.connector,
-        job.target.connector,
+        targets.join(" + "),
         job.mode
     );
+    let mut code = 0;
+    for (index, each) in job.per_target().into_iter().enumerate() {
+        if let Some(target) = job.targets.get(index) {
+            out!("target {}:", target.name);
+        }
+        code = code.max(check_job(each).await);
+    }
+    code
+}
+
+/// `sluice check` of one job of one target.
+async fn check_job(job: JobSpec) -> u8 {
     let (source, sink) = match (sluice_connectors::source(&job), sluice_connectors::sink(&job)) {
         (Ok(source), Ok(sink)) => (source, sink),
         (Err(error), _) | (_, Err(error)) => return fail(&error),
@@ -390,7 +403,15 @@ async fn check(path: PathBuf) -> u8 {
 }
 
 async fn schema(path: PathBuf, apply: bool) -> u8 {
-    let Some(mut job) = load(&path) else { return 2 };
+    let Some(job) = load(&path) else { return 2 };
+    let mut code = 0;
+    for job in job.per_target() {
+        code = code.max(schema_of(job, apply).await);
+    }
+    code
+}
+
+async fn schema_of(mut job: JobSpec, apply: bool) -> u8 {
     // Applying is an explicit request to create, whatever the job says for runs.
     job.target.create_tables |= apply;
     let result = async {
@@ -435,6 +456,23 @@ fn report(result: Result<Vec<CheckItem>, Error>) -> bool {
 /// alone), its checkpoints and plan forgotten.
 async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
+    let mut code = 0;
+    for (each, state_dir) in per_target_state(&job, &state_dir) {
+        code = code.max(reset_job(each, state_dir).await);
+    }
+    code
+}
+
+/// Each job of a job's targets (`JobSpec::per_target`) with its state directory: the job's own
+/// with one target, one per target (named after it) with `targets:`.
+fn per_target_state(job: &JobSpec, state_dir: &std::path::Path) -> Vec<(JobSpec, PathBuf)> {
+    if job.targets.is_empty() {
+        return vec![(job.clone(), state_dir.to_path_buf())];
+    }
+    job.per_target().into_iter().zip(&job.targets).map(|(each, target)| (each, state_dir.join(&target.name))).collect()
+}
+
+async fn reset_job(job: JobSpec, state_dir: PathBuf) -> u8 {
     let job = Arc::new(job);
     let result = async {
         let source = sluice_connectors::source(&job)?;
@@ -470,7 +508,15 @@ async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
 /// `sluice replay`: the job's dirty records written again by key (`Runner::replay_records`),
 /// their outcome kept in the state directory and `dirty.jsonl` written anew.
 async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
-    let Some(mut job) = load(&path) else { return 2 };
+    let Some(job) = load(&path) else { return 2 };
+    let mut code = 0;
+    for (each, state_dir) in per_target_state(&job, &state_dir) {
+        code = code.max(replay_job(each, state_dir).await);
+    }
+    code
+}
+
+async fn replay_job(mut job: JobSpec, state_dir: PathBuf) -> u8 {
     job.target.write_mode = sluice_core::spec::WriteMode::Upsert;
     if let Some(error) = sluice_connectors::validate(&job).into_iter().find(|error| error.path.starts_with("target")) {
         let error = Error::config(format!("job {}: its dirty records cannot be replayed: {error}", job.name))
@@ -569,6 +615,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
     job.mode = Mode::Cdc;
     job.target = EndpointSpec {
         role: sluice_core::Side::Target,
+        at: "target".into(),
         connector: "stdout".into(),
         url: None,
         path: None,
@@ -580,6 +627,7 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
         options: [("format".to_owned(), scalar(&format))].into_iter().collect(),
         line: None,
     };
+    job.targets.clear();
     let mut errors = Vec::new();
     if let Some(from) = from {
         match parse_yaml(&from) {
@@ -622,12 +670,54 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
 
 async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let Some(job) = load(&path) else { return 2 };
-    run_job(job, state_dir, summary_json, restart).await
+    if job.targets.is_empty() {
+        return run_job(job, state_dir, summary_json, restart).await;
+    }
+    run_targets(job, state_dir, summary_json, restart).await
+}
+
+/// A job with `targets:`: each target as a job of its own (`JobSpec::per_target`), side by side,
+/// each with its state in a directory named after the target; one that fails or lags does not
+/// hold the others. The summary file holds each target's summary under its name; the exit code
+/// is the worst of theirs.
+async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
+    let names: Vec<String> = job.targets.iter().map(|target| target.name.clone()).collect();
+    log::info!("job {}: {} targets ({}), each with its own checkpoints", job.name, names.len(), names.join(", "));
+    let runs: Vec<_> = names
+        .iter()
+        .zip(job.per_target())
+        .map(|(name, each)| tokio::spawn(run_job_summarized(each, state_dir.join(name), restart)))
+        .collect();
+    let mut ended = Vec::with_capacity(runs.len());
+    for run in runs {
+        ended.push(run.await.expect("a target's run does not panic"));
+    }
+    let code = ended.iter().map(|(code, _)| *code).max().unwrap_or(0);
+    if let Some(path) = summary_json {
+        let targets: serde_json::Map<String, serde_json::Value> = names
+            .into_iter()
+            .zip(ended)
+            .map(|(name, (_, summary))| (name, serde_json::to_value(summary).expect("summaries serialize")))
+            .collect();
+        let text = serde_json::to_string_pretty(&serde_json::json!({"job": job.name, "targets": targets}))
+            .expect("summaries serialize");
+        if let Err(error) = std::fs::write(&path, text + "\n") {
+            log::error!("cannot write the summary to {}: {error}", path.display());
+        }
+    }
+    code
 }
 
 /// Runs a validated job standalone, restarting it after failures that may heal, and prints its
 /// summary.
 async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
+    let (code, summary) = run_job_summarized(job, state_dir, restart).await;
+    write_summary(summary_json.as_deref(), &summary);
+    code
+}
+
+/// `run_job`, the summary handed back instead of written.
+async fn run_job_summarized(job: JobSpec, state_dir: PathBuf, restart: bool) -> (u8, RunSummary) {
     let job = Arc::new(job);
     let prepared = async {
         let source = sluice_connectors::source(&job)?;
@@ -649,8 +739,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
                 error: Some(error.to_string()),
                 ..RunSummary::new(&job.name, &job.mode.to_string(), &Default::default())
             };
-            write_summary(summary_json.as_deref(), &summary);
-            return fail(&error);
+            return (fail(&error), summary);
         }
     };
 
@@ -731,8 +820,7 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
         }
     }
     print_summary(&summary, sluice_connectors::prints_events(&job.target.connector));
-    write_summary(summary_json.as_deref(), &summary);
-    match error {
+    let code = match error {
         None if job.verify.is_some() => verify_after_copy(&job, &state_dir).await,
         None => 0,
         // A change stream runs until it is stopped: that is its normal end.
@@ -745,7 +833,8 @@ async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>
             1
         }
         Some(error) => fail(&error),
-    }
+    };
+    (code, summary)
 }
 
 /// `verify:` of a job that copies and ends: the target verified once the copy succeeded; exit 1

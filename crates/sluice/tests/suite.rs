@@ -31,6 +31,7 @@ mod suite {
     mod snapshot_resume;
     mod standalone;
     mod streams;
+    mod targets;
     mod tls;
     mod transform;
     mod two_way;

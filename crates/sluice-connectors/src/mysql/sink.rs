@@ -506,8 +506,11 @@ impl InsertTarget for MysqlWriter {
         &mut self.in_transaction
     }
 
+    /// Begins a transaction marked as Sluice's (`super::writes`), so that a `two_way` job
+    /// reading this server passes the copy's rows over as it does the stream's.
     async fn start_transaction(&mut self) -> Result<()> {
-        self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))
+        self.connection.query_drop("START TRANSACTION").await.map_err(self.error("begin a transaction"))?;
+        super::writes::mark_transaction(&mut self.connection, &self.server, &self.task.job, &self.task.name).await
     }
 
     /// Inserted under savepoints: a row whose content fails the batch is found and left out,

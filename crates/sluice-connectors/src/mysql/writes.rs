@@ -31,18 +31,25 @@ pub(super) fn is_writes_table(table: &TableName) -> bool {
     table.namespace.as_deref() == Some("sluice") && table.name == "writes"
 }
 
-/// Counts the open transaction as one the task wrote: the transaction's first row change, so a
-/// binlog reader knows it from its first table.
+/// Counts the transaction just begun as one the task wrote: its first row change, so a binlog
+/// reader knows it from its first table. A target prepared before the table existed gets it
+/// here (the DDL commits the empty transaction, which begins again).
 pub(super) async fn mark_transaction(connection: &mut Conn, server: &str, job: &str, task: &str) -> Result<()> {
-    connection
-        .exec_drop(
-            "INSERT INTO sluice.writes (job, task, transactions) VALUES (?, ?, 1)
-             ON DUPLICATE KEY UPDATE transactions = transactions + 1",
-            (job, task),
-        )
-        .await
-        .map_err(|error| mysql_error(error, Side::Target, server, "count the transaction in sluice.writes"))
+    const MARK: &str = "INSERT INTO sluice.writes (job, task, transactions) VALUES (?, ?, 1)
+        ON DUPLICATE KEY UPDATE transactions = transactions + 1";
+    let failed = |error| mysql_error(error, Side::Target, server, "count the transaction in sluice.writes");
+    match connection.exec_drop(MARK, (job, task)).await {
+        Err(mysql_async::Error::Server(error)) if error.code == NO_SUCH_TABLE => {
+            connection.query_drop(WRITES_TABLE).await.map_err(failed)?;
+            connection.query_drop("START TRANSACTION").await.map_err(failed)?;
+            connection.exec_drop(MARK, (job, task)).await.map_err(failed)
+        }
+        marked => marked.map_err(failed),
+    }
 }
+
+/// `ER_NO_SUCH_TABLE`.
+const NO_SUCH_TABLE: u16 = 1146;
 
 #[cfg(test)]
 mod tests {

@@ -20,7 +20,11 @@ pub struct JobSpec {
     pub name: String,
     pub mode: Mode,
     pub source: EndpointSpec,
+    /// The target; with `targets:`, the first of them.
     pub target: EndpointSpec,
+    /// `targets:`: several named targets fed by one job (empty with `target:`). Each runs as a
+    /// job of its own (`JobSpec::per_target`), with its own checkpoints in its target.
+    pub targets: Vec<NamedTarget>,
     /// How many tasks run at once.
     pub parallelism: usize,
     pub limits: Limits,
@@ -56,6 +60,114 @@ pub struct JobSpec {
     /// than the change found it. `None`: no check beyond the target's own (a missing row stops
     /// the job); a `two_way` job checks with `stop` unless it says.
     pub conflict: Option<ConflictPolicy>,
+}
+
+/// One of a job's `targets:`.
+#[derive(Debug, Clone)]
+pub struct NamedTarget {
+    /// `name`: 1 to 32 of a-z, 0-9, _ and -, unique in the job.
+    pub name: String,
+    pub endpoint: EndpointSpec,
+}
+
+impl JobSpec {
+    /// The job as one job per target: itself when it has one target; with `targets:`, one per
+    /// target, named `JOB.TARGET` (a name no job of a file can take), each with that target
+    /// alone.
+    pub fn per_target(&self) -> Vec<JobSpec> {
+        if self.targets.is_empty() {
+            return vec![self.clone()];
+        }
+        self.targets
+            .iter()
+            .map(|target| JobSpec {
+                name: format!("{}.{}", self.name, target.name),
+                target: target.endpoint.clone(),
+                targets: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
+    }
+
+    /// Every target endpoint of the job.
+    pub fn target_endpoints(&self) -> Vec<&EndpointSpec> {
+        if self.targets.is_empty() {
+            vec![&self.target]
+        } else {
+            self.targets.iter().map(|target| &target.endpoint).collect()
+        }
+    }
+}
+
+/// `targets:`: a list of targets as `target:` takes them, each with a `name`.
+fn decode_targets(decoder: &mut Decoder, node: &Node) -> Option<Vec<NamedTarget>> {
+    let document::NodeKind::Sequence(items) = &node.kind else {
+        decoder.error(
+            "targets",
+            node.line,
+            format!("expected a list of targets, each with a name, found {}", node.shape()),
+        );
+        return None;
+    };
+    if items.is_empty() {
+        decoder.error("targets", node.line, "expected at least one target");
+        return None;
+    }
+    let mut targets = Vec::new();
+    let mut valid = true;
+    for (index, item) in items.iter().enumerate() {
+        let document::NodeKind::Mapping(entries) = &item.kind else {
+            decoder.error(
+                &format!("targets[{index}]"),
+                item.line,
+                format!("expected a mapping with `name` and `type`, found {}", item.shape()),
+            );
+            valid = false;
+            continue;
+        };
+        let name = match entries.iter().find(|(key, _)| key == "name") {
+            None => {
+                decoder.error(
+                    &format!("targets[{index}].name"),
+                    item.line,
+                    "missing required field `name` (the target's name in the job, [a-z0-9_-]+)",
+                );
+                None
+            }
+            Some((_, value)) => decoder.string(value, &format!("targets[{index}].name")).and_then(|name| {
+                let valid = !name.is_empty()
+                    && name.len() <= 32
+                    && name
+                        .bytes()
+                        .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-');
+                if !valid {
+                    decoder.error(
+                        &format!("targets[{index}].name"),
+                        value.line,
+                        format!("`{name}` is not a valid target name; use 1 to 32 of a-z, 0-9, _ and -"),
+                    );
+                } else if targets.iter().any(|known: &NamedTarget| known.name == name) {
+                    decoder.error(
+                        &format!("targets[{index}].name"),
+                        value.line,
+                        format!("two targets are named `{name}`; each needs its own name"),
+                    );
+                    return None;
+                }
+                valid.then_some(name)
+            }),
+        };
+        let rest = Node {
+            kind: document::NodeKind::Mapping(entries.iter().filter(|(key, _)| key != "name").cloned().collect()),
+            line: item.line,
+        };
+        let at = format!("targets[{}]", name.as_deref().unwrap_or(&index.to_string()));
+        match (name, decode_endpoint(decoder, &rest, Side::Target, &at)) {
+            (Some(name), Some(endpoint)) => targets.push(NamedTarget { name, endpoint }),
+            _ => valid = false,
+        }
+    }
+    valid.then_some(targets)
 }
 
 /// `schema_changes: carry | ignore | stop` (Flink CDC's evolve, ignore and exception behaviours).
@@ -140,6 +252,9 @@ pub struct EndpointSpec {
     /// Which end of the job it is (`Side::Source` or `Side::Target`); its name is the field path
     /// prefix of messages.
     pub role: Side,
+    /// Where it stands in the document (`source`, `target`, `targets[warehouse]`): the prefix of
+    /// its fields' paths in messages.
+    pub at: String,
     pub connector: String,
     /// The server URL; it may hold a password, so it never prints.
     pub url: Option<Secret>,
@@ -166,7 +281,7 @@ impl EndpointSpec {
     }
 
     pub fn path_of(&self, field: &str) -> String {
-        format!("{}.{field}", self.role)
+        format!("{}.{field}", self.at)
     }
 
     /// An error about one of this endpoint's fields.
@@ -300,6 +415,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "mode",
             "source",
             "target",
+            "targets",
             "parallelism",
             "limits",
             "errors",
@@ -322,10 +438,22 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let mode = decode_mode(decoder, &fields);
     let source = fields
         .require(decoder, "source", "where data comes from")
-        .and_then(|node| decode_endpoint(decoder, node, Side::Source));
-    let target = fields
-        .require(decoder, "target", "where data goes")
-        .and_then(|node| decode_endpoint(decoder, node, Side::Target));
+        .and_then(|node| decode_endpoint(decoder, node, Side::Source, "source"));
+    let (target, targets) = match (fields.get("target"), fields.get("targets")) {
+        (Some(node), None) => (decode_endpoint(decoder, node, Side::Target, "target"), Some(Vec::new())),
+        (None, Some(node)) => match decode_targets(decoder, node) {
+            Some(targets) => (targets.first().map(|first| first.endpoint.clone()), Some(targets)),
+            None => (None, None),
+        },
+        (Some(_), Some(node)) => {
+            decoder.error("targets", node.line, "give `target:` (one) or `targets:` (several), not both");
+            (None, None)
+        }
+        (None, None) => {
+            fields.require(decoder, "target", "where data goes (or `targets:`, a list of several, each with a name)");
+            (None, None)
+        }
+    };
     let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -385,11 +513,20 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             }
         }
     }
-    let mut target = target;
-    if let (Some(mode), Some(source), Some(target)) = (mode, &source, &mut target) {
-        check_cursor(decoder, mode, source, target);
-        if mode == Mode::IncrementalCursor {
-            target.write_mode = WriteMode::Upsert;
+    let (mut target, mut targets) = (target, targets);
+    if let (Some(mode), Some(source)) = (mode, &source) {
+        if let Some(target) = &mut target {
+            check_cursor(decoder, mode, source, target);
+        }
+        let named = targets.iter_mut().flatten().map(|target| &mut target.endpoint);
+        for (index, target) in target.iter_mut().chain(named).enumerate() {
+            if index > 1 {
+                // The first named target is `target`, checked above with the source.
+                check_target_cursor(decoder, mode, target);
+            }
+            if mode == Mode::IncrementalCursor {
+                target.write_mode = WriteMode::Upsert;
+            }
         }
     }
     Some(JobSpec {
@@ -397,6 +534,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         mode: mode?,
         source: source?,
         target: target?,
+        targets: targets?,
         parallelism: parallelism?,
         limits: limits?,
         errors: errors?,
@@ -542,6 +680,12 @@ fn check_cursor(decoder: &mut Decoder, mode: Mode, source: &EndpointSpec, target
             format!("a {mode} job reads no cursor; `source.cursor` belongs to `mode: incremental-cursor`"),
         );
     }
+    check_target_cursor(decoder, mode, target);
+}
+
+/// A target's part of `check_cursor`.
+fn check_target_cursor(decoder: &mut Decoder, mode: Mode, target: &EndpointSpec) {
+    let incremental = mode == Mode::IncrementalCursor;
     if target.cursor.is_some() {
         decoder.error(
             &target.path_of("cursor"),
@@ -561,8 +705,8 @@ fn check_cursor(decoder: &mut Decoder, mode: Mode, source: &EndpointSpec, target
     }
 }
 
-fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<EndpointSpec> {
-    let role = side.name();
+fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side, at: &str) -> Option<EndpointSpec> {
+    let role = at;
     // Connector-specific keys are allowed here and checked by the registry, which knows them.
     let document::NodeKind::Mapping(entries) = &node.kind else {
         decoder.error(role, node.line, format!("expected a mapping with at least `type`, found {}", node.shape()));
@@ -614,6 +758,7 @@ fn decode_endpoint(decoder: &mut Decoder, node: &Node, side: Side) -> Option<End
         .collect();
     Some(EndpointSpec {
         role: side,
+        at: at.to_owned(),
         connector: connector?,
         url,
         path,
@@ -789,6 +934,40 @@ mod tests {
     }
 
     const MINIMAL: &str = "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
+
+    #[test]
+    fn several_targets_each_have_a_name_and_become_one_job_each() {
+        let text = "name: fan\nsource: {type: sqlite, path: a.db}\ntargets:\n  - {name: one, type: jsonl, path: out1}\n  - name: two\n    type: csv\n    path: out2\n";
+        let job = parse(text).unwrap();
+        assert_eq!(job.target.connector, "jsonl", "`target` is the first of them");
+        let each: Vec<(String, String, String)> = job
+            .per_target()
+            .into_iter()
+            .map(|job| (job.target.path_of("path"), job))
+            .map(|(path, job)| (job.name, job.target.connector, path))
+            .collect();
+        assert_eq!(
+            each,
+            [
+                ("fan.one".into(), "jsonl".into(), "targets[one].path".into()),
+                ("fan.two".into(), "csv".into(), "targets[two].path".into())
+            ]
+        );
+        assert!(each.iter().all(|(name, _, _)| name.starts_with("fan.")));
+        assert_eq!(parse(MINIMAL).unwrap().per_target().len(), 1);
+
+        let errors = |text: &str| -> Vec<String> { parse(text).unwrap_err().iter().map(ToString::to_string).collect() };
+        let both = errors("name: x\nsource: {type: sqlite, path: a.db}\ntarget: {type: jsonl, path: o}\ntargets: [{name: a, type: jsonl, path: o}]\n");
+        assert!(both.iter().any(|error| error.contains("not both")), "{both:?}");
+        let bad = errors("name: x\nsource: {type: sqlite, path: a.db}\ntargets:\n  - {type: jsonl, path: o}\n  - {name: Two, type: jsonl, path: o}\n  - {name: c, type: jsonl, path: o}\n  - {name: c, type: jsonl, path: o}\n  - {name: d, path: o}\n");
+        for expected in
+            ["targets[0].name", "`Two` is not a valid target name", "two targets are named `c`", "targets[d].type"]
+        {
+            assert!(bad.iter().any(|error| error.contains(expected)), "{expected}: {bad:?}");
+        }
+        let none = errors("name: x\nsource: {type: sqlite, path: a.db}\n");
+        assert!(none.iter().any(|error| error.contains("target")), "{none:?}");
+    }
 
     #[test]
     fn a_minimal_job_gets_defaults() {

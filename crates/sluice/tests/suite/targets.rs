@@ -1,0 +1,120 @@
+//! One job, several targets (`targets:`): a MySQL source copied and streamed into PostgreSQL,
+//! MySQL and a second PostgreSQL schema at once, each target with its own checkpoints. A target held up (its table
+//! locked) does not hold the others, and catches up once it is free.
+
+use crate::support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::{mariadb, postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
+
+fn source_rows(database: &str) -> Vec<String> {
+    mariadb(&format!("SELECT concat_ws('|', id, v) FROM {database}.t ORDER BY id")).lines().map(str::to_owned).collect()
+}
+
+/// The rows of `schema.t` (none before the copy made the table).
+fn postgres_rows(schema: &str) -> Vec<String> {
+    if psql(&format!("SELECT to_regclass('{schema}.t') IS NOT NULL")).trim() != "t" {
+        return Vec::new();
+    }
+    psql(&format!("SELECT concat_ws('|', id, v) FROM {schema}.t ORDER BY id")).lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
+    let database = unique_name("fanout");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v VARCHAR(40)); \
+         INSERT INTO {database}.t VALUES (1, 'one'), (2, 'two')"
+    ));
+    let workspace = Workspace::new();
+    let audit = format!("{database}_audit");
+    let name = database.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             targets:\n  - name: warehouse\n    type: postgres\n    url: ${{TARGET}}\n    namespace: {database}\n\
+             \x20 - name: replica\n    type: mysql\n    url: ${{SOURCE}}\n    namespace: {database}_copy\n\
+             \x20 - name: audit\n    type: postgres\n    url: ${{TARGET}}\n    namespace: {database}_audit\n"
+        ),
+    );
+    let checked = Run::from(
+        workspace
+            .command(&["check", job.to_str().unwrap()])
+            .env("SOURCE", support::mysql_url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    checked.assert_code(0);
+    assert!(checked.stdout.contains("mysql → postgres + mysql + postgres"), "{}", checked.stdout);
+    for target in ["warehouse", "replica", "audit"] {
+        assert!(checked.stdout.contains(&format!("target {target}:")), "{}", checked.stdout);
+    }
+
+    let run = workspace.start_run(&job, &support::mysql_url(), &postgres_url(), &["--summary-json", "summary.json"]);
+    let copy = format!("{database}_copy");
+    let everywhere = |what: &str| {
+        let expected = source_rows(&database);
+        wait_for(what, Duration::from_secs(60), || {
+            let copied =
+                mariadb(&format!("SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{copy}'"));
+            copied.trim() == "1"
+                && postgres_rows(&database) == expected
+                && source_rows(&copy) == expected
+                && postgres_rows(&audit) == expected
+        });
+    };
+    everywhere("the copy in all three targets");
+
+    // The warehouse is held up: a session holds its table locked. The two others go on.
+    let lock = Command::new("psql")
+        .args([postgres_url().as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lock = lock;
+    {
+        use std::io::Write;
+        let input = lock.stdin.as_mut().unwrap();
+        writeln!(input, "BEGIN; LOCK TABLE {database}.t IN ACCESS EXCLUSIVE MODE; SELECT 'locked';").unwrap();
+        input.flush().unwrap();
+    }
+    wait_for("the warehouse table locked", Duration::from_secs(30), || {
+        psql(&format!("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 't' AND l.mode = 'AccessExclusiveLock' AND l.granted AND c.relnamespace = '{database}'::regnamespace")).trim() == "1"
+    });
+    for id in 3..=50 {
+        mariadb(&format!(
+            "INSERT INTO {database}.t VALUES ({id}, 'row {id}'); UPDATE {database}.t SET v = 'changed' WHERE id = {}",
+            id - 1
+        ));
+    }
+    let expected = source_rows(&database);
+    wait_for("the replica and the audit copy to follow while the warehouse is held", Duration::from_secs(60), || {
+        source_rows(&copy) == expected && postgres_rows(&audit) == expected
+    });
+    // Still held: the warehouse has none of it yet (its reads wait behind the lock too, so ask
+    // the catalog instead: its stream's checkpoint has not moved past the copy).
+    assert!(lock.try_wait().unwrap().is_none(), "the lock is still held");
+    {
+        use std::io::Write;
+        writeln!(lock.stdin.as_mut().unwrap(), "COMMIT;").unwrap();
+    }
+    drop(lock.stdin.take());
+    lock.wait().unwrap();
+    everywhere("the warehouse to catch up once free");
+
+    signal(&run, "TERM");
+    let stopped = Run::from(run.into_inner().wait_with_output().unwrap());
+    assert_eq!(stopped.code, 0, "{}", stopped.all());
+    let summary = support::summary(&workspace.path("summary.json"));
+    for target in ["warehouse", "replica", "audit"] {
+        let each = &summary["targets"][target];
+        assert_eq!(each["status"], "stopped", "{summary}");
+        assert!(each["stream"]["rows_applied"].as_u64().unwrap() > 0, "{target}: {summary}");
+    }
+    assert_eq!(summary["job"], name.as_str());
+}
