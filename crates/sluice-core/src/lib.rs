@@ -18,6 +18,7 @@ pub mod retry;
 pub mod runner;
 pub mod schema;
 pub mod secret;
+pub mod shared_log;
 pub mod spec;
 pub mod state;
 pub mod stats;

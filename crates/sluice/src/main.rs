@@ -33,6 +33,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
+use sluice_core::shared_log::SharedLog;
 use sluice_core::spec::JobSpec;
 use sluice_core::stats::{RunStatus, RunSummary};
 use sluice_core::{Error, ErrorKind, Side, TableSchema};
@@ -683,14 +684,29 @@ async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, r
 async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let names: Vec<String> = job.targets.iter().map(|target| target.name.clone()).collect();
     log::info!("job {}: {} targets ({}), each with its own checkpoints", job.name, names.len(), names.join(", "));
+    // A binlog is read once for every target: by a reader of the job's own name, which each
+    // target's stream joins once it stands where that reader passed (`SharedLog`).
+    let shared = match sluice_connectors::source(&job) {
+        Ok(source) if job.source.connector == "mysql" && job.mode.streams() => {
+            Some(SharedLog::new(source, sluice_core::shared_log::SHARED_EVENTS))
+        }
+        _ => None,
+    };
     let runs: Vec<_> = names
         .iter()
         .zip(job.per_target())
-        .map(|(name, each)| tokio::spawn(run_job_summarized(each, state_dir.join(name), restart)))
+        .map(|(name, each)| tokio::spawn(run_job_summarized(each, state_dir.join(name), restart, shared.clone())))
         .collect();
     let mut ended = Vec::with_capacity(runs.len());
     for run in runs {
         ended.push(run.await.expect("a target's run does not panic"));
+    }
+    if let Some(shared) = &shared {
+        log::info!(
+            "job {}: the targets' streams joined the shared read of the source's log {} times",
+            job.name,
+            shared.joins()
+        );
     }
     let code = ended.iter().map(|(code, _)| *code).max().unwrap_or(0);
     if let Some(path) = summary_json {
@@ -711,16 +727,28 @@ async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<Path
 /// Runs a validated job standalone, restarting it after failures that may heal, and prints its
 /// summary.
 async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
-    let (code, summary) = run_job_summarized(job, state_dir, restart).await;
+    let (code, summary) = run_job_summarized(job, state_dir, restart, None).await;
     write_summary(summary_json.as_deref(), &summary);
     code
 }
 
-/// `run_job`, the summary handed back instead of written.
-async fn run_job_summarized(job: JobSpec, state_dir: PathBuf, restart: bool) -> (u8, RunSummary) {
+/// `run_job`, the summary handed back instead of written; with `shared`, the job's change stream
+/// reads the source's log through it.
+async fn run_job_summarized(
+    job: JobSpec,
+    state_dir: PathBuf,
+    restart: bool,
+    shared: Option<Arc<SharedLog>>,
+) -> (u8, RunSummary) {
     let job = Arc::new(job);
+    let source_of = |job: &JobSpec| {
+        sluice_connectors::source(job).map(|source| match &shared {
+            Some(shared) => shared.wrap(source),
+            None => source,
+        })
+    };
     let prepared = async {
-        let source = sluice_connectors::source(&job)?;
+        let source = source_of(&job)?;
         let sink = sluice_connectors::sink(&job)?;
         for (side, items) in [(Side::Source, source.check().await?), (Side::Target, sink.check().await?)] {
             if let Some(item) = items.iter().find(|item| !item.ok) {
@@ -806,7 +834,7 @@ async fn run_job_summarized(job: JobSpec, state_dir: PathBuf, restart: bool) -> 
         }
         restart = runner.still_restarting();
         // Fresh connections for the new run.
-        match sluice_connectors::source(&job).and_then(|source| Ok((source, sluice_connectors::sink(&job)?))) {
+        match source_of(&job).and_then(|source| Ok((source, sluice_connectors::sink(&job)?))) {
             Ok(parts) => (source, sink) = parts,
             Err(error) => break (summary, Some(error)),
         }

@@ -1,16 +1,34 @@
 //! One job, several targets (`targets:`): a MySQL source copied and streamed into PostgreSQL,
-//! MySQL and a second PostgreSQL schema at once, each target with its own checkpoints. A target held up (its table
-//! locked) does not hold the others, and catches up once it is free.
+//! MySQL and a second PostgreSQL schema at once, each target with its own checkpoints, the
+//! source's binlog read once for all of them. A target held up (its table locked) does not hold
+//! the others, and catches up once it is free. The source is a MariaDB server of this test alone,
+//! so its binlog readers can be counted.
 
 use crate::support;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use support::{mariadb, postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
+use support::mariadb_server::MariadbServer;
+use support::{postgres_url, psql, signal, unique_name, wait_for, Run, Workspace};
 
-fn source_rows(database: &str) -> Vec<String> {
-    mariadb(&format!("SELECT concat_ws('|', id, v) FROM {database}.t ORDER BY id")).lines().map(str::to_owned).collect()
+fn source_rows(server: &MariadbServer, database: &str) -> Vec<String> {
+    let exists = server.sql(&format!(
+        "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{database}' AND TABLE_NAME = 't'"
+    ));
+    if exists != "1" {
+        return Vec::new();
+    }
+    server
+        .sql(&format!("SELECT concat_ws('|', id, v) FROM {database}.t ORDER BY id"))
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The binlog readers connected to `server`.
+fn binlog_readers(server: &MariadbServer) -> usize {
+    server.sql("SHOW PROCESSLIST").lines().filter(|line| line.contains("Binlog Dump")).count()
 }
 
 /// The rows of `schema.t` (none before the copy made the table).
@@ -23,8 +41,9 @@ fn postgres_rows(schema: &str) -> Vec<String> {
 
 #[test]
 fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
+    let server = MariadbServer::start();
     let database = unique_name("fanout");
-    mariadb(&format!(
+    server.sql(&format!(
         "CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v VARCHAR(40)); \
          INSERT INTO {database}.t VALUES (1, 'one'), (2, 'two')"
     ));
@@ -43,7 +62,7 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
     let checked = Run::from(
         workspace
             .command(&["check", job.to_str().unwrap()])
-            .env("SOURCE", support::mysql_url())
+            .env("SOURCE", server.url())
             .env("TARGET", postgres_url())
             .output()
             .unwrap(),
@@ -54,20 +73,20 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
         assert!(checked.stdout.contains(&format!("target {target}:")), "{}", checked.stdout);
     }
 
-    let run = workspace.start_run(&job, &support::mysql_url(), &postgres_url(), &["--summary-json", "summary.json"]);
+    let run = workspace.start_run(&job, server.url(), &postgres_url(), &["--summary-json", "summary.json"]);
     let copy = format!("{database}_copy");
     let everywhere = |what: &str| {
-        let expected = source_rows(&database);
+        let expected = source_rows(&server, &database);
         wait_for(what, Duration::from_secs(60), || {
-            let copied =
-                mariadb(&format!("SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = '{copy}'"));
-            copied.trim() == "1"
-                && postgres_rows(&database) == expected
-                && source_rows(&copy) == expected
+            postgres_rows(&database) == expected
+                && source_rows(&server, &copy) == expected
                 && postgres_rows(&audit) == expected
         });
     };
     everywhere("the copy in all three targets");
+    server.sql(&format!("INSERT INTO {database}.t VALUES (10000, 'streamed')"));
+    everywhere("a streamed row in all three targets");
+    wait_for("one binlog reader for the three targets", Duration::from_secs(60), || binlog_readers(&server) == 1);
 
     // The warehouse is held up: a session holds its table locked. The two others go on.
     let lock = Command::new("psql")
@@ -86,18 +105,19 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
     wait_for("the warehouse table locked", Duration::from_secs(30), || {
         psql(&format!("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 't' AND l.mode = 'AccessExclusiveLock' AND l.granted AND c.relnamespace = '{database}'::regnamespace")).trim() == "1"
     });
-    for id in 3..=50 {
-        mariadb(&format!(
-            "INSERT INTO {database}.t VALUES ({id}, 'row {id}'); UPDATE {database}.t SET v = 'changed' WHERE id = {}",
-            id - 1
-        ));
-    }
-    let expected = source_rows(&database);
+    // 400 transactions: more than the shared read keeps for a target behind the others
+    // (`SHARED_EVENTS`), so the warehouse falls out of it and reads the log again on its own.
+    let statements: String = (3..=402)
+        .map(|id| {
+            format!("INSERT INTO {database}.t VALUES ({id}, 'row {id}'); UPDATE {database}.t SET v = 'changed' WHERE id = {};", id - 1)
+        })
+        .collect();
+    server.sql(&statements);
+    let expected = source_rows(&server, &database);
     wait_for("the replica and the audit copy to follow while the warehouse is held", Duration::from_secs(60), || {
-        source_rows(&copy) == expected && postgres_rows(&audit) == expected
+        source_rows(&server, &copy) == expected && postgres_rows(&audit) == expected
     });
-    // Still held: the warehouse has none of it yet (its reads wait behind the lock too, so ask
-    // the catalog instead: its stream's checkpoint has not moved past the copy).
+    // The warehouse's table is still locked: none of it reached there yet.
     assert!(lock.try_wait().unwrap().is_none(), "the lock is still held");
     {
         use std::io::Write;
@@ -106,6 +126,9 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
     drop(lock.stdin.take());
     lock.wait().unwrap();
     everywhere("the warehouse to catch up once free");
+    wait_for("one binlog reader again once the warehouse caught up", Duration::from_secs(60), || {
+        binlog_readers(&server) == 1
+    });
 
     signal(&run, "TERM");
     let stopped = Run::from(run.into_inner().wait_with_output().unwrap());
@@ -117,4 +140,15 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
         assert!(each["stream"]["rows_applied"].as_u64().unwrap() > 0, "{target}: {summary}");
     }
     assert_eq!(summary["job"], name.as_str());
+    // Each of the three targets joined the shared read at least once.
+    let logs = stopped.all();
+    let joins: u64 = logs
+        .split("joined the shared read of the source's log ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no count of joins: {logs}"));
+    assert!(joins >= 4, "each target joined, and the warehouse again after it fell behind: {joins} joins\n{logs}");
+    assert!(logs.contains("fell behind the other targets' shared read"), "{logs}");
+    eprintln!("{joins} joins of the shared read");
 }
