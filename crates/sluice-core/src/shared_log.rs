@@ -5,8 +5,8 @@
 //! starts on a reader of its own, from its own checkpoint; once it stands at a transaction boundary
 //! the shared reader has passed recently (a position of an event still in the buffer), it
 //! leaves its own reader and reads on from the buffer. The shared reader never runs more than
-//! `capacity` events ahead of the joined stream furthest ahead, so the fastest target sets its
-//! pace; a joined stream that falls `capacity` events behind that one leaves the buffer with an
+//! a few events (`prefetch`) ahead of the joined stream furthest ahead, so the fastest target sets
+//! its pace; a joined stream that falls `capacity` events behind that one leaves the buffer with an
 //! `Unavailable` error, which ends its attempt: the job restarts from its own checkpoint on a
 //! reader of its own, catches up, and joins again. A target that is down or slow thus holds only
 //! itself, at the cost of reading the log again while it catches up.
@@ -99,6 +99,11 @@ impl SharedLog {
         self.buffer().joined
     }
 
+    /// How far the shared reader reads ahead of the stream furthest ahead.
+    fn prefetch(&self) -> usize {
+        (self.capacity / 8).max(2)
+    }
+
     fn buffer(&self) -> std::sync::MutexGuard<'_, Buffer> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -147,7 +152,7 @@ impl SharedLog {
                             log.stop(None);
                             return;
                         };
-                        if buffer.end() < ahead + log.capacity as u64 {
+                        if buffer.end() < ahead + log.prefetch() as u64 {
                             break;
                         }
                     }
@@ -183,7 +188,7 @@ impl SharedLog {
             buffer.boundaries.insert(position.0.to_string(), after);
         }
         buffer.events.push_back(event);
-        while buffer.events.len() > self.capacity {
+        while buffer.events.len() > self.capacity + self.prefetch() {
             buffer.events.pop_front();
             buffer.first += 1;
         }
@@ -481,15 +486,14 @@ mod tests {
 
         // A stream starting behind what the buffer holds reads on its own, and joins the shared
         // read once it reaches a position the buffer still holds.
-        assert_eq!(numbers(&mut first, 6).await.unwrap(), [6, 7, 8, 9, 10, 11]);
+        assert_eq!(numbers(&mut first, 15).await.unwrap(), (6..=20).collect::<Vec<u64>>());
         let mut third = changes.stream(&Position(1.into())).await.unwrap();
         assert_eq!(upstream.opens.load(Ordering::Relaxed), 2, "behind the buffer: a reader of its own");
-        assert_eq!(numbers(&mut third, 12).await.unwrap(), (2..=13).collect::<Vec<u64>>());
+        assert_eq!(numbers(&mut third, 25).await.unwrap(), (2..=26).collect::<Vec<u64>>());
         assert_eq!(log.joins(), 3, "it joined on the way, without a gap or a repeat");
+        assert_eq!(upstream.opens.load(Ordering::Relaxed), 2);
 
-        // The second stream, left more than the buffer behind the first, is told so.
-        numbers(&mut first, 8).await.unwrap();
-        numbers(&mut third, 6).await.unwrap();
+        // The second stream, left more than the buffer behind the others, is told so.
         let left = numbers(&mut second, 20).await.unwrap_err();
         assert_eq!(left.kind(), ErrorKind::Unavailable, "{left}");
         assert!(left.to_string().contains("fell behind"), "{left}");

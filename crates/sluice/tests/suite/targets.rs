@@ -54,6 +54,7 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
         "job.yaml",
         &format!(
             "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             limits: {{batch_rows: 50, queue_batches: 2}}\n\
              targets:\n  - name: warehouse\n    type: postgres\n    url: ${{TARGET}}\n    namespace: {database}\n\
              \x20 - name: replica\n    type: mysql\n    url: ${{SOURCE}}\n    namespace: {database}_copy\n\
              \x20 - name: audit\n    type: postgres\n    url: ${{TARGET}}\n    namespace: {database}_audit\n"
@@ -105,8 +106,9 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
     wait_for("the warehouse table locked", Duration::from_secs(30), || {
         psql(&format!("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 't' AND l.mode = 'AccessExclusiveLock' AND l.granted AND c.relnamespace = '{database}'::regnamespace")).trim() == "1"
     });
-    // 400 transactions: more than the shared read keeps for a target behind the others
-    // (`SHARED_EVENTS`), so the warehouse falls out of it and reads the log again on its own.
+    // 400 transactions: more than the warehouse's stream holds read ahead (its limits let 100
+    // events wait) and the shared read keeps for a target behind the others (`SHARED_EVENTS`),
+    // so the warehouse falls out of it and reads the log again on its own.
     let statements: String = (3..=402)
         .map(|id| {
             format!("INSERT INTO {database}.t VALUES ({id}, 'row {id}'); UPDATE {database}.t SET v = 'changed' WHERE id = {};", id - 1)
