@@ -6,7 +6,7 @@
 //! the shared reader has passed recently (a position of an event still in the buffer), it
 //! leaves its own reader and reads on from the buffer. The shared reader never runs more than
 //! a few events (`prefetch`) ahead of the joined stream furthest ahead, so the fastest target sets
-//! its pace; a joined stream that falls `capacity` events behind that one leaves the buffer with an
+//! its pace; a joined stream that falls `capacity` row changes behind that one leaves the buffer with an
 //! `Unavailable` error, which ends its attempt: the job restarts from its own checkpoint on a
 //! reader of its own, catches up, and joins again. A target that is down or slow thus holds only
 //! itself, at the cost of reading the log again while it catches up.
@@ -27,8 +27,9 @@ use crate::connector::{
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::TableSchema;
 
-/// Events the shared reader keeps for the streams behind the one furthest ahead.
-pub const SHARED_EVENTS: usize = 256;
+/// Row changes (other events count one each) the shared reader keeps for the streams behind the
+/// one furthest ahead: about 20 MB of ordinary rows.
+pub const SHARED_EVENTS: usize = 100_000;
 
 /// The shared reader of one source's change log, and the events it read lately.
 pub struct SharedLog {
@@ -38,6 +39,9 @@ pub struct SharedLog {
     state: Mutex<Buffer>,
     /// Woken when an event is read, a stream moves on or leaves, or the reader fails.
     changed: Notify,
+    /// Held while a stream starts or joins the shared reader, so streams starting together
+    /// join the reader the first of them opens instead of each opening one.
+    starting: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for SharedLog {
@@ -56,6 +60,8 @@ impl std::fmt::Debug for SharedLog {
 struct Buffer {
     /// The events read lately; the first is event number `first`.
     events: VecDeque<StreamEvent>,
+    /// Their weight: row changes, other events one each (`weight`).
+    held: usize,
     first: u64,
     /// Boundary position (its JSON text) → the number of the event that follows it.
     boundaries: HashMap<String, u64>,
@@ -77,7 +83,7 @@ impl Buffer {
 }
 
 impl SharedLog {
-    /// A shared reader of `source`'s log, keeping at most `capacity` events behind the joined
+    /// A shared reader of `source`'s log, keeping at most `capacity` row changes behind the joined
     /// stream furthest ahead.
     pub fn new(source: Arc<dyn Source>, capacity: usize) -> Arc<SharedLog> {
         Arc::new(SharedLog {
@@ -85,6 +91,7 @@ impl SharedLog {
             capacity: capacity.max(2),
             state: Mutex::new(Buffer::default()),
             changed: Notify::new(),
+            starting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -99,9 +106,9 @@ impl SharedLog {
         self.buffer().joined
     }
 
-    /// How far the shared reader reads ahead of the stream furthest ahead.
+    /// How many events the shared reader reads ahead of the stream furthest ahead.
     fn prefetch(&self) -> usize {
-        (self.capacity / 8).max(2)
+        (self.capacity / 8).clamp(2, 64)
     }
 
     fn buffer(&self) -> std::sync::MutexGuard<'_, Buffer> {
@@ -187,9 +194,11 @@ impl SharedLog {
         if let Some(position) = boundary(&event) {
             buffer.boundaries.insert(position.0.to_string(), after);
         }
+        buffer.held += weight(&event);
         buffer.events.push_back(event);
-        while buffer.events.len() > self.capacity + self.prefetch() {
-            buffer.events.pop_front();
+        while buffer.held > self.capacity && buffer.events.len() > 1 {
+            let gone = buffer.events.pop_front().expect("more than one event");
+            buffer.held -= weight(&gone);
             buffer.first += 1;
         }
         let first = buffer.first;
@@ -264,6 +273,14 @@ fn left_behind() -> Error {
         "this target fell behind the other targets' shared read of the source's log; it reads the log again from its checkpoint",
     )
     .on(Side::Source)
+}
+
+/// What an event weighs in the buffer: its row changes, or one.
+fn weight(event: &StreamEvent) -> usize {
+    match event {
+        StreamEvent::Changes(changes) => changes.len().max(1),
+        _ => 1,
+    }
 }
 
 /// Where an event leaves the stream between transactions, when it says so exactly: a commit, a
@@ -347,10 +364,12 @@ impl ChangeSource for SharedSource {
     /// Joins the shared reader at once when it stands where this stream starts (the first
     /// stream starts it there); otherwise reads on its own until it meets the shared reader.
     async fn stream(&self, after: &Position) -> Result<Box<dyn ChangeStream>> {
+        let starting = self.log.starting.lock().await;
         let joined = match self.log.start(after).await? {
             Some(id) => Some(id),
             None => self.log.join(after),
         };
+        drop(starting);
         if let Some(id) = joined {
             return Ok(Box::new(SharedStream { log: self.log.clone(), reading: Reading::Joined(id) }));
         }

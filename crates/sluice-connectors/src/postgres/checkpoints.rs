@@ -51,6 +51,16 @@ pub(super) fn fence_tag(job: &str, fence: &Fence) -> String {
 }
 
 /// The table of cluster fences: per job and cluster task, the newest epoch that claimed it.
+/// `sql` (DDL of Sluice's own tables, `IF NOT EXISTS`) run under a lock every Sluice session
+/// takes for it: PostgreSQL's `CREATE … IF NOT EXISTS` fails when two sessions create the same
+/// table at once (jobs of one target's server starting together).
+pub(super) fn own_tables(sql: &str) -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock({OWN_TABLES_LOCK}); {sql}; COMMIT")
+}
+
+/// The advisory lock of `own_tables` ("sluice" in ASCII).
+const OWN_TABLES_LOCK: i64 = 0x736c_7569_6365;
+
 pub(super) const FENCE_TABLE: &str = "CREATE SCHEMA IF NOT EXISTS sluice;
     CREATE TABLE IF NOT EXISTS sluice.fences (job text NOT NULL, task text NOT NULL, epoch bigint NOT NULL,
         PRIMARY KEY (job, task))";

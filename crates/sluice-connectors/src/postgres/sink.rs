@@ -14,7 +14,8 @@ use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
 use super::checkpoints::{
-    commit_with_checkpoint, fence_tag, read_checkpoint, record_identity, verify_binding, BINDING_TABLE, FENCE_TABLE,
+    commit_with_checkpoint, fence_tag, own_tables, read_checkpoint, record_identity, verify_binding, BINDING_TABLE,
+    FENCE_TABLE,
 };
 use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
 use super::trial::CopyTrial;
@@ -164,16 +165,19 @@ impl Sink for PostgresSink {
         refuse_long_names(tables)?;
         let client = connect(&self.url, Side::Target, &self.server).await?;
         client
-            .batch_execute(
+            .batch_execute(&own_tables(
                 "CREATE SCHEMA IF NOT EXISTS sluice;
                  CREATE TABLE IF NOT EXISTS sluice.checkpoints (job text NOT NULL, task text NOT NULL, position jsonb,
                      done boolean NOT NULL, rows_written bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
                      PRIMARY KEY (job, task))",
-            )
+            ))
             .await
             .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
         // Made here too, once, before the tasks of a cluster job claim their fences at once.
-        client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
+        client
+            .batch_execute(&own_tables(FENCE_TABLE))
+            .await
+            .map_err(self.error("create the fence table sluice.fences"))?;
         warn_keyless_upsert(tables, self.write_mode);
         for table in tables {
             let existing = self.columns(&client, &table.name).await?;
@@ -189,7 +193,10 @@ impl Sink for PostgresSink {
 
     async fn verify_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
         let client = connect(&self.url, Side::Target, &self.server).await?;
-        client.batch_execute(BINDING_TABLE).await.map_err(self.error("create the table sluice.bindings"))?;
+        client
+            .batch_execute(&own_tables(BINDING_TABLE))
+            .await
+            .map_err(self.error("create the table sluice.bindings"))?;
         let mut judged = Vec::with_capacity(tables.len());
         for table in tables {
             judged.push((
@@ -215,7 +222,10 @@ impl Sink for PostgresSink {
     /// One transaction: the tables are emptied and the checkpoints forgotten together.
     async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
         let client = connect(&self.url, Side::Target, &self.server).await?;
-        client.batch_execute(BINDING_TABLE).await.map_err(self.error("create the table sluice.bindings"))?;
+        client
+            .batch_execute(&own_tables(BINDING_TABLE))
+            .await
+            .map_err(self.error("create the table sluice.bindings"))?;
         client.batch_execute("BEGIN").await.map_err(self.error("begin"))?;
         for table in tables {
             let name = qualified(&table.table);
@@ -245,7 +255,10 @@ impl Sink for PostgresSink {
     async fn claim(&self, job: &str) -> Result<()> {
         let Some(fence) = &self.fence else { return Ok(()) };
         let mut client = connect(&self.url, Side::Target, &self.server).await?;
-        client.batch_execute(FENCE_TABLE).await.map_err(self.error("create the fence table sluice.fences"))?;
+        client
+            .batch_execute(&own_tables(FENCE_TABLE))
+            .await
+            .map_err(self.error("create the fence table sluice.fences"))?;
         // Sessions of older owners of this task are stale: ending them rolls back whatever they
         // hold (a stalled COPY's row locks, a share lock on the fence) before the fence is taken.
         let tag = fence_tag(job, fence);

@@ -106,12 +106,17 @@ fn one_job_feeds_three_targets_and_a_held_up_one_does_not_hold_the_others() {
     wait_for("the warehouse table locked", Duration::from_secs(30), || {
         psql(&format!("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 't' AND l.mode = 'AccessExclusiveLock' AND l.granted AND c.relnamespace = '{database}'::regnamespace")).trim() == "1"
     });
-    // 400 transactions: more than the warehouse's stream holds read ahead (its limits let 100
-    // events wait) and the shared read keeps for a target behind the others (`SHARED_EVENTS`),
-    // so the warehouse falls out of it and reads the log again on its own.
-    let statements: String = (3..=402)
-        .map(|id| {
-            format!("INSERT INTO {database}.t VALUES ({id}, 'row {id}'); UPDATE {database}.t SET v = 'changed' WHERE id = {};", id - 1)
+    // 400 transactions of 300 inserted rows and an update: more than the warehouse's stream
+    // holds read ahead (its limits let 100 events wait) and the shared read keeps for a target
+    // behind the others (`SHARED_EVENTS` row changes), so the warehouse falls out of it and reads
+    // the log again on its own.
+    let statements: String = (1..=400)
+        .map(|batch| {
+            let first = 1_000 * batch;
+            format!(
+                "INSERT INTO {database}.t SELECT {first} + seq, concat('row ', {first} + seq) FROM {database}.seq_1_to_300; \
+                 UPDATE {database}.t SET v = 'changed' WHERE id = {first} + 1;"
+            )
         })
         .collect();
     server.sql(&statements);
