@@ -8,7 +8,7 @@
 #
 #   bench/topology.sh [--changes 300000] [--sluice PATH] [--out bench/results]
 #
-# Hermetic servers (scripts/testdb): MariaDB A and B, PostgreSQL for the three targets. Every run
+# CPU: user + system seconds of the sluice processes (/usr/bin/time). Hermetic servers (scripts/testdb): MariaDB A and B, PostgreSQL for the three targets. Every run
 # is a `cdc` job from the position before the backlog to the one after it
 # (`source.start_position` / `stop_position`), so it ends by itself once everything is applied;
 # targets are checked for the source's row count and sum afterwards. Prints a Markdown table and
@@ -100,36 +100,22 @@ for server in a b; do
   my "$server" -e "CREATE DATABASE bench; CREATE TABLE bench.t (id BIGINT PRIMARY KEY, k INT NOT NULL, c VARCHAR(100) NOT NULL)"
 done
 
-# run_jobs NAME FILE...: runs the job files side by side (SOURCE/TARGET from each file's own
-# environment line), waits for all; sets wall, cpu.
+# run_jobs NAME FILE...: runs the job files side by side, each in its directory (its own state
+# directory and run.log), waits for all; sets wall and cpu (user + system seconds of every sluice
+# process, from /usr/bin/time, exact at exit).
 run_jobs() {
-  local name=$1 started pids=() cpu_total=0 file
+  local name=$1 started pids=() file
   shift
   started=$(now)
   for file in "$@"; do
-    # Each job in its own directory: its own state directory (.sluice) and log.
-    (cd "$(dirname "$file")" && exec "$sluice" run "$file" >"$(dirname "$file")/run.log" 2>&1) &
+    (cd "$(dirname "$file")" && exec /usr/bin/time -f "%U %S" -o cpu.txt "$sluice" run "$file" >run.log 2>&1) &
     pids+=($!)
   done
-  local sampled=()
-  while true; do
-    local alive=0 index=0
-    for pid in "${pids[@]}"; do
-      if kill -0 "$pid" 2>/dev/null; then
-        alive=1
-        sampled[index]=$(tree_cpu "$pid")
-      fi
-      index=$((index + 1))
-    done
-    [[ $alive == 1 ]] || break
-    sleep 0.2
-  done
-  wall=$(elapsed "$started")
   for pid in "${pids[@]}"; do
     wait "$pid" || { log "$name: a run failed"; for file in "$@"; do tail -20 "$(dirname "$file")/run.log" >&2; done; exit 1; }
   done
-  for cpu_of in "${sampled[@]}"; do cpu_total=$(awk "BEGIN{printf \"%.2f\", $cpu_total + $cpu_of}"); done
-  cpu=$cpu_total
+  wall=$(elapsed "$started")
+  cpu=$(for file in "$@"; do tail -1 "$(dirname "$file")/cpu.txt"; done | awk '{total += $1 + $2} END {printf "%.2f", total}')
 }
 
 # check_pg SCHEMA: the target's count and sum of k equal the source's (server a).
