@@ -692,10 +692,9 @@ async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<Path
         }
         _ => None,
     };
-    let runs: Vec<_> = names
-        .iter()
-        .zip(job.per_target())
-        .map(|(name, each)| tokio::spawn(run_job_summarized(each, state_dir.join(name), restart, shared.clone())))
+    let runs: Vec<_> = per_target_state(&job, &state_dir)
+        .into_iter()
+        .map(|(each, state_dir)| tokio::spawn(run_job_summarized(each, state_dir, restart, shared.clone())))
         .collect();
     let mut ended = Vec::with_capacity(runs.len());
     for run in runs {
