@@ -823,30 +823,28 @@ impl Applier<'_> {
                 conflict_record(self.context, conflict, &policy, position)
             })
             .collect();
-        let counted = &mut self.carried.counted_left_out;
-        let new = records
-            .iter()
-            .filter(|record| {
-                let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
-                counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
-            })
-            .count();
-        self.context.stats.stream.conflicts.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+        let new = self.count_once(&records);
+        self.context.stats.stream.conflicts.fetch_add(new, std::sync::atomic::Ordering::Relaxed);
         self.context.keep_conflicts(STREAM_TASK, &records)
     }
 
     /// Counts the changes the stream left out, each once per run (a group applied again after a
     /// failed commit leaves the same ones out).
     fn count_left_out(&mut self, records: &[Rejected]) {
+        let new = self.count_once(records);
+        self.context.stats.stream.dirty_records.fetch_add(new, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many of `records` this run has not counted before (by table, key and position).
+    fn count_once(&mut self, records: &[Rejected]) -> u64 {
         let counted = &mut self.carried.counted_left_out;
-        let new = records
+        records
             .iter()
             .filter(|record| {
                 let position = record.change.as_ref().map(|change| change.position.0.to_string()).unwrap_or_default();
                 counted.insert(format!("{}\n{}\n{position}", record.table, record.key))
             })
-            .count();
-        self.context.stats.stream.dirty_records.fetch_add(new as u64, std::sync::atomic::Ordering::Relaxed);
+            .count() as u64
     }
 
     /// `schema_changes: ignore`: the first rows of each table in an attempt read which columns
