@@ -6,7 +6,8 @@
 #
 #   bench/cdc.sh [--tables 4] [--rows 100000] [--seconds 60] [--threads 4] [--rate 1250]
 #                [--latency-seconds 30] [--parallel-threads 4] [--parallel-mode optimistic]
-#                [--batch-rows 5000] [--queue-batches N (sluice's default)] [--only sluice|native|chameleon] [--sluice PATH] [--out bench/results]
+#                [--batch-rows 5000] [--queue-batches N (sluice's default)] [--apply-parallelism N (the target's default)]
+#                [--only sluice|native|chameleon] [--sluice PATH] [--out bench/results]
 #
 # 1. Hermetic servers: a source MariaDB, a target PostgreSQL, a target MariaDB (sluice), and one
 #    MariaDB per native replica. sysbench prepares --tables x --rows.
@@ -45,6 +46,7 @@ parallel_threads=4
 parallel_mode=optimistic
 batch_rows=5000
 queue_batches=""
+apply_parallelism=""
 only=""
 sluice=""
 out=bench/results
@@ -62,6 +64,7 @@ while [[ $# -gt 0 ]]; do
     --parallel-mode) parallel_mode=$2; shift 2 ;;
     --batch-rows) batch_rows=$2; shift 2 ;;
     --queue-batches) queue_batches=$2; shift 2 ;;
+    --apply-parallelism) apply_parallelism=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --sluice) sluice=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
@@ -230,6 +233,7 @@ target:
   url: $4
   namespace: $5
 limits: {batch_rows: $batch_rows${queue_batches:+, queue_batches: $queue_batches}}
+${apply_parallelism:+apply_parallelism: $apply_parallelism}
 EOF
   echo "$base/$1-$2.yaml"
 }

@@ -327,7 +327,30 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
         errors.extend(validate(job, endpoint));
     }
     errors.extend(two_way_problems(job));
+    errors.extend(lane_problems(job));
     errors
+}
+
+/// The targets whose stream writer applies on several connections (`apply_parallelism`).
+const LANE_TARGETS: &[&str] = &["mysql", "postgres"];
+
+/// `apply_parallelism` above 1 needs a target that writes one stream on several connections.
+fn lane_problems(job: &JobSpec) -> Vec<SpecError> {
+    let Some(lanes) = job.apply_parallelism.filter(|lanes| *lanes > 1) else { return Vec::new() };
+    job.target_endpoints()
+        .into_iter()
+        .filter(|target| !LANE_TARGETS.contains(&target.connector.as_str()))
+        .map(|target| SpecError {
+            path: "apply_parallelism".into(),
+            line: None,
+            message: format!(
+                "apply_parallelism: {lanes} needs a target that applies on several connections ({}); {} is a `{}` target, which applies on one (leave the field out)",
+                LANE_TARGETS.join(", "),
+                target.at,
+                target.connector
+            ),
+        })
+        .collect()
 }
 
 /// The targets that read their rows back to judge a change against them (`conflict:`).
@@ -529,4 +552,32 @@ pub(crate) fn url(endpoint: &EndpointSpec) -> Result<&sluice_core::secret::Secre
 #[allow(dead_code)]
 pub(crate) fn path(endpoint: &EndpointSpec) -> Result<PathBuf> {
     endpoint.path.as_ref().map(PathBuf::from).ok_or_else(|| Error::config(format!("{}.path: missing", endpoint.role)))
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::spec::parse_job;
+
+    #[test]
+    fn apply_parallelism_above_one_needs_a_target_that_writes_on_several_connections() {
+        let job = |target: &str| {
+            let text = format!(
+                "name: s\nmode: cdc\napply_parallelism: 3\nsource: {{type: mysql, url: \"mysql://a\"}}\ntarget: {target}\n"
+            );
+            let job = parse_job(&text, false, |_| None).expect("a valid job file");
+            super::validate(&job).iter().map(ToString::to_string).collect::<Vec<String>>()
+        };
+        let errors = job("{type: sqlite, path: out.db}");
+        assert!(
+            errors
+                .iter()
+                .any(|error| error.contains("apply_parallelism: 3 needs a target that applies on several connections")
+                    && error.contains("`sqlite` target")),
+            "{errors:?}"
+        );
+        for target in ["{type: postgres, url: \"postgres://b\"}", "{type: mysql, url: \"mysql://b\"}"] {
+            let errors = job(target);
+            assert!(!errors.iter().any(|error| error.contains("apply_parallelism")), "{target}: {errors:?}");
+        }
+    }
 }

@@ -8,6 +8,9 @@
 const POINTS: &[&str] = &[
     // A group's rows are written in the open target transaction, not committed.
     "stream.group.written",
+    // A lane (`apply_parallelism`) wrote its group and the group before it committed; its own
+    // commit has not begun (the groups after it may be written already).
+    "stream.lane.turn",
     // The target committed a group with its checkpoint; nothing else happened yet.
     "stream.group.committed",
     // A DDL statement was applied (MySQL: committed on its own), its checkpoint not.

@@ -19,6 +19,7 @@ mod suite {
     mod fencing;
     mod file_inputs;
     mod lake;
+    mod lanes;
     mod layering;
     mod migration;
     mod mysql_edge_cases;

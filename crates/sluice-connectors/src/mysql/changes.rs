@@ -31,6 +31,38 @@ pub(super) struct MysqlChangeWriter {
     /// The target server's flavor (`mysql`, `mariadb`), read when a table is first created or
     /// altered: which of the source's own types and defaults it takes (`Fidelity`).
     pub(super) flavor: Option<&'static str>,
+    /// The writer's row in `sluice.writes`: the task's name, with the lane's number past the
+    /// first lane (lanes write side by side, so each counts its transactions in a row of its
+    /// own).
+    pub(super) marker: String,
+}
+
+/// How many connections apply a stream into MySQL at once unless the job says.
+pub(super) const APPLY_LANES: usize = 4;
+
+impl MysqlChangeWriter {
+    pub(super) fn new(connection: Conn, server: &str, task: WriterTask, lane: usize) -> MysqlChangeWriter {
+        let marker = if lane == 0 { task.name.clone() } else { format!("{}/{lane}", task.name) };
+        MysqlChangeWriter { connection, server: server.to_owned(), task, in_transaction: false, flavor: None, marker }
+    }
+}
+
+/// Puts a change writer's session in READ COMMITTED where the server's binlog allows it (off,
+/// or logging rows), and says whether it did. Lanes write different keys side by side; under
+/// REPEATABLE READ a delete of an absent key locks the gap around it, and two lanes' inserts
+/// into each other's gaps would deadlock.
+pub(super) async fn read_committed(connection: &mut Conn, server: &str) -> Result<bool> {
+    let failed = |error| mysql_error(error, Side::Target, server, "read the binlog settings");
+    let (log_bin, format): (i64, String) =
+        connection.query_first("SELECT @@log_bin, @@binlog_format").await.map_err(failed)?.unwrap_or_default();
+    if log_bin != 0 && format.eq_ignore_ascii_case("STATEMENT") {
+        return Ok(false);
+    }
+    connection
+        .query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await
+        .map_err(|error| mysql_error(error, Side::Target, server, "set the isolation level"))?;
+    Ok(true)
 }
 
 #[async_trait]
@@ -119,7 +151,7 @@ impl MysqlChangeWriter {
                 .await
                 .map_err(|error| mysql_error(error, Side::Target, &self.server, "begin a transaction"))?;
             self.in_transaction = true;
-            mark_transaction(&mut self.connection, &self.server, &self.task.job, &self.task.name).await?;
+            mark_transaction(&mut self.connection, &self.server, &self.task.job, &self.marker).await?;
         }
         Ok(())
     }

@@ -194,7 +194,8 @@ fn build_target(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
             endpoint.write_mode,
             endpoint.create_tables,
             crate::namespace(endpoint),
-            job.parallelism,
+            // The copy's tasks and the stream's lanes (a backfill copies while the stream runs).
+            job.parallelism + job.apply_parallelism.unwrap_or(super::changes::APPLY_LANES),
         )?
         .fenced_if(fence),
     ))

@@ -339,13 +339,27 @@ impl FoldedChangeSink for MysqlSink {
     }
 
     async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
-        Ok(Box::new(super::changes::MysqlChangeWriter {
-            connection: self.task_connection(job).await?,
-            server: self.server.clone(),
-            task: WriterTask::new(job, task, self.fence.as_ref()),
-            in_transaction: false,
-            flavor: None,
-        }))
+        let mut connection = self.task_connection(job).await?;
+        super::changes::read_committed(&mut connection, &self.server).await?;
+        Ok(Box::new(super::changes::MysqlChangeWriter::new(
+            connection,
+            &self.server,
+            WriterTask::new(job, task, self.fence.as_ref()),
+            0,
+        )))
+    }
+
+    fn apply_lanes(&self) -> usize {
+        super::changes::APPLY_LANES
+    }
+
+    async fn open_lane(&self, job: &str, task: &str, lane: usize) -> Result<Option<Box<dyn FoldedChangeWriter>>> {
+        let mut connection = self.task_connection(job).await?;
+        if !super::changes::read_committed(&mut connection, &self.server).await? {
+            return Ok(None);
+        }
+        let task = WriterTask::new(job, task, self.fence.as_ref());
+        Ok(Some(Box::new(super::changes::MysqlChangeWriter::new(connection, &self.server, task, lane))))
     }
 }
 

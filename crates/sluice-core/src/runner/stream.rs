@@ -29,12 +29,13 @@ use super::context::RunContext;
 use super::copied_keys::CopiedKeys;
 use super::Backfill;
 use crate::change::Position;
-use crate::connector::{AnyChangeWriter, ChangeStream, Checkpoint, Split, StreamEvent};
+use crate::connector::{AnyChangeWriter, ChangeStream, Checkpoint, FoldedChangeWriter, Split, StreamEvent};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
 use crate::names::STREAM_TASK;
 use crate::retry;
 use crate::schema::TableName;
+use crate::spec::Consistency;
 use crate::stats::StreamPhase;
 
 mod applier;
@@ -267,6 +268,7 @@ impl StreamStage {
         let raw = matches!(writer, AnyChangeWriter::Events(_));
         let copied_keys =
             if raw && checkpoint.replay_until.is_some() { self.copied_keys().await? } else { CopiedKeys::default() };
+        let lanes = self.open_lanes(matches!(writer, AnyChangeWriter::Folded(_))).await?;
         let stream = changes.stream(&checkpoint.at).await?;
         let (producer, mut received, acks) = self.read_ahead(stream);
         let start = AttemptStart {
@@ -280,6 +282,7 @@ impl StreamStage {
             dirty_keys: self.dirty_keys(),
             resync_requests: self.resync.clone(),
             carried: std::mem::take(&mut self.carried),
+            lanes,
         };
         let mut applier = Applier::new(context, changes, start);
         let outcome = applier.run(&mut received).await;
@@ -288,6 +291,38 @@ impl StreamStage {
         drop(received);
         producer.abort();
         outcome
+    }
+
+    /// The writers of the attempt's other lanes: as many as the job's `apply_parallelism` (or the
+    /// target's own number) asks beyond the stream's writer, when that writer applies folded
+    /// changes (`folded`); none under `consistency: serial` or a conflict policy (which reads rows back
+    /// on the stream's connection), or where the target cannot take them now.
+    async fn open_lanes(&self, folded: bool) -> Result<Vec<Box<dyn FoldedChangeWriter>>> {
+        let job = &self.context.job;
+        let Some(sink) = self.context.sink.folded_changes().filter(|_| folded) else { return Ok(Vec::new()) };
+        let count = match job.consistency {
+            Consistency::Serial => 1,
+            Consistency::Transaction => job.apply_parallelism.unwrap_or_else(|| sink.apply_lanes()),
+        };
+        if count <= 1 || job.conflict.is_some() {
+            return Ok(Vec::new());
+        }
+        let mut lanes = Vec::new();
+        for lane in 1..count {
+            match sink.open_lane(&job.name, STREAM_TASK, lane).await? {
+                Some(writer) => lanes.push(writer),
+                None => {
+                    log::warn!(
+                        "change stream: the target cannot apply on several connections (a MySQL target that logs statements: binlog_format = STATEMENT); it applies on one"
+                    );
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        log::info!(
+            "change stream applies on {count} target connections (apply_parallelism), committing in the source's order"
+        );
+        Ok(lanes)
     }
 
     /// The stream's checkpoint as the target holds it, or the first one (from `start`) when it

@@ -60,6 +60,25 @@ pub struct JobSpec {
     /// than the change found it. `None`: no check beyond the target's own (a missing row stops
     /// the job); a `two_way` job checks with `stop` unless it says.
     pub conflict: Option<ConflictPolicy>,
+    /// `apply_parallelism:` (1 to 32): how many target connections apply the change stream's
+    /// groups at once. `None`: what the target does best (`Sink::apply_lanes`).
+    pub apply_parallelism: Option<usize>,
+    /// `consistency:`: `transaction` (lanes as `apply_parallelism` says) or `serial` (one
+    /// connection, as before lanes existed).
+    pub consistency: Consistency,
+}
+
+/// `consistency: transaction | serial`: what the stream's apply promises a reader of the target.
+/// Both show every source transaction whole, and groups commit in the source's order either way;
+/// `serial` also writes on one connection only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Consistency {
+    /// Groups are written by several connections at once where they touch different rows, and
+    /// committed in the source's order.
+    #[default]
+    Transaction,
+    /// One connection writes and commits every group.
+    Serial,
 }
 
 /// One of a job's `targets:`.
@@ -432,6 +451,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "schema_changes",
             "two_way",
             "conflict",
+            "apply_parallelism",
+            "consistency",
         ],
     )?;
     let name = decode_name(decoder, &fields);
@@ -499,11 +520,12 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             }
         }),
     };
+    let (apply_parallelism, consistency) = decode_apply(decoder, &fields);
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
     check_schedule(decoder, &fields, mode, &schedule, &after);
     if let Some(mode) = mode.filter(|mode| !mode.streams()) {
-        for field in ["two_way", "conflict"] {
+        for field in ["two_way", "conflict", "apply_parallelism", "consistency"] {
             if let Some(node) = fields.get(field) {
                 decoder.error(
                     field,
@@ -551,6 +573,8 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         schema_changes: schema_changes?,
         two_way: two_way?,
         conflict: conflict?,
+        apply_parallelism: apply_parallelism?,
+        consistency: consistency?,
     })
 }
 
@@ -616,6 +640,44 @@ fn decode_mode(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Mode> {
             mode
         }),
     }
+}
+
+/// `apply_parallelism` (1 to 32) and `consistency`; `serial` with more than one connection is
+/// a contradiction.
+fn decode_apply(decoder: &mut Decoder, fields: &Fields<'_>) -> (Option<Option<usize>>, Option<Consistency>) {
+    let parallelism = match fields.get("apply_parallelism") {
+        None => Some(None),
+        Some(node) => decoder.unsigned(node, "apply_parallelism", 32).and_then(|value| {
+            if value == 0 {
+                decoder.error("apply_parallelism", node.line, "must be at least 1");
+                return None;
+            }
+            Some(Some(value as usize))
+        }),
+    };
+    let consistency = match fields.get("consistency") {
+        None => Some(Consistency::Transaction),
+        Some(node) => decoder.string(node, "consistency").and_then(|text| match text.as_str() {
+            "transaction" => Some(Consistency::Transaction),
+            "serial" => Some(Consistency::Serial),
+            other => {
+                decoder.error("consistency", node.line, format!("expected transaction or serial, found `{other}`"));
+                None
+            }
+        }),
+    };
+    if let (Some(Some(lanes)), Some(Consistency::Serial), Some(node)) =
+        (parallelism, consistency, fields.get("apply_parallelism"))
+    {
+        if lanes > 1 {
+            decoder.error(
+                "apply_parallelism",
+                node.line,
+                format!("consistency: serial applies on one connection; apply_parallelism says {lanes} (drop one of the two)"),
+            );
+        }
+    }
+    (parallelism, consistency)
 }
 
 /// How many copy tasks run at once: 4 unless the job says, and at least 1.
@@ -934,6 +996,35 @@ mod tests {
     }
 
     const MINIMAL: &str = "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
+
+    #[test]
+    fn apply_parallelism_and_consistency_default_to_the_target_and_refuse_contradictions() {
+        let stream = "name: s\nmode: cdc\nsource: {type: mysql, url: \"mysql://a\"}\ntarget: {type: postgres, url: \"postgres://b\"}\n";
+        let job = parse(stream).unwrap();
+        assert_eq!((job.apply_parallelism, job.consistency), (None, Consistency::Transaction));
+        let job = parse(&format!("{stream}apply_parallelism: 8\n")).unwrap();
+        assert_eq!(job.apply_parallelism, Some(8));
+        let job = parse(&format!("{stream}consistency: serial\n")).unwrap();
+        assert_eq!(job.consistency, Consistency::Serial);
+        let errors = parse(&format!("{stream}apply_parallelism: 0\nconsistency: eventual\n")).unwrap_err();
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        assert!(
+            text.iter().any(|error| error.contains("apply_parallelism") && error.contains("at least 1")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter().any(|error| error.contains("expected transaction or serial, found `eventual`")),
+            "{text:?}"
+        );
+        let errors = parse(&format!("{stream}apply_parallelism: 4\nconsistency: serial\n")).unwrap_err();
+        assert!(errors[0].to_string().contains("consistency: serial applies on one connection"), "{}", errors[0]);
+        let errors = parse(&format!("{MINIMAL}apply_parallelism: 2\n")).unwrap_err();
+        assert!(
+            errors[0].to_string().contains("`apply_parallelism` is for cdc and snapshot+cdc jobs"),
+            "{}",
+            errors[0]
+        );
+    }
 
     #[test]
     fn several_targets_each_have_a_name_and_become_one_job_each() {

@@ -18,8 +18,8 @@ pub use cursor::CursorSpec;
 pub use decode::{is_placeholder, is_variable_name, join, unset_variable, Decoder, Fields, SpecError, Variables};
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
-    parse_job, parse_job_partially, parse_job_with, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode, NamedTarget,
-    RestartPolicy, RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
+    parse_job, parse_job_partially, parse_job_with, Consistency, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode,
+    NamedTarget, RestartPolicy, RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
 };
 pub use placement::{is_placement_word, Placement};
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};

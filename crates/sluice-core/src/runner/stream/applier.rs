@@ -17,8 +17,8 @@ use crate::change::{
     key_text, row_json, Batch, Change, ChangeKind, Position, Rejected, RejectedChange, Row, SourceKey,
 };
 use crate::connector::{
-    AnyChangeWriter, ChangeSource, Checkpoint, CommitCadence, SchemaChange, SourceSchemaChange, StreamEvent,
-    TransactionEnd,
+    AnyChangeWriter, ChangeSource, Checkpoint, CommitCadence, FoldedChangeWriter, SchemaChange, SourceSchemaChange,
+    StreamEvent, TransactionEnd,
 };
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::hidden::HiddenCopies;
@@ -33,7 +33,10 @@ use crate::stats::{StreamPhase, TableStats};
 use crate::transform::TableMapping;
 use crate::zero_dates;
 
+mod lanes;
 pub(super) mod resync;
+
+use lanes::Lanes;
 
 /// A group of whole transactions waits at most this long for more before it commits, even while
 /// more keep arriving: bounds latency under a steady load that never leaves the channel empty.
@@ -73,6 +76,8 @@ pub(super) struct AttemptStart {
     /// Resync requests made while the stream runs.
     pub(super) resync_requests: Option<tokio::sync::watch::Receiver<Option<resync::ResyncRequest>>>,
     pub(super) carried: Carried,
+    /// The writers of the other lanes (`apply_parallelism`), opened for this attempt.
+    pub(super) lanes: Vec<Box<dyn FoldedChangeWriter>>,
 }
 
 /// What one attempt of the stream hands the next.
@@ -85,6 +90,9 @@ pub(super) struct Carried {
     /// The changes the stream left out as dirty records this run (table, key, position), so
     /// the summary counts each once.
     pub(super) counted_left_out: HashSet<String>,
+    /// An attempt failed while lanes ran: the next one applies on one connection until it is
+    /// past this position (the group that failed), then opens its lanes again.
+    pub(super) serial_until: Option<Position>,
 }
 
 /// A source DDL effect as the target applies it now, with target names; `None` for a
@@ -333,6 +341,11 @@ pub(super) struct Applier<'a> {
     /// A group committed since the resync's last step: the resync may take the next one even
     /// while events wait.
     resync_turn: bool,
+    /// Groups written and committed by other connections while the applier folds the next.
+    lanes: Lanes,
+    /// The keys the open group writes (`lanes::change_keys`), for the groups after it; `None`
+    /// past `lanes::GROUP_KEYS` (taken as every key).
+    group_keys: Option<Vec<u64>>,
 }
 
 /// The mapping of a source table to its target (cached per source schema).
@@ -364,6 +377,7 @@ impl<'a> Applier<'a> {
             dirty_keys,
             resync_requests,
             carried,
+            lanes,
         } = start;
         Applier {
             context,
@@ -401,6 +415,8 @@ impl<'a> Applier<'a> {
             dirty_keys,
             left_out: Vec::new(),
             conflicts: Vec::new(),
+            lanes: Lanes::new(lanes),
+            group_keys: Some(Vec::new()),
         }
     }
 
@@ -420,6 +436,16 @@ impl Applier<'_> {
     /// grouped, and a group commits when nothing more waits, when it is full, or when it has
     /// lingered long enough.
     pub(super) async fn run(&mut self, received: &mut Received) -> Result<()> {
+        let outcome = self.apply_events(received).await;
+        if outcome.is_err() && self.lanes.open() {
+            self.carried.serial_until = Some(self.checkpoint.at.clone());
+        }
+        let settled = self.settle().await;
+        outcome.and(settled)
+    }
+
+    /// `run`'s loop; groups still in lanes when it returns are the caller's to settle.
+    async fn apply_events(&mut self, received: &mut Received) -> Result<()> {
         let context = self.context;
         let mut stop = context.stop.clone();
         let mut abort = context.abort.subscribe();
@@ -466,15 +492,28 @@ impl Applier<'_> {
                 self.resync_step().await?;
                 self.resync_turn = false;
             }
+            while self.lanes.front_finished() {
+                self.reap().await?;
+            }
             let resync_next = self.resync_due() && (self.resync_turn || received.is_empty());
             let deadline = if resync_next { Some(Instant::now()) } else { self.deadline() };
+            let in_flight = self.lanes.in_flight();
+            let mut landed = false;
             let event = tokio::select! {
                 // The permit goes back on receipt: the budget bounds what waits in the channel.
                 event = received.recv() => event.map(|(event, _permit)| Some(event)),
                 _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => Some(None),
+                // A lane's group landed: counted now, not at the next event.
+                _ = self.lanes.front_landed(), if in_flight => {
+                    landed = true;
+                    Some(None)
+                }
                 _ = stop.wait_for(|stopped| *stopped) => None,
                 _ = abort.wait_for(|aborted| *aborted) => None,
             };
+            if landed {
+                continue;
+            }
             let Some(event) = event else {
                 // Stopping: what is whole commits; an open transaction's pieces are dropped
                 // with the target transaction.
@@ -691,6 +730,7 @@ impl Applier<'_> {
         if filtered > 0 {
             self.context.stats.stream.changes_filtered.fetch_add(filtered, std::sync::atomic::Ordering::Relaxed);
         }
+        self.wait_for_lanes(mapped.iter().chain(&copied)).await?;
         // The zero-date policy judges what reaches the target: a column the projection leaves
         // out, or a row the filter does, cannot fail it.
         if let Some(source) = first_source {
@@ -877,6 +917,7 @@ impl Applier<'_> {
     /// source describes it (`ChangeSource::describe_logged`): the table a snapshot would create. Its
     /// rows keep the mapping of the schema they were decoded with.
     async fn reshape(&mut self, tables: Vec<Arc<TableSchema>>) -> Result<()> {
+        self.drain().await?;
         for table in tables {
             let Some(pending) = self.checkpoint.pending.remove(&table.name.to_string()) else { continue };
             let described =
@@ -997,6 +1038,7 @@ impl Applier<'_> {
         position: Position,
         committed_at: u64,
     ) -> Result<()> {
+        self.drain().await?;
         if let Some(catch_up) = &self.checkpoint.catch_up {
             // The tables the stream had took this DDL already; an added table's copy may or may
             // not hold its effect, so it cannot be replayed safely.
@@ -1041,6 +1083,8 @@ impl Applier<'_> {
         }
         if !self.arrivals.is_empty() || self.moved {
             self.commit().await?;
+            // The DDL goes on the applier's connection after the group, wherever it went.
+            self.drain().await?;
         }
         let touched: Vec<&TableName> = changes.iter().flat_map(SourceSchemaChange::tables).collect();
         self.abandon_resync(statement, &touched).await?;
@@ -1108,12 +1152,15 @@ impl Applier<'_> {
     /// after it (the checkpoint says they are still hidden until a second commit says they are
     /// not, so a crash in between publishes them on the next start).
     async fn commit(&mut self) -> Result<()> {
+        if self.lane_takes_group() {
+            return self.hand_over().await;
+        }
+        self.drain().await?;
         let began = Instant::now();
         self.write_folded().await?;
         crate::failpoint::hit("stream.group.written");
         self.keep_left_out()?;
         self.rows_applied += self.staged_rows;
-        let context = self.context;
         // Past the replay window, the window is forgotten, so a later reader of the
         // checkpoint need not know the source's position order.
         let mut stored = self.checkpoint.clone();
@@ -1141,40 +1188,49 @@ impl Applier<'_> {
                 stored.at.0
             );
         }
-        let checkpoint = &self.checkpoint;
+        let arrivals = std::mem::take(&mut self.arrivals);
+        let at = self.checkpoint.at.clone();
+        self.committed(&at, &arrivals, self.staged_rows)?;
+        self.staged_rows = 0;
+        self.moved = false;
+        self.echoes = 0;
+        self.last_commit = Instant::now();
+        self.commit_took = began.elapsed();
+        self.group_keys = Some(Vec::new());
+        Ok(())
+    }
+
+    /// Counts a group made durable up to `at`: rows, transactions, lag, latency and phase; the
+    /// source is told the position is durable.
+    fn committed(&mut self, at: &Position, arrivals: &[Arrival], changes: u64) -> Result<()> {
+        let context = self.context;
         // The producer is gone only when the attempt ends; the position is acknowledged then by
         // the next attempt's first commit.
-        let _ = self.acks.send(checkpoint.at.clone());
+        let _ = self.acks.send(at.clone());
 
         let stats = &context.stats.stream;
         let relaxed = std::sync::atomic::Ordering::Relaxed;
-        stats.rows_applied.fetch_add(self.staged_rows, relaxed);
-        stats.transactions_applied.fetch_add(self.arrivals.len() as u64, relaxed);
-        *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(checkpoint.at.clone());
+        stats.rows_applied.fetch_add(changes, relaxed);
+        stats.transactions_applied.fetch_add(arrivals.len() as u64, relaxed);
+        *stats.position.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(at.clone());
         let now = SystemTime::now();
-        for arrival in &self.arrivals {
+        for arrival in arrivals {
             // The source's commit time has whole seconds: the commit happened within the second
             // after it, and no later than its arrival here.
             let second = UNIX_EPOCH + Duration::from_secs(arrival.committed_at);
             let committed = arrival.received.clamp(second, second + Duration::from_secs(1));
             stats.record_latency(now.duration_since(committed).unwrap_or_default(), 1);
         }
-        if let Some(last) = self.arrivals.last() {
+        if let Some(last) = arrivals.last() {
             stats.fresh_through(last.committed_at);
         }
         if stats.phase() == StreamPhase::CatchingUp
-            && self.head.as_ref().is_none_or(|head| self.changes.reached(&checkpoint.at, head))
+            && self.head.as_ref().is_none_or(|head| self.changes.reached(at, head))
         {
             log::info!("change stream caught up with the source; streaming");
             stats.set_phase(StreamPhase::Streaming);
         }
-        self.resync_turn |= !self.arrivals.is_empty();
-        self.arrivals.clear();
-        self.staged_rows = 0;
-        self.moved = false;
-        self.echoes = 0;
-        self.last_commit = Instant::now();
-        self.commit_took = began.elapsed();
+        self.resync_turn |= !arrivals.is_empty();
         self.progressed = true;
         if self.last_status.is_none_or(|saved| saved.elapsed() >= Duration::from_secs(1)) {
             context.state.save_stream_status(&context.job.name, &stats.summary())?;
@@ -1183,16 +1239,21 @@ impl Applier<'_> {
         Ok(())
     }
 
-    /// Commits the open transaction with `stored` as the stream's checkpoint, and keeps a copy
-    /// in the state store.
-    async fn write_checkpoint(&mut self, stored: &StreamCheckpoint) -> Result<()> {
+    /// The checkpoint record of `stored`, with the rows applied so far.
+    fn record(&self, stored: &StreamCheckpoint) -> Checkpoint {
         let position = Position(serde_json::to_value(stored).expect("positions serialize"));
-        let record = Checkpoint {
+        Checkpoint {
             task: STREAM_TASK.to_owned(),
             position: Some(position),
             done: false,
             rows_written: self.rows_applied,
-        };
+        }
+    }
+
+    /// Commits the open transaction with `stored` as the stream's checkpoint, and keeps a copy
+    /// in the state store.
+    async fn write_checkpoint(&mut self, stored: &StreamCheckpoint) -> Result<()> {
+        let record = self.record(stored);
         self.writer.common().commit(&record).await?;
         crate::failpoint::hit("stream.group.committed");
         self.context.state.save_checkpoint(&self.context.job.name, &record)

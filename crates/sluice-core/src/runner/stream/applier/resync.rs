@@ -99,6 +99,7 @@ impl Applier<'_> {
         if !self.checkpoint.takes_resync(&request) {
             return Ok(());
         }
+        self.drain().await?;
         if let Some(copy) = self.checkpoint.resync.as_ref().and_then(|resync| resync.copy.as_ref()) {
             let hidden = copy.hidden.clone();
             self.writer.common().apply_schema_change(&SchemaChange::Drop(hidden)).await?;
@@ -151,6 +152,7 @@ impl Applier<'_> {
     /// copies a chunk, or puts a complete copy in the table's place.
     pub(super) async fn resync_step(&mut self) -> Result<()> {
         let Some(resync) = self.checkpoint.resync.clone() else { return Ok(()) };
+        self.drain().await?;
         let Some(table) = resync.tables.first().cloned() else {
             self.end_resync();
             return self.commit().await;
@@ -325,6 +327,7 @@ impl Applier<'_> {
         if !tables.contains(&&copy.split.table.name) {
             return Ok(());
         }
+        self.drain().await?;
         self.writer.common().apply_schema_change(&SchemaChange::Drop(copy.hidden.clone())).await?;
         log::warn!(
             "resync: DDL `{statement}` on table {} came while it was copied again: the copy is dropped and the table left as the stream keeps it; ask for the resync again",
