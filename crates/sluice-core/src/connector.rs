@@ -678,13 +678,6 @@ pub trait FoldedChangeSink: Send + Sync {
     /// again after every retry.
     async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>>;
 
-    /// How many connections apply a stream's groups at once unless the job says
-    /// (`apply_parallelism`): 1 for a target whose writers of one task cannot write side by
-    /// side (one file, one lake table).
-    fn apply_lanes(&self) -> usize {
-        1
-    }
-
     /// Opens the writer of the stream's lane `lane` (1 and up; lane 0 is `open_folded`'s): it
     /// writes groups while the other lanes' commit, each group's commit after the group before
     /// it. `None` when the target cannot take another lane now (the stream applies on one).

@@ -37,9 +37,6 @@ pub(super) struct MysqlChangeWriter {
     pub(super) marker: String,
 }
 
-/// How many connections apply a stream into MySQL at once unless the job says.
-pub(super) const APPLY_LANES: usize = 4;
-
 impl MysqlChangeWriter {
     pub(super) fn new(connection: Conn, server: &str, task: WriterTask, lane: usize) -> MysqlChangeWriter {
         let marker = if lane == 0 { task.name.clone() } else { format!("{}/{lane}", task.name) };

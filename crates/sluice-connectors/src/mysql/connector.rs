@@ -195,7 +195,7 @@ fn build_target(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
             endpoint.create_tables,
             crate::namespace(endpoint),
             // The copy's tasks and the stream's lanes (a backfill copies while the stream runs).
-            job.parallelism + job.apply_parallelism.unwrap_or(super::changes::APPLY_LANES),
+            job.parallelism + job.apply_parallelism.unwrap_or(1),
         )?
         .fenced_if(fence),
     ))

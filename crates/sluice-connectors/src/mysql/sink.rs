@@ -349,10 +349,6 @@ impl FoldedChangeSink for MysqlSink {
         )))
     }
 
-    fn apply_lanes(&self) -> usize {
-        super::changes::APPLY_LANES
-    }
-
     async fn open_lane(&self, job: &str, task: &str, lane: usize) -> Result<Option<Box<dyn FoldedChangeWriter>>> {
         let mut connection = self.task_connection(job).await?;
         if !super::changes::read_committed(&mut connection, &self.server).await? {

@@ -346,10 +346,6 @@ impl FoldedChangeSink for PostgresSink {
 
     /// Lanes need nothing of their own: PostgreSQL's row locks cover only the rows written, and
     /// its default READ COMMITTED takes no gap locks.
-    fn apply_lanes(&self) -> usize {
-        4
-    }
-
     async fn open_lane(&self, job: &str, task: &str, _lane: usize) -> Result<Option<Box<dyn FoldedChangeWriter>>> {
         self.open_folded(job, task).await.map(Some)
     }

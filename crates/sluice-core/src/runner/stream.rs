@@ -293,8 +293,8 @@ impl StreamStage {
         outcome
     }
 
-    /// The writers of the attempt's other lanes: as many as the job's `apply_parallelism` (or the
-    /// target's own number) asks beyond the stream's writer, when that writer applies folded
+    /// The writers of the attempt's other lanes: as many as the job's `apply_parallelism` asks
+    /// beyond the stream's writer, when that writer applies folded
     /// changes (`folded`); none under `consistency: serial` or a conflict policy (which reads rows back
     /// on the stream's connection), or where the target cannot take them now.
     async fn open_lanes(&self, folded: bool) -> Result<Vec<Box<dyn FoldedChangeWriter>>> {
@@ -302,7 +302,7 @@ impl StreamStage {
         let Some(sink) = self.context.sink.folded_changes().filter(|_| folded) else { return Ok(Vec::new()) };
         let count = match job.consistency {
             Consistency::Serial => 1,
-            Consistency::Transaction => job.apply_parallelism.unwrap_or_else(|| sink.apply_lanes()),
+            Consistency::Transaction => job.apply_parallelism.unwrap_or(1),
         };
         if count <= 1 || job.conflict.is_some() {
             return Ok(Vec::new());

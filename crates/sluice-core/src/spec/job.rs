@@ -61,7 +61,7 @@ pub struct JobSpec {
     /// the job); a `two_way` job checks with `stop` unless it says.
     pub conflict: Option<ConflictPolicy>,
     /// `apply_parallelism:` (1 to 32): how many target connections apply the change stream's
-    /// groups at once. `None`: what the target does best (`Sink::apply_lanes`).
+    /// groups at once. `None`: one.
     pub apply_parallelism: Option<usize>,
     /// `consistency:`: `transaction` (lanes as `apply_parallelism` says) or `serial` (one
     /// connection, as before lanes existed).
@@ -998,7 +998,7 @@ mod tests {
     const MINIMAL: &str = "name: copy\nsource:\n  type: sqlite\n  path: a.db\ntarget:\n  type: jsonl\n  path: out\n";
 
     #[test]
-    fn apply_parallelism_and_consistency_default_to_the_target_and_refuse_contradictions() {
+    fn apply_parallelism_and_consistency_default_to_one_connection_and_refuse_contradictions() {
         let stream = "name: s\nmode: cdc\nsource: {type: mysql, url: \"mysql://a\"}\ntarget: {type: postgres, url: \"postgres://b\"}\n";
         let job = parse(stream).unwrap();
         assert_eq!((job.apply_parallelism, job.consistency), (None, Consistency::Transaction));

@@ -1,6 +1,7 @@
 //! Crash points (`SLUICE_FAILPOINT`, built into the test command's binary): sluice aborts at each
 //! step of a copy's commit, of the publishing of hidden copies, of a stream group's commit, of a
-//! DDL statement and of a table taking its new schema, at its first pass, then its second ...,
+//! DDL statement, of a table taking its new schema and inside a lane's commit (the job applies on
+//! 4 connections: `apply_parallelism`), at its first pass, then its second ...,
 //! until a run passes every one. Every run after a crash resumes from what the target holds and
 //! converges: no Conflict, no lost or doubled row, the target equal to the source. Into
 //! PostgreSQL (DDL inside the group's transaction) and MySQL (DDL commits on its own).
@@ -42,7 +43,7 @@ impl Job {
             &format!(
                 "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
                  target:\n  type: {target}\n  url: ${{TARGET}}\n  namespace: {namespace}\n\
-                 parallelism: 1\nlimits: {{batch_rows: 100, split_rows: 100}}\n"
+                 parallelism: 1\napply_parallelism: 4\nlimits: {{batch_rows: 100, split_rows: 100}}\n"
             ),
         );
         Job { workspace, file, name, target, namespace }
