@@ -8,6 +8,7 @@ mod support;
 
 mod suite {
     mod bad_input;
+    mod brokers;
     mod cdc;
     mod cdc_source_settings;
     mod cluster;

@@ -540,9 +540,9 @@ fn a_snapshot_into_nats_is_exact_through_a_kill() {
     exactly_once_through_a_kill_at("nats", &workspace);
 }
 
+/// Run by `suite::brokers`, never beside another broker.
 #[cfg(feature = "kafka")]
-#[test]
-fn a_snapshot_into_kafka_is_exact_through_a_kill() {
+pub(super) fn a_snapshot_into_kafka_is_exact_through_a_kill() {
     let broker = support::kafka::KafkaBroker::start();
     let workspace = Workspace::new();
     workspace.write("broker", &broker.bootstrap());

@@ -4,6 +4,8 @@
 //! events but before its checkpoint, and the broker restarted. The stream must hold, per key,
 //! exactly the statements issued (0 gaps, 0 duplicates, in order), each transaction whole with
 //! its event count.
+//!
+//! The scenarios that start a broker run one after the other in one test, `suite::brokers`.
 
 use crate::support;
 
@@ -172,7 +174,7 @@ impl Bus {
     }
 
     /// Waits until `topic` holds `count` events. tansu 0.6's last stable offset at times stops
-    /// moving under load (see `one_at_a_time`), and then no read_committed reader gets past it:
+    /// moving under load (see `suite::brokers`), and then no read_committed reader gets past it:
     /// a Kafka broker that made nothing new readable for 45 s is restarted, and the run with it
     /// (`start` runs the job again), so its producer starts afresh and ends what the broker
     /// still holds open: faults the job has to take anyway. `Err` when it stalled again after
@@ -270,29 +272,16 @@ fn maxwell(destination: &str, key: &str, event: &serde_json::Value) -> Seen {
     }
 }
 
-#[test]
-fn every_change_reaches_nats_exactly_once_in_order_across_kills_and_broker_restarts() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn every_change_reaches_nats_exactly_once_in_order_across_kills_and_broker_restarts() {
     exactly_once_across_faults(Bus::Nats(NatsServer::start()), "streams", BROKER_RESTARTS).unwrap();
 }
 
 #[cfg(feature = "kafka")]
-#[test]
-fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_broker_restarts() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_broker_restarts() {
     // One broker restart only: the test broker (tansu 0.6 on an S3 store) itself loses a
     // partition after a second or third restart under load (an independent reader cannot read
     // it to its end either), whatever wrote to it.
     split_twice(|| exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1));
-}
-
-/// The broker tests of this file run one after the other. Run beside the others on a 2-core
-/// machine, the Kafka oracle's test broker (tansu on moto's S3) at times never made the first
-/// committed transaction readable (its last stable offset stayed behind): three times in the
-/// whole suite, never in 5 runs alone, one of them beside a steady unrelated binlog load.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static BROKERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    BROKERS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A pipeline split across a bus: MySQL → the bus by one job, the bus → PostgreSQL by another,
@@ -301,18 +290,14 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// PostgreSQL ends equal to MySQL: no change lost, none applied twice (an insert applied twice
 /// would stop the job on its key), none out of order.
 #[cfg(feature = "kafka")]
-#[test]
-fn mysql_to_kafka_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn mysql_to_kafka_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
     split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Run));
 }
 
 /// The split pipeline with its consumer (Kafka → PostgreSQL) on a cluster of two nodes, the node
 /// applying it SIGKILLed again and again: the target's fence and checkpoints carry it over.
 #[cfg(feature = "kafka")]
-#[test]
-fn mysql_to_kafka_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn mysql_to_kafka_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
     split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Cluster));
 }
 
@@ -327,15 +312,11 @@ fn split_twice(pipeline: impl Fn() -> Result<(), String>) {
     }
 }
 
-#[test]
-fn mysql_to_nats_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn mysql_to_nats_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
     split_across(Bus::Nats(NatsServer::start()), "debezium", Place::Run).unwrap();
 }
 
-#[test]
-fn mysql_to_nats_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn mysql_to_nats_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
     split_across(Bus::Nats(NatsServer::start()), "debezium", Place::Cluster).unwrap();
 }
 
@@ -462,7 +443,7 @@ fn split_across(mut bus: Bus, format: &str, consumer_at: Place) -> Result<(), St
     // A node takes a few seconds to take a job over: fewer rounds on a cluster.
     let rounds = if consumer_at == Place::Cluster { 3 } else { KILLS };
     // tansu 0.6's last stable offset at times stops moving under load, and then no
-    // read_committed reader gets past it (see `one_at_a_time`): a stalled Kafka broker is
+    // read_committed reader gets past it (see `suite::brokers`): a stalled Kafka broker is
     // restarted, and the producer with it (its new session with the same transactional id ends
     // the transaction the broker still counts as open), faults the jobs have to take anyway.
     for round in 0..rounds {
@@ -827,29 +808,21 @@ impl Nodes {
     }
 }
 
-#[test]
-fn every_change_reaches_nats_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn every_change_reaches_nats_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
     exactly_once_on_a_cluster(Bus::Nats(NatsServer::start()), "cluster_nats");
 }
 
 #[cfg(feature = "kafka")]
-#[test]
-fn every_change_reaches_kafka_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn every_change_reaches_kafka_exactly_once_in_order_on_a_cluster_through_a_kill_and_a_pause() {
     exactly_once_on_a_cluster(Bus::Kafka(KafkaBroker::start()), "cluster_kafka");
 }
 
-#[test]
-fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
     copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch").unwrap();
 }
 
 #[cfg(feature = "kafka")]
-#[test]
-fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
-    let _one_at_a_time = one_at_a_time();
+pub(super) fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
     split_twice(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch"));
 }
 
