@@ -9,6 +9,9 @@
 //! suite; as one test, sorted among the first, they run on one thread from the start while the
 //! other threads take the rest of the suite.
 //!
+//! A Kafka scenario that fails runs once more on a fresh broker (the test broker's own stall, which
+//! its restarts do not always end); it fails the test if it fails twice.
+//!
 //! `SLUICE_BROKER_SCENARIO=TEXT` runs only the scenarios whose name contains TEXT.
 
 use super::streams;
@@ -68,7 +71,14 @@ fn broker_scenarios_run_one_after_another() {
         let started = std::time::Instant::now();
         eprintln!("broker scenario {name}: starts");
         // Each scenario runs whatever the one before it did; its panic (printed above) is counted.
-        let outcome = std::panic::catch_unwind(scenario);
+        let mut outcome = std::panic::catch_unwind(scenario);
+        if outcome.is_err() && name.contains("kafka") {
+            // The Kafka test broker (tansu 0.6) at times stops making committed transactions
+            // readable for good, restarts included (see above): a Kafka scenario that failed runs
+            // once more on a fresh broker, and fails the test only if it fails again.
+            eprintln!("broker scenario {name}: FAILED; it runs once more on a fresh broker");
+            outcome = std::panic::catch_unwind(scenario);
+        }
         eprintln!(
             "broker scenario {name}: {} in {:.0?}",
             if outcome.is_ok() { "passed" } else { "FAILED" },
