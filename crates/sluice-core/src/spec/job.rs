@@ -647,13 +647,7 @@ fn decode_mode(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<Mode> {
 fn decode_apply(decoder: &mut Decoder, fields: &Fields<'_>) -> (Option<Option<usize>>, Option<Consistency>) {
     let parallelism = match fields.get("apply_parallelism") {
         None => Some(None),
-        Some(node) => decoder.unsigned(node, "apply_parallelism", 32).and_then(|value| {
-            if value == 0 {
-                decoder.error("apply_parallelism", node.line, "must be at least 1");
-                return None;
-            }
-            Some(Some(value as usize))
-        }),
+        Some(node) => count_at_least_one(decoder, node, "apply_parallelism", 32).map(Some),
     };
     let consistency = match fields.get("consistency") {
         None => Some(Consistency::Transaction),
@@ -684,14 +678,19 @@ fn decode_apply(decoder: &mut Decoder, fields: &Fields<'_>) -> (Option<Option<us
 fn decode_parallelism(decoder: &mut Decoder, fields: &Fields<'_>) -> Option<usize> {
     match fields.get("parallelism") {
         None => Some(4),
-        Some(node) => decoder.unsigned(node, "parallelism", 256).and_then(|value| {
-            if value == 0 {
-                decoder.error("parallelism", node.line, "must be at least 1");
-                return None;
-            }
-            Some(value as usize)
-        }),
+        Some(node) => count_at_least_one(decoder, node, "parallelism", 256),
     }
+}
+
+/// A count of connections or tasks: 1 to `max`.
+fn count_at_least_one(decoder: &mut Decoder, node: &Node, field: &str, max: u64) -> Option<usize> {
+    decoder.unsigned(node, field, max).and_then(|value| {
+        if value == 0 {
+            decoder.error(field, node.line, "must be at least 1");
+            return None;
+        }
+        Some(value as usize)
+    })
 }
 
 /// `schedule` and `after` are for jobs that end (not `snapshot+cdc`), and a job takes one of the
