@@ -74,6 +74,13 @@ pub fn key_text(table: &TableSchema, row: &Row) -> String {
         .join(", ")
 }
 
+/// A row's primary-key values alone, one per line of text (column names left out, so a source
+/// row and the same row under a target's column names agree): how a stream target names the
+/// keys it holds as an earlier read of the copy left them (`connector::HeldRows`).
+pub fn key_identity(table: &TableSchema, row: &Row) -> String {
+    table.primary_key.iter().filter_map(|&index| row.get(index)).map(ToString::to_string).collect::<Vec<_>>().join("\n")
+}
+
 /// A primary key's values (in key order) rendered as `key_text` renders its row.
 pub(crate) fn key_values_text(table: &TableSchema, key: &[crate::value::Value]) -> String {
     table

@@ -172,6 +172,20 @@ pub struct CopyRead {
     pub as_of: Option<Position>,
 }
 
+/// Keys of one split whose copied rows a stream target holds as an earlier read left them, not
+/// as the split's checkpoint says: a run sent their rows and stopped before the checkpoint that
+/// covers them, and the next run, reading the split again from that checkpoint at a later
+/// position, found the broker already held them (it drops a message it already has). Their
+/// changes go to the stream from the read of `position` (the split's position after the batch
+/// that run was sending; its last read is the one that read them), so none is missing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldRows {
+    pub task: String,
+    pub position: Position,
+    /// `change::key_identity` of each row.
+    pub keys: Vec<String>,
+}
+
 /// A place data is read from: what every source does (probe, list its tables, forget what it
 /// keeps for a job), and which of the reading capabilities it has. A capability is a trait of
 /// its own ([`SnapshotSource`], [`ChangeSource`], [`CursorSource`]) that a source implements only
@@ -704,6 +718,14 @@ pub trait EventChangeSink: Send + Sync {
     /// Opens the writer that sends a change stream's events. Called by the stream task, again
     /// after every retry.
     async fn open_events(&self, job: &str, task: &str) -> Result<Box<dyn EventWriter>>;
+
+    /// The rows of these snapshot tasks that the target holds as an earlier read of them left
+    /// them (`HeldRows`), read without claiming the tasks. Called once, when the stream of a
+    /// `snapshot+cdc` job starts. A target whose commits make a task's events and checkpoint
+    /// visible together (a transaction) holds none.
+    async fn held_rows(&self, _job: &str, _tasks: &[String]) -> Result<Vec<HeldRows>> {
+        Ok(Vec::new())
+    }
 }
 
 /// A change writer of either shape, as a target opens it for a stream (`AnyChangeWriter::open`).

@@ -21,6 +21,8 @@ const POINTS: &[&str] = &[
     "stream.publish.renamed",
     // A copy task committed a batch with its checkpoint.
     "copy.batch.committed",
+    // A stream target's client handed one more message to the broker; none is awaited.
+    "events.published",
     // A stream target's broker acknowledged every event of a commit; its checkpoint is not
     // written yet.
     "events.acknowledged",

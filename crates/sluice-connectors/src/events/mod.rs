@@ -8,6 +8,14 @@
 //! time), so a broker that de-duplicates by id drops what a crashed run had already sent; and the
 //! checkpoint is written only after every message it covers is acknowledged, so a run resumes
 //! from a position none of whose earlier events can be missing.
+//!
+//! A broker whose messages become visible before the checkpoint that covers them (NATS) may
+//! hold snapshot rows of a batch a run sent and never committed; the next run reads the split
+//! again from the checkpoint at a later position, and the broker drops its copies as
+//! duplicates, keeping the earlier rows. So that the stream meets those rows where they were
+//! read, the transport writes each batch's position and keys ahead of its messages
+//! (`Channel::intend`), learns from its acknowledgements which of them it held, and keeps them
+//! (`Transport::held`, `sluice_core::connector::HeldRows`).
 
 pub mod decode;
 pub mod format;
@@ -15,7 +23,8 @@ pub mod sink;
 pub mod source;
 
 use async_trait::async_trait;
-use sluice_core::connector::{CheckItem, Checkpoint};
+use sluice_core::change::Position;
+use sluice_core::connector::{CheckItem, Checkpoint, HeldRows};
 use sluice_core::spec::{EndpointSpec, NodeKind, SpecError};
 use sluice_core::{Result, TableName};
 
@@ -32,6 +41,8 @@ pub struct Message {
     pub payload: String,
     /// The same on every replay of the event, for the broker's de-duplication.
     pub id: String,
+    /// A snapshot row's `change::key_identity`, for a table with a key (`Channel::intend`).
+    pub identity: Option<String>,
 }
 
 /// A broker as a stream target: where messages go and where the checkpoints of the job's tasks
@@ -56,6 +67,13 @@ pub trait Transport: Send + Sync + 'static {
     /// Forgets the checkpoints of these tasks (`sluice reset`); the messages stay.
     async fn forget(&self, job: &str, tasks: &[String]) -> Result<()>;
 
+    /// The rows of these snapshot tasks the broker holds as an interrupted read left them
+    /// (`HeldRows`), read without claiming the tasks. The default holds none: a broker that makes
+    /// a task's messages and checkpoint visible together.
+    async fn held(&self, _job: &str, _tasks: &[String]) -> Result<Vec<HeldRows>> {
+        Ok(Vec::new())
+    }
+
     /// What `sluice schema` shows for a destination.
     fn describe(&self, destination: &str) -> String {
         destination.to_owned()
@@ -67,6 +85,14 @@ pub trait Transport: Send + Sync + 'static {
 pub trait Channel: Send {
     /// The task's checkpoint as the broker holds it, or `None` before its first commit.
     async fn recover(&mut self) -> Result<Option<Checkpoint>>;
+
+    /// Called before the first message of a snapshot batch is sent, with the position the batch
+    /// ends at and its rows' key identities. A broker whose messages become visible before the
+    /// checkpoint that covers them keeps both first (see the module's documentation); the
+    /// default keeps nothing.
+    async fn intend(&mut self, _position: &Position, _keys: &[String]) -> Result<()> {
+        Ok(())
+    }
 
     /// Sends messages in order; they may still be in flight when it returns.
     async fn send(&mut self, messages: Vec<Message>) -> Result<()>;

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
-use sluice_core::change::ChangeKind;
+use sluice_core::change::{key_identity, ChangeKind};
 use sluice_core::connector::{
-    ChangeWriter, CheckItem, Checkpoint, EventChangeSink, EventWriter, SchemaChange, Sink, TableTasks, TableWriter,
-    TransactionEnd,
+    ChangeWriter, CheckItem, Checkpoint, EventChangeSink, EventWriter, HeldRows, SchemaChange, Sink, TableTasks,
+    TableWriter, TransactionEnd,
 };
 use sluice_core::{Batch, Change, Error, ErrorKind, Rejected, Result, Side, TableName, TableSchema};
 
@@ -156,6 +156,10 @@ impl EventChangeSink for EventSink {
             ready: Vec::new(),
         }))
     }
+
+    async fn held_rows(&self, job: &str, tasks: &[String]) -> Result<Vec<HeldRows>> {
+        self.transport.held(job, tasks).await
+    }
 }
 
 /// Writes one snapshot task's rows as snapshot events.
@@ -183,6 +187,7 @@ impl TableWriter for SnapshotWriter {
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
         let ts_ms = now_ms();
         let keyed = !self.table.primary_key.is_empty();
+        let mut identities = Vec::with_capacity(if keyed { batch.changes.len() } else { 0 });
         for change in &batch.changes {
             let event = Event {
                 table: &self.table,
@@ -195,15 +200,22 @@ impl TableWriter for SnapshotWriter {
             // which a split read whole keeps on every run.
             let identity = if keyed { event.key_text() } else { self.ordinal.to_string() };
             self.ordinal += 1;
+            let key_identity = keyed.then(|| key_identity(&self.table, change.row()));
+            identities.extend(key_identity.clone());
             self.staged.push(Message {
                 destination: self.destination.clone(),
                 key: self.options.format.key(&event),
                 payload: self.options.format.value(&event, &self.origin),
                 id: message_id(&[&self.job, &self.task, "row", &identity]),
+                identity: key_identity,
             });
-            if self.staged.len() >= SEND_BATCH {
-                self.channel.send(std::mem::take(&mut self.staged)).await?;
-            }
+        }
+        if keyed {
+            self.channel.intend(&batch.position, &identities).await?;
+        }
+        while !self.staged.is_empty() {
+            let rest = self.staged.split_off(self.staged.len().min(SEND_BATCH));
+            self.channel.send(std::mem::replace(&mut self.staged, rest)).await?;
         }
         Ok(Vec::new())
     }
@@ -317,6 +329,7 @@ impl EventWriter for ChangeEventWriter {
                 key: format.key(&event),
                 payload: format.value(&event, &self.origin),
                 id: message_id(&[&self.job, &self.task, &end.id, &index.to_string()]),
+                identity: None,
             };
             self.ready.push(message);
         }

@@ -8,6 +8,11 @@
 //! with `Nats-Expected-Last-Subject-Sequence`: a second run of the job writing at the same time
 //! finds the sequence moved and stops (FENCED).
 //!
+//! A snapshot batch's messages are visible before its checkpoint: its position and keys are
+//! written in the checkpoint message first (`pending`), and a run that finds them there keeps
+//! them as held rows (`held`) until an acknowledgement that is not a duplicate shows a key was
+//! not among what the broker held (see `events`).
+//!
 //! Each channel has its own connection, which does not reconnect: a message lost with a broken
 //! connection can then never be followed by a later one, so a run that fails resends from its
 //! checkpoint in order. (The library's connection task of a broken connection stays asleep
@@ -25,7 +30,8 @@ use std::sync::Arc;
 use async_nats::jetstream::{self, message::PublishMessage as Publish, stream};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sluice_core::connector::{CheckItem, Checkpoint, Fence};
+use sluice_core::change::Position;
+use sluice_core::connector::{CheckItem, Checkpoint, Fence, HeldRows};
 use sluice_core::secret::redact_url_passwords;
 use sluice_core::{Error, ErrorKind, Result, Side};
 
@@ -311,6 +317,8 @@ impl Transport for NatsTransport {
             checkpoint_stream: self.options.checkpoint_stream.clone(),
             checkpoint_subject: format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task)),
             checkpoint_sequence: 0,
+            committed: None,
+            held: Vec::new(),
             in_flight: VecDeque::new(),
             job: job.to_owned(),
             fence: self.fence.clone(),
@@ -336,6 +344,27 @@ impl Transport for NatsTransport {
         Ok(())
     }
 
+    async fn held(&self, job: &str, tasks: &[String]) -> Result<Vec<HeldRows>> {
+        let context = self.connect().await?;
+        let name = &self.options.checkpoint_stream;
+        let stream = match context.get_stream(name).await {
+            Ok(stream) => stream,
+            Err(error) if stream_not_found(&error) => return Ok(Vec::new()),
+            Err(error) => return Err(unavailable(&format!("reading stream {name}"), error)),
+        };
+        let mut found = Vec::new();
+        for task in tasks {
+            let subject = format!("{CHECKPOINT_PREFIX}.{}.{}", token(job), token(task));
+            let Some((_, message)) = read_checkpoint(&stream, &subject).await? else { continue };
+            found.extend(message.held.into_iter().chain(message.pending).map(|read| HeldRows {
+                task: task.clone(),
+                position: read.position,
+                keys: read.keys,
+            }));
+        }
+        Ok(found)
+    }
+
     fn describe(&self, destination: &str) -> String {
         format!("subject {destination} of NATS stream {}", self.options.stream)
     }
@@ -349,19 +378,59 @@ struct NatsChannel {
     /// The stream sequence of the task's checkpoint message (0: none), which the next checkpoint
     /// must find still last on its subject.
     checkpoint_sequence: u64,
-    in_flight: VecDeque<jetstream::context::PublishAckFuture>,
+    /// The checkpoint last read or written, which an intent (`Channel::intend`) keeps.
+    committed: Option<Checkpoint>,
+    /// Rows the broker may hold as an interrupted run's read left them, less the keys since
+    /// acknowledged as new.
+    held: Vec<HeldRead>,
+    /// Publishes awaiting their acknowledgement, with the key identity of a snapshot row.
+    in_flight: VecDeque<(jetstream::context::PublishAckFuture, Option<String>)>,
     job: String,
     fence: Option<Fence>,
 }
 
-/// The checkpoint message of a task: its checkpoint, if it committed one, and the epoch of the
-/// cluster claim that wrote it, if a cluster task did.
+/// The checkpoint message of a task: its checkpoint, if it committed one, the epoch of the
+/// cluster claim that wrote it, if a cluster task did, the rows the broker may hold from
+/// interrupted reads, and the batch being sent, if any.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct CheckpointMessage {
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     checkpoint: Option<Checkpoint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     epoch: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    held: Vec<HeldRead>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<HeldRead>,
+}
+
+/// Snapshot rows sent by a read: the split's position after their batch, and their keys
+/// (`change::key_identity`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HeldRead {
+    position: Position,
+    keys: Vec<String>,
+}
+
+/// The last checkpoint message on `subject` with its stream sequence, `None` when there is none.
+async fn read_checkpoint(stream: &stream::Stream, subject: &str) -> Result<Option<(u64, CheckpointMessage)>> {
+    match stream.get_last_raw_message_by_subject(subject).await {
+        Ok(message) => {
+            let found = serde_json::from_slice(&message.payload).map_err(|error| {
+                Error::new(
+                    ErrorKind::State,
+                    format!("the checkpoint on NATS subject {subject} is not one sluice wrote: {error}"),
+                )
+                .on(Side::Target)
+                .hint("purge that subject of the checkpoint stream to start the task over")
+            })?;
+            Ok(Some((message.sequence, found)))
+        }
+        Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
+            Ok(None)
+        }
+        Err(error) => Err(unavailable(&format!("reading the checkpoint on {subject}"), error)),
+    }
 }
 
 impl NatsChannel {
@@ -403,15 +472,33 @@ impl NatsChannel {
             return Err(fence.moved(&self.job, held));
         }
         if found.epoch != Some(fence.epoch) {
-            let claim = CheckpointMessage { checkpoint: found.checkpoint.clone(), epoch: Some(fence.epoch) };
+            let claim = self.message(found.checkpoint.clone(), None);
             self.write_checkpoint(&claim).await?;
         }
         Ok(found.checkpoint)
     }
 
+    /// The checkpoint message of this channel's state with `checkpoint` and `pending`.
+    fn message(&self, checkpoint: Option<Checkpoint>, pending: Option<HeldRead>) -> CheckpointMessage {
+        CheckpointMessage {
+            checkpoint,
+            epoch: self.fence.as_ref().map(|fence| fence.epoch),
+            held: self.held.clone(),
+            pending,
+        }
+    }
+
     async fn settle_one(&mut self) -> Result<()> {
-        let Some(ack) = self.in_flight.pop_front() else { return Ok(()) };
-        ack.await.map_err(|error| unavailable("a publish was not acknowledged", error))?;
+        let Some((ack, identity)) = self.in_flight.pop_front() else { return Ok(()) };
+        let ack = ack.await.map_err(|error| unavailable("a publish was not acknowledged", error))?;
+        if let Some(identity) = identity.filter(|_| !ack.duplicate && !self.held.is_empty()) {
+            // A key the broker did not have: whatever an interrupted read sent of it never
+            // arrived, and this read's row is the one it holds.
+            for read in &mut self.held {
+                read.keys.retain(|key| *key != identity);
+            }
+            self.held.retain(|read| !read.keys.is_empty());
+        }
         Ok(())
     }
 }
@@ -425,28 +512,19 @@ impl Channel for NatsChannel {
             .get_stream(&self.checkpoint_stream)
             .await
             .map_err(|error| unavailable(&format!("reading stream {}", self.checkpoint_stream), error))?;
-        match stream.get_last_raw_message_by_subject(&self.checkpoint_subject).await {
-            Ok(message) => {
-                self.checkpoint_sequence = message.sequence;
-                let found: CheckpointMessage = serde_json::from_slice(&message.payload).map_err(|error| {
-                    Error::new(
-                        ErrorKind::State,
-                        format!(
-                            "the checkpoint on NATS subject {} is not one sluice wrote: {error}",
-                            self.checkpoint_subject
-                        ),
-                    )
-                    .on(Side::Target)
-                    .hint("purge that subject of the checkpoint stream to start the task over")
-                })?;
-                self.claim(found).await
-            }
-            Err(error) if error.kind() == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {
-                self.checkpoint_sequence = 0;
-                self.claim(CheckpointMessage::default()).await
-            }
-            Err(error) => Err(unavailable(&format!("reading the checkpoint on {}", self.checkpoint_subject), error)),
-        }
+        let (sequence, mut found) = read_checkpoint(&stream, &self.checkpoint_subject).await?.unwrap_or_default();
+        self.checkpoint_sequence = sequence;
+        // A batch written ahead and never committed: the broker may hold any of its rows.
+        self.held = std::mem::take(&mut found.held);
+        self.held.extend(found.pending.take());
+        self.committed = found.checkpoint.clone();
+        self.claim(found).await
+    }
+
+    async fn intend(&mut self, position: &Position, keys: &[String]) -> Result<()> {
+        let pending = HeldRead { position: position.clone(), keys: keys.to_vec() };
+        let message = self.message(self.committed.clone(), Some(pending));
+        self.write_checkpoint(&message).await
     }
 
     async fn send(&mut self, messages: Vec<Message>) -> Result<()> {
@@ -463,7 +541,8 @@ impl Channel for NatsChannel {
                 .send_publish(message.destination, publish)
                 .await
                 .map_err(|error| unavailable("publishing", error))?;
-            self.in_flight.push_back(ack);
+            self.in_flight.push_back((ack, message.identity));
+            sluice_core::failpoint::hit("events.published");
         }
         Ok(())
     }
@@ -473,11 +552,10 @@ impl Channel for NatsChannel {
             self.settle_one().await?;
         }
         sluice_core::failpoint::hit("events.acknowledged");
-        let message = CheckpointMessage {
-            checkpoint: Some(checkpoint.clone()),
-            epoch: self.fence.as_ref().map(|fence| fence.epoch),
-        };
-        self.write_checkpoint(&message).await
+        let message = self.message(Some(checkpoint.clone()), None);
+        self.write_checkpoint(&message).await?;
+        self.committed = Some(checkpoint.clone());
+        Ok(())
     }
 }
 

@@ -483,6 +483,22 @@ impl StreamStage {
             let position = copied.get(&split.id).cloned().flatten();
             keys.add(split.table.name.clone(), snapshot.copy_reads(split, position.as_ref())?);
         }
+        if let Some(events) = context.sink.event_changes() {
+            let tasks: Vec<String> = splits.iter().map(|split| split.id.clone()).collect();
+            for held in events.held_rows(&context.job.name, &tasks).await? {
+                let Some(split) = splits.iter().find(|split| split.id == held.task) else { continue };
+                // The rows were read by the last read of the position their batch ended at.
+                let read = snapshot.copy_reads(split, Some(&held.position))?.pop();
+                match read.and_then(|read| read.as_of) {
+                    Some(as_of) => keys.hold(split.table.name.clone(), held.keys, as_of),
+                    None => log::warn!(
+                        "change stream: the source does not say where task {} read the {} rows the target holds from an interrupted run; their changes since then are judged by the split's reads",
+                        held.task,
+                        held.keys.len()
+                    ),
+                }
+            }
+        }
         let keys = keys.sorted(context.source.needs_changes()?);
         let unknown: Vec<String> = keys.unknown().map(ToString::to_string).collect();
         if !unknown.is_empty() {

@@ -818,19 +818,23 @@ pub(super) fn every_change_reaches_kafka_exactly_once_in_order_on_a_cluster_thro
 }
 
 pub(super) fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
-    copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch").unwrap();
+    // NATS shows a batch's events before its checkpoint: a run crashes once every event of a
+    // batch is acknowledged, and one part-way through sending a batch.
+    let crashes = ["events.acknowledged@3", "events.published@250"];
+    copy_then_stream_in_order(Bus::Nats(NatsServer::start()), "switch", &crashes).unwrap();
 }
 
 #[cfg(feature = "kafka")]
 pub(super) fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
-    split_twice(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch"));
+    split_twice(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch", &[]));
 }
 
 /// A `snapshot+cdc` job copies a table in small splits while every key keeps being updated
-/// (each update adds one to `v`), and is SIGKILLed twice during the copy. Per key, the events
-/// must be exactly its copied row and then every update after it: `v` rising by one from the
-/// copied value to the source's last, never back, none missing, none twice.
-fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) -> Result<(), String> {
+/// (each update adds one to `v`), crashes at each of `crashes` (failpoints) and is SIGKILLed
+/// twice during the copy. Per key, the events must be exactly its copied row and then every
+/// update after it: `v` rising by one from the copied value to the source's last, never back,
+/// none missing, none twice.
+fn copy_then_stream_in_order(mut bus: Bus, prefix: &str, crashes: &[&str]) -> Result<(), String> {
     const KEYS: u64 = 4_000;
     let database = unique_name(prefix);
     let values: Vec<String> = (1..=KEYS).map(|id| format!("({id}, 0)")).collect();
@@ -878,8 +882,15 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) -> Result<(), String> {
     wait_for("the updates", Duration::from_secs(30), || {
         mariadb(&format!("SELECT SUM(v) FROM {database}.counters")).trim().parse::<u64>().is_ok_and(|sum| sum > 0)
     });
+    for crash in crashes {
+        let mut command = workspace.command(&["run", job.to_str().unwrap()]);
+        command.env("SOURCE", mysql_url()).env("TARGET", address.as_str()).env("SLUICE_FAILPOINT", crash);
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("failpoint"), "the run did not crash at {crash}:\n{stderr}");
+    }
     let mut child = start();
-    for copied in [1_000, 2_500] {
+    for copied in [1_000, 2_000] {
         wait_on(&child, &format!("{copied} rows copied"), 120, || rows_copied(&child.stderr_text()) >= copied);
         kill(&mut child);
         child = start();
@@ -912,11 +923,14 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str) -> Result<(), String> {
         {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for every key's last update in the stream; the run says:\n{}",
-            child.stderr_text()
-        );
+        if std::time::Instant::now() >= deadline {
+            // The check below names the keys whose events end short of the source.
+            eprintln!(
+                "timed out waiting for every key's last update in the stream; the run says:\n{}",
+                child.stderr_text()
+            );
+            break;
+        }
         let count: usize = events.values().map(Vec::len).sum();
         if count > seen {
             (seen, progressed) = (count, std::time::Instant::now());
