@@ -438,6 +438,20 @@ impl NatsChannel {
     /// channel read or wrote last; FENCED otherwise (another run or a newer claim wrote since).
     async fn write_checkpoint(&mut self, message: &CheckpointMessage) -> Result<()> {
         let payload = serde_json::to_vec(message).expect("checkpoints serialize");
+        let largest = self.context.client().server_info().max_payload;
+        if largest > 0 && payload.len() > largest {
+            let keys: usize = message.held.iter().chain(&message.pending).map(|read| read.keys.len()).sum();
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "the checkpoint on NATS subject {} takes {} bytes with the keys of {keys} snapshot rows it keeps, more than the server takes in one message (max_payload {largest})",
+                    self.checkpoint_subject,
+                    payload.len()
+                ),
+            )
+            .on(Side::Target)
+            .hint("lower limits.batch_rows (each snapshot batch's keys are written with the checkpoint before its events), or raise the server's max_payload"));
+        }
         let publish = Publish::build().payload(payload.into()).expected_last_subject_sequence(self.checkpoint_sequence);
         let sent = self
             .context

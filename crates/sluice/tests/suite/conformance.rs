@@ -540,6 +540,34 @@ fn a_snapshot_into_nats_is_exact_through_a_kill() {
     exactly_once_through_a_kill_at("nats", &workspace);
 }
 
+/// A snapshot batch's keys go with the NATS checkpoint before its events (decision 0064): a
+/// server that takes smaller messages than they need stops the copy at its first batch with an
+/// error naming what to lower, and the same job with smaller batches copies every row.
+#[test]
+fn a_nats_server_too_small_for_a_batchs_keys_gets_an_error_naming_batch_rows() {
+    let broker = support::nats::NatsServer::start_with("max_payload: 16384\n");
+    let workspace = Workspace::new();
+    let job = |batch_rows: u32| {
+        workspace.write(
+            "job.yaml",
+            &format!(
+                "name: small-messages\nmode: snapshot\nsource: {{type: generate, seed: 3, tables: [{{name: t, rows: 6000, key: [id], columns: {{id: bigint, v: text}}}}]}}\n\
+                 target: {{type: nats, url: \"{}\", stream: EVENTS, subject: \"rows.{{table}}\"}}\nlimits: {{batch_rows: {batch_rows}}}\n",
+                broker.url()
+            ),
+        )
+    };
+    let refused = workspace.sluice(&["run", job(6000).to_str().unwrap()]);
+    assert_ne!(refused.code, 0, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("max_payload 16384") && refused.stderr.contains("lower limits.batch_rows"),
+        "the error names the server's limit and what to lower:\n{}",
+        refused.stderr
+    );
+    workspace.sluice(&["run", job(500).to_str().unwrap()]).assert_code(0);
+    assert_eq!(broker.messages("EVENTS").len(), 6000);
+}
+
 /// Run by `suite::brokers`, never beside another broker.
 #[cfg(feature = "kafka")]
 pub(super) fn a_snapshot_into_kafka_is_exact_through_a_kill() {

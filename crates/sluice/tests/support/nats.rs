@@ -10,6 +10,8 @@ use super::cluster::free_port;
 pub struct NatsServer {
     pub port: u16,
     directory: tempfile::TempDir,
+    /// A configuration file of the test's own, if it gave one (`start_with`).
+    config: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -23,12 +25,26 @@ pub struct StreamMessage {
 
 impl NatsServer {
     pub fn start() -> NatsServer {
+        NatsServer::launched(None)
+    }
+
+    /// A server with these lines of configuration (`max_payload: 16384`).
+    pub fn start_with(configuration: &str) -> NatsServer {
+        NatsServer::launched(Some(configuration))
+    }
+
+    fn launched(configuration: Option<&str>) -> NatsServer {
         let directory = tempfile::Builder::new()
             .prefix("sluice-nats")
             .tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
             .expect("a temporary directory");
-        let mut server = NatsServer { port: free_port(), directory, child: None };
+        let config = configuration.map(|text| {
+            let path = directory.path().join("server.conf");
+            std::fs::write(&path, text).expect("the server's configuration");
+            path
+        });
+        let mut server = NatsServer { port: free_port(), directory, config, child: None };
         server.launch();
         server
     }
@@ -47,7 +63,11 @@ impl NatsServer {
             .append(true)
             .open(self.directory.path().join("server.log"))
             .expect("the server log");
-        let child = Command::new("nats-server")
+        let mut command = Command::new("nats-server");
+        if let Some(config) = &self.config {
+            command.arg("-c").arg(config);
+        }
+        let child = command
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
             .arg(self.store())
             .stdin(Stdio::null())
