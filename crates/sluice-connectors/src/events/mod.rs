@@ -86,10 +86,15 @@ pub trait Channel: Send {
     /// The task's checkpoint as the broker holds it, or `None` before its first commit.
     async fn recover(&mut self) -> Result<Option<Checkpoint>>;
 
-    /// Called before the first message of a snapshot batch is sent, with the position the batch
-    /// ends at and its rows' key identities. A broker whose messages become visible before the
-    /// checkpoint that covers them keeps both first (see the module's documentation); the
-    /// default keeps nothing.
+    /// Whether the broker shows messages before the checkpoint that covers them, so a snapshot
+    /// batch is written ahead (`intend`). The default: no (one transaction for both).
+    fn writes_ahead(&self) -> bool {
+        false
+    }
+
+    /// Called, when the channel `writes_ahead`, before the first message of a snapshot batch is
+    /// sent, with the position the batch ends at and its rows' key identities: the broker keeps
+    /// both first (see the module's documentation).
     async fn intend(&mut self, _position: &Position, _keys: &[String]) -> Result<()> {
         Ok(())
     }

@@ -187,7 +187,8 @@ impl TableWriter for SnapshotWriter {
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
         let ts_ms = now_ms();
         let keyed = !self.table.primary_key.is_empty();
-        let mut identities = Vec::with_capacity(if keyed { batch.changes.len() } else { 0 });
+        let ahead = keyed && self.channel.writes_ahead();
+        let mut identities = Vec::with_capacity(if ahead { batch.changes.len() } else { 0 });
         for change in &batch.changes {
             let event = Event {
                 table: &self.table,
@@ -200,7 +201,7 @@ impl TableWriter for SnapshotWriter {
             // which a split read whole keeps on every run.
             let identity = if keyed { event.key_text() } else { self.ordinal.to_string() };
             self.ordinal += 1;
-            let key_identity = keyed.then(|| key_identity(&self.table, change.row()));
+            let key_identity = ahead.then(|| key_identity(&self.table, change.row()));
             identities.extend(key_identity.clone());
             self.staged.push(Message {
                 destination: self.destination.clone(),
@@ -210,7 +211,7 @@ impl TableWriter for SnapshotWriter {
                 identity: key_identity,
             });
         }
-        if keyed {
+        if ahead {
             self.channel.intend(&batch.position, &identities).await?;
         }
         while !self.staged.is_empty() {

@@ -535,6 +535,10 @@ impl Channel for NatsChannel {
         self.claim(found).await
     }
 
+    fn writes_ahead(&self) -> bool {
+        true
+    }
+
     async fn intend(&mut self, position: &Position, keys: &[String]) -> Result<()> {
         let pending = HeldRead { position: position.clone(), keys: keys.to_vec() };
         let message = self.message(self.committed.clone(), Some(pending));
