@@ -281,7 +281,7 @@ pub(super) fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_
     // One broker restart only: the test broker (tansu 0.6 on an S3 store) itself loses a
     // partition after a second or third restart under load (an independent reader cannot read
     // it to its end either), whatever wrote to it.
-    split_twice(|| exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1));
+    fails_naming_a_stall(|| exactly_once_across_faults(Bus::Kafka(KafkaBroker::start()), "kafka_streams", 1));
 }
 
 /// A pipeline split across a bus: MySQL → the bus by one job, the bus → PostgreSQL by another,
@@ -291,24 +291,28 @@ pub(super) fn every_change_reaches_kafka_exactly_once_in_order_across_kills_and_
 /// would stop the job on its key), none out of order.
 #[cfg(feature = "kafka")]
 pub(super) fn mysql_to_kafka_to_postgres_ends_equal_to_the_source_across_kills_of_the_consumer() {
-    split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Run));
+    fails_naming_a_stall(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Run));
 }
 
 /// The split pipeline with its consumer (Kafka → PostgreSQL) on a cluster of two nodes, the node
 /// applying it SIGKILLed again and again: the target's fence and checkpoints carry it over.
 #[cfg(feature = "kafka")]
 pub(super) fn mysql_to_kafka_to_postgres_on_a_cluster_ends_equal_to_the_source_across_kills_of_the_consuming_node() {
-    split_twice(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Cluster));
+    fails_naming_a_stall(|| split_across(Bus::Kafka(KafkaBroker::start()), "maxwell", Place::Cluster));
 }
 
-/// Runs a Kafka scenario once more on a fresh broker when the test broker itself stalled for good
-/// (an independent reader saw nothing new become readable through its restarts: tansu 0.6 at
-/// times keeps a transaction open across restarts). Every check holds for the run that ends.
+/// What the failure of a scenario says when the Kafka test broker itself stalled (made nothing
+/// new readable through its restarts: tansu 0.6 at times keeps a transaction open across
+/// restarts), which `suite::brokers` looks for before running a failed scenario again on a
+/// fresh broker.
+pub(super) const STALLED: &str = "the Kafka test broker stalled";
+
+/// Runs a Kafka scenario, which returns `Err` only when an independent reader saw the test
+/// broker stall: then it fails naming the stall (`STALLED`). Every check holds for a run that ends.
 #[cfg(feature = "kafka")]
-fn split_twice(pipeline: impl Fn() -> Result<(), String>) {
+fn fails_naming_a_stall(pipeline: impl Fn() -> Result<(), String>) {
     if let Err(stalled) = pipeline() {
-        eprintln!("{stalled}; the pipeline runs again on a fresh broker");
-        pipeline().unwrap_or_else(|stalled| panic!("{stalled}, twice"));
+        panic!("{stalled} ({STALLED})");
     }
 }
 
@@ -713,8 +717,11 @@ fn exactly_once_on_a_cluster(mut bus: Bus, prefix: &str) {
     let progress = |bus: &mut Bus, cluster: &mut Nodes, what: &str, count: usize| {
         let deadline = std::time::Instant::now() + Duration::from_secs(240);
         let (mut seen, mut progressed) = (bus.count(&topic), std::time::Instant::now());
+        let mut stalls = 0;
         while seen < count {
-            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{}", cluster.logs());
+            // Named as the stall it followed, if any: `suite::brokers` runs such a scenario again.
+            let stalled = if stalls > 0 { format!(" ({STALLED} {stalls} times)") } else { String::new() };
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}{stalled}:\n{}", cluster.logs());
             std::thread::sleep(Duration::from_millis(50));
             let now = bus.count(&topic);
             if now > seen {
@@ -722,6 +729,7 @@ fn exactly_once_on_a_cluster(mut bus: Bus, prefix: &str) {
             } else if progressed.elapsed() > Duration::from_secs(45) {
                 if let Bus::Kafka(broker) = bus {
                     if let (true, Some((worker, _))) = (broker.restart_stalled(), cluster.owner()) {
+                        stalls += 1;
                         eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and {worker}");
                         let index = cluster.index_of(&worker);
                         cluster.nodes[index] = None;
@@ -826,7 +834,7 @@ pub(super) fn a_copy_then_stream_into_nats_never_takes_a_key_back_in_time() {
 
 #[cfg(feature = "kafka")]
 pub(super) fn a_copy_then_stream_into_kafka_never_takes_a_key_back_in_time() {
-    split_twice(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch", &[]));
+    fails_naming_a_stall(|| copy_then_stream_in_order(Bus::Kafka(KafkaBroker::start()), "kafka_switch", &[]));
 }
 
 /// A `snapshot+cdc` job copies a table in small splits while every key keeps being updated
