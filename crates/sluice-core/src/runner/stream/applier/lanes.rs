@@ -17,6 +17,7 @@
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -26,7 +27,7 @@ use tokio::task::JoinHandle;
 use std::time::Instant;
 
 use super::{stream_record, Applier, Arrival};
-use crate::change::{key_text, Change, ChangeKind, Position, Rejected, Row};
+use crate::change::{Change, ChangeKind, Position, Rejected, Row};
 use crate::connector::{AnyChangeWriter, Checkpoint, FoldedChangeWriter};
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::names::STREAM_TASK;
@@ -242,13 +243,28 @@ pub(super) fn change_keys(change: &Change) -> [Option<u64>; 2] {
     let key = |row: &Row| {
         let mut hasher = DefaultHasher::new();
         table.name.hash(&mut hasher);
-        key_text(table, row).hash(&mut hasher);
+        // Each key value's text straight into the hash, with no string made per change (two
+        // keys that collide only make one change wait for the other's group).
+        let mut text = HashedText(&mut hasher);
+        for value in table.primary_key.iter().filter_map(|&index| row.get(index)) {
+            let _ = write!(text, "{value}\u{1f}");
+        }
         Some(hasher.finish())
     };
     match &change.kind {
         ChangeKind::Insert { after } => [key(after), key(after)],
         ChangeKind::Delete { before } => [key(before), key(before)],
         ChangeKind::Update { before, after } => [key(before), key(after)],
+    }
+}
+
+/// Text written into a hasher.
+struct HashedText<'a>(&'a mut DefaultHasher);
+
+impl std::fmt::Write for HashedText<'_> {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        self.0.write(text.as_bytes());
+        Ok(())
     }
 }
 
@@ -381,5 +397,37 @@ impl Applier<'_> {
             }
         }
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{Column, DataType, TableName, TableSchema};
+    use crate::value::Value;
+
+    fn table(name: &str, keyed: bool) -> Arc<TableSchema> {
+        let columns = vec![
+            Column::new("id", DataType::Integer { bytes: 4, unsigned: false }, false),
+            Column::new("v", DataType::Text { length: None, fixed: false }, true),
+        ];
+        let primary_key = if keyed { vec![0] } else { Vec::new() };
+        Arc::new(TableSchema { columns, primary_key, ..TableSchema::named(TableName::new(Some("db"), name)) })
+    }
+
+    fn update(table: &Arc<TableSchema>, from: i64, to: i64) -> Change {
+        let row = |id: i64| vec![Value::Int(id), Value::Text("x".into())];
+        Change { table: table.clone(), kind: ChangeKind::Update { before: row(from), after: row(to) } }
+    }
+
+    #[test]
+    fn a_change_is_known_by_its_tables_name_and_the_keys_it_writes() {
+        let (items, orders) = (table("items", true), table("orders", true));
+        let [before, after] = change_keys(&update(&items, 1, 2));
+        assert_ne!(before, after, "a key moved writes two keys");
+        assert_eq!(change_keys(&update(&items, 1, 1)), [before, before], "the same key again");
+        assert_ne!(change_keys(&update(&orders, 1, 1))[0], before, "the same key of another table");
+        assert_ne!(change_keys(&update(&items, 12, 12))[0], change_keys(&update(&items, 1, 1))[0]);
+        assert_eq!(change_keys(&update(&table("log", false), 1, 2)), [None, None], "a table without a key");
     }
 }
