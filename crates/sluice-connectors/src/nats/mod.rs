@@ -21,7 +21,7 @@
 pub(crate) mod connector;
 pub mod source;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -319,6 +319,7 @@ impl Transport for NatsTransport {
             checkpoint_sequence: 0,
             committed: None,
             held: Vec::new(),
+            held_keys: HashSet::new(),
             in_flight: VecDeque::new(),
             job: job.to_owned(),
             fence: self.fence.clone(),
@@ -383,6 +384,8 @@ struct NatsChannel {
     /// Rows the broker may hold as an interrupted run's read left them, less the keys since
     /// acknowledged as new.
     held: Vec<HeldRead>,
+    /// Every key of `held`, so an acknowledgement finds at once whether its key is one.
+    held_keys: HashSet<String>,
     /// Publishes awaiting their acknowledgement, with the key identity of a snapshot row.
     in_flight: VecDeque<(jetstream::context::PublishAckFuture, Option<String>)>,
     job: String,
@@ -505,7 +508,7 @@ impl NatsChannel {
     async fn settle_one(&mut self) -> Result<()> {
         let Some((ack, identity)) = self.in_flight.pop_front() else { return Ok(()) };
         let ack = ack.await.map_err(|error| unavailable("a publish was not acknowledged", error))?;
-        if let Some(identity) = identity.filter(|_| !ack.duplicate && !self.held.is_empty()) {
+        if let Some(identity) = identity.filter(|identity| !ack.duplicate && self.held_keys.remove(identity)) {
             // A key the broker did not have: whatever an interrupted read sent of it never
             // arrived, and this read's row is the one it holds.
             for read in &mut self.held {
@@ -531,6 +534,7 @@ impl Channel for NatsChannel {
         // A batch written ahead and never committed: the broker may hold any of its rows.
         self.held = std::mem::take(&mut found.held);
         self.held.extend(found.pending.take());
+        self.held_keys = self.held.iter().flat_map(|read| read.keys.iter().cloned()).collect();
         self.committed = found.checkpoint.clone();
         self.claim(found).await
     }
