@@ -93,9 +93,9 @@ pub trait Channel: Send {
     }
 
     /// Called, when the channel `writes_ahead`, before the first message of a snapshot batch is
-    /// sent, with the position the batch ends at and its rows' key identities: the broker keeps
-    /// both first (see the module's documentation).
-    async fn intend(&mut self, _position: &Position, _keys: &[String]) -> Result<()> {
+    /// sent, with the position the batch ends at and the batch's messages: the broker keeps the
+    /// position and the messages' key identities first (see the module's documentation).
+    async fn intend(&mut self, _position: &Position, _messages: &[Message]) -> Result<()> {
         Ok(())
     }
 

@@ -188,7 +188,6 @@ impl TableWriter for SnapshotWriter {
         let ts_ms = now_ms();
         let keyed = !self.table.primary_key.is_empty();
         let ahead = keyed && self.channel.writes_ahead();
-        let mut identities = Vec::with_capacity(if ahead { batch.changes.len() } else { 0 });
         for change in &batch.changes {
             let event = Event {
                 table: &self.table,
@@ -201,18 +200,16 @@ impl TableWriter for SnapshotWriter {
             // which a split read whole keeps on every run.
             let identity = if keyed { event.key_text() } else { self.ordinal.to_string() };
             self.ordinal += 1;
-            let key_identity = ahead.then(|| key_identity(&self.table, change.row()));
-            identities.extend(key_identity.clone());
             self.staged.push(Message {
                 destination: self.destination.clone(),
                 key: self.options.format.key(&event),
                 payload: self.options.format.value(&event, &self.origin),
                 id: message_id(&[&self.job, &self.task, "row", &identity]),
-                identity: key_identity,
+                identity: ahead.then(|| key_identity(&self.table, change.row())),
             });
         }
         if ahead {
-            self.channel.intend(&batch.position, &identities).await?;
+            self.channel.intend(&batch.position, &self.staged).await?;
         }
         while !self.staged.is_empty() {
             let rest = self.staged.split_off(self.staged.len().min(SEND_BATCH));

@@ -543,8 +543,9 @@ impl Channel for NatsChannel {
         true
     }
 
-    async fn intend(&mut self, position: &Position, keys: &[String]) -> Result<()> {
-        let pending = HeldRead { position: position.clone(), keys: keys.to_vec() };
+    async fn intend(&mut self, position: &Position, messages: &[Message]) -> Result<()> {
+        let keys = messages.iter().filter_map(|message| message.identity.clone()).collect();
+        let pending = HeldRead { position: position.clone(), keys };
         let message = self.message(self.committed.clone(), Some(pending));
         self.write_checkpoint(&message).await
     }
