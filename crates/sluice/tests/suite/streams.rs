@@ -370,7 +370,7 @@ impl Consuming<'_> {
 
     fn output(&self) -> String {
         match self {
-            Consuming::Run(child) => child.stderr_text(),
+            Consuming::Run(child) => child.stderr_view()(),
             Consuming::Cluster { nodes, .. } => nodes.logs(),
         }
     }
@@ -899,12 +899,14 @@ fn copy_then_stream_in_order(mut bus: Bus, prefix: &str, crashes: &[&str]) -> Re
     }
     let mut child = start();
     for copied in [1_000, 2_000] {
-        wait_on(&child, &format!("{copied} rows copied"), 120, || rows_copied(&child.stderr_text()) >= copied);
+        let stderr = child.stderr_view();
+        wait_on(&child, &format!("{copied} rows copied"), 120, || rows_copied(&stderr()) >= copied);
         kill(&mut child);
         child = start();
     }
     // Updates keep coming once the stream runs, then stop.
-    wait_on(&child, "the stream", 120, || child.stderr_text().contains("rows applied in"));
+    let stderr = child.stderr_view();
+    wait_on(&child, "the stream", 120, || stderr().contains("rows applied in"));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     load.join().unwrap();
     let last: BTreeMap<i64, i64> = mariadb(&format!("SELECT id, v FROM {database}.counters"))
@@ -1012,7 +1014,7 @@ fn wait_on(child: &support::Guard, what: &str, seconds: u64, mut condition: impl
         assert!(
             std::time::Instant::now() < deadline,
             "timed out waiting for {what}; the run says:\n{}",
-            child.stderr_text()
+            child.stderr_view()()
         );
         std::thread::sleep(Duration::from_millis(50));
     }

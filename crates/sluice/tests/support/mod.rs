@@ -281,11 +281,17 @@ impl Drain {
         self.bytes.lock().unwrap().clone()
     }
 
-    /// Everything, once the pipe closed.
-    fn finish(&mut self) -> Vec<u8> {
+    /// Waits until the reader has read the pipe to its end (the child has exited, so the end
+    /// comes at once); what is already read stays in the buffer.
+    fn settle(&mut self) {
         if let Some(thread) = self.thread.take() {
             thread.join().expect("the pipe's reader ends");
         }
+    }
+
+    /// Everything, once the pipe closed.
+    fn finish(&mut self) -> Vec<u8> {
+        self.settle();
         std::mem::take(&mut self.bytes.lock().unwrap())
     }
 }
@@ -305,8 +311,12 @@ impl Running {
         Running { child, stdout, stderr }
     }
 
-    /// What the child wrote to stderr so far.
-    pub fn stderr_text(&self) -> String {
+    /// What the child wrote to stderr so far; once it has exited, all it wrote (the reader may
+    /// lag the exit by a moment, so this waits for it to reach the pipe's end).
+    pub fn stderr_text(&mut self) -> String {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            self.stderr.settle();
+        }
         String::from_utf8_lossy(&self.stderr.so_far()).into_owned()
     }
 
