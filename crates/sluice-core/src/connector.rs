@@ -613,6 +613,15 @@ pub trait Sink: Send + Sync {
     /// Idempotent; called once per run, before any writer opens. `tables` carry target names.
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()>;
 
+    /// `prepare` for a run whose copy loads the tables next, `finish` running once every split
+    /// is in: a table created now may leave out what `finish` builds faster over loaded rows
+    /// (PostgreSQL: the primary key), except the `merged` ones (several source tables load
+    /// into each), whose keys must refuse a row another source table's row took. A run that
+    /// only streams calls `prepare`.
+    async fn prepare_for_copy(&self, tables: &[TableSchema], _merged: &[TableName]) -> Result<()> {
+        self.prepare(tables).await
+    }
+
     /// The names of the columns target table `table` has, in the target's spelling: `Some` of
     /// an empty list when it does not exist, `None` for a target without table definitions of
     /// its own (files, event streams, lakes). Read by a stream under `schema_changes: ignore`,

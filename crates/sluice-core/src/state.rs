@@ -29,6 +29,16 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The target tables several source tables of the plan are loaded into (a route merging
+    /// shards).
+    pub fn merged_targets(&self) -> std::collections::BTreeSet<TableName> {
+        let mut sources_per_target: std::collections::BTreeMap<&TableName, usize> = Default::default();
+        for planned in &self.tables {
+            *sources_per_target.entry(&planned.target).or_default() += 1;
+        }
+        sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()).collect()
+    }
+
     /// Each target table of a plan with the splits written into it.
     pub fn table_tasks(&self) -> Vec<TableTasks> {
         let mut tables: Vec<TableTasks> = Vec::new();

@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
 use super::tables::{
     add_column_sql, altered_table_sql, create_table_sql, definition_type, finish_sql, qualified, retype_column_sql,
+    KeyBuilt,
 };
 use super::trial::CopyTrial;
 use super::{encode_copy, postgres_error, quote, refuse_long_names};
@@ -231,7 +232,8 @@ impl ChangeWriter for PostgresChangeWriter {
         self.begin().await?;
         match change {
             SchemaChange::Create(table) => {
-                self.execute(&create_table_sql(table), &format!("create table {}", table.name)).await?;
+                self.execute(&create_table_sql(table, KeyBuilt::WithTable), &format!("create table {}", table.name))
+                    .await?;
                 for statement in finish_sql(table) {
                     self.execute(&statement, &format!("build the indexes and sequences of {}", table.name)).await?;
                 }

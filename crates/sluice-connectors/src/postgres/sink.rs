@@ -17,7 +17,9 @@ use super::checkpoints::{
     commit_with_checkpoint, fence_tag, own_tables, read_checkpoint, record_identity, verify_binding, BINDING_TABLE,
     FENCE_TABLE,
 };
-use super::tables::{create_index_sql, create_table_sql, finish_sql, qualified};
+use super::tables::{
+    create_index_sql, create_table_sql, finish_sql, primary_key_sql, qualified, KeyBuilt, HAS_PRIMARY_KEY,
+};
 use super::trial::CopyTrial;
 use super::{connect, postgres_error, quote, refuse_long_names};
 use crate::sql::snapshot::{write_inserts, InsertTarget};
@@ -77,6 +79,38 @@ impl PostgresSink {
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
 
+    /// Makes the checkpoint and fence tables, and the missing tables (when the job may) with
+    /// their primary keys built as `key` says.
+    async fn prepare_tables(&self, tables: &[TableSchema], key: impl Fn(&TableSchema) -> KeyBuilt) -> Result<()> {
+        refuse_long_names(tables)?;
+        let client = connect(&self.url, Side::Target, &self.server).await?;
+        client
+            .batch_execute(&own_tables(
+                "CREATE SCHEMA IF NOT EXISTS sluice;
+                 CREATE TABLE IF NOT EXISTS sluice.checkpoints (job text NOT NULL, task text NOT NULL, position jsonb,
+                     done boolean NOT NULL, rows_written bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
+                     PRIMARY KEY (job, task))",
+            ))
+            .await
+            .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
+        // Made here too, once, before the tasks of a cluster job claim their fences at once.
+        client
+            .batch_execute(&own_tables(FENCE_TABLE))
+            .await
+            .map_err(self.error("create the fence table sluice.fences"))?;
+        warn_keyless_upsert(tables, self.write_mode);
+        for table in tables {
+            let existing = self.columns(&client, &table.name).await?;
+            if to_create(table, &existing, self.create_tables, |known, name| known == name)? {
+                client
+                    .batch_execute(&create_table_sql(table, key(table)))
+                    .await
+                    .map_err(self.error(&format!("create table {}", table.name)))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The columns table `table` has (none when it does not exist).
     async fn columns(&self, client: &Client, table: &TableName) -> Result<Vec<String>> {
         let namespace = table.namespace.as_deref().unwrap_or("public");
@@ -121,20 +155,26 @@ impl Sink for PostgresSink {
     fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
         tables
             .iter()
-            .flat_map(|table| std::iter::once(create_table_sql(table)).chain(create_index_sql(table)))
+            .flat_map(|table| {
+                std::iter::once(create_table_sql(table, KeyBuilt::WithTable)).chain(create_index_sql(table))
+            })
             .collect()
     }
 
-    /// Builds each table's indexes on its own connection, tables in parallel: the server uses
-    /// one core per index build.
+    /// Builds each table's primary key (when `prepare_for_copy` left it out) and indexes on
+    /// its own connection, tables in parallel: the server uses one core per index build.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
         let mut builds = tokio::task::JoinSet::new();
-        for table in tables.iter().filter(|table| !finish_sql(table).is_empty()) {
+        for table in tables.iter().filter(|table| !table.primary_key.is_empty() || !finish_sql(table).is_empty()) {
             let (url, server) = (self.url.clone(), self.server.clone());
             let statements = finish_sql(table);
+            let key = primary_key_sql(table);
             let name = table.name.clone();
             builds.spawn(async move {
                 let client = connect(&url, Side::Target, &server).await?;
+                if let Some(key) = key {
+                    add_primary_key(&client, &server, &name, &key).await?;
+                }
                 for statement in statements {
                     client.batch_execute(&statement).await.map_err(|error| {
                         postgres_error(
@@ -162,33 +202,20 @@ impl Sink for PostgresSink {
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
-        refuse_long_names(tables)?;
-        let client = connect(&self.url, Side::Target, &self.server).await?;
-        client
-            .batch_execute(&own_tables(
-                "CREATE SCHEMA IF NOT EXISTS sluice;
-                 CREATE TABLE IF NOT EXISTS sluice.checkpoints (job text NOT NULL, task text NOT NULL, position jsonb,
-                     done boolean NOT NULL, rows_written bigint NOT NULL, updated_at timestamptz NOT NULL DEFAULT now(),
-                     PRIMARY KEY (job, task))",
-            ))
-            .await
-            .map_err(self.error("create the checkpoint table sluice.checkpoints"))?;
-        // Made here too, once, before the tasks of a cluster job claim their fences at once.
-        client
-            .batch_execute(&own_tables(FENCE_TABLE))
-            .await
-            .map_err(self.error("create the fence table sluice.fences"))?;
-        warn_keyless_upsert(tables, self.write_mode);
-        for table in tables {
-            let existing = self.columns(&client, &table.name).await?;
-            if to_create(table, &existing, self.create_tables, |known, name| known == name)? {
-                client
-                    .batch_execute(&create_table_sql(table))
-                    .await
-                    .map_err(self.error(&format!("create table {}", table.name)))?;
+        self.prepare_tables(tables, |_| KeyBuilt::WithTable).await
+    }
+
+    /// The primary key of a table created now is built by `finish`, over the copied rows,
+    /// unless the table is `merged` or the job upserts (every batch needs the key then).
+    async fn prepare_for_copy(&self, tables: &[TableSchema], merged: &[TableName]) -> Result<()> {
+        let key = |table: &TableSchema| {
+            if self.write_mode == WriteMode::Upsert || merged.contains(&table.name) {
+                KeyBuilt::WithTable
+            } else {
+                KeyBuilt::AfterCopy
             }
-        }
-        Ok(())
+        };
+        self.prepare_tables(tables, key).await
     }
 
     async fn verify_checkpoints(&self, job: &str, tables: &[TableTasks]) -> Result<Vec<(TableName, Binding)>> {
@@ -349,6 +376,37 @@ impl FoldedChangeSink for PostgresSink {
     async fn open_lane(&self, job: &str, task: &str, _lane: usize) -> Result<Option<Box<dyn FoldedChangeWriter>>> {
         self.open_folded(job, task).await.map(Some)
     }
+}
+
+/// Adds the primary key `statement` builds, unless the table has one: a table created with it,
+/// or a `finish` that ran before. Rows copied twice under one key (a route merging tables whose
+/// keys meet) make the build fail, naming the table and the key.
+async fn add_primary_key(client: &Client, server: &str, table: &TableName, statement: &str) -> Result<()> {
+    let error = |doing: &str| {
+        let doing = doing.to_owned();
+        move |error| postgres_error(error, Side::Target, server, &doing)
+    };
+    let has_key: bool = client
+        .query_one(HAS_PRIMARY_KEY, &[&qualified(table)])
+        .await
+        .map_err(error(&format!("look for the primary key of {table}")))?
+        .get(0);
+    if has_key {
+        return Ok(());
+    }
+    let built = client.batch_execute(statement).await;
+    built.map_err(|failure| {
+        let duplicate = failure.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION);
+        let error = error(&format!("build the primary key of {table}"))(failure);
+        if duplicate {
+            error.hint(
+                "the copied rows hold one key twice: a route that merges tables needs keys that stay apart \
+                 (a column naming the source table in the key); fix the rows and run the job again",
+            )
+        } else {
+            error
+        }
+    })
 }
 
 /// Moves staged rows into the table, replacing rows with the same primary key only: a conflict

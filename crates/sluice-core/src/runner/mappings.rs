@@ -88,13 +88,7 @@ impl Mappings {
 
     /// Takes in which target tables several source tables of the plan are merged into.
     pub(super) fn add_merged_targets(&self, plan: &Plan) {
-        let mut sources_per_target: BTreeMap<&TableName, usize> = BTreeMap::new();
-        for planned in &plan.tables {
-            *sources_per_target.entry(&planned.target).or_default() += 1;
-        }
-        lock(&self.known)
-            .shared_targets
-            .extend(sources_per_target.into_iter().filter(|(_, count)| *count > 1).map(|(name, _)| name.clone()));
+        lock(&self.known).shared_targets.extend(plan.merged_targets());
     }
 
     /// Whether more than one source table is merged into target table `target`.

@@ -232,7 +232,13 @@ impl Node {
         // made once, here.
         // Copies still hidden are made and judged under their hidden names.
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &spec.name).await?;
-        sink.prepare(&hidden.schemas(&planned.targets)).await?;
+        let targets = hidden.schemas(&planned.targets);
+        if spec.mode == sluice_core::spec::Mode::Cdc {
+            sink.prepare(&targets).await?;
+        } else {
+            let merged: Vec<_> = planned.plan.merged_targets().iter().map(|target| hidden.name(target)).collect();
+            sink.prepare_for_copy(&targets, &merged).await?;
+        }
         let plan = planned.plan;
         let tables = hidden.tasks(plan.table_tasks());
         match (fresh, spec.mode) {
