@@ -50,6 +50,11 @@ impl TableStats {
         counter.fetch_add(amount, Ordering::Relaxed);
     }
 
+    /// Takes `amount` off `counter`, stopping at 0.
+    pub fn take(counter: &AtomicU64, amount: u64) {
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |value| Some(value.saturating_sub(amount)));
+    }
+
     pub fn snapshot(&self) -> TableSummary {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         TableSummary {

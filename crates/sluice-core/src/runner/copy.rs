@@ -127,6 +127,10 @@ impl SnapshotCopy {
                 if let Some(split) = table.splits.get(index) {
                     let stats = self.context.stats.table(&split.table.name, &table.target);
                     TableStats::add(&stats.splits_total, 1);
+                    // The whole plan's estimate from the start, so the progress's total does not
+                    // grow as tasks take their splits; what earlier runs committed comes off it
+                    // when a split's task finds its checkpoint.
+                    TableStats::add(&stats.rows_expected, split.estimated_rows);
                     queue.push_back((split.clone(), stats));
                 }
             }
@@ -156,6 +160,7 @@ impl SnapshotCopy {
         let mut rows_written = recovered.as_ref().map_or(0, |checkpoint| checkpoint.rows_written);
         let mut position = recovered.as_ref().and_then(|checkpoint| checkpoint.position.clone());
         if recovered.as_ref().is_some_and(|checkpoint| checkpoint.done) {
+            TableStats::take(&stats.rows_expected, split.estimated_rows);
             TableStats::add(&stats.splits_done, 1);
             self.splits_resumed_done.fetch_add(1, Ordering::Relaxed);
             return Ok(());
@@ -171,7 +176,7 @@ impl SnapshotCopy {
             rows_written = 0;
             position = None;
         }
-        TableStats::add(&stats.rows_expected, split.estimated_rows.saturating_sub(rows_written));
+        TableStats::take(&stats.rows_expected, rows_written.min(split.estimated_rows));
         let reader = context.source.needs_snapshot()?.open(split, position.as_ref(), job.limits.batch_rows).await?;
 
         let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(job.limits.queue_batches);
@@ -449,6 +454,10 @@ mod tests {
         committed: Mutex<(Vec<i64>, BTreeMap<String, Checkpoint>)>,
         commits: AtomicU32,
         failing_commits: Vec<u32>,
+        /// The run's counters, when a test watches them: each commit records the rows the
+        /// progress then expects (this run's written rows and the estimate of the rest).
+        stats: Mutex<Option<Arc<crate::stats::JobStats>>>,
+        expected_at_commits: Mutex<Vec<u64>>,
     }
 
     struct MemorySink(Arc<MemoryTarget>);
@@ -501,6 +510,10 @@ mod tests {
             let mut committed = self.target.committed.lock().unwrap();
             committed.0.append(&mut self.staged);
             committed.1.insert(self.task.clone(), checkpoint.clone());
+            if let Some(stats) = &*self.target.stats.lock().unwrap() {
+                let expected = stats.snapshot().iter().map(|table| table.rows_expected).sum();
+                self.target.expected_at_commits.lock().unwrap().push(expected);
+            }
             Ok(())
         }
         async fn replace_all(&mut self) -> Result<()> {
@@ -533,6 +546,46 @@ mod tests {
         assert_eq!(ids, (1..=100).collect::<Vec<_>>());
         assert_eq!((summary.status, summary.rows_written), (RunStatus::Succeeded, 100));
         assert_eq!(state.runs(), 1);
+    }
+
+    /// The progress expects the whole plan's rows from the first commit on, not only those of
+    /// the splits taken so far; a resumed run expects what earlier runs did not commit.
+    #[tokio::test]
+    async fn the_progress_expects_every_splits_rows_from_the_start() {
+        let target = Arc::new(MemoryTarget { failing_commits: vec![3], ..Default::default() });
+        let state = Arc::new(MemoryStateStore::default());
+        let source = Arc::new(MemorySource { rows: 100, bad: vec![] });
+        let run = || {
+            let (_stop, stopped) = watch::channel(false);
+            let runner = Arc::new(Runner::new(
+                Arc::new(
+                    parse_job(
+                        "name: unit\nsource: {type: memory}\ntarget: {type: memory}\nlimits: {batch_rows: 10}\n\
+                         parallelism: 1\nretry: {max_attempts: 1, initial_backoff_ms: 1}\n",
+                        false,
+                        |_| None,
+                    )
+                    .unwrap(),
+                ),
+                source.clone(),
+                Arc::new(MemorySink(target.clone())),
+                state.clone(),
+                stopped,
+            ));
+            *target.stats.lock().unwrap() = Some(runner.stats());
+            target.expected_at_commits.lock().unwrap().clear();
+            runner
+        };
+        // The first run commits two batches of the first split, then fails.
+        let (summary, _) = run().run().await;
+        assert_eq!(summary.status, RunStatus::Failed);
+        assert_eq!(*target.expected_at_commits.lock().unwrap(), vec![100, 100]);
+        // The next expects the 80 rows left, and its total stays put as it takes the second split.
+        let (summary, error) = run().run().await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(summary.rows_written, 80);
+        let expected = target.expected_at_commits.lock().unwrap().clone();
+        assert!(expected.len() >= 8 && expected.iter().all(|total| *total == 80), "{expected:?}");
     }
 
     #[tokio::test]
