@@ -15,7 +15,9 @@
 #    fresh database on `dst` per run (dropped once measured, then CHECKPOINT):
 #    - limit: `psql -c "COPY t TO STDOUT" | psql -c "COPY t FROM STDIN"` into a table without
 #      keys, then `ALTER TABLE t ADD PRIMARY KEY (id)` (the same end state: the key built);
-#    - sluice `mode: snapshot`, create_tables, parallelism 4 (the default) and 2;
+#    - sluice `mode: snapshot`, create_tables, parallelism 4 (the default) and 2, and 4 into a
+#      table made beforehand with its primary key (sluice then loads into the key, as it did
+#      before it built a created table's key after the copy);
 #    - pgcopydb clone --table-jobs 2 --index-jobs 2, filtered to the table (it also dumps and
 #      restores the table's DDL and VACUUM ANALYZEs it), whole-table and split in 2 parts.
 #    Each is timed by /usr/bin/time (wall, user+sys CPU of the tool's process tree, peak RSS);
@@ -224,6 +226,15 @@ run_tool() {
       measure "sluice PostgreSQL→PostgreSQL (parallelism $p$([[ $p == 4 ]] && echo ", the default"))" "$tool" "$run" \
         "$sluice" run "$(snapshot_job "$name" "$([[ $p == 4 ]] || echo "$p")")" --state-dir "$base/state-$name"
       drop_target "${name//-/_}" ;;
+    sluice4-keyed)
+      # As before decision 0065: the table exists with its primary key, which every COPY keeps.
+      local name=bench-snap-keyed
+      fresh_target "${name//-/_}"
+      q dst "${name//-/_}" -c "$table_ddl" -c "ALTER TABLE public.t OWNER TO sluice" >/dev/null
+      rm -rf "$base/state-$name"
+      measure "sluice, parallelism 4, into a table made beforehand with its primary key" "$tool" "$run" \
+        "$sluice" run "$(snapshot_job "$name" "")" --state-dir "$base/state-$name"
+      drop_target "${name//-/_}" ;;
     pgcopydb|pgcopydb-split)
       fresh_target pgcopydb
       rm -rf "$base/pgcopydb-work"
@@ -239,7 +250,7 @@ run_tool() {
   esac
 }
 
-snapshot_tools=(pipe sluice4 sluice2 pgcopydb pgcopydb-split)
+snapshot_tools=(pipe sluice4 sluice4-keyed sluice2 pgcopydb pgcopydb-split)
 if wanted snapshot; then
   log "snapshot: preparing $rows rows"
   q src postgres -c "CREATE DATABASE bench OWNER sluice" >/dev/null
