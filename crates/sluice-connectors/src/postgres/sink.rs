@@ -26,6 +26,9 @@ use crate::sql::snapshot::{write_inserts, InsertTarget};
 use crate::sql::target::{to_create, warn_keyless_upsert};
 use crate::sql::task::WriterTask;
 
+/// Tables whose keys and indexes `finish` builds at once, each on a connection of its own.
+const BUILDS_AT_ONCE: usize = 4;
+
 /// A PostgreSQL database written as a target.
 #[derive(Debug)]
 pub struct PostgresSink {
@@ -162,15 +165,19 @@ impl Sink for PostgresSink {
     }
 
     /// Builds each table's primary key (when `prepare_for_copy` left it out) and indexes on
-    /// its own connection, tables in parallel: the server uses one core per index build.
+    /// its own connection, `BUILDS_AT_ONCE` tables at a time: the server uses one core per index
+    /// build, and a job of hundreds of tables must not take as many of its connections.
     async fn finish(&self, tables: &[TableSchema]) -> Result<()> {
         let mut builds = tokio::task::JoinSet::new();
+        let turns = Arc::new(tokio::sync::Semaphore::new(BUILDS_AT_ONCE));
         for table in tables.iter().filter(|table| !table.primary_key.is_empty() || !finish_sql(table).is_empty()) {
             let (url, server) = (self.url.clone(), self.server.clone());
             let statements = finish_sql(table);
             let key = primary_key_sql(table);
             let name = table.name.clone();
+            let turns = turns.clone();
             builds.spawn(async move {
+                let _turn = turns.acquire_owned().await.expect("the semaphore is never closed");
                 let client = connect(&url, Side::Target, &server).await?;
                 if let Some(key) = key {
                     add_primary_key(&client, &server, &name, &key).await?;

@@ -210,3 +210,41 @@ fn past_the_dirty_record_budget_the_stream_stops_naming_table_key_and_column() {
     );
     assert_eq!(psql(&format!("SELECT id FROM {database}.t ORDER BY id")), "1\n");
 }
+
+/// A copy of hundreds of tables builds their keys and indexes a few tables at a time: one
+/// connection per table at once would take more than the target server allows (the test
+/// server's `max_connections` is 200), and every table ends with its primary key and index.
+#[test]
+fn a_copy_of_three_hundred_tables_builds_their_keys_within_the_targets_connections() {
+    const TABLES: usize = 300;
+    let database = unique_name("many");
+    let mut sql = format!("CREATE DATABASE {database}; USE {database};");
+    for table in 0..TABLES {
+        sql.push_str(&format!(
+            "CREATE TABLE t{table} (id INT PRIMARY KEY, v INT, KEY by_v (v)); INSERT INTO t{table} VALUES (1, {table}), (2, {table});"
+        ));
+    }
+    mariadb(&sql);
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        // A failure fails the run at once (refused connections would otherwise be retried).
+        &format!("name: many\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\nrestart: {{max_restarts: 0}}\nretry: {{max_attempts: 1}}\n"),
+    );
+    let run = Run::from(
+        workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    run.assert_code(0);
+    let built = psql(&format!(
+        "SELECT count(*) FILTER (WHERE contype = 'p'), (SELECT count(*) FROM pg_indexes WHERE schemaname = '{database}' \
+         AND indexname LIKE '%by_v') FROM pg_constraint WHERE connamespace = '{database}'::regnamespace"
+    ));
+    assert_eq!(built.trim(), format!("{TABLES}|{TABLES}"), "every table has its primary key and its index");
+    let rows = psql(&format!("SELECT sum(v) FROM {database}.t{}", TABLES - 1));
+    assert_eq!(rows.trim(), format!("{}", 2 * (TABLES - 1)));
+}
