@@ -24,12 +24,12 @@ pub(super) enum KeyBuilt {
     /// With the table: rows come one change at a time, each checked against it.
     WithTable,
     /// Once a copy has loaded the rows (`primary_key_sql`, in the sink's `finish`): one sort
-    /// instead of a B-tree maintained by every concurrent COPY, about a third less of the
-    /// target server's time (decision 0065).
+    /// instead of a B-tree maintained by every concurrent COPY (decision 0065).
     AfterCopy,
 }
 
-/// `CREATE TABLE`, with the primary key unless `key` builds it after the copy. From a MySQL source, also what has a meaning here: an
+/// `CREATE TABLE`, with the primary key unless `key` builds it after the copy. From a MySQL
+/// source, also what has a meaning here: an
 /// AUTO_INCREMENT integer becomes an identity column (its sequence is set past the copied
 /// values by `identity_sql` once they are in), defaults that are literals or the current time
 /// are kept, comments become COMMENT ON. UNSIGNED columns have the next wider type (no CHECK:

@@ -231,15 +231,7 @@ fn a_copy_of_three_hundred_tables_builds_their_keys_within_the_targets_connectio
         // A failure fails the run at once (refused connections would otherwise be retried).
         &format!("name: many\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\nrestart: {{max_restarts: 0}}\nretry: {{max_attempts: 1}}\n"),
     );
-    let run = Run::from(
-        workspace
-            .command(&["run", job.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
-    run.assert_code(0);
+    workspace.run_job(&job, &mysql_url(), &postgres_url()).assert_code(0);
     let built = psql(&format!(
         "SELECT count(*) FILTER (WHERE contype = 'p'), (SELECT count(*) FROM pg_indexes WHERE schemaname = '{database}' \
          AND indexname LIKE '%by_v') FROM pg_constraint WHERE connamespace = '{database}'::regnamespace"

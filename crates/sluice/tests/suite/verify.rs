@@ -350,14 +350,7 @@ fn sluice_run_verifies_a_streaming_job_on_its_schedule_and_a_copy_once_it_succee
 
     // A copy: verified once it succeeded, the report kept, exit 0.
     let copy = workspace.write("copy.yaml", &job("snapshot", 3600));
-    let run = Run::from(
-        workspace
-            .command(&["run", copy.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", postgres_url())
-            .output()
-            .unwrap(),
-    );
+    let run = workspace.run_job(&copy, &mysql_url(), &postgres_url());
     run.assert_code(0);
     assert!(run.stderr.contains("verified: the target equals the source"), "{}", run.all());
     let copied = report(&format!("{name}-snapshot")).expect("the copy's report is kept");
