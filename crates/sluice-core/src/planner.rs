@@ -247,6 +247,23 @@ fn refuse_whole_merges(plan: &Plan) -> Result<()> {
 /// (a source may empty a table, DDL may re-create one) and the copy's checkpoints no longer
 /// describe them: nothing is judged, and a target changed outside the job shows as rows the
 /// stream finds missing or present.
+/// Prepares the target for a run of `plan`: `tables` (under the names they are written under
+/// now, `hidden` naming the copies still hidden) are made as `Sink::prepare_for_copy` says when
+/// the job copies, as `Sink::prepare` says when it only streams.
+pub async fn prepare_target(
+    job: &JobSpec,
+    sink: &dyn Sink,
+    plan: &Plan,
+    hidden: &crate::hidden::HiddenCopies,
+    tables: &[TableSchema],
+) -> Result<()> {
+    if job.mode == Mode::Cdc {
+        return sink.prepare(tables).await;
+    }
+    let merged: Vec<TableName> = plan.merged_targets().iter().map(|target| hidden.name(target)).collect();
+    sink.prepare_for_copy(tables, &merged).await
+}
+
 pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {
     if job.mode.streams() {
         let mut writer = AnyChangeWriter::open(sink, &job.name, crate::names::STREAM_TASK).await?;

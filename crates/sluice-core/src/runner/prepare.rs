@@ -169,17 +169,7 @@ async fn prepare_target(
     if job.schema_changes == SchemaChanges::Ignore {
         keep_target_columns(context, targets, &mut prepared).await?;
     }
-    if job.mode == Mode::Cdc {
-        context.sink.prepare(&prepared).await?;
-    } else {
-        let merged: Vec<crate::schema::TableName> = targets
-            .iter()
-            .zip(&prepared)
-            .filter(|(target, _)| context.mappings.is_shared(&target.name))
-            .map(|(_, table)| table.name.clone())
-            .collect();
-        context.sink.prepare_for_copy(&prepared, &merged).await?;
-    }
+    crate::planner::prepare_target(job, &*context.sink, plan, hidden, &prepared).await?;
     let mut tables = hidden.tasks(plan.table_tasks());
     if !restarting {
         crate::planner::verify_checkpoints(job, &*context.sink, &tables).await?;

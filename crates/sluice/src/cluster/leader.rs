@@ -233,12 +233,7 @@ impl Node {
         // Copies still hidden are made and judged under their hidden names.
         let hidden = sluice_core::hidden::HiddenCopies::of(&planned.plan, &*sink, &spec.name).await?;
         let targets = hidden.schemas(&planned.targets);
-        if spec.mode == sluice_core::spec::Mode::Cdc {
-            sink.prepare(&targets).await?;
-        } else {
-            let merged: Vec<_> = planned.plan.merged_targets().iter().map(|target| hidden.name(target)).collect();
-            sink.prepare_for_copy(&targets, &merged).await?;
-        }
+        sluice_core::planner::prepare_target(&spec, &*sink, &planned.plan, &hidden, &targets).await?;
         let plan = planned.plan;
         let tables = hidden.tasks(plan.table_tasks());
         match (fresh, spec.mode) {
