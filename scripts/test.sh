@@ -49,11 +49,13 @@ echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on p
   "TLS only: MariaDB on port $(cat "$base/mariadb-tls/port"), PostgreSQL on port $(cat "$base/postgres-tls/port")"
 
 cargo fmt --all -- --check
-# The test profile, as `cargo test` below: the build scripts (librdkafka, aws-lc, SQLite, zstd: C
-# compiled from source) then run once for both.
-cargo clippy --profile test --workspace --all-targets --features sluice/failpoints,sluice/kafka,sluice/delta -- -D warnings
 # The Grafana dashboard against Grafana's schema and the code's metric names (node and npm).
 ops/grafana/check.sh
+# Clippy's lints, warnings as errors, run while the tests build: cargo compiles the workspace's
+# own crates (every target: libraries, binaries, tests, examples) with clippy-driver
+# (scripts/rustc-with-clippy), so every dependency is compiled once for both, not checked for a
+# `cargo clippy` first and built again for the tests. A lint fails the build, so no test runs.
 # Twice as many tests at once as there are cores: most of a test's time is spent waiting on a
 # server, a process or a broker, and two at a time left the cores half idle.
-cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta -- --test-threads "$(($(nproc) * 2))"
+RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/rustc-with-clippy" \
+  cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta -- --test-threads "$(($(nproc) * 2))"
