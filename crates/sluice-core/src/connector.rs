@@ -861,9 +861,19 @@ pub trait FoldedChangeWriter: ChangeWriter {
 
     /// Updates rows in place by key: every column of each row but those `Value::Unchanged`,
     /// which the target keeps (an update whose log did not carry every value, and no earlier
-    /// image of the key in the group). Called between a group's deletes and its inserts. Returns
-    /// the indexes of the rows whose key the target lacks.
-    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>>;
+    /// image of the key in the group), and whole rows where `updates_in_place` says so. Called
+    /// between a group's deletes and its inserts. Returns the rows whose key the target lacks
+    /// and those whose content the target refused, not updated (the engine then deletes them, as
+    /// a row refused on insert is not there either).
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated>;
+
+    /// Whether a row updated under the same key is best written by `update` rather than as a
+    /// delete and an insert (PostgreSQL: an update that changes no indexed column adds no index
+    /// entry). Only for tables with no unique index but the primary key: one statement updating
+    /// many rows checks such an index row by row, so two rows swapping a value would collide.
+    fn updates_in_place(&self) -> bool {
+        false
+    }
 
     /// The rows the target holds under these primary keys, locked until the open transaction
     /// ends, in any order (a key without a row has none): what a conflict policy (`conflict:`)
@@ -924,6 +934,15 @@ pub struct Refused {
     pub index: usize,
     /// Why, naming the column when the target says which.
     pub reason: String,
+}
+
+/// What `FoldedChangeWriter::update` did not update: indexes into the rows it was given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Updated {
+    /// Rows whose key the target lacks.
+    pub missing: Vec<usize>,
+    /// Rows whose content the target refused, with the reason; not updated.
+    pub refused: Vec<Refused>,
 }
 
 /// Rows tried together inside the target's open transaction, each try undone on its own when a

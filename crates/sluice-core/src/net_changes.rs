@@ -6,7 +6,8 @@
 //! group is then one delete of the keys that were present and one insert of the final images per
 //! table: few statements whatever the transactions' shape, and per-key order kept by
 //! construction. An update that changes the primary key becomes a delete of the old key and an
-//! insert of the new one.
+//! insert of the new one. A writer that prefers it (`FoldedChangeWriter::updates_in_place`)
+//! gets a row that was there before the group and is there after it as an update instead.
 //!
 //! A table without a primary key is a multiset of rows: a row is known by all of its values, and
 //! the group's changes fold into how many copies of each row came or went. Applying them deletes
@@ -19,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::change::{key_text, Change, ChangeKind, Row};
+use crate::conflict::missing_rows;
 use crate::connector::FoldedChangeWriter;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::TableSchema;
@@ -326,8 +328,9 @@ impl NetChanges {
     }
 
     /// Applies the folded changes inside the writer's open transaction: first every table's
-    /// deletes, then the updates in place of rows that keep values the log did not carry, then
-    /// every table's inserts, so a unique key moved from one row to another within the group
+    /// deletes, then the updates in place (rows that keep values the log did not carry, and
+    /// rows there before and after the group where the writer prefers it), then every table's
+    /// inserts, so a unique key moved from one row to another within the group
     /// does not collide. Keys folded in `Replay` or `Dirty` mode are deleted whether
     /// or not the target has them; the others must be there. `target` maps a table to the one
     /// its rows are written into (a hidden copy's name). Leaves the fold empty.
@@ -339,12 +342,29 @@ impl NetChanges {
         let tables = std::mem::take(&mut self.tables);
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
-        // Per table and entry: a row that keeps values the log did not carry, updated in place,
-        // not replaced (judged once here, used by the three passes below).
+        // Per table and entry: a row updated in place, not replaced (judged once here, used by
+        // the three passes below): one that keeps values the log did not carry, and where the
+        // writer prefers it, one that was there before the group and is there after it.
         let in_place: Vec<Vec<bool>> = tables
             .iter()
-            .map(|table| table.entries.iter().map(|entry| entry.row.as_ref().is_some_and(has_unchanged)).collect())
+            .zip(&targets)
+            .map(|(table, target)| {
+                let whole = writer.updates_in_place()
+                    && !target.primary_key.is_empty()
+                    && !target.indexes.iter().any(|index| index.unique);
+                table
+                    .entries
+                    .iter()
+                    .map(|entry| {
+                        entry
+                            .row
+                            .as_ref()
+                            .is_some_and(|row| has_unchanged(row) || (whole && entry.existed && !entry.by_key))
+                    })
+                    .collect()
+            })
             .collect();
+        let mut refused_rows = Vec::new();
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
             if !changes.copies.is_empty() {
                 // A keyless table: one matching row per copy that went, each must exist (unless
@@ -372,23 +392,43 @@ impl NetChanges {
             }
         }
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
-            let (updated, by_key): (Vec<Row>, Vec<bool>) = changes
+            let (mut updated, entries): (Vec<Row>, Vec<&Entry>) = changes
                 .entries
                 .iter()
                 .zip(in_place)
-                .filter_map(|(entry, in_place)| Some((entry.row.clone().filter(|_| *in_place)?, entry.by_key)))
+                .filter_map(|(entry, in_place)| Some((entry.row.clone().filter(|_| *in_place)?, entry)))
                 .unzip();
             if updated.is_empty() {
                 continue;
             }
+            let outcome = writer.update(target, &updated).await?;
             // A row applied by key that the target lacks is left to the later changes of the key
             // (a replay window: the copy read it after a delete the stream has yet to apply).
-            let missing = writer.update(target, &updated).await?.into_iter().find(|&index| !by_key[index]);
-            if let Some(index) = missing {
+            let missing: Vec<usize> = outcome.missing.into_iter().filter(|&index| !entries[index].by_key).collect();
+            if let Some(&index) = missing.iter().find(|&&index| has_unchanged(&updated[index])) {
                 return Err(unchanged_lost(target, &updated[index], "the target has no row of this key"));
             }
+            if !missing.is_empty() {
+                let keys: Vec<&Row> = missing.iter().map(|&index| &entries[index].key).collect();
+                return Err(missing_rows(target, &keys));
+            }
+            // A refused row goes, as when its new image is refused on insert: the target holds
+            // no row the source no longer has, and the dirty record holds both.
+            let gone: Vec<Row> = outcome.refused.iter().map(|refusal| entries[refusal.index].key.clone()).collect();
+            if !gone.is_empty() {
+                writer.delete(target, &gone, false).await?;
+            }
+            for refusal in outcome.refused {
+                let entry = entries[refusal.index];
+                refused_rows.push(Refusal {
+                    table: changes.table.clone(),
+                    before: entry.before.clone(),
+                    after: std::mem::take(&mut updated[refusal.index]),
+                    transaction: entry.transaction,
+                    reason: refusal.reason,
+                });
+            }
         }
-        let mut refused_rows = Vec::new();
         for ((changes, target), in_place) in tables.into_iter().zip(&targets).zip(in_place) {
             let mut rows: Vec<Row> = copies(&changes.copies, |_| true, |count| count);
             // What each row refused would be kept with: the row before, the transaction.
@@ -437,7 +477,7 @@ mod tests {
     use async_trait::async_trait;
 
     use super::*;
-    use crate::connector::{ChangeWriter, Checkpoint, Refused};
+    use crate::connector::{ChangeWriter, Checkpoint, Refused, Updated};
     use crate::schema::{Column, DataType, TableName};
     use crate::value::Value;
 
@@ -461,6 +501,9 @@ mod tests {
     struct MemoryTarget {
         rows: std::collections::BTreeMap<i64, i64>,
         statements: usize,
+        /// Prefers updates in place (`FoldedChangeWriter::updates_in_place`), and counts them.
+        in_place: bool,
+        updates: usize,
     }
 
     fn id(key: &Row) -> i64 {
@@ -513,17 +556,27 @@ mod tests {
             }
             Ok(refused)
         }
-        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        /// Refuses a negative value as `insert` does; the row keeps its value.
+        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Updated> {
             self.statements += 1;
-            let mut missing = Vec::new();
+            let mut outcome = Updated::default();
             for (index, row) in rows.iter().enumerate() {
                 match (self.rows.get_mut(&id(row)), &row[1]) {
-                    (None, _) => missing.push(index),
-                    (Some(value), Value::Int(new)) => *value = *new,
+                    (None, _) => outcome.missing.push(index),
+                    (Some(_), Value::Int(new)) if *new < 0 => {
+                        outcome.refused.push(Refused { index, reason: "column v: negative".into() })
+                    }
+                    (Some(value), Value::Int(new)) => {
+                        *value = *new;
+                        self.updates += 1;
+                    }
                     (Some(_), _) => {}
                 }
             }
-            Ok(missing)
+            Ok(outcome)
+        }
+        fn updates_in_place(&self) -> bool {
+            self.in_place
         }
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
             unreachable!("nothing hidden here: {tables:?}")
@@ -611,6 +664,63 @@ mod tests {
         apply(&mut target, changes, ApplyMode::Strict).await.unwrap();
         assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 12), (2, 22), (3, 41), (5, 31)]);
         assert_eq!(target.statements, 2);
+    }
+
+    /// A writer that prefers updates in place gets the keys there before and after the group
+    /// as one update; keys that came, went or moved are still deleted and inserted. A row it
+    /// refuses goes and is a refusal; a key it lacks stops the stream; a table with
+    /// a unique index besides its key is never updated in place.
+    #[tokio::test]
+    async fn rows_there_before_and_after_a_group_are_updated_in_place_where_the_writer_prefers_it() {
+        let table = table();
+        let update =
+            |before: Row, after: Row| Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+        let changes = || {
+            vec![
+                insert(4, 40),
+                update(row(1, 10), row(1, 11)),
+                update(row(1, 11), row(1, 12)),
+                Change { table: table.clone(), kind: ChangeKind::Delete { before: row(2, 20) } },
+                Change { table: table.clone(), kind: ChangeKind::Insert { after: row(2, 22) } },
+                update(row(3, 30), row(5, 31)),
+            ]
+        };
+        let mut target = MemoryTarget { in_place: true, ..MemoryTarget::default() };
+        target.rows.extend([(1, 10), (2, 20), (3, 30)]);
+        apply(&mut target, changes(), ApplyMode::Strict).await.unwrap();
+        assert_eq!(
+            target.rows.iter().map(|(id, v)| (*id, *v)).collect::<Vec<_>>(),
+            [(1, 12), (2, 22), (4, 40), (5, 31)]
+        );
+        assert_eq!((target.statements, target.updates), (3, 2), "keys 1 and 2 updated, 3 deleted, 4 and 5 inserted");
+
+        let mut target = MemoryTarget { in_place: true, ..MemoryTarget::default() };
+        target.rows.insert(1, 10);
+        let mut net = NetChanges::default();
+        net.add(update(row(1, 10), row(1, -1)), ApplyMode::Strict).unwrap();
+        let applied = net.apply(&mut target, &mut |table| table.clone()).await.unwrap();
+        let [refusal] = applied.refused.as_slice() else { panic!("{:?}", applied.refused) };
+        assert_eq!((&refusal.before, &refusal.after), (&Some(row(1, 10)), &row(1, -1)));
+        assert!(target.rows.is_empty(), "the refused key's row is gone, as when an insert is refused");
+
+        let mut target = MemoryTarget { in_place: true, ..MemoryTarget::default() };
+        let error = apply(&mut target, vec![update(row(7, 70), row(7, 71))], ApplyMode::Strict).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Conflict, "{error}");
+        assert!(error.to_string().contains("missing in the target (id=7)"), "{error}");
+
+        let unique = Arc::new(TableSchema {
+            indexes: vec![crate::schema::Index { name: "by_v".into(), columns: vec![1], unique: true }],
+            ..(*table).clone()
+        });
+        let mut target = MemoryTarget { in_place: true, ..MemoryTarget::default() };
+        target.rows.extend([(1, 10), (2, 20)]);
+        let swap = vec![
+            Change { table: unique.clone(), kind: ChangeKind::Update { before: row(1, 10), after: row(1, 20) } },
+            Change { table: unique.clone(), kind: ChangeKind::Update { before: row(2, 20), after: row(2, 10) } },
+        ];
+        apply(&mut target, swap, ApplyMode::Strict).await.unwrap();
+        assert_eq!(target.rows.iter().map(|(id, v)| (*id, *v)).collect::<Vec<_>>(), [(1, 20), (2, 10)]);
+        assert_eq!(target.updates, 0, "two rows swapping a unique value are deleted and inserted");
     }
 
     /// A row the target refuses is left out (the key's row before it goes) with what its dirty
@@ -833,7 +943,7 @@ mod tests {
             self.rows.extend(rows.iter().cloned());
             Ok(Vec::new())
         }
-        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+        async fn update(&mut self, _table: &TableSchema, rows: &[Row]) -> Result<Updated> {
             unreachable!("a keyless table's update is a delete and an insert: {rows:?}")
         }
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {

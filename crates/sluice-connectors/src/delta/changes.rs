@@ -12,7 +12,9 @@ use deltalake_core::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake_core::kernel::{Action, MetadataExt, StructType, Transaction};
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use sluice_core::change::Row;
-use sluice_core::connector::{ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange};
+use sluice_core::connector::{
+    ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange, Updated,
+};
 use sluice_core::names::own_name;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
@@ -475,7 +477,7 @@ impl ChangeWriter for DeltaChanges {
 impl FoldedChangeWriter for DeltaChanges {
     /// A Delta table's files hold whole rows: a row that keeps values its update left unchanged
     /// (and the source did not send) cannot be written.
-    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
         Err(Error::new(
             ErrorKind::Write,
             format!(

@@ -5,7 +5,7 @@
 use async_trait::async_trait;
 use mysql_async::prelude::Queryable;
 use mysql_async::Conn;
-use sluice_core::connector::{ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, SchemaChange};
+use sluice_core::connector::{ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, SchemaChange, Updated};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, ErrorKind, Result, Row, Side, TableName, TableSchema};
 
@@ -280,7 +280,7 @@ impl FoldedChangeWriter for MysqlChangeWriter {
 
     /// One `UPDATE ... SET` by key a row, prepared once per set of columns the rows carry. A row
     /// the statement changed nothing in (MySQL counts changed rows) is looked up by its key.
-    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
         self.begin().await?;
         let doing = format!("update rows of {} in place", table.name);
         let equals = |index: &usize| format!("{} = ?", quote(&table.columns[*index].name));
@@ -315,7 +315,7 @@ impl FoldedChangeWriter for MysqlChangeWriter {
                 }
             }
         }
-        Ok(missing)
+        Ok(Updated { missing, refused: Vec::new() })
     }
 
     /// Inserts the rows under savepoints: a row whose content MySQL refuses is found and left

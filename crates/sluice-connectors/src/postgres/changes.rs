@@ -1,10 +1,13 @@
 //! Applying a change stream to PostgreSQL: per group and table one `DELETE ... USING unnest(...)`
-//! with the keys bound as text arrays, and one COPY of the final rows, in a transaction that
-//! also moves the stream's row in `sluice.checkpoints`.
+//! with the keys bound as text arrays, one `UPDATE ... FROM unnest(...)` of the rows there before
+//! and after the group, and one COPY of the rows that came, in a transaction that also moves the
+//! stream's row in `sluice.checkpoints`.
 
 use async_trait::async_trait;
 use sluice_core::conflict::missing_rows;
-use sluice_core::connector::{ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, SchemaChange};
+use sluice_core::connector::{
+    find_refused, ChangeWriter, Checkpoint, FoldedChangeWriter, Refused, RowTrial, SchemaChange, Updated,
+};
 use sluice_core::schema::{column_changes, ColumnChange};
 use sluice_core::{Error, Result, Row, Side, TableName, TableSchema, Value};
 use tokio_postgres::Client;
@@ -14,8 +17,8 @@ use super::tables::{
     add_column_sql, altered_table_sql, create_table_sql, definition_type, finish_sql, qualified, retype_column_sql,
     KeyBuilt,
 };
-use super::trial::CopyTrial;
-use super::{encode_copy, postgres_error, quote, refuse_long_names};
+use super::trial::{refusal, CopyTrial};
+use super::{encode_copy, is_row_error, postgres_error, quote, refuse_long_names};
 use crate::sql::catalog::{to_publish, to_rename, Catalog};
 use crate::sql::task::WriterTask;
 
@@ -47,6 +50,103 @@ fn text_form(value: &Value) -> Option<String> {
             let mut text = String::new();
             encode_copy(other, &mut text);
             Some(text)
+        }
+    }
+}
+
+/// Rows of one table updated in place by key inside the open transaction, tried under a
+/// savepoint (`find_refused`). Which keys a try found counts only when the try held.
+struct UpdateTrial<'a> {
+    client: &'a Client,
+    server: &'a str,
+    table: &'a TableSchema,
+    rows: &'a [Row],
+    /// Per row: the target had its key.
+    found: Vec<bool>,
+}
+
+impl UpdateTrial<'_> {
+    /// `UPDATE t SET c = v.s0::type, ... FROM unnest($1::text[], ..., $n::int[]) AS v(...)
+    /// WHERE t.k = v.k0::type ... RETURNING v.ordinal`: the columns `set`, then the key.
+    fn statement(&self, set: &[usize]) -> String {
+        let table = self.table;
+        let typed = |alias: &str, index: usize| format!("v.{alias}::{}", definition_type(table, &table.columns[index]));
+        let assignments: Vec<String> = set
+            .iter()
+            .enumerate()
+            .map(|(number, &index)| {
+                format!("{} = {}", quote(&table.columns[index].name), typed(&format!("s{number}"), index))
+            })
+            .collect();
+        let conditions: Vec<String> = table
+            .primary_key
+            .iter()
+            .enumerate()
+            .map(|(number, &index)| {
+                format!("t.{} = {}", quote(&table.columns[index].name), typed(&format!("k{number}"), index))
+            })
+            .collect();
+        let aliases: Vec<String> = (0..set.len())
+            .map(|number| format!("s{number}"))
+            .chain((0..table.primary_key.len()).map(|number| format!("k{number}")))
+            .collect();
+        let arrays: Vec<String> = (1..=aliases.len()).map(|number| format!("${number}::text[]")).collect();
+        format!(
+            "UPDATE {} AS t SET {} FROM unnest({}, ${}::int[]) AS v({}, ordinal) WHERE {} RETURNING v.ordinal",
+            qualified(&table.name),
+            assignments.join(", "),
+            arrays.join(", "),
+            aliases.len() + 1,
+            aliases.join(", "),
+            conditions.join(" AND ")
+        )
+    }
+
+    /// Updates `rows` (indexes into all the rows); returns the indexes whose key had a row.
+    async fn write(&self, rows: std::ops::Range<usize>) -> std::result::Result<Vec<usize>, tokio_postgres::Error> {
+        let mut found = Vec::new();
+        let offset = rows.start;
+        for (set, indexes) in crate::sql::update::by_shape(self.table, &self.rows[rows]) {
+            let sql = self.statement(&set);
+            for chunk in indexes.chunks(KEYS_PER_STATEMENT) {
+                let columns: Vec<Vec<Option<String>>> = set
+                    .iter()
+                    .chain(&self.table.primary_key)
+                    .map(|&column| chunk.iter().map(|&index| text_form(&self.rows[offset + index][column])).collect())
+                    .collect();
+                let ordinals: Vec<i32> = chunk.iter().map(|&index| (offset + index) as i32).collect();
+                let mut parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                    columns.iter().map(|column| column as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+                parameters.push(&ordinals);
+                for row in self.client.query(&sql, &parameters).await? {
+                    found.push(row.get::<_, i32>(0) as usize);
+                }
+            }
+        }
+        Ok(found)
+    }
+}
+
+#[async_trait]
+impl RowTrial for UpdateTrial<'_> {
+    async fn try_rows(&mut self, rows: std::ops::Range<usize>) -> Result<Option<String>> {
+        let (client, server, table, all) = (self.client, self.server, self.table, self.rows);
+        let doing = format!("update rows of {} in place", table.name);
+        let error = |error| postgres_error(error, Side::Target, server, &doing);
+        client.batch_execute("SAVEPOINT trial").await.map_err(error)?;
+        let single = (rows.len() == 1).then(|| &all[rows.start]);
+        match self.write(rows).await {
+            Ok(found) => {
+                for index in found {
+                    self.found[index] = true;
+                }
+                Ok(None)
+            }
+            Err(failure) if is_row_error(&failure) => {
+                client.batch_execute("ROLLBACK TO SAVEPOINT trial").await.map_err(error)?;
+                Ok(Some(refusal(&failure, table, single)))
+            }
+            Err(failure) => Err(error(failure)),
         }
     }
 }
@@ -289,52 +389,24 @@ impl FoldedChangeWriter for PostgresChangeWriter {
         Ok(())
     }
 
-    /// One `UPDATE ... SET` by key a row, prepared once per set of columns the rows carry.
-    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<usize>> {
+    /// Per set of columns the rows carry, one `UPDATE ... FROM unnest(...)` with the values bound
+    /// as text arrays (`KEYS_PER_STATEMENT` rows at a time), under savepoints: a row whose
+    /// content PostgreSQL refuses is found and left as it was (`UpdateTrial`).
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
         self.begin().await?;
-        let cast = |index: usize, number: usize| {
-            let column = &table.columns[index];
-            format!("{} = ${number}::text::{}", quote(&column.name), definition_type(table, column))
-        };
-        let doing = format!("update rows of {} in place", table.name);
-        let mut missing = Vec::new();
-        for (set, indexes) in crate::sql::update::by_shape(table, rows) {
-            let assignments: Vec<String> =
-                set.iter().enumerate().map(|(number, &index)| cast(index, number + 1)).collect();
-            let conditions: Vec<String> = table
-                .primary_key
-                .iter()
-                .enumerate()
-                .map(|(number, &index)| cast(index, set.len() + number + 1))
-                .collect();
-            let sql = format!(
-                "UPDATE {} SET {} WHERE {}",
-                qualified(&table.name),
-                assignments.join(", "),
-                conditions.join(" AND ")
-            );
-            let statement = self
-                .client
-                .prepare(&sql)
-                .await
-                .map_err(|error| postgres_error(error, Side::Target, &self.server, &doing))?;
-            for index in indexes {
-                let row = &rows[index];
-                let values: Vec<Option<String>> =
-                    set.iter().chain(&table.primary_key).map(|&column| text_form(&row[column])).collect();
-                let parameters: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                    values.iter().map(|value| value as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
-                let updated = self
-                    .client
-                    .execute(&statement, &parameters)
-                    .await
-                    .map_err(|error| postgres_error(error, Side::Target, &self.server, &doing))?;
-                if updated == 0 {
-                    missing.push(index);
-                }
-            }
-        }
-        Ok(missing)
+        let mut trial =
+            UpdateTrial { client: &self.client, server: &self.server, table, rows, found: vec![false; rows.len()] };
+        let refused = find_refused(&mut trial, rows.len()).await?;
+        let missing = (0..rows.len())
+            .filter(|&index| !trial.found[index] && !refused.iter().any(|refused| refused.index == index))
+            .collect();
+        Ok(Updated { missing, refused })
+    }
+
+    /// An update that sets no indexed column writes no new index entry (a heap-only tuple),
+    /// where a delete and an insert write one per index.
+    fn updates_in_place(&self) -> bool {
+        true
     }
 
     /// COPYs the rows under savepoints: a row whose content PostgreSQL refuses is found and
