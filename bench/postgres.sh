@@ -4,6 +4,7 @@
 #
 #   bench/postgres.sh [--rows 1000000] [--cdc-rows 1000000] [--changes 200000] [--repeat 2]
 #                     [--latency-seconds 30] [--rate 1250] [--only snapshot|cdc]
+#                     [--apply-parallelism N (the target's default)]
 #                     [--sluice PATH] [--out bench/results] [--logs DIR]
 #
 # Servers (scripts/testdb, tmpfs, PostgreSQL 15, wal_level=logical): `src` (the source
@@ -58,6 +59,7 @@ sluice=""
 out=bench/results
 logs=""
 timeout=1800
+apply_parallelism=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rows) rows=$2; shift 2 ;;
@@ -71,7 +73,9 @@ while [[ $# -gt 0 ]]; do
     --out) out=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --apply-parallelism) apply_parallelism=$2; shift 2 ;;
     *) echo "usage: $0 [--rows N] [--cdc-rows N] [--changes N] [--repeat N] [--latency-seconds S] [--rate TPS] [--only snapshot|cdc]" \
+         "[--apply-parallelism N]" \
          "[--sluice PATH (prebuilt; skips the build)] [--out DIR] [--logs DIR] [--timeout S]" >&2; exit 2 ;;
   esac
 done
@@ -293,6 +297,7 @@ target:
   type: postgres
   url: $(db_url dst cdc_sluice)
   create_tables: true
+${apply_parallelism:+apply_parallelism: $apply_parallelism}
 EOF
   echo "$base/bench-cdc-$1.yaml"
 }
