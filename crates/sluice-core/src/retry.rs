@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, ErrorKind};
+use crate::connector::{Sink, Source};
+use crate::error::{Error, ErrorKind, Side};
 use crate::spec::{RestartPolicy, RetryPolicy};
 
 /// True for failures a later attempt may not meet: unreachable servers and broken connections,
@@ -125,6 +126,71 @@ impl Restarts {
     }
 }
 
+/// How often a restart's wait asks the side that failed whether it answers again.
+pub const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How long one such ask may take before it counts as no answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How a restart's wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// The whole backoff passed.
+    Out,
+    /// The side that failed answers again after it did not: the restart need not wait longer.
+    Answers,
+}
+
+/// Waits out a restart's backoff, or less. `probe` (none where the failure names no side to ask)
+/// asks the side that failed whether it answers (its connector's `check`) every `PROBE_EVERY`;
+/// once an ask went unanswered, the wait ends at the first answer. A server back after an outage
+/// is used again within about a second, however long the backoff has grown meanwhile; a failure
+/// the side answers through (it refuses the work, not the connection) waits the whole backoff,
+/// so the expensive work still backs off while the asks stay cheap.
+pub async fn wait_to_restart<Probe, Answer>(wait: Duration, probe: Option<Probe>) -> Waited
+where
+    Probe: FnMut() -> Answer,
+    Answer: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
+    let Some(mut probe) = probe else {
+        tokio::time::sleep_until(deadline).await;
+        return Waited::Out;
+    };
+    let mut unanswered = false;
+    loop {
+        let next = tokio::time::Instant::now() + PROBE_EVERY;
+        if next >= deadline {
+            tokio::time::sleep_until(deadline).await;
+            return Waited::Out;
+        }
+        tokio::time::sleep_until(next).await;
+        let answered = tokio::select! {
+            answered = tokio::time::timeout(PROBE_TIMEOUT, probe()) => answered.unwrap_or(false),
+            _ = tokio::time::sleep_until(deadline) => return Waited::Out,
+        };
+        if !answered {
+            unanswered = true;
+        } else if unanswered {
+            return Waited::Answers;
+        }
+    }
+}
+
+/// A future of a probe's answer, as `probe_of` makes it.
+pub type Answer<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + 'a>>;
+
+/// The probe of `wait_to_restart` for the side `failure` names: its connector's `check` succeeds.
+/// None for a failure of the local state or one that names no side.
+pub fn probe_of<'a>(failure: &Error, source: &'a dyn Source, sink: &'a dyn Sink) -> Option<impl FnMut() -> Answer<'a>> {
+    let side = failure.side().filter(|side| matches!(side, Side::Source | Side::Target))?;
+    Some(move || -> Answer<'a> {
+        match side {
+            Side::Source => Box::pin(async move { source.check().await.is_ok() }),
+            _ => Box::pin(async move { sink.check().await.is_ok() }),
+        }
+    })
+}
+
 /// Whether a run that failed had been doing well first, which starts the count of restarts in a
 /// row afresh: it wrote rows, or it ran for longer than the longest backoff (at least a minute; a
 /// quiet stream writes nothing for hours).
@@ -137,6 +203,40 @@ pub fn ran_well(policy: &RestartPolicy, run: &crate::stats::RunSummary) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A probe answering as `answers` says, ask by ask (then as its last), counting the asks.
+    fn probe<'a>(
+        answers: &'static [bool],
+        asks: &'a std::cell::Cell<usize>,
+    ) -> impl FnMut() -> std::future::Ready<bool> + 'a {
+        move || {
+            let ask = asks.get();
+            asks.set(ask + 1);
+            std::future::ready(answers[ask.min(answers.len() - 1)])
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_waits_less_once_the_failed_side_answers_again_after_it_did_not() {
+        let wait = Duration::from_secs(60);
+        let timed = |answers: &'static [bool]| async move {
+            let asks = std::cell::Cell::new(0);
+            let started = tokio::time::Instant::now();
+            let waited = wait_to_restart(wait, Some(probe(answers, &asks))).await;
+            (waited, started.elapsed().as_secs(), asks.get())
+        };
+        // Down for two asks, then back: the third ask ends the wait.
+        assert_eq!(timed(&[false, false, true]).await, (Waited::Answers, 3, 3));
+        // Answering all along: the failure was not the connection; the whole backoff passes.
+        assert_eq!(timed(&[true]).await, (Waited::Out, 60, 59));
+        // Never back within the backoff.
+        assert_eq!(timed(&[false]).await, (Waited::Out, 60, 59));
+        // Nothing to ask.
+        let started = tokio::time::Instant::now();
+        let none: Option<fn() -> std::future::Ready<bool>> = None;
+        assert_eq!(wait_to_restart(Duration::from_millis(1_500), none).await, Waited::Out);
+        assert_eq!(started.elapsed(), Duration::from_millis(1_500));
+    }
 
     fn unavailable() -> Error {
         Error::new(ErrorKind::Unavailable, "connection refused")

@@ -822,9 +822,21 @@ async fn run_job_summarized(
                 break (summary, error);
             }
         };
+        // Fresh connections for the new run; meanwhile they ask the side that failed whether it
+        // answers again, which ends the wait early.
+        let (fresh_source, fresh_sink) =
+            match source_of(&job).and_then(|source| Ok((source, sluice_connectors::sink(&job)?))) {
+                Ok(parts) => parts,
+                Err(error) => break (summary, Some(error)),
+            };
+        let probe = sluice_core::retry::probe_of(failure, &*fresh_source, &*fresh_sink);
         let mut stopping = stop_requested.clone();
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            waited = sluice_core::retry::wait_to_restart(wait, probe) => {
+                if waited == sluice_core::retry::Waited::Answers {
+                    log::info!("job {}: the {} answers again; restarting now", job.name, failure.side().map_or("", Side::name));
+                }
+            }
             _ = stopping.wait_for(|stopped| *stopped) => {
                 let stopped = Error::new(ErrorKind::Interrupted, "stopped while waiting to restart");
                 let summary = RunSummary { status: RunStatus::Stopped, error: Some(stopped.to_string()), ..summary };
@@ -832,11 +844,7 @@ async fn run_job_summarized(
             }
         }
         restart = runner.still_restarting();
-        // Fresh connections for the new run.
-        match source_of(&job).and_then(|source| Ok((source, sluice_connectors::sink(&job)?))) {
-            Ok(parts) => (source, sink) = parts,
-            Err(error) => break (summary, Some(error)),
-        }
+        (source, sink) = (fresh_source, fresh_sink);
     };
     summary.restarts = restarts.total;
 

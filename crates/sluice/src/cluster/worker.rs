@@ -180,11 +180,15 @@ impl Node {
         let mut avoid = avoid;
         let mut failed_here = 0;
         let mut policy = sluice_core::spec::RestartPolicy::default();
+        // The job as the task last ran it: what a restart's wait asks whether the side that
+        // failed answers again.
+        let mut last_spec = None;
         let (outcome, summary) = loop {
             let signals = TaskSignals { stop: stop.clone(), resync: resync.clone() };
             let (outcome, summary) = match self.prepare_task(&job, &plan, &task, &guard, signals).await {
                 Ok((spec, runner)) => {
                     policy = spec.restart.clone();
+                    last_spec = Some(spec.clone());
                     (status.state, status.error) = (TaskState::Running, None);
                     let (reported, reporting) = watch::channel(false);
                     let reporter = tokio::spawn(report(
@@ -253,9 +257,22 @@ impl Node {
             if let Ok(false) = self.store.put_guarded(&status_key, &encode(&status), &guard).await {
                 break (Some(Error::new(ErrorKind::Fenced, "the task moved to another worker")), None);
             }
+            let asked = last_spec
+                .as_deref()
+                .and_then(|spec| Some((sluice_connectors::source(spec).ok()?, sluice_connectors::sink(spec).ok()?)));
+            let probe =
+                asked.as_ref().and_then(|(source, sink)| sluice_core::retry::probe_of(error, &**source, &**sink));
             let mut stopping = stop.clone();
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                waited = sluice_core::retry::wait_to_restart(wait, probe) => {
+                    if waited == sluice_core::retry::Waited::Answers {
+                        log::info!(
+                            "node {}: task {name}: the {} answers again; restarting now",
+                            self.config.id,
+                            error.side().map_or("", sluice_core::Side::name)
+                        );
+                    }
+                }
                 _ = stopping.wait_for(|stopped| *stopped) => {
                     break (Some(Error::new(ErrorKind::Interrupted, "stopped while waiting to restart")), None);
                 }

@@ -321,6 +321,50 @@ async fn a_cdc_job_killed_before_its_first_commit_misses_nothing() {
     until(&mut child, "the rows arrive", 60, || count() == "50").await;
 }
 
+/// A run waiting out a long restart backoff asks its target meanwhile whether it answers, and
+/// restarts as soon as it does again after an outage, not when the backoff ends: here the first
+/// restart's wait is a minute, and the stream applies again within seconds of the target's return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_restarts_as_soon_as_its_target_answers_again_not_when_its_backoff_ends() {
+    let database = unique_name("answers");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.t (id INT PRIMARY KEY, v INT)"));
+    let target_proxy = Proxy::start(address_of(&postgres_url())).await.unwrap();
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  namespace: {database}\nretry: {{max_attempts: 2, initial_backoff_ms: 20, max_backoff_ms: 100}}\nrestart: {{initial_backoff_ms: 60000, max_backoff_ms: 60000}}\n",
+            database.replace('_', "-")
+        ),
+    );
+    let mut child = workspace.start_run(&job, &mysql_url(), &through(&postgres_url(), &target_proxy), &[]);
+    let count = || psql(&format!("SELECT count(*) FROM {database}.t")).trim().to_owned();
+    let exists = || {
+        psql(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{database}' AND table_name = 't'"
+        ))
+        .trim()
+            == "1"
+    };
+    mariadb(&format!("INSERT INTO {database}.t VALUES (1, 1)"));
+    until(&mut child, "the first row", 60, || exists() && count() == "1").await;
+    target_proxy.set(Fault::Down);
+    mariadb(&format!("INSERT INTO {database}.t VALUES (2, 2)"));
+    let stderr = child.stderr_view();
+    until(&mut child, "a restart after a minute", 60, || stderr().contains("restarting from its checkpoints in 60s"))
+        .await;
+    // The wait's asks meet the outage: each is a connection the proxy refuses.
+    let refused = target_proxy.connections();
+    until(&mut child, "an ask during the outage", 30, || target_proxy.connections() > refused).await;
+    target_proxy.set(Fault::None);
+    until(&mut child, "the row after the outage, long before the minute is out", 20, || count() == "2").await;
+    assert!(stderr().contains("the target answers again; restarting now"), "{}", stderr());
+    let child = child.into_inner();
+    support::signal(&child, "TERM");
+    let output = child.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
 /// A run whose target goes down for longer than its steps retry fails, and is run again from its
 /// checkpoints by itself (`restart:`) until the target is back: the process never exits, and the
 /// target ends equal to the source.
