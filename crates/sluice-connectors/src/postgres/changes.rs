@@ -22,7 +22,7 @@ use super::{encode_copy, is_row_error, postgres_error, quote, refuse_long_names}
 use crate::sql::catalog::{to_publish, to_rename, Catalog};
 use crate::sql::task::WriterTask;
 
-/// At most this many keys per DELETE; a larger set takes several statements.
+/// At most this many keys per DELETE or UPDATE; a larger set takes several statements.
 const KEYS_PER_STATEMENT: usize = 10_000;
 
 pub(super) struct PostgresChangeWriter {
