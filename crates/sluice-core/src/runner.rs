@@ -80,6 +80,9 @@ pub struct Runner {
     /// The plan to execute when it was made elsewhere (a cluster leader's); without one the
     /// runner plans the job itself, from the plan kept in the state store.
     given_plan: Option<Plan>,
+    /// Splits other runs copied to their end (a cluster's groups of a table, before its table
+    /// task): found done without asking the target.
+    copied_elsewhere: std::collections::BTreeSet<String>,
     /// Tables the stream copies again while it runs (`sluice job resync`), as asked now and
     /// later.
     resync: Option<watch::Receiver<Option<ResyncRequest>>>,
@@ -119,6 +122,7 @@ impl Runner {
             context: Arc::new(RunContext::new(job, source, sink, state, stop)),
             scope: Scope::Whole,
             given_plan: None,
+            copied_elsewhere: Default::default(),
             resync: None,
             restart: AtomicBool::new(false),
             _never_stopped: None,
@@ -151,6 +155,14 @@ impl Runner {
     /// leader made (and whose target tables the leader prepared), discovering nothing.
     pub fn with_plan(mut self, plan: Plan) -> Runner {
         self.given_plan = Some(plan);
+        self
+    }
+
+    /// Splits (by id) that other runs copied to their end, which this one counts as done
+    /// without asking the target: a cluster's table task after the groups of its splits, whose
+    /// target may keep nothing a node other than theirs can read (the blackhole).
+    pub fn with_copied_splits(mut self, splits: std::collections::BTreeSet<String>) -> Runner {
+        self.copied_elsewhere = splits;
         self
     }
 
@@ -210,7 +222,7 @@ impl Runner {
         if (snapshot || copy_only) && !matches!(self.scope, Scope::Stream(_)) {
             // A group of splits leaves the indexes to its table's task, which runs after it.
             let build_indexes = !matches!(self.scope, Scope::Splits(_));
-            let copy = SnapshotCopy::new(context.clone(), prepared.hidden.clone());
+            let copy = SnapshotCopy::new(context.clone(), prepared.hidden.clone(), self.copied_elsewhere.clone());
             let copied_snapshot = copy.copy_snapshot(&prepared.plan, &prepared.targets, build_indexes).await;
             report.splits_resumed_done = copy.splits_resumed_done();
             copied_snapshot?;

@@ -213,7 +213,8 @@ impl RulesCache {
 const VALUE_REFRESH_SECS: u64 = 10;
 
 /// One evaluation of every job's rules, as leader (`guard`). A job whose rules or figures
-/// cannot be read now keeps its states as they are until the next evaluation.
+/// cannot be read now keeps its states as they are until the next evaluation. A job without
+/// rules (its own or global) is not looked at.
 pub async fn evaluate(
     store: Arc<dyn Store>,
     document_rules: &DocumentRules,
@@ -230,15 +231,21 @@ pub async fn evaluate(
         load_all::<RuleState>(&*store, STATES).await?.into_iter().map(|(_, state, entry)| (entry.key, state)).collect();
     let now = sluice_core::clock::unix_seconds();
     let mut recorded = false;
+    let no_global_rules = global.as_ref().is_ok_and(Vec::is_empty);
     for (name, job, _) in &jobs {
         let figures = async {
+            let own = cache.rules(&*store, document_rules, job).await?;
+            if own.is_empty() && no_global_rules {
+                return Ok(None);
+            }
             let view = job_view(&*store, job).await?;
             let dirty = store.count(&crate::cluster::dirty::dirty_prefix(name)).await?;
-            let own = cache.rules(&*store, document_rules, job).await?;
-            Ok::<_, Error>((view, dirty, own))
+            Ok::<_, Error>(Some((view, dirty, own)))
         };
         let (view, dirty, own) = match figures.await {
-            Ok(figures) => figures,
+            Ok(Some(figures)) => figures,
+            // No rule: the states of rules removed since are forgotten below.
+            Ok(None) => continue,
             Err(error) => {
                 log::debug!("alarms of job {name}: not evaluated now: {error}");
                 states.retain(|key, _| !key.starts_with(&format!("{STATES}{name}/")));

@@ -211,8 +211,9 @@ struct ServerArguments {
     /// tasks only on nodes carrying every label they name.
     #[arg(long = "label", value_name = "NAME=VALUE")]
     labels: Vec<String>,
-    /// Seconds a node may stay silent before its tasks move to other nodes.
-    #[arg(long, default_value_t = 5)]
+    /// Seconds a node may stay silent before its tasks move to other nodes (renewed every
+    /// 0.55 of it: under one request a second at the default).
+    #[arg(long, default_value_t = 2)]
     lease_secs: u64,
     /// A file of `admin TOKEN` / `read TOKEN` lines (besides SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN).
     #[arg(long)]

@@ -156,7 +156,7 @@ async fn run(options: Options) -> Result<()> {
         if tokens.is_empty() { "no" } else { "with" }
     );
     let series = Arc::new(crate::api::series::Series::default());
-    series.start(node.store.clone());
+    series.start(node.copy_first());
     let api = Arc::new(Api { node, tokens, open_metrics: options.open_metrics, series });
     let handle = axum_server::Handle::new();
     let mut shutdown = stopped.clone();

@@ -41,15 +41,22 @@ pub(super) struct SnapshotCopy {
     /// checkpoint (stdout): where the stream finds the copy's reads. Behind a mutex: the copy's
     /// concurrent tasks each add theirs.
     copied: Mutex<HashMap<String, Option<Position>>>,
+    /// Splits other runs copied to their end (`Runner::with_copied_splits`).
+    copied_elsewhere: std::collections::BTreeSet<String>,
 }
 
 impl SnapshotCopy {
-    pub(super) fn new(context: Arc<RunContext>, hidden: HiddenCopies) -> Arc<SnapshotCopy> {
+    pub(super) fn new(
+        context: Arc<RunContext>,
+        hidden: HiddenCopies,
+        copied_elsewhere: std::collections::BTreeSet<String>,
+    ) -> Arc<SnapshotCopy> {
         Arc::new(SnapshotCopy {
             context,
             hidden,
             splits_resumed_done: AtomicU64::new(0),
             copied: Mutex::new(HashMap::new()),
+            copied_elsewhere,
         })
     }
 
@@ -152,6 +159,11 @@ impl SnapshotCopy {
 
     /// Copies one split from its checkpoint to its end.
     async fn copy_split(&self, split: &Split, stats: &Arc<TableStats>) -> Result<()> {
+        if self.copied_elsewhere.contains(&split.id) {
+            TableStats::take(&stats.rows_expected, split.estimated_rows);
+            TableStats::add(&stats.splits_done, 1);
+            return Ok(());
+        }
         let context = &*self.context;
         let job = &context.job;
         let mapping = context.mapping(&split.table)?;

@@ -20,7 +20,12 @@ use sluice_connectors::tls::{ClientTls, Verification};
 use sluice_core::secret::Secret;
 use sluice_core::{Error, ErrorKind, Result, Side};
 
-use super::store::{store_error, Entry, Guard, Store};
+use super::store::{store_error, Entry, Event, Guard, Store, Watch};
+
+/// How long one watch lives before it ends and its watcher reads the prefix again: the safety
+/// net under the watch (a member that stopped answering without closing the connection, an
+/// event lost anywhere), at the cost of one read and one new watch per prefix and period.
+const WATCH_FOR: Duration = Duration::from_secs(120);
 
 /// How to reach an etcd cluster: its members, TLS files and user.
 #[derive(Debug, Clone, Default)]
@@ -46,6 +51,8 @@ pub struct EtcdStore {
     user: Option<(String, Secret)>,
     /// The auth token of `user`, renewed when etcd says it is no longer valid.
     token: Mutex<Option<Secret>>,
+    /// The revision of the latest write made through this connection.
+    written: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -111,7 +118,14 @@ impl EtcdStore {
             (None, None) => None,
             _ => return Err(etcd_config_error("etcd authentication needs both --etcd-user and SLUICE_ETCD_PASSWORD")),
         };
-        let store = EtcdStore { http, members, current: AtomicUsize::new(0), user, token: Mutex::new(None) };
+        let store = EtcdStore {
+            http,
+            members,
+            current: AtomicUsize::new(0),
+            user,
+            token: Mutex::new(None),
+            written: Default::default(),
+        };
         match store.get("/sluice/").await {
             Ok(_) => Ok(store),
             Err(error) if error.kind() == ErrorKind::Unavailable => {
@@ -207,6 +221,47 @@ impl EtcdStore {
             .hint("start etcd or fix --etcd"))
     }
 
+    /// Opens a streaming call (a watch) on the first member that takes it. Members are asked to
+    /// end the stream when they lose their cluster's leader (`hasleader`), so a watch never
+    /// stays on a member cut off from the others.
+    async fn open_stream(&self, doing: &str, path: &str, body: &Value) -> Result<(String, reqwest::Response)> {
+        let mut failures = Vec::new();
+        for attempt in 0..self.members.len() {
+            let index = (self.current.load(Ordering::Relaxed) + attempt) % self.members.len();
+            let member = &self.members[index];
+            let token = match self.token(doing, member).await {
+                Ok(token) => token,
+                Err(error) if error.kind() == ErrorKind::Unavailable => {
+                    failures.push(error.message().to_owned());
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let mut request = self
+                .http
+                .post(format!("{member}{path}"))
+                .json(body)
+                .timeout(WATCH_FOR)
+                .header("Grpc-Metadata-hasleader", "true");
+            if let Some(token) = &token {
+                request = request.header("Authorization", token.expose());
+            }
+            match request.send().await {
+                Ok(response) if response.status().is_success() => return Ok((member.clone(), response)),
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let answer = answer(doing, member, response).await?;
+                    let message = answer.get("error").or_else(|| answer.get("message")).and_then(Value::as_str);
+                    return Err(answer_error(doing, status, message.unwrap_or("no message")));
+                }
+                Err(error) => failures.push(format!("{member}: {}", describe(&error))),
+            }
+        }
+        Err(Error::new(ErrorKind::Unavailable, format!("coordination store: cannot {doing}: {}", failures.join("; ")))
+            .on(Side::State)
+            .hint("start etcd or fix --etcd"))
+    }
+
     /// The auth token to send, authenticating first when there is a user and no token yet.
     async fn token(&self, doing: &str, member: &str) -> Result<Option<Secret>> {
         let Some((user, password)) = &self.user else { return Ok(None) };
@@ -237,7 +292,21 @@ impl EtcdStore {
     async fn transaction(&self, doing: &str, compare: Value, success: Value) -> Result<(bool, u64)> {
         let answer = self.call(doing, "/v3/kv/txn", &json!({ "compare": [compare], "success": [success] })).await?;
         let succeeded = answer.get("succeeded").and_then(Value::as_bool).unwrap_or(false);
+        // A delete that found nothing wrote nothing: its answer's revision may be another's.
+        let deleted_nothing = answer
+            .pointer("/responses/0/response_delete_range")
+            .is_some_and(|deleted| integer(deleted.get("deleted")) == 0);
+        if succeeded && !deleted_nothing {
+            self.wrote(&answer);
+        }
         Ok((succeeded, revision(&answer)))
+    }
+
+    /// Notes the revision of a write's answer.
+    fn wrote(&self, answer: &Value) -> u64 {
+        let revision = revision(answer);
+        self.written.fetch_max(revision, Ordering::AcqRel);
+        revision
     }
 }
 
@@ -278,6 +347,69 @@ async fn speaks_tls(member: &str) -> bool {
         Ok(Err(error)) => error.to_string().to_ascii_lowercase().contains("alert"),
         Err(_) => false,
     }
+}
+
+/// Reads a watch's stream of messages and sends its events on, until the stream ends, etcd
+/// cancels the watch, or nobody listens any more (`Ok`).
+async fn follow(
+    mut response: reqwest::Response,
+    events: &tokio::sync::mpsc::Sender<Vec<Event>>,
+) -> std::result::Result<(), String> {
+    let mut unread = Vec::new();
+    loop {
+        let Some(chunk) = response.chunk().await.map_err(|error| describe(&error))? else {
+            return Err("the member closed the stream".to_owned());
+        };
+        unread.extend_from_slice(&chunk);
+        // The gateway writes one JSON object per message; a chunk may end inside one.
+        let mut messages = serde_json::Deserializer::from_slice(&unread).into_iter::<Value>();
+        let mut read = 0;
+        while let Some(message) = messages.next() {
+            let message = match message {
+                Ok(message) => message,
+                Err(error) if error.is_eof() => break,
+                Err(error) => return Err(format!("unexpected message: {error}")),
+            };
+            read = messages.byte_offset();
+            if let Some(error) = message.get("error") {
+                return Err(format!("etcd ended it: {error}"));
+            }
+            let result = message.get("result").unwrap_or(&message);
+            if result.get("canceled").and_then(Value::as_bool) == Some(true) {
+                let compacted = integer(result.get("compact_revision"));
+                return Err(format!("etcd cancelled it (compacted to revision {compacted})"));
+            }
+            let batch = watch_events(result).map_err(|error| error.to_string())?;
+            if !batch.is_empty() && events.send(batch).await.is_err() {
+                return Ok(());
+            }
+        }
+        unread.drain(..read);
+    }
+}
+
+/// The events of one watch message.
+fn watch_events(result: &Value) -> Result<Vec<Event>> {
+    #[derive(Deserialize)]
+    struct WatchEvent {
+        #[serde(default, rename = "type")]
+        kind: String,
+        kv: KeyValue,
+    }
+    let Some(events) = result.get("events") else { return Ok(Vec::new()) };
+    let events: Vec<WatchEvent> = serde_json::from_value(events.clone())
+        .map_err(|error| store_error("watch", format!("unexpected answer: {error}")))?;
+    events
+        .iter()
+        .map(|event| {
+            let entry = entry(&event.kv)?;
+            // A put is etcd's default event type, which the gateway leaves out.
+            Ok(match event.kind.as_str() {
+                "DELETE" => Event::Delete { key: entry.key, revision: entry.mod_revision },
+                _ => Event::Put(entry),
+            })
+        })
+        .collect()
 }
 
 /// An HTTP error answer of the gateway as a store error.
@@ -342,20 +474,20 @@ fn entries(answer: &Value) -> Result<Vec<Entry>> {
     let Some(kvs) = answer.get("kvs") else { return Ok(Vec::new()) };
     let kvs: Vec<KeyValue> = serde_json::from_value(kvs.clone())
         .map_err(|error| store_error("read", format!("unexpected answer: {error}")))?;
+    kvs.iter().map(entry).collect()
+}
+
+fn entry(kv: &KeyValue) -> Result<Entry> {
     let text = |encoded: &str| -> Result<String> {
         let bytes = BASE64.decode(encoded).map_err(|error| store_error("read", format!("bad base64: {error}")))?;
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     };
-    kvs.iter()
-        .map(|kv| {
-            Ok(Entry {
-                key: text(&kv.key)?,
-                value: text(&kv.value)?,
-                create_revision: integer(Some(&kv.create_revision)) as u64,
-                mod_revision: integer(Some(&kv.mod_revision)) as u64,
-            })
-        })
-        .collect()
+    Ok(Entry {
+        key: text(&kv.key)?,
+        value: text(&kv.value)?,
+        create_revision: integer(Some(&kv.create_revision)) as u64,
+        mod_revision: integer(Some(&kv.mod_revision)) as u64,
+    })
 }
 
 fn put_request(key: &str, value: &str, lease: Option<i64>) -> Value {
@@ -401,9 +533,44 @@ impl Store for EtcdStore {
         Ok(entries(&answer)?.into_iter().next())
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<Entry>> {
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<Entry>, u64)> {
         let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix) });
-        entries(&self.call("list", "/v3/kv/range", &body).await?)
+        let answer = self.call("list", "/v3/kv/range", &body).await?;
+        Ok((entries(&answer)?, revision(&answer)))
+    }
+
+    async fn snapshot(&self, prefixes: &[&str]) -> Result<(Vec<Entry>, u64)> {
+        let Some((first, rest)) = prefixes.split_first() else { return Ok((Vec::new(), 0)) };
+        let (mut all, revision) = self.list_at(first).await?;
+        for prefix in rest {
+            let body = json!({
+                "key": encode(prefix),
+                "range_end": prefix_end(prefix),
+                "revision": revision.to_string(),
+            });
+            all.extend(entries(&self.call("list", "/v3/kv/range", &body).await?)?);
+        }
+        Ok((all, revision))
+    }
+
+    fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    async fn watch(&self, prefix: &str, revision: u64) -> Result<Watch> {
+        let create = json!({ "create_request": {
+            "key": encode(prefix),
+            "range_end": prefix_end(prefix),
+            "start_revision": (revision + 1).to_string(),
+        }});
+        let (member, response) = self.open_stream("watch", "/v3/watch", &create).await?;
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            if let Err(reason) = follow(response, &sender).await {
+                log::debug!("coordination store: a watch on {member} ended: {reason}");
+            }
+        });
+        Ok(receiver)
     }
 
     async fn count(&self, prefix: &str) -> Result<u64> {
@@ -415,7 +582,7 @@ impl Store for EtcdStore {
 
     async fn put(&self, key: &str, value: &str, lease: Option<i64>) -> Result<u64> {
         let answer = self.call("write", "/v3/kv/put", &put_request(key, value, lease)).await?;
-        Ok(revision(&answer))
+        Ok(self.wrote(&answer))
     }
 
     async fn create(&self, key: &str, value: &str, lease: Option<i64>) -> Result<Option<u64>> {
@@ -447,12 +614,20 @@ impl Store for EtcdStore {
     }
 
     async fn delete(&self, key: &str) -> Result<()> {
-        self.call("delete", "/v3/kv/deleterange", &json!({ "key": encode(key) })).await.map(drop)
+        let answer = self.call("delete", "/v3/kv/deleterange", &json!({ "key": encode(key) })).await?;
+        if integer(answer.get("deleted")) > 0 {
+            self.wrote(&answer);
+        }
+        Ok(())
     }
 
     async fn delete_prefix(&self, prefix: &str) -> Result<()> {
         let body = json!({ "key": encode(prefix), "range_end": prefix_end(prefix) });
-        self.call("delete", "/v3/kv/deleterange", &body).await.map(drop)
+        let answer = self.call("delete", "/v3/kv/deleterange", &body).await?;
+        if integer(answer.get("deleted")) > 0 {
+            self.wrote(&answer);
+        }
+        Ok(())
     }
 }
 

@@ -5,6 +5,7 @@ pub mod dirty;
 pub mod etcd;
 pub mod held_log;
 mod leader;
+mod mirror;
 pub mod model;
 pub mod node;
 /// The claim rule's model and simulation, measured against the best possible placement.

@@ -706,12 +706,15 @@ pub async fn load<T: DeserializeOwned>(store: &dyn Store, key: &str) -> Result<O
 
 /// Reads and decodes every record under `prefix`, keyed by the rest of the key.
 pub async fn load_all<T: DeserializeOwned>(store: &dyn Store, prefix: &str) -> Result<Vec<(String, T, Entry)>> {
-    store
-        .list(prefix)
-        .await?
-        .into_iter()
-        .map(|entry| Ok((entry.key[prefix.len()..].to_owned(), decode(&entry)?, entry)))
-        .collect()
+    decode_all(prefix, store.list(prefix).await?)
+}
+
+/// Each entry under `prefix` with its name (the key after the prefix) and its record.
+pub fn decode_all<T: DeserializeOwned>(
+    prefix: &str,
+    entries: impl IntoIterator<Item = Entry>,
+) -> Result<Vec<(String, T, Entry)>> {
+    entries.into_iter().map(|entry| Ok((entry.key[prefix.len()..].to_owned(), decode(&entry)?, entry))).collect()
 }
 
 /// A table of more splits than this is copied by groups of splits, which the workers of a

@@ -20,8 +20,33 @@ use super::model::*;
 use super::store::{Entry, Guard, Store};
 use crate::state_store::SqliteStateStore;
 
-/// How often a node looks at the cluster.
+/// How often a node looks at the cluster while it has time-bound work: as leader (schedules,
+/// alarms, planning to retry), or after it claimed a task (it claims one per tick).
 const TICK: Duration = Duration::from_millis(500);
+
+/// How often an idle node looks at the cluster when nothing changed: only a safety net, as a
+/// change it must act on wakes it (`mirror.rs`).
+const IDLE_TICK: Duration = Duration::from_secs(10);
+
+/// How long a node waits for its copy to hold its own latest write before it decides anyway.
+const OWN_WRITES_WAIT: Duration = Duration::from_secs(2);
+
+/// The shortest time between two looks: the changes of a burst are taken in together.
+const LOOK_GAP: Duration = Duration::from_millis(200);
+
+/// What a node keeps a copy of (`mirror.rs`), under `ROOT`: what its ticks decide on.
+const MIRRORED: [&str; 7] = ["jobs/", "plans/", "owners/", "tasks/", "workers/", "verifications/", "alarms/"];
+
+/// When a lease is renewed, as a share of its time to live: a 2 s lease (the default) every
+/// 1.1 s, under one renewal per second. The rest (0.9 s) is what a renewal may take, and what
+/// `RENEWAL_TIMEOUT` and `RENEWAL_RETRY` leave room in for a second try (decision 0067).
+const RENEW_EVERY: f64 = 0.55;
+
+/// How long one renewal may take, as a share of the lease's time to live.
+const RENEWAL_TIMEOUT: f64 = 0.2;
+
+/// How soon a renewal that failed is tried again.
+const RENEWAL_RETRY: Duration = Duration::from_millis(100);
 
 /// How often the leader evaluates the alarms.
 const ALARMS_EVERY: Duration = Duration::from_secs(2);
@@ -118,6 +143,14 @@ pub struct Node {
     webhooks: reqwest::Client,
     /// Each job version's alarm rules, parsed once.
     alarm_rules: Arc<crate::alarms::RulesCache>,
+    /// The node's copy of what its ticks decide on.
+    mirror: super::mirror::Mirror,
+    /// The worker record last written: under which lease, its text, and the write's revision.
+    advertised: Mutex<Option<(i64, String, u64)>>,
+    /// Told when a task here ended: the node looks again (it has room, its record changed).
+    ended: tokio::sync::Notify,
+    /// Since when the copy has not held the node's own latest write.
+    behind_since: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -135,6 +168,8 @@ pub(super) struct View {
     pub(super) jobs: Vec<(String, JobRecord, Entry)>,
     pub(super) plans: BTreeMap<String, PlanRecord>,
     pub(super) owners: BTreeSet<String>,
+    /// The store revision the view is of: it holds every write up to it.
+    pub(super) revision: u64,
     pub(super) statuses: BTreeMap<String, TaskStatus>,
     pub(super) workers: Vec<WorkerRecord>,
 }
@@ -153,6 +188,14 @@ impl Node {
                 Err(error) => return Err(error),
             }
         };
+        let mirrored: Vec<String> =
+            MIRRORED.iter().map(|prefix| format!("{ROOT}{prefix}")).chain([LEADER.to_owned()]).collect();
+        let mirror = super::mirror::Mirror::start(
+            store.clone(),
+            ROOT,
+            &mirrored.iter().map(String::as_str).collect::<Vec<_>>(),
+            &config.id,
+        );
         Ok(Arc::new(Node {
             store,
             config,
@@ -171,6 +214,10 @@ impl Node {
             verify_schedules: Default::default(),
             webhooks: webhook_client()?,
             alarm_rules: Default::default(),
+            mirror,
+            advertised: Mutex::new(None),
+            ended: tokio::sync::Notify::new(),
+            behind_since: Mutex::new(None),
         }))
     }
 
@@ -179,20 +226,36 @@ impl Node {
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         tokio::spawn(self.clone().keep_lease());
         let mut last_error = String::new();
+        let mut changes = self.mirror.changes();
         loop {
-            match self.tick().await {
-                Ok(()) => last_error.clear(),
+            let started = Instant::now();
+            changes.borrow_and_update();
+            let next = match self.tick().await {
+                Ok(busy) => {
+                    last_error.clear();
+                    if busy {
+                        TICK
+                    } else {
+                        IDLE_TICK
+                    }
+                }
                 Err(error) => {
                     let message = error.to_string();
                     if message != last_error {
                         log::warn!("node {}: {message}", self.config.id);
                         last_error = message;
                     }
+                    TICK
                 }
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(TICK) => {}
+            };
+            let changed = tokio::select! {
+                _ = tokio::time::sleep(next) => false,
+                _ = changes.changed() => true,
+                _ = self.ended.notified() => false,
                 _ = shutdown.wait_for(|stopped| *stopped) => break,
+            };
+            if changed {
+                tokio::time::sleep(LOOK_GAP.saturating_sub(started.elapsed())).await;
             }
         }
         log::info!("node {}: stopping its tasks", self.config.id);
@@ -207,13 +270,27 @@ impl Node {
         }
     }
 
+    /// The store with reads of what the node's copy holds answered by the copy
+    /// (`Mirror::reads`): for periodic work over every job that needs no read of its own writes.
+    pub fn copy_first(&self) -> Arc<dyn Store> {
+        self.mirror.reads(self.store.clone())
+    }
+
+    /// Takes a task that ended off this node's list.
+    pub(super) fn forget(&self, task: &str) {
+        lock(&self.running).remove(task);
+        self.ended.notify_one();
+    }
+
     fn stop_all(&self) {
         for running in lock(&self.running).values() {
             running.stop.send_replace(true);
         }
     }
 
-    /// Renews the lease three times per lease period. A lease that ended (the node was paused
+    /// Renews the lease every `RENEW_EVERY` of its time to live, each renewal bounded to
+    /// `RENEWAL_TIMEOUT` of it, and a failed one tried again after `RENEWAL_RETRY` (not a whole
+    /// period) while the lease may still live. A lease that ended (the node was paused
     /// or cut off for longer than the lease) means its tasks may already run elsewhere: every
     /// task here is stopped at once, and the node starts over with a new lease.
     ///
@@ -224,13 +301,19 @@ impl Node {
     /// and they are claimed again, each by one worker. Without fences (a single node) a task
     /// stops once the lease may have ended.
     async fn keep_lease(self: Arc<Self>) {
-        let period = self.config.lease / 3;
+        let period = self.config.lease.mul_f64(RENEW_EVERY);
         let mut renewed = Instant::now();
         let mut unreachable = false;
+        let mut wait = period;
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep(wait).await;
+            wait = period;
             let lease = *lock(&self.lease);
-            let lost = match self.store.renew(lease).await {
+            let renewal = tokio::time::timeout(self.config.lease.mul_f64(RENEWAL_TIMEOUT), self.store.renew(lease));
+            let answer = renewal
+                .await
+                .unwrap_or_else(|_| Err(super::store::store_error("renew the lease", "etcd did not answer in time")));
+            let lost = match answer {
                 Ok(true) => {
                     if std::mem::take(&mut unreachable) {
                         log::info!(
@@ -244,6 +327,7 @@ impl Node {
                 }
                 Ok(false) => true,
                 Err(error) => {
+                    wait = RENEWAL_RETRY;
                     if !std::mem::replace(&mut unreachable, true) {
                         log::warn!(
                             "node {}: cannot renew its lease: {error}; {}",
@@ -276,31 +360,41 @@ impl Node {
         }
     }
 
-    async fn view(&self) -> Result<View> {
-        let store = &*self.store;
-        Ok(View {
-            jobs: load_all::<JobRecord>(store, &format!("{ROOT}jobs/"))
-                .await?
-                .into_iter()
-                .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry))
-                .collect(),
-            plans: load_all::<PlanRecord>(store, &format!("{ROOT}plans/"))
-                .await?
-                .into_iter()
-                .map(|(job, plan, _)| (job, plan))
-                .collect(),
-            owners: store.list(&format!("{ROOT}owners/")).await?.into_iter().map(|entry| entry.key).collect(),
-            statuses: load_all::<TaskStatus>(store, &format!("{ROOT}tasks/"))
-                .await?
-                .into_iter()
-                .map(|(key, status, _)| (key, status))
-                .collect(),
-            workers: load_all::<WorkerRecord>(store, &format!("{ROOT}workers/"))
-                .await?
-                .into_iter()
-                .map(|(_, worker, _)| worker)
-                .collect(),
-        })
+    /// The cluster as the node's copy has it, with the leader key; `None` while the copy is
+    /// not current (being read again).
+    fn view(&self) -> Result<Option<(View, Option<Entry>)>> {
+        let prefix = |name: &str| format!("{ROOT}{name}");
+        self.mirror
+            .read(|keys| {
+                let all = |name: &str| {
+                    let prefix = prefix(name);
+                    let entries: Vec<Entry> = keys.under(&prefix).cloned().collect();
+                    (prefix, entries)
+                };
+                let (jobs, plans, statuses, workers) = (all("jobs/"), all("plans/"), all("tasks/"), all("workers/"));
+                let view = View {
+                    jobs: decode_all::<JobRecord>(&jobs.0, jobs.1)?
+                        .into_iter()
+                        .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry))
+                        .collect(),
+                    plans: decode_all::<PlanRecord>(&plans.0, plans.1)?
+                        .into_iter()
+                        .map(|(job, plan, _)| (job, plan))
+                        .collect(),
+                    owners: keys.under(&prefix("owners/")).map(|entry| entry.key.clone()).collect(),
+                    revision: keys.revision(),
+                    statuses: decode_all::<TaskStatus>(&statuses.0, statuses.1)?
+                        .into_iter()
+                        .map(|(key, status, _)| (key, status))
+                        .collect(),
+                    workers: decode_all::<WorkerRecord>(&workers.0, workers.1)?
+                        .into_iter()
+                        .map(|(_, worker, _)| worker)
+                        .collect(),
+                };
+                Ok((view, keys.get(LEADER).cloned()))
+            })
+            .transpose()
     }
 
     /// This worker as it advertises itself.
@@ -318,22 +412,32 @@ impl Node {
         }
     }
 
-    async fn tick(self: &Arc<Self>) -> Result<()> {
+    /// Looks at the cluster once and acts: advertises this worker, leads when it holds (or
+    /// takes) the leader key, stops what moved, claims. Whether the node has time-bound work
+    /// (it leads, or it claimed and may claim more) and should look again soon.
+    async fn tick(self: &Arc<Self>) -> Result<bool> {
+        let Some((view, leader_key)) = self.view()? else { return Ok(false) };
+        if !self.holds_own_writes(view.revision) {
+            // The copy changes when it catches up, which wakes the node.
+            return Ok(true);
+        }
         let lease = *lock(&self.lease);
-        self.store.put(&worker_key(&self.config.id), &encode(&self.record()), Some(lease)).await?;
-        let leader = match self.store.create(LEADER, &self.config.id, Some(lease)).await? {
-            Some(revision) => {
-                log::info!("node {}: leads the cluster", self.config.id);
-                Some(revision)
-            }
-            None => self
-                .store
-                .get(LEADER)
-                .await?
-                .filter(|entry| entry.value == self.config.id)
-                .map(|entry| entry.create_revision),
+        self.advertise(lease, &view).await?;
+        let leader = match leader_key {
+            Some(entry) => (entry.value == self.config.id).then_some(entry.create_revision),
+            None => match self.store.create(LEADER, &self.config.id, Some(lease)).await? {
+                Some(revision) => {
+                    log::info!("node {}: leads the cluster", self.config.id);
+                    Some(revision)
+                }
+                None => self
+                    .store
+                    .get(LEADER)
+                    .await?
+                    .filter(|entry| entry.value == self.config.id)
+                    .map(|entry| entry.create_revision),
+            },
         };
-        let view = self.view().await?;
         if let Some(revision) = leader {
             self.fire_schedules(&view).await;
             let guard = Guard { key: LEADER.to_owned(), create_revision: revision };
@@ -343,7 +447,39 @@ impl Node {
             self.lead(&view, guard);
         }
         self.stop_what_moved(&view);
-        self.claim(&view, lease).await
+        let claimed = self.claim(&view, lease).await?;
+        Ok(leader.is_some() || claimed)
+    }
+
+    /// Whether a copy at `revision` holds every write this node made (`Store::written`): a
+    /// node decides only on a copy that does, so it never acts on a state older than its own
+    /// last write (a plan it stored, a batch it fired, a task it ended). A copy that stays behind
+    /// for `OWN_WRITES_WAIT` (a store shared with writers outside the cluster's root can answer
+    /// with revisions the copy never sees) is decided on all the same, as a list read then was.
+    fn holds_own_writes(&self, revision: u64) -> bool {
+        let mut behind = lock(&self.behind_since);
+        if revision >= self.store.written() {
+            *behind = None;
+            return true;
+        }
+        behind.get_or_insert_with(Instant::now).elapsed() > OWN_WRITES_WAIT
+    }
+
+    /// Writes this worker's record when it changed since it was last written (its tasks), its
+    /// lease changed, or the copy shows the written record gone (the store lost it).
+    async fn advertise(&self, lease: i64, view: &View) -> Result<()> {
+        let text = encode(&self.record());
+        let stored = view.workers.iter().find(|worker| worker.id == self.config.id).map(encode);
+        let current = lock(&self.advertised).as_ref().is_some_and(|(written_lease, written, revision)| {
+            *written_lease == lease
+                && *written == text
+                && (view.revision < *revision || stored.as_deref() == Some(text.as_str()))
+        });
+        if !current {
+            let revision = self.store.put(&worker_key(&self.config.id), &text, Some(lease)).await?;
+            *lock(&self.advertised) = Some((lease, text, revision));
+        }
+        Ok(())
     }
 
     /// As leader: starts an evaluation of the alarms every `ALARMS_EVERY`, one at a time.
@@ -355,7 +491,7 @@ impl Node {
         }
         *last = Some(Instant::now());
         let (store, guard, client, rules) =
-            (self.store.clone(), guard.clone(), self.webhooks.clone(), self.alarm_rules.clone());
+            (self.copy_first(), guard.clone(), self.webhooks.clone(), self.alarm_rules.clone());
         let document_rules = self.config.document_rules.clone();
         // Cleared however the evaluation ends, a panic included.
         let evaluating = Evaluating(self.alarming.clone());
@@ -378,7 +514,7 @@ impl Node {
             return;
         }
         *last = Some(Instant::now());
-        let (store, document_rules) = (self.store.clone(), self.config.document_rules.clone());
+        let (store, document_rules) = (self.copy_first(), self.config.document_rules.clone());
         let measuring = Evaluating(self.measuring.clone());
         tokio::spawn(async move {
             if let Err(error) = super::held_log::measure(&*store, &document_rules).await {
@@ -397,7 +533,7 @@ impl Node {
             return;
         }
         *last = Some(Instant::now());
-        let (store, node, schedules) = (self.store.clone(), self.config.id.clone(), self.verify_schedules.clone());
+        let (store, node, schedules) = (self.copy_first(), self.config.id.clone(), self.verify_schedules.clone());
         let document_rules = self.config.document_rules.clone();
         let verifying = Evaluating(self.verifying.clone());
         tokio::spawn(async move {
@@ -416,7 +552,7 @@ impl Node {
             let keep = jobs
                 .get(job)
                 .is_some_and(|job| job.desired == Desired::Running && job.generation == running.generation)
-                && view.owners.contains(&running.guard.key);
+                && (view.owners.contains(&running.guard.key) || view.revision < running.guard.create_revision);
             if !keep && !*running.stop.borrow() {
                 log::info!("node {}: stopping task {key}: its job stopped, changed or the task moved", self.config.id);
                 running.stop.send_replace(true);

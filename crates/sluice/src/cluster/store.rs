@@ -23,6 +23,30 @@ pub struct Entry {
     pub mod_revision: u64,
 }
 
+/// A change to a key, as a watch reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The key was written: its value and revisions now.
+    Put(Entry),
+    /// The key was deleted (by a call, or because its lease ended) at `revision`.
+    Delete { key: String, revision: u64 },
+}
+
+impl Event {
+    pub fn key(&self) -> &str {
+        match self {
+            Event::Put(entry) => &entry.key,
+            Event::Delete { key, .. } => key,
+        }
+    }
+}
+
+/// The changes a watch reports, a batch at a time and in revision order. It ends (`recv`
+/// gives `None`) when the watch broke: a member went away, the revision it started from was
+/// compacted, or it outlived the store's bound on one watch. The watcher then lists again and
+/// watches from there.
+pub type Watch = tokio::sync::mpsc::Receiver<Vec<Event>>;
+
 /// A write that happens only while a key exists with a given create revision: the writer still
 /// owns what it writes about.
 #[derive(Debug, Clone)]
@@ -48,7 +72,24 @@ pub trait Store: Send + Sync {
     async fn get(&self, key: &str) -> Result<Option<Entry>>;
 
     /// Every key starting with `prefix`, in key order.
-    async fn list(&self, prefix: &str) -> Result<Vec<Entry>>;
+    async fn list(&self, prefix: &str) -> Result<Vec<Entry>> {
+        Ok(self.list_at(prefix).await?.0)
+    }
+
+    /// Every key starting with `prefix`, in key order, with the store revision it was read at
+    /// (what a watch of the prefix starts after).
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<Entry>, u64)>;
+
+    /// Every key under any of `prefixes`, all read at one store revision, which it returns.
+    async fn snapshot(&self, prefixes: &[&str]) -> Result<(Vec<Entry>, u64)>;
+
+    /// Reports every change to keys starting with `prefix` made after `revision`, until the
+    /// returned watch ends.
+    async fn watch(&self, prefix: &str, revision: u64) -> Result<Watch>;
+
+    /// The revision of the latest write made through this store object (0 before any): a
+    /// copy kept by a watch holds this node's own writes once it reached it.
+    fn written(&self) -> u64;
 
     /// How many keys start with `prefix` (without reading them).
     async fn count(&self, prefix: &str) -> Result<u64>;
@@ -94,6 +135,10 @@ pub fn store_error(doing: &str, error: impl std::fmt::Display) -> Error {
 pub struct MemoryStore {
     inner: Mutex<Memory>,
     file: Option<PathBuf>,
+    /// Every change, in revision order, to the watches.
+    events: tokio::sync::broadcast::Sender<Vec<Event>>,
+    /// The revision of the latest write.
+    written: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -107,6 +152,9 @@ struct Memory {
     leases: BTreeMap<i64, (Instant, Duration)>,
     #[serde(skip)]
     next_lease: i64,
+    /// Changes made under the lock and not yet sent to the watches.
+    #[serde(skip)]
+    changes: Vec<Event>,
 }
 
 impl Memory {
@@ -128,20 +176,31 @@ impl Memory {
         self.leases.remove(&lease);
         let keys: Vec<String> =
             self.leased.iter().filter(|(_, id)| **id == lease).map(|(key, _)| key.clone()).collect();
-        for key in keys {
-            self.leased.remove(&key);
-            self.keys.remove(&key);
+        if !keys.is_empty() {
+            self.revision += 1;
         }
+        for key in keys {
+            self.remove(&key);
+        }
+    }
+
+    /// Deletes a key at the current revision (the caller moved it on).
+    fn remove(&mut self, key: &str) -> bool {
+        self.leased.remove(key);
+        let removed = self.keys.remove(key).is_some();
+        if removed {
+            self.changes.push(Event::Delete { key: key.to_owned(), revision: self.revision });
+        }
+        removed
     }
 
     fn write(&mut self, key: &str, value: &str, lease: Option<i64>) -> u64 {
         self.revision += 1;
         let revision = self.revision;
         let create_revision = self.keys.get(key).map_or(revision, |entry| entry.create_revision);
-        self.keys.insert(
-            key.to_owned(),
-            Entry { key: key.to_owned(), value: value.to_owned(), create_revision, mod_revision: revision },
-        );
+        let entry = Entry { key: key.to_owned(), value: value.to_owned(), create_revision, mod_revision: revision };
+        self.changes.push(Event::Put(entry.clone()));
+        self.keys.insert(key.to_owned(), entry);
         match lease {
             Some(lease) => self.leased.insert(key.to_owned(), lease),
             None => self.leased.remove(key),
@@ -167,14 +226,30 @@ impl MemoryStore {
             })?;
         }
         memory.next_lease = 1;
-        Ok(MemoryStore { inner: Mutex::new(memory), file })
+        let (events, _) = tokio::sync::broadcast::channel(1024);
+        Ok(MemoryStore { inner: Mutex::new(memory), file, events, written: Default::default() })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sends the changes made under the lock to the watches (while still holding it, so they
+    /// arrive in revision order).
+    fn publish(&self, memory: &mut Memory) {
+        self.written.fetch_max(memory.revision, std::sync::atomic::Ordering::AcqRel);
+        if !memory.changes.is_empty() {
+            // No watch is not an error.
+            let _ = self.events.send(std::mem::take(&mut memory.changes));
+        }
     }
 
     /// Runs `change` on the store, then writes the durable keys to the file.
     fn change<T>(&self, change: impl FnOnce(&mut Memory) -> T) -> Result<T> {
-        let mut memory = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut memory = self.lock();
         memory.expire();
         let result = change(&mut memory);
+        self.publish(&mut memory);
         if let Some(path) = &self.file {
             let durable = Memory {
                 revision: memory.revision,
@@ -195,8 +270,9 @@ impl MemoryStore {
     }
 
     fn read<T>(&self, read: impl FnOnce(&Memory) -> T) -> T {
-        let mut memory = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut memory = self.lock();
         memory.expire();
+        self.publish(&mut memory);
         read(&memory)
     }
 }
@@ -204,7 +280,7 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn grant(&self, ttl: Duration) -> Result<i64> {
-        let mut memory = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut memory = self.lock();
         let id = memory.next_lease;
         memory.next_lease += 1;
         memory.leases.insert(id, (Instant::now(), ttl));
@@ -212,8 +288,9 @@ impl Store for MemoryStore {
     }
 
     async fn renew(&self, lease: i64) -> Result<bool> {
-        let mut memory = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut memory = self.lock();
         memory.expire();
+        self.publish(&mut memory);
         Ok(match memory.leases.get_mut(&lease) {
             Some((renewed, _)) => {
                 *renewed = Instant::now();
@@ -231,15 +308,56 @@ impl Store for MemoryStore {
         Ok(self.read(|memory| memory.keys.get(key).cloned()))
     }
 
-    async fn list(&self, prefix: &str) -> Result<Vec<Entry>> {
+    async fn list_at(&self, prefix: &str) -> Result<(Vec<Entry>, u64)> {
         Ok(self.read(|memory| {
-            memory
+            let entries = memory
                 .keys
                 .range(prefix.to_owned()..)
                 .take_while(|(key, _)| key.starts_with(prefix))
                 .map(|(_, entry)| entry.clone())
-                .collect()
+                .collect();
+            (entries, memory.revision)
         }))
+    }
+
+    async fn snapshot(&self, prefixes: &[&str]) -> Result<(Vec<Entry>, u64)> {
+        Ok(self.read(|memory| {
+            let entries = memory
+                .keys
+                .values()
+                .filter(|entry| prefixes.iter().any(|prefix| entry.key.starts_with(prefix)))
+                .cloned()
+                .collect();
+            (entries, memory.revision)
+        }))
+    }
+
+    fn written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    async fn watch(&self, prefix: &str, revision: u64) -> Result<Watch> {
+        let (sender, receiver) = tokio::sync::mpsc::channel(64);
+        let mut memory = self.lock();
+        memory.expire();
+        self.publish(&mut memory);
+        // Changed since it was read: a watch that ends at once makes the watcher read again.
+        if memory.revision > revision {
+            return Ok(receiver);
+        }
+        let mut events = self.events.subscribe();
+        drop(memory);
+        let prefix = prefix.to_owned();
+        tokio::spawn(async move {
+            // A watch that fell behind (`Lagged`) ends, as one whose revision was compacted.
+            while let Ok(batch) = events.recv().await {
+                let batch: Vec<Event> = batch.into_iter().filter(|event| event.key().starts_with(&prefix)).collect();
+                if !batch.is_empty() && sender.send(batch).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(receiver)
     }
 
     async fn count(&self, prefix: &str) -> Result<u64> {
@@ -283,8 +401,7 @@ impl Store for MemoryStore {
             let holds = memory.holds(guard);
             if holds {
                 memory.revision += 1;
-                memory.keys.remove(&guard.key);
-                memory.leased.remove(&guard.key);
+                memory.remove(&guard.key);
             }
             holds
         })
@@ -293,9 +410,9 @@ impl Store for MemoryStore {
     async fn delete_while(&self, key: &str, guard: &Guard) -> Result<bool> {
         self.change(|memory| {
             let holds = memory.holds(guard);
-            if holds && memory.keys.remove(key).is_some() {
+            if holds && memory.keys.contains_key(key) {
                 memory.revision += 1;
-                memory.leased.remove(key);
+                memory.remove(key);
             }
             holds
         })
@@ -303,9 +420,9 @@ impl Store for MemoryStore {
 
     async fn delete(&self, key: &str) -> Result<()> {
         self.change(|memory| {
-            if memory.keys.remove(key).is_some() {
+            if memory.keys.contains_key(key) {
                 memory.revision += 1;
-                memory.leased.remove(key);
+                memory.remove(key);
             }
         })
     }
@@ -315,8 +432,7 @@ impl Store for MemoryStore {
             memory.revision += 1;
             let doomed: Vec<String> = memory.keys.keys().filter(|key| key.starts_with(prefix)).cloned().collect();
             for key in doomed {
-                memory.keys.remove(&key);
-                memory.leased.remove(&key);
+                memory.remove(&key);
             }
         })
     }

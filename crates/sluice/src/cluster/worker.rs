@@ -31,10 +31,11 @@ struct Candidate<'a> {
 impl Node {
     /// Claims one task when this worker has room and is among the least loaded: of the tasks
     /// ready to run, the one of highest rank (the job's priority, raised while it waits).
-    pub(super) async fn claim(self: &Arc<Self>, view: &View, lease: i64) -> Result<()> {
+    /// Whether it claimed one.
+    pub(super) async fn claim(self: &Arc<Self>, view: &View, lease: i64) -> Result<bool> {
         let (me, tasks_here) = (self.record(), lock(&self.running).len());
         if tasks_here >= me.capacity {
-            return Ok(());
+            return Ok(false);
         }
         let free = may_claim(&me, tasks_here, &view.workers);
         let now_ms = sluice_core::clock::unix_millis();
@@ -126,9 +127,9 @@ impl Node {
             let previous = status.cloned();
             let signals = TaskSignals { stop: stopped, resync: resyncs };
             tokio::spawn(async move { node.run_task(job, plan, task, guard, signals, previous).await });
-            return Ok(());
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Runs one claimed task to its end, reporting its status every second while it holds the
@@ -213,7 +214,7 @@ impl Node {
                     // (once the store answers: until then the task stays owned here).
                     log::warn!("node {}: task {name} could not start: {error}", self.config.id);
                     self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
-                    lock(&self.running).remove(&name);
+                    self.forget(&name);
                     return;
                 }
                 Err(error) => (Some(error), None),
@@ -293,7 +294,7 @@ impl Node {
                             self.config.id
                         );
                         self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
-                        lock(&self.running).remove(&name);
+                        self.forget(&name);
                         return;
                     }
                     status.avoid.clear();
@@ -341,7 +342,7 @@ impl Node {
             }
         }
         self.until_answered(&name, "give it up", || self.store.delete_guarded(&guard)).await;
-        lock(&self.running).remove(&name);
+        self.forget(&name);
     }
 
     /// Repeats a write of task `name` to the coordination store until the store answers; `None`
@@ -428,6 +429,10 @@ impl Node {
             }
             (None, _) => None,
         };
+        let copied = match (task.kind, &group) {
+            (TaskKind::Snapshot, None) => copied_by_groups(&whole, plan, task)?,
+            _ => Default::default(),
+        };
         let scope = match task.kind {
             TaskKind::Snapshot => match group {
                 Some(ids) => Scope::Splits(ids.into_iter().collect()),
@@ -442,12 +447,33 @@ impl Node {
             store: self.store.clone(),
             node: self.config.id.clone(),
         });
-        let mut runner = Runner::new(spec.clone(), source, sink, state, stop).with_scope(scope).with_plan(whole);
+        let mut runner = Runner::new(spec.clone(), source, sink, state, stop)
+            .with_scope(scope)
+            .with_plan(whole)
+            .with_copied_splits(copied);
         if task.kind == TaskKind::Cdc {
             runner = runner.with_resync(resync);
         }
         Ok((spec, Arc::new(runner)))
     }
+}
+
+/// The splits a table's task finds copied by the groups it runs after (all of which succeeded:
+/// it is claimed only then), so it builds the table's indexes without asking the target about
+/// them. A target that keeps checkpoints in itself would find them done anyway; one that keeps
+/// nothing across nodes (the blackhole) would copy them again, and count their rows twice.
+fn copied_by_groups(
+    whole: &sluice_core::state::Plan,
+    plan: &PlanRecord,
+    task: &TaskPlan,
+) -> Result<std::collections::BTreeSet<String>> {
+    let mut copied = std::collections::BTreeSet::new();
+    for group in plan.tasks.iter().filter(|group| task.after.contains(&group.id)) {
+        if let (Some(range), Some(table)) = (group.splits, group.tables.first()) {
+            copied.extend(range.ids(whole, table)?);
+        }
+    }
+    Ok(copied)
 }
 
 /// What a running task is told while it runs: to stop, and the job's resync request.

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_faults::{Fault, Proxy};
-use support::cluster::{start_server, Etcd, Server};
+use support::cluster::{lease_secs, start_server, Etcd, Server};
 use support::webhook::Webhook;
 use support::workload::{assert_same, committed, create_tables, rows, source_position, stream_position, Load, Random};
 use support::{address_of, mariadb, mysql_url, postgres_url, psql, signal, through, unique_name, wait_for, Workspace};
@@ -216,10 +216,10 @@ fn the_stream_fails_over_when_its_node_is_killed_and_nothing_is_lost_or_doubled(
     );
     if let Ok(path) = std::env::var("SLUICE_FAILOVER_REPORT") {
         let seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
-        std::fs::write(path, serde_json::json!({ "trials": trials, "lease_secs": 5, "seconds": seconds, "p50": p50.as_secs_f64(), "p99": p99.as_secs_f64() }).to_string()).unwrap();
+        std::fs::write(path, serde_json::json!({ "trials": trials, "lease_secs": lease_secs(), "seconds": seconds, "p50": p50.as_secs_f64(), "p99": p99.as_secs_f64() }).to_string()).unwrap();
     }
-    // With a 5 s lease the target is p50 ≤ 8 s, p99 ≤ 15 s; a test asserts only a loose bound
-    // (BENCHMARKS.md has the measured figures).
+    // The target is p99 ≤ 3 s at the default 2 s lease (`bench/failover.sh`); a test, on a 5 s
+    // lease, asserts only a loose bound (BENCHMARKS.md has the measured figures).
     assert!(times.last().unwrap() < &Duration::from_secs(30), "a failover took {:?}", times.last());
 }
 
