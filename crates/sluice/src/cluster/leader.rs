@@ -17,26 +17,18 @@ use crate::logger::timestamp;
 
 impl Node {
     /// As leader: plans every job to run whose plan is missing or of an older generation, and
-    /// takes added tables into the stream once their copy is complete.
+    /// takes added tables into the stream once their copy is complete. It decides on the copy,
+    /// which holds the node's own writes (`Node::tick`), and never on one older than a plan it
+    /// stored since.
     pub(super) fn lead(self: &Arc<Self>, view: &View, guard: Guard) {
-        for (name, job, _) in &view.jobs {
-            if job.desired != Desired::Running {
+        for (name, job, copied) in to_plan(view) {
+            if !lock(&self.planning).insert(name.to_owned()) {
                 continue;
             }
-            // A scheduled job waits for its first firing.
-            if job.waiting_for_first_batch() {
-                continue;
-            }
-            let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
-            let copied = current.is_some_and(|plan| {
-                plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
-                    && plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
-                        view.statuses.get(&format!("{name}/{}", task.id)).is_some_and(|status| {
-                            status.generation == job.generation && status.state == TaskState::Succeeded
-                        })
-                    })
-            });
-            if (current.is_some() && !copied) || !lock(&self.planning).insert(name.clone()) {
+            // A planning that ended since the view was taken wrote after it: the view may lack
+            // that plan. The next look, on a copy that holds it, decides.
+            if view.revision < self.store.written() {
+                lock(&self.planning).remove(name);
                 continue;
             }
             let (node, job, previous, guard) =
@@ -341,6 +333,27 @@ fn rerun_windows(
 }
 
 /// The schedule's batch a job is at (0 without a schedule).
+/// The jobs to run whose plan is missing or of an older generation, and those whose added
+/// tables' copy is complete (`true`: their backfill joins the stream).
+fn to_plan(view: &View) -> impl Iterator<Item = (&str, &JobRecord, bool)> + '_ {
+    view.jobs.iter().filter_map(|(name, job, _)| {
+        // A batched job runs only what a firing made.
+        if job.desired != Desired::Running || job.waiting_for_a_firing() {
+            return None;
+        }
+        let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
+        let copied = current.is_some_and(|plan| {
+            plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
+                && plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
+                    view.statuses.get(&format!("{name}/{}", task.id)).is_some_and(|status| {
+                        status.generation == job.generation && status.state == TaskState::Succeeded
+                    })
+                })
+        });
+        (current.is_none() || copied).then_some((name.as_str(), job, copied))
+    })
+}
+
 fn batch_of(job: &JobRecord) -> u64 {
     job.batches.as_ref().map_or(0, |batches| batches.batch)
 }

@@ -196,9 +196,15 @@ impl JobRecord {
         self.schedule.is_some() || !self.after.is_empty()
     }
 
-    /// Whether it waits for its first batch.
-    pub fn waiting_for_first_batch(&self) -> bool {
-        self.batched() && self.batches.as_ref().is_none_or(|batches| batches.batch == 0)
+    /// Whether it waits for a batch to fire: a batched job runs only a generation that a firing
+    /// made, not the one it was submitted with (before its first batch) nor after a batch it
+    /// skipped (a dependency failed with `on_failure: skip`).
+    pub fn waiting_for_a_firing(&self) -> bool {
+        self.batched()
+            && !self
+                .batches
+                .as_ref()
+                .is_some_and(|batches| batches.history.iter().any(|record| record.generation == Some(self.generation)))
     }
 }
 
@@ -838,6 +844,31 @@ pub async fn last_verification(store: &dyn Store, job: &str) -> Result<Option<La
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batched_job_runs_only_a_generation_a_firing_made() {
+        let job = |history: Option<BatchRecord>| -> JobRecord {
+            let mut job: JobRecord = serde_json::from_value(serde_json::json!({
+                "name": "j", "version": 1, "desired": "running", "generation": 7, "mode": "snapshot",
+                "updated_at": "", "after": [{"job": "a", "on_failure": "skip"}],
+            }))
+            .unwrap();
+            job.batches = history.map(|record| Batches { batch: 1, history: vec![record], ..Batches::default() });
+            job
+        };
+        assert!(job(None).waiting_for_a_firing(), "before its first batch");
+        let skipped = BatchRecord {
+            batch: Some(1),
+            outcome: Some("skipped: job a batch 1 ended failed".into()),
+            ..BatchRecord::default()
+        };
+        assert!(
+            job(Some(skipped)).waiting_for_a_firing(),
+            "its first batch was skipped: the submitted generation never runs"
+        );
+        let fired = BatchRecord { batch: Some(1), generation: Some(7), ..BatchRecord::default() };
+        assert!(!job(Some(fired)).waiting_for_a_firing());
+    }
 
     #[test]
     fn large_tables_are_cut_into_bounded_groups_and_their_table_task_comes_after() {

@@ -151,6 +151,8 @@ pub struct Node {
     ended: tokio::sync::Notify,
     /// Since when the copy has not held the node's own latest write.
     behind_since: Mutex<Option<Instant>>,
+    /// The copy's records as the last tick decoded them.
+    decoded: Mutex<Decoded>,
 }
 
 impl std::fmt::Debug for Node {
@@ -163,9 +165,40 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The records of the copy as last decoded, by name under their prefix, with the revision of
+/// the write they were decoded from: a tick decodes only what changed since the last one.
+#[derive(Default)]
+struct Decoded {
+    jobs: BTreeMap<String, (u64, JobRecord)>,
+    plans: BTreeMap<String, (u64, PlanRecord)>,
+    statuses: BTreeMap<String, (u64, TaskStatus)>,
+    workers: BTreeMap<String, (u64, WorkerRecord)>,
+}
+
+/// The records under `prefix` in the copy (name, record, revision of its last write), decoding
+/// only those written since `cache` last saw them; `cache` then holds exactly these.
+fn refresh<T: serde::de::DeserializeOwned + Clone>(
+    cache: &mut BTreeMap<String, (u64, T)>,
+    prefix: &str,
+    keys: &super::mirror::Keys<'_>,
+) -> Result<Vec<(String, T, u64)>> {
+    let mut fresh = BTreeMap::new();
+    for entry in keys.under(prefix) {
+        let name = &entry.key[prefix.len()..];
+        let record = match cache.remove(name) {
+            Some((revision, record)) if revision == entry.mod_revision => record,
+            _ => decode(entry)?,
+        };
+        fresh.insert(name.to_owned(), (entry.mod_revision, record));
+    }
+    *cache = fresh;
+    Ok(cache.iter().map(|(name, (revision, record))| (name.clone(), record.clone(), *revision)).collect())
+}
+
 /// Everything a tick looks at, read once.
 pub(super) struct View {
-    pub(super) jobs: Vec<(String, JobRecord, Entry)>,
+    /// Each job's name, record and the revision of its last write.
+    pub(super) jobs: Vec<(String, JobRecord, u64)>,
     pub(super) plans: BTreeMap<String, PlanRecord>,
     pub(super) owners: BTreeSet<String>,
     /// The store revision the view is of: it holds every write up to it.
@@ -218,6 +251,7 @@ impl Node {
             advertised: Mutex::new(None),
             ended: tokio::sync::Notify::new(),
             behind_since: Mutex::new(None),
+            decoded: Mutex::new(Decoded::default()),
         }))
     }
 
@@ -364,30 +398,26 @@ impl Node {
     /// not current (being read again).
     fn view(&self) -> Result<Option<(View, Option<Entry>)>> {
         let prefix = |name: &str| format!("{ROOT}{name}");
+        let mut decoded = lock(&self.decoded);
+        let Decoded { jobs, plans, statuses, workers } = &mut *decoded;
         self.mirror
             .read(|keys| {
-                let all = |name: &str| {
-                    let prefix = prefix(name);
-                    let entries: Vec<Entry> = keys.under(&prefix).cloned().collect();
-                    (prefix, entries)
-                };
-                let (jobs, plans, statuses, workers) = (all("jobs/"), all("plans/"), all("tasks/"), all("workers/"));
                 let view = View {
-                    jobs: decode_all::<JobRecord>(&jobs.0, jobs.1)?
+                    jobs: refresh(jobs, &prefix("jobs/"), keys)?
                         .into_iter()
-                        .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry))
+                        .map(|(name, job, revision)| (name, JobRecord { revision, ..job }, revision))
                         .collect(),
-                    plans: decode_all::<PlanRecord>(&plans.0, plans.1)?
+                    plans: refresh(plans, &prefix("plans/"), keys)?
                         .into_iter()
                         .map(|(job, plan, _)| (job, plan))
                         .collect(),
                     owners: keys.under(&prefix("owners/")).map(|entry| entry.key.clone()).collect(),
                     revision: keys.revision(),
-                    statuses: decode_all::<TaskStatus>(&statuses.0, statuses.1)?
+                    statuses: refresh(statuses, &prefix("tasks/"), keys)?
                         .into_iter()
                         .map(|(key, status, _)| (key, status))
                         .collect(),
-                    workers: decode_all::<WorkerRecord>(&workers.0, workers.1)?
+                    workers: refresh(workers, &prefix("workers/"), keys)?
                         .into_iter()
                         .map(|(_, worker, _)| worker)
                         .collect(),
@@ -395,6 +425,36 @@ impl Node {
                 Ok((view, keys.get(LEADER).cloned()))
             })
             .transpose()
+    }
+
+    /// The cluster as the store has it now, read key range by key range: what a leader
+    /// confirms a decision on before it writes it (planning, firing a batch).
+    pub(super) async fn stored_view(&self) -> Result<View> {
+        let store = &*self.store;
+        Ok(View {
+            jobs: load_all::<JobRecord>(store, &format!("{ROOT}jobs/"))
+                .await?
+                .into_iter()
+                .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry.mod_revision))
+                .collect(),
+            plans: load_all::<PlanRecord>(store, &format!("{ROOT}plans/"))
+                .await?
+                .into_iter()
+                .map(|(job, plan, _)| (job, plan))
+                .collect(),
+            owners: store.list(&format!("{ROOT}owners/")).await?.into_iter().map(|entry| entry.key).collect(),
+            revision: store.written(),
+            statuses: load_all::<TaskStatus>(store, &format!("{ROOT}tasks/"))
+                .await?
+                .into_iter()
+                .map(|(key, status, _)| (key, status))
+                .collect(),
+            workers: load_all::<WorkerRecord>(store, &format!("{ROOT}workers/"))
+                .await?
+                .into_iter()
+                .map(|(_, worker, _)| worker)
+                .collect(),
+        })
     }
 
     /// This worker as it advertises itself.

@@ -257,7 +257,8 @@ fn summarize(view: &View, job: &JobRecord, batches: &mut Batches) {
 }
 
 /// A running job of `root`'s unit (one that runs after it, directly or through others) that
-/// has not ended batch `batch` yet, if any.
+/// has not ended batch `batch` yet, or runs a batch now (a rerun of earlier batches reads what
+/// `root`'s next batch would empty), if any.
 fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str> {
     if batch == 0 {
         return None;
@@ -276,7 +277,7 @@ fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str
                 continue;
             }
             let theirs = job.batches.as_ref().map_or(0, |batches| batches.batch);
-            if theirs < batch || (theirs == batch && batch_state(view, job) == BatchState::Running) {
+            if theirs < batch || batch_state(view, job) == BatchState::Running {
                 return Some(name);
             }
         }
@@ -285,52 +286,24 @@ fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str
 }
 
 impl Node {
-    /// As leader: fires the schedules that are due.
-    pub(super) async fn fire_schedules(self: &Arc<Self>, view: &View) {
+    /// As leader: fires the schedules that are due. The copy tells whether any job's schedule
+    /// has something to record; the store, read now, what: a batch is never fired on a copy that
+    /// may lag another node's latest write (a firing of the previous leader, a dependant's batch
+    /// that began).
+    pub(super) async fn fire_schedules(self: &Arc<Self>, copy: &View) {
         let now = sluice_core::clock::unix_seconds() as i64;
+        if !copy.jobs.iter().any(|(name, job, _)| scheduled(copy, name, job, now).is_some()) {
+            return;
+        }
+        let view = match self.stored_view().await {
+            Ok(view) => view,
+            Err(error) => {
+                log::warn!("node {}: schedules wait for the coordination store: {error}", self.config.id);
+                return;
+            }
+        };
         for (name, job, _) in &view.jobs {
-            if job.desired != Desired::Running || !job.batched() {
-                continue;
-            }
-            let state = batch_state(view, job);
-            let decision = match &job.schedule {
-                Some(schedule) => {
-                    let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
-                    decide(schedule, job.batches.as_ref(), state, busy_downstream(view, name, current), now)
-                }
-                None => {
-                    let dependencies: Vec<Option<&Batches>> = job
-                        .after
-                        .iter()
-                        .map(|dependency| {
-                            let theirs = view.jobs.iter().find(|(other, _, _)| *other == dependency.job);
-                            theirs.and_then(|(_, other, _)| other.batches.as_ref())
-                        })
-                        .collect();
-                    decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
-                }
-            };
-            let mut decision = decision;
-            if let Decision::Record(batches) | Decision::Fire(batches) | Decision::Stop(batches) = &mut decision {
-                summarize(view, job, batches);
-            }
-            let updated = match decision {
-                Decision::Wait => continue,
-                Decision::Record(batches) => JobRecord { batches: Some(batches), ..job.clone() },
-                Decision::Stop(batches) => JobRecord {
-                    batches: Some(batches),
-                    desired: Desired::Stopped,
-                    updated_at: timestamp(),
-                    ..job.clone()
-                },
-                Decision::Fire(mut batches) => {
-                    let generation = next_generation(job.generation);
-                    if let Some(record) = batches.history.last_mut() {
-                        record.generation = Some(generation);
-                    }
-                    JobRecord { batches: Some(batches), generation, updated_at: timestamp(), ..job.clone() }
-                }
-            };
+            let Some(updated) = scheduled(&view, name, job, now) else { continue };
             match self.store.replace(&job_key(name), &encode(&updated), job.revision).await {
                 Ok(true) => {
                     let batches = updated.batches.as_ref().expect("set above");
@@ -351,6 +324,49 @@ impl Node {
             }
         }
     }
+}
+
+/// The job's record with what its schedule (or its dependencies) decide now, when they decide
+/// anything: a batch fired, recorded, skipped, or the job stopped.
+fn scheduled(view: &View, name: &str, job: &JobRecord, now: i64) -> Option<JobRecord> {
+    if job.desired != Desired::Running || !job.batched() {
+        return None;
+    }
+    let state = batch_state(view, job);
+    let mut decision = match &job.schedule {
+        Some(schedule) => {
+            let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
+            decide(schedule, job.batches.as_ref(), state, busy_downstream(view, name, current), now)
+        }
+        None => {
+            let dependencies: Vec<Option<&Batches>> = job
+                .after
+                .iter()
+                .map(|dependency| {
+                    let theirs = view.jobs.iter().find(|(other, _, _)| *other == dependency.job);
+                    theirs.and_then(|(_, other, _)| other.batches.as_ref())
+                })
+                .collect();
+            decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
+        }
+    };
+    if let Decision::Record(batches) | Decision::Fire(batches) | Decision::Stop(batches) = &mut decision {
+        summarize(view, job, batches);
+    }
+    Some(match decision {
+        Decision::Wait => return None,
+        Decision::Record(batches) => JobRecord { batches: Some(batches), ..job.clone() },
+        Decision::Stop(batches) => {
+            JobRecord { batches: Some(batches), desired: Desired::Stopped, updated_at: timestamp(), ..job.clone() }
+        }
+        Decision::Fire(mut batches) => {
+            let generation = next_generation(job.generation);
+            if let Some(record) = batches.history.last_mut() {
+                record.generation = Some(generation);
+            }
+            JobRecord { batches: Some(batches), generation, updated_at: timestamp(), ..job.clone() }
+        }
+    })
 }
 
 fn describe(record: &BatchRecord) -> String {

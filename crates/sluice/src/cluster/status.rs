@@ -337,7 +337,7 @@ pub async fn job_view(store: &dyn Store, job: &JobRecord) -> Result<JobView> {
         });
     }
     let plan_error = plan.as_ref().and_then(|plan| plan.error.as_ref().map(ErrorView::from));
-    let waiting = job.waiting_for_first_batch();
+    let waiting = job.waiting_for_a_firing();
     let state = match (&job.desired, &plan) {
         (Desired::Stopped, _) => JobState::Stopped,
         _ if waiting => JobState::Scheduled,
