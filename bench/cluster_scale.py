@@ -246,26 +246,31 @@ def main():
         # Failover: kill a worker that holds tasks of a slow job; time until others own them.
         times = []
         if arguments.kills:
-            slow_rows = arguments.split_rows * arguments.workers * arguments.capacity * 4
+            # At most 16 groups of splits a table, each at `split_rows` rows a second: 200 s each.
+            slow_rows = arguments.split_rows * 16 * 200
             status, body = http("POST", f"{api}/jobs",
                                 job_text("slow", 7, slow_rows, arguments.split_rows, rate=arguments.split_rows))
             assert status == 201, body
         for kill in range(arguments.kills):
-            live = [worker for worker in workers if worker.process.poll() is None]
+            live = [worker for worker in workers if worker.process.poll() is None and worker.ready()]
             api = live[0].url
 
             def holders():
-                status, body = http("GET", f"{api}/jobs/slow")
+                try:
+                    status, body = http("GET", f"{api}/jobs/slow")
+                except OSError:
+                    return {}
                 tasks = json.loads(body).get("tasks", []) if status == 200 else []
                 return {task["id"]: task.get("worker") for task in tasks if task.get("state") == "running"}
 
-            held = wait_for("running tasks of the slow job", lambda: {
-                worker.id: [task for task, owner in holders().items() if owner == worker.id]
-                for worker in live[1:]} , 60)
+            def held_by_others():
+                owners = holders()
+                held = {worker.id: [task for task, owner in owners.items() if owner == worker.id]
+                        for worker in live[1:]}
+                return held if any(held.values()) else None
+
+            held = wait_for("running tasks of the slow job on a worker other than the first", held_by_others, 60)
             victim_id, tasks = max(held.items(), key=lambda item: len(item[1]))
-            if not tasks:
-                time.sleep(0.5)
-                continue
             victim = next(worker for worker in workers if worker.id == victim_id)
             killed = time.monotonic()
             victim.kill()
@@ -289,7 +294,10 @@ def main():
                 worker.process.send_signal(signal.SIGKILL)
                 worker.process.wait()
         etcd.stop()
-        subprocess.run(["rm", "-rf", base])
+        if os.environ.get("SLUICE_SCALE_KEEP"):
+            print(f"kept {base}", flush=True)
+        else:
+            subprocess.run(["rm", "-rf", base])
     with open(arguments.report, "w") as out:
         json.dump(report, out, indent=1)
     print(json.dumps(report, indent=1))
