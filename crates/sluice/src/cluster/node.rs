@@ -3,8 +3,9 @@
 //! (on etcd).
 //!
 //! Placement (`model::may_claim`): a worker claims only with a free slot and a load (tasks ÷
-//! capacity × weight) not above the least loaded live worker's, at most one task per tick
-//! (500 ms), so work spreads as workers report their loads. Claiming is a create of the task's
+//! capacity × weight) not above the least loaded live worker's, at most one task per look (a
+//! change of its copy of the cluster, `mirror.rs`, or 500 ms after a claim), so work spreads as
+//! workers report their loads. Claiming is a create of the task's
 //! ownership key with the worker's lease: at most one worker wins, and the key's create revision
 //! is the task's fencing epoch.
 
