@@ -7,6 +7,7 @@ mod pump;
 mod reader;
 mod slot;
 mod stream;
+mod streamed;
 mod values;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,8 @@
-//! The change stream of a logical replication slot: `pgoutput` messages (protocol 1: the server
-//! sends a transaction once it committed) turned into the engine's transactions of row changes.
+//! The change stream of a logical replication slot: `pgoutput` messages turned into the engine's
+//! transactions of row changes. With PostgreSQL 14 or later the stream asks for protocol 2 with
+//! `streaming 'on'`: a transaction too large for the server's `logical_decoding_work_mem` comes
+//! in chunks while it runs, is kept here (`streamed`) and handed on only once it committed, as
+//! if it had come whole (protocol 1, and smaller transactions, come whole once committed).
 //! Positions are WAL positions at transaction boundaries: the start of a transaction's commit
 //! record before its changes, the end of it after them, and the server's position at a
 //! keepalive between transactions. The slot confirms a position only once the target has stored
@@ -23,6 +26,7 @@ use super::super::replication::{
 use super::super::{endpoint, postgres_error};
 use super::catalog::{self, data_type};
 use super::pump::Pump;
+use super::streamed::{Replay, StreamedError, StreamedTransactions};
 use super::{format_lsn, values, PostgresSource, WalPosition};
 
 /// Seconds from the Unix epoch to PostgreSQL's (2000-01-01).
@@ -66,7 +70,15 @@ pub(crate) struct WalChangeStream {
     stop_time: Option<u64>,
     /// The stream reached `stop_time`: it hands on nothing more.
     ended: bool,
+    /// Transactions the server streams before they end.
+    streamed: StreamedTransactions,
+    /// A committed streamed transaction being handed on, and the end of its commit record
+    /// and its commit time.
+    replay: Option<(Replay, Lsn, i64)>,
 }
+
+/// The first major version whose `pgoutput` streams large transactions (protocol 2).
+const STREAMING_SINCE: u32 = 14;
 
 impl std::fmt::Debug for WalChangeStream {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,14 +152,16 @@ impl WalChangeStream {
                 None
             }
         };
-        connection
-            .start_logical(
-                &replication.slot,
-                Lsn(after),
-                &[("proto_version", "1"), ("publication_names", &publication)],
-            )
-            .await
-            .map_err(error)?;
+        let major = connection.server_version().and_then(|version| {
+            version.split(|c: char| !c.is_ascii_digit()).next().and_then(|major| major.parse::<u32>().ok())
+        });
+        let mut options = vec![("publication_names", publication.as_str())];
+        if major.is_some_and(|major| major >= STREAMING_SINCE) {
+            options.extend([("proto_version", "2"), ("streaming", "on")]);
+        } else {
+            options.push(("proto_version", "1"));
+        }
+        connection.start_logical(&replication.slot, Lsn(after), &options).await.map_err(error)?;
         Ok(WalChangeStream {
             pump: Pump::start(connection, after, timeout),
             client,
@@ -168,7 +182,62 @@ impl WalChangeStream {
                 _ => None,
             },
             ended: false,
+            streamed: StreamedTransactions::default(),
+            replay: None,
         })
+    }
+
+    fn streamed_error(&self, error: StreamedError) -> Error {
+        match error {
+            StreamedError::Protocol(message) => self.slot_error(format!("streamed transactions: {message}")),
+            StreamedError::Io(error) => Error::new(
+                ErrorKind::Unavailable,
+                format!("keeping a transaction {} streams before it commits on local disk: {error}", self.server),
+            )
+            .on(Side::Source)
+            .hint("free space in the temporary directory ($TMPDIR, else /tmp)"),
+        }
+    }
+
+    /// A transaction starts; `false` when it is past the stream's stop time (the stream ends
+    /// where it begins).
+    fn begin(&mut self, final_lsn: Lsn, commit_time: i64) -> bool {
+        let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
+        if self.stop_time.is_some_and(|stop| committed_at >= stop) {
+            // The stop time: this transaction, committed at or after it, is not the job's.
+            let position = Position::of(&WalPosition { lsn: Lsn(self.boundary.max(final_lsn.0)).to_string() });
+            self.ready.push_back(StreamEvent::End { position, committed_at });
+            self.ended = true;
+            return false;
+        }
+        // The start of the transaction's commit record is a place to resume from with the
+        // transaction ahead (the server skips only transactions committed before it): the
+        // engine compares the copy's positions with it, so a transaction counts as after a
+        // snapshot exactly when it commits after the snapshot's position.
+        if final_lsn.0 > self.boundary {
+            self.boundary = final_lsn.0;
+            let position = Position::of(&WalPosition { lsn: final_lsn.to_string() });
+            self.ready.push_back(StreamEvent::Advance { position, committed_at });
+        }
+        self.in_transaction = true;
+        self.returned = false;
+        true
+    }
+
+    /// The open transaction committed; `end_lsn` is past its commit record.
+    fn commit(&mut self, end_lsn: Lsn, commit_time: i64) {
+        self.in_transaction = false;
+        self.boundary = end_lsn.0;
+        let position = Position::of(&WalPosition { lsn: end_lsn.to_string() });
+        let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
+        if self.changes.is_empty() && !self.returned {
+            self.ready.push_back(StreamEvent::Advance { position, committed_at });
+        } else {
+            if !self.changes.is_empty() {
+                self.ready.push_back(StreamEvent::Changes(std::mem::take(&mut self.changes)));
+            }
+            self.ready.push_back(StreamEvent::Commit { position, committed_at });
+        }
     }
 
     fn slot_error(&self, message: String) -> Error {
@@ -182,42 +251,9 @@ impl WalChangeStream {
         }
         match message {
             LogicalMessage::Begin { final_lsn, commit_time, .. } => {
-                let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
-                if self.stop_time.is_some_and(|stop| committed_at >= stop) {
-                    // The stop time: this transaction, committed at or after it, is not the
-                    // job's; the stream ends where it begins.
-                    let position = Position::of(&WalPosition { lsn: Lsn(self.boundary.max(final_lsn.0)).to_string() });
-                    self.ready.push_back(StreamEvent::End { position, committed_at });
-                    self.ended = true;
-                    return Ok(());
-                }
-                // The start of the transaction's commit record is a place to resume from with
-                // the transaction ahead (the server skips only transactions committed before
-                // it): the engine compares the copy's positions with it, so a transaction
-                // counts as after a snapshot exactly when it commits after the snapshot's
-                // position.
-                if final_lsn.0 > self.boundary {
-                    self.boundary = final_lsn.0;
-                    let position = Position::of(&WalPosition { lsn: final_lsn.to_string() });
-                    self.ready.push_back(StreamEvent::Advance { position, committed_at });
-                }
-                self.in_transaction = true;
-                self.returned = false;
+                self.begin(final_lsn, commit_time);
             }
-            LogicalMessage::Commit { end_lsn, commit_time, .. } => {
-                self.in_transaction = false;
-                self.boundary = end_lsn.0;
-                let position = Position::of(&WalPosition { lsn: end_lsn.to_string() });
-                let committed_at = (commit_time / 1_000_000 + POSTGRES_EPOCH_SECONDS).max(0) as u64;
-                if self.changes.is_empty() && !self.returned {
-                    self.ready.push_back(StreamEvent::Advance { position, committed_at });
-                } else {
-                    if !self.changes.is_empty() {
-                        self.ready.push_back(StreamEvent::Changes(std::mem::take(&mut self.changes)));
-                    }
-                    self.ready.push_back(StreamEvent::Commit { position, committed_at });
-                }
-            }
+            LogicalMessage::Commit { end_lsn, commit_time, .. } => self.commit(end_lsn, commit_time),
             LogicalMessage::Relation(relation) => self.relation(relation).await?,
             LogicalMessage::Insert { relation, new, .. } => {
                 if let Some(table) = self.table(relation)? {
@@ -263,14 +299,17 @@ impl WalChangeStream {
                 }
             }
             LogicalMessage::Type { .. } | LogicalMessage::Origin { .. } | LogicalMessage::Message { .. } => {}
-            LogicalMessage::StreamStart { .. }
-            | LogicalMessage::StreamStop
-            | LogicalMessage::StreamCommit { .. }
-            | LogicalMessage::StreamAbort { .. } => {
-                return Err(
-                    self.slot_error("the server streamed an uncommitted transaction, which protocol 1 does not".into())
-                )
+            LogicalMessage::StreamStart { xid, first_segment } => {
+                self.streamed.start(xid, first_segment).map_err(|error| self.streamed_error(error))?
             }
+            LogicalMessage::StreamStop => self.streamed.stop(),
+            LogicalMessage::StreamCommit { xid, commit_lsn, end_lsn, commit_time } => {
+                let replay = self.streamed.commit(xid).map_err(|error| self.streamed_error(error))?;
+                if self.begin(commit_lsn, commit_time) {
+                    self.replay = Some((replay, end_lsn, commit_time));
+                }
+            }
+            LogicalMessage::StreamAbort { xid, subxid, .. } => self.streamed.abort(xid, subxid),
         }
         Ok(())
     }
@@ -543,6 +582,23 @@ impl ChangeStream for WalChangeStream {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(event);
             }
+            if let Some((replay, end_lsn, commit_time)) = &mut self.replay {
+                // A committed streamed transaction: its messages as if they had come now.
+                match replay.next_message() {
+                    Ok(Some(data)) => {
+                        let decoded =
+                            decode(data, true).map_err(|error| replication_error(error, &self.server, &self.slot))?;
+                        self.take(decoded).await?;
+                    }
+                    Ok(None) => {
+                        let (end_lsn, commit_time) = (*end_lsn, *commit_time);
+                        self.replay = None;
+                        self.commit(end_lsn, commit_time);
+                    }
+                    Err(error) => return Err(self.streamed_error(StreamedError::Io(error))),
+                }
+                continue;
+            }
             let message = match tokio::time::timeout(SILENCE_LIMIT, self.pump.recv()).await {
                 Ok(Some(Ok(message))) => message,
                 Ok(Some(Err(error))) => return Err(replication_error(error, &self.server, &self.slot)),
@@ -566,6 +622,11 @@ impl ChangeStream for WalChangeStream {
                 }
             };
             match message {
+                ReplicationMessage::XLogData { data, .. }
+                    if self.streamed.in_chunk() && data.first() != Some(&b'E') =>
+                {
+                    self.streamed.keep(data).map_err(|error| self.streamed_error(error))?
+                }
                 ReplicationMessage::XLogData { data, .. } => {
                     let decoded =
                         decode(data, false).map_err(|error| replication_error(error, &self.server, &self.slot))?;
