@@ -162,6 +162,24 @@ pub struct TableDetails {
     /// target's counter is set at least this far once the rows are in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_auto_increment: Option<u64>,
+    /// Columns the source computes from the others (PostgreSQL's `GENERATED ALWAYS AS (…)
+    /// STORED`): never read nor written, since the change stream does not carry them; a target
+    /// of the source's dialect creates them to compute them itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generated: Vec<GeneratedColumn>,
+}
+
+/// A column computed from others of its row, in the source's dialect (`TableDetails::dialect`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GeneratedColumn {
+    pub name: String,
+    /// The column's type as the source's dialect writes it.
+    pub native_type: String,
+    /// The expression, as the source prints it.
+    pub expression: String,
+    /// The columns the expression reads: where one is missing or renamed in the target the
+    /// expression cannot be created there.
+    pub reads: Vec<String>,
 }
 
 impl TableDetails {

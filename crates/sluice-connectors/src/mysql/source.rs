@@ -950,6 +950,7 @@ async fn describe_table(
         comment: comment.filter(|comment| !comment.is_empty()),
         collation,
         next_auto_increment: next_auto_increment.filter(|_| columns.iter().any(|column| column.details.auto_increment)),
+        generated: Vec::new(),
     };
     Ok(TableSchema { name: name.clone(), columns, primary_key, indexes, details })
 }

@@ -56,6 +56,7 @@ pub(super) fn create_table_sql(table: &TableSchema, key: KeyBuilt) -> String {
             definition
         })
         .collect();
+    definitions.extend(generated_columns(table));
     if key == KeyBuilt::WithTable {
         definitions.extend(primary_key_constraint(table));
     }
@@ -73,6 +74,30 @@ pub(super) fn create_table_sql(table: &TableSchema, key: KeyBuilt) -> String {
         sql.push_str(&format!("; {}", column_comment_sql(table, column)));
     }
     sql
+}
+
+/// A PostgreSQL source's stored generated columns, computed here as there: those whose
+/// expression reads only columns the table has under their source names (a transform that
+/// renamed or dropped one leaves the generated column out, as it does for every other target).
+fn generated_columns(table: &TableSchema) -> Vec<String> {
+    if !from_postgres(table) {
+        return Vec::new();
+    }
+    let has = |name: &str| table.columns.iter().any(|column| column.name == name);
+    table
+        .details
+        .generated
+        .iter()
+        .filter(|generated| !has(&generated.name) && generated.reads.iter().all(|read| has(read)))
+        .map(|generated| {
+            format!(
+                "{} {} GENERATED ALWAYS AS ({}) STORED",
+                quote(&generated.name),
+                generated.native_type,
+                generated.expression
+            )
+        })
+        .collect()
 }
 
 /// `CONSTRAINT … PRIMARY KEY (…)`, named after the table's own name; none for a keyless table.
@@ -280,4 +305,47 @@ pub(super) fn create_index_sql(table: &TableSchema) -> Vec<String> {
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::schema::{GeneratedColumn, TableDetails};
+    use sluice_core::{Column, DataType, TableName, TableSchema};
+
+    use super::{create_table_sql, KeyBuilt};
+
+    fn table(dialect: &str, columns: &[&str]) -> TableSchema {
+        TableSchema {
+            name: TableName::new(Some("app"), "t"),
+            columns: columns
+                .iter()
+                .map(|name| Column::new(*name, DataType::Integer { bytes: 4, unsigned: false }, false))
+                .collect(),
+            primary_key: vec![0],
+            indexes: Vec::new(),
+            details: TableDetails {
+                dialect: Some(dialect.into()),
+                generated: vec![GeneratedColumn {
+                    name: "total".into(),
+                    native_type: "integer".into(),
+                    expression: "(price * quantity)".into(),
+                    reads: vec!["price".into(), "quantity".into()],
+                }],
+                ..TableDetails::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_generated_column_is_created_only_where_its_expression_can_read_its_columns() {
+        let sql = create_table_sql(&table("postgres", &["id", "price", "quantity"]), KeyBuilt::WithTable);
+        assert!(sql.contains(r#""total" integer GENERATED ALWAYS AS ((price * quantity)) STORED"#), "{sql}");
+        // A transform renamed a column the expression reads: left out rather than a failed
+        // CREATE TABLE.
+        let sql = create_table_sql(&table("postgres", &["id", "cost", "quantity"]), KeyBuilt::WithTable);
+        assert!(!sql.contains("GENERATED ALWAYS"), "{sql}");
+        // Another dialect's expression is not this server's.
+        let sql = create_table_sql(&table("mysql", &["id", "price", "quantity"]), KeyBuilt::WithTable);
+        assert!(!sql.contains("GENERATED ALWAYS"), "{sql}");
+    }
 }

@@ -382,8 +382,9 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
         values("3")
     ));
     wait_converged(&name, &source, &mut run);
-    // A generated column is left out (the stream does not carry it); every other one is equal.
-    let listed = "id, n, big, d, ts, tz, tt, span, m, x, tv, vb, mac, net, grid, r, tr, j, doc, f4, txt";
+    // Every value equal; the generated column, which the stream does not carry, is computed by
+    // the target from the same expression.
+    let listed = "id, n, big, d, ts, tz, tt, span, m, x, tv, vb, mac, net, grid, r, tr, j, doc, f4, txt, g";
     let rows = |sql: &dyn Fn(&str) -> String| -> Vec<String> {
         sql(&format!(
             "SELECT replace(t::text, chr(10), '\\n') FROM (SELECT {listed} FROM {schema}.every_type) t ORDER BY id"
@@ -407,6 +408,11 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
         ))
     };
     assert_eq!(types(&psql), types(&|sql: &str| source.sql(sql)));
+    let generated = format!(
+        "SELECT attname || ' ' || format_type(atttypid, atttypmod) || ' ' || pg_get_expr(adbin, adrelid) FROM pg_attribute \
+         JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum WHERE attrelid = '{schema}.every_type'::regclass AND attgenerated = 's'"
+    );
+    assert_eq!(psql(&generated), "g integer (id * 2)\n");
 }
 
 #[test]

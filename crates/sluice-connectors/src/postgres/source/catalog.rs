@@ -2,7 +2,7 @@
 //! sluice's, keys, secondary indexes, defaults, identity columns, comments, enum
 //! labels, domains (as their base types) and the replica identity the change stream relies on.
 
-use sluice_core::schema::{ColumnDetails, TableDetails};
+use sluice_core::schema::{ColumnDetails, GeneratedColumn, TableDetails};
 use sluice_core::{Column, DataType, Error, ErrorKind, Index, Side, TableName, TableSchema};
 use tokio_postgres::Client;
 
@@ -82,6 +82,26 @@ LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
 ORDER BY a.attnum";
 
+/// The stored generated columns: type, expression and the other columns the expression reads
+/// (the dependencies of the column's default, or of the column itself, as servers record them;
+/// PostgreSQL 15 the former).
+const GENERATED_SQL: &str = "\
+SELECT a.attname::text,
+       format_type(a.atttypid, a.atttypmod),
+       t.typnamespace = 'pg_catalog'::regnamespace,
+       pg_get_expr(d.adbin, d.adrelid),
+       ARRAY(SELECT r.attname::text FROM pg_depend dep
+             JOIN pg_attribute r ON r.attrelid = dep.refobjid AND r.attnum = dep.refobjsubid
+             WHERE dep.refobjid = a.attrelid AND r.attnum <> a.attnum
+               AND ((dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid)
+                    OR (dep.classid = 'pg_class'::regclass AND dep.objid = a.attrelid AND dep.objsubid = a.attnum))
+             ORDER BY r.attnum)
+FROM pg_attribute a
+JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = 's'
+ORDER BY a.attnum";
+
 const INDEXES_SQL: &str = "\
 SELECT ic.relname::text, i.indisprimary, i.indisunique, array_to_string(i.indkey::int2[], ','), i.indexprs IS NULL AND i.indpred IS NULL, i.indisreplident
 FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
@@ -95,8 +115,9 @@ SELECT c.relreplident::text,
 FROM pg_class c WHERE c.oid = $1::text::regclass";
 
 /// Describes one table; a table that does not exist is a `Schema` error naming it. Generated
-/// columns are left out: the change stream does not carry their values (PostgreSQL computes
-/// them), so the copy does not either.
+/// columns are not among its columns: the change stream does not carry their values
+/// (PostgreSQL computes them), so the copy does not either. They are described apart
+/// (`TableDetails::generated`, those of a built-in type) for a PostgreSQL target to create.
 pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) -> Result<Described, Error> {
     let doing = format!("describe table {name}");
     let error = |error| postgres_error(error, Side::Source, server, &doing);
@@ -173,11 +194,25 @@ pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) ->
             indexes.push(Index { name: row.get(0), columns: positions, unique: row.get(2) });
         }
     }
+    let generated = client
+        .query(GENERATED_SQL, &[&relation])
+        .await
+        .map_err(error)?
+        .iter()
+        .filter(|row| row.get::<_, bool>(2))
+        .map(|row| GeneratedColumn {
+            name: row.get(0),
+            native_type: row.get(1),
+            expression: row.get(3),
+            reads: row.get(4),
+        })
+        .collect();
     let details = TableDetails {
         dialect: Some(DIALECT.to_owned()),
         comment: table.get(2),
         collation: None,
         next_auto_increment: None,
+        generated,
     };
     let schema = TableSchema { name: name.clone(), columns, primary_key, indexes, details };
     Ok(Described { schema, identity, estimated_rows, toasted })
