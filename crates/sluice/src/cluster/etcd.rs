@@ -118,10 +118,16 @@ impl EtcdStore {
             (None, None) => None,
             _ => return Err(etcd_config_error("etcd authentication needs both --etcd-user and SLUICE_ETCD_PASSWORD")),
         };
+        // Each process starts at a member of its own (as etcd's own clients balance theirs), so
+        // a hundred nodes do not all load the first member named.
+        let first = {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new().build_hasher().finish() as usize % members.len()
+        };
         let store = EtcdStore {
             http,
             members,
-            current: AtomicUsize::new(0),
+            current: AtomicUsize::new(first),
             user,
             token: Mutex::new(None),
             written: Default::default(),

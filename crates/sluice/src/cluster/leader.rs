@@ -31,8 +31,7 @@ impl Node {
                 lock(&self.planning).remove(name);
                 continue;
             }
-            let (node, job, previous, guard) =
-                (self.clone(), job.clone(), view.plans.get(name).cloned(), guard.clone());
+            let (node, job, previous, guard) = (self.clone(), job.clone(), view.plan(name).cloned(), guard.clone());
             tokio::spawn(async move {
                 if copied {
                     node.join_backfill(&job, previous.expect("a current plan"), &guard).await;
@@ -336,21 +335,23 @@ fn rerun_windows(
 /// The jobs to run whose plan is missing or of an older generation, and those whose added
 /// tables' copy is complete (`true`: their backfill joins the stream).
 fn to_plan(view: &View) -> impl Iterator<Item = (&str, &JobRecord, bool)> + '_ {
-    view.jobs.iter().filter_map(|(name, job, _)| {
+    view.jobs().filter_map(|(name, job)| {
         // A batched job runs only what a firing made.
         if job.desired != Desired::Running || job.waiting_for_a_firing() {
             return None;
         }
-        let current = view.plans.get(name).filter(|plan| plan.generation == job.generation);
+        let current = view.plan(name).filter(|plan| plan.generation == job.generation);
         let copied = current.is_some_and(|plan| {
-            plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied)
-                && plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
-                    view.statuses.get(&format!("{name}/{}", task.id)).is_some_and(|status| {
+            plan.backfill.as_ref().is_some_and(|backfill| !backfill.copied) && {
+                let statuses = view.statuses_of(name);
+                plan.tasks.iter().filter(|task| task.kind == TaskKind::Snapshot).all(|task| {
+                    statuses.get(task.id.as_str()).is_some_and(|status| {
                         status.generation == job.generation && status.state == TaskState::Succeeded
                     })
                 })
+            }
         });
-        (current.is_none() || copied).then_some((name.as_str(), job, copied))
+        (current.is_none() || copied).then_some((name, job, copied))
     })
 }
 

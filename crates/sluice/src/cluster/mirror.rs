@@ -36,6 +36,9 @@ struct Copy {
     current: bool,
     /// The store revision the copy is at: it holds every write up to it.
     revision: u64,
+    /// Counts the copy's changes; by kept prefix, the count at its last change (`Keys::changed`).
+    changes: u64,
+    changed: BTreeMap<String, u64>,
 }
 
 struct Shared {
@@ -66,9 +69,10 @@ impl Mirror {
         self.shared.changes.subscribe()
     }
 
-    /// The store with its reads of what the copy holds answered by the copy (while current):
-    /// for work that reads every job often and needs no read of its own latest writes (the
-    /// console's series, the leader's alarms, verifications and measures).
+    /// The store with its reads of what the copy holds answered by the copy (while current and
+    /// holding every write made through `store`): for reads of every job, often (the API's job
+    /// listing and job views, the console's series, the leader's alarms, verifications and
+    /// measures). A read sees the node's own writes; another node's a moment after they land.
     pub(super) fn reads(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
         Arc::new(CopyFirst { shared: self.shared.clone(), store })
     }
@@ -107,6 +111,13 @@ impl Keys<'_> {
     pub(super) fn revision(&self) -> u64 {
         self.0.revision
     }
+
+    /// A number that differs from the last one read whenever a key under the kept `prefix`
+    /// changed since (or the copy was read again): what a reader compares before it decodes
+    /// the prefix's records again.
+    pub(super) fn changed(&self, prefix: &str) -> u64 {
+        self.0.changed.get(prefix).copied().unwrap_or(self.0.changes)
+    }
 }
 
 impl Shared {
@@ -115,12 +126,19 @@ impl Shared {
     }
 
     fn kept(&self, key: &str) -> bool {
-        self.prefixes.iter().any(|prefix| key.starts_with(prefix.as_str()))
+        self.prefix_of(key).is_some()
     }
 
-    /// Whether the copy holds, now, every key that starts with `prefix`.
-    fn holds(&self, copy: &Copy, prefix: &str) -> bool {
-        copy.current && self.kept(prefix)
+    /// The kept prefix `key` lies under.
+    fn prefix_of(&self, key: &str) -> Option<&str> {
+        self.prefixes.iter().map(String::as_str).find(|prefix| key.starts_with(prefix))
+    }
+
+    /// Whether the copy holds, now, every key that starts with `prefix`, with every write made
+    /// through the node's store up to `written` (`Store::written`): a read through the copy
+    /// then sees what the node itself wrote, as a read of the store would.
+    fn holds(&self, copy: &Copy, prefix: &str, written: u64) -> bool {
+        copy.current && copy.revision >= written && self.kept(prefix)
     }
 
     fn changed(&self) {
@@ -133,28 +151,51 @@ impl Shared {
         copy.keys = entries.into_iter().map(|entry| (entry.key.clone(), entry)).collect();
         copy.revision = revision;
         copy.current = true;
+        copy.changes += 1;
+        let changes = copy.changes;
+        copy.changed = self.prefixes.iter().map(|prefix| (prefix.clone(), changes)).collect();
         drop(copy);
         self.changed();
     }
 
-    fn apply(&self, events: Vec<Event>) {
+    /// Applies watched events. Receivers are told when a kept key changed, or when the copy
+    /// reached `written` (the revision of the node's own latest write, which a node waits for
+    /// before it decides): a write elsewhere under the root (run records, plan pieces, versions)
+    /// moves the revision on without waking every node.
+    fn apply(&self, events: Vec<Event>, written: u64) {
         let mut copy = self.lock();
+        let before = copy.revision;
+        let mut kept = false;
         for event in events {
+            let (key, revision) = match &event {
+                Event::Put(entry) => (entry.key.as_str(), entry.mod_revision),
+                Event::Delete { key, revision } => (key.as_str(), *revision),
+            };
+            copy.revision = copy.revision.max(revision);
+            let Some(prefix) = self.prefix_of(key) else { continue };
+            kept = true;
+            copy.changes += 1;
+            let changes = copy.changes;
+            match copy.changed.get_mut(prefix) {
+                Some(seen) => *seen = changes,
+                None => {
+                    copy.changed.insert(prefix.to_owned(), changes);
+                }
+            }
             match event {
                 Event::Put(entry) => {
-                    copy.revision = copy.revision.max(entry.mod_revision);
-                    if self.kept(&entry.key) {
-                        copy.keys.insert(entry.key.clone(), entry);
-                    }
+                    copy.keys.insert(entry.key.clone(), entry);
                 }
-                Event::Delete { key, revision } => {
-                    copy.revision = copy.revision.max(revision);
+                Event::Delete { key, .. } => {
                     copy.keys.remove(&key);
                 }
             }
         }
+        let reached = before < written && copy.revision >= written;
         drop(copy);
-        self.changed();
+        if kept || reached {
+            self.changed();
+        }
     }
 
     fn lost(&self) {
@@ -180,7 +221,7 @@ async fn keep(shared: Arc<Shared>, store: Arc<dyn Store>, node: String) {
                     log::info!("node {node}: watches the cluster again");
                 }
                 while let Some(events) = watch.recv().await {
-                    shared.apply(events);
+                    shared.apply(events, store.written());
                 }
                 shared.lost();
             }
@@ -205,8 +246,9 @@ struct CopyFirst {
 impl CopyFirst {
     /// The keys under `prefix` and the copy's revision, when the copy holds them.
     fn copied(&self, prefix: &str) -> Option<(Vec<Entry>, u64)> {
+        let written = self.store.written();
         let copy = self.shared.lock();
-        if !self.shared.holds(&copy, prefix) {
+        if !self.shared.holds(&copy, prefix, written) {
             return None;
         }
         let entries = Keys(&copy).under(prefix).cloned().collect();
@@ -230,8 +272,9 @@ impl Store for CopyFirst {
 
     async fn get(&self, key: &str) -> Result<Option<Entry>> {
         {
+            let written = self.store.written();
             let copy = self.shared.lock();
-            if self.shared.holds(&copy, key) {
+            if self.shared.holds(&copy, key, written) {
                 return Ok(copy.keys.get(key).cloned());
             }
         }

@@ -166,46 +166,125 @@ pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The records of the copy as last decoded, by name under their prefix, with the revision of
-/// the write they were decoded from: a tick decodes only what changed since the last one.
-#[derive(Default)]
-struct Decoded {
-    jobs: BTreeMap<String, (u64, JobRecord)>,
-    plans: BTreeMap<String, (u64, PlanRecord)>,
-    statuses: BTreeMap<String, (u64, TaskStatus)>,
-    workers: BTreeMap<String, (u64, WorkerRecord)>,
+/// Records by name under their prefix, each with the revision of the write it was decoded from.
+pub(super) type Records<T> = Arc<BTreeMap<String, (u64, Arc<T>)>>;
+
+/// The records of one kept prefix as last decoded, and the copy's change count they are of
+/// (`Keys::changed`).
+struct Cached<T> {
+    seen: Option<u64>,
+    records: Records<T>,
 }
 
-/// The records under `prefix` in the copy (name, record, revision of its last write), decoding
-/// only those written since `cache` last saw them; `cache` then holds exactly these.
-fn refresh<T: serde::de::DeserializeOwned + Clone>(
-    cache: &mut BTreeMap<String, (u64, T)>,
+impl<T> Default for Cached<T> {
+    fn default() -> Self {
+        Cached { seen: None, records: Arc::default() }
+    }
+}
+
+/// The records of the copy as last decoded: a tick decodes only what changed since the last
+/// one, and shares the rest (a prefix nothing changed under is not even listed again).
+#[derive(Default)]
+struct Decoded {
+    jobs: Cached<JobRecord>,
+    plans: Cached<PlanRecord>,
+    statuses: Cached<TaskStatus>,
+    workers: Cached<WorkerRecord>,
+    owners: (Option<u64>, Arc<BTreeSet<String>>),
+}
+
+/// The records under `prefix` in the copy, decoding only those written since `cache` last saw
+/// them (`adjust` completes a record decoded from an entry); `cache` then holds exactly these.
+fn refresh<T: serde::de::DeserializeOwned>(
+    cache: &mut Cached<T>,
     prefix: &str,
     keys: &super::mirror::Keys<'_>,
-) -> Result<Vec<(String, T, u64)>> {
+    adjust: impl Fn(T, &Entry) -> T,
+) -> Result<Records<T>> {
+    let changed = keys.changed(prefix);
+    if cache.seen == Some(changed) {
+        return Ok(cache.records.clone());
+    }
     let mut fresh = BTreeMap::new();
     for entry in keys.under(prefix) {
         let name = &entry.key[prefix.len()..];
-        let record = match cache.remove(name) {
-            Some((revision, record)) if revision == entry.mod_revision => record,
-            _ => decode(entry)?,
+        let record = match cache.records.get(name) {
+            Some((revision, record)) if *revision == entry.mod_revision => record.clone(),
+            _ => Arc::new(adjust(decode(entry)?, entry)),
         };
         fresh.insert(name.to_owned(), (entry.mod_revision, record));
     }
-    *cache = fresh;
-    Ok(cache.iter().map(|(name, (revision, record))| (name.clone(), record.clone(), *revision)).collect())
+    *cache = Cached { seen: Some(changed), records: Arc::new(fresh) };
+    Ok(cache.records.clone())
 }
 
-/// Everything a tick looks at, read once.
+/// A record as decoded.
+fn same<T>(record: T, _: &Entry) -> T {
+    record
+}
+
+/// A job record with the revision of the write it was read from.
+fn with_revision(job: JobRecord, entry: &Entry) -> JobRecord {
+    JobRecord { revision: entry.mod_revision, ..job }
+}
+
+/// Records read from the store, as a view holds them.
+fn records<T>(loaded: Vec<(String, T, Entry)>) -> Records<T> {
+    Arc::new(loaded.into_iter().map(|(name, record, entry)| (name, (entry.mod_revision, Arc::new(record)))).collect())
+}
+
+/// Everything a tick looks at, read once. Its records are shared with the node's cache, so
+/// taking a view copies nothing but the workers.
 pub(super) struct View {
-    /// Each job's name, record and the revision of its last write.
-    pub(super) jobs: Vec<(String, JobRecord, u64)>,
-    pub(super) plans: BTreeMap<String, PlanRecord>,
-    pub(super) owners: BTreeSet<String>,
+    jobs: Records<JobRecord>,
+    plans: Records<PlanRecord>,
+    /// Task statuses by `job/task`.
+    statuses: Records<TaskStatus>,
+    /// The owner keys (`model::owner_key`) present.
+    owners: Arc<BTreeSet<String>>,
     /// The store revision the view is of: it holds every write up to it.
     pub(super) revision: u64,
-    pub(super) statuses: BTreeMap<String, TaskStatus>,
     pub(super) workers: Vec<WorkerRecord>,
+}
+
+impl View {
+    /// Every job by name, in name order.
+    pub(super) fn jobs(&self) -> impl Iterator<Item = (&str, &JobRecord)> + '_ {
+        self.jobs.iter().map(|(name, (_, job))| (name.as_str(), &**job))
+    }
+
+    pub(super) fn job(&self, name: &str) -> Option<&JobRecord> {
+        self.jobs.get(name).map(|(_, job)| &**job)
+    }
+
+    pub(super) fn plan(&self, job: &str) -> Option<&PlanRecord> {
+        self.plans.get(job).map(|(_, plan)| &**plan)
+    }
+
+    /// The statuses of a job's tasks, by task id (one look into the statuses).
+    pub(super) fn statuses_of(&self, job: &str) -> BTreeMap<&str, &TaskStatus> {
+        let prefix = format!("{job}/");
+        self.statuses
+            .range(prefix.clone()..)
+            .take_while(|(key, _)| key.starts_with(&prefix))
+            .map(|(key, (_, status))| (&key[prefix.len()..], &**status))
+            .collect()
+    }
+
+    /// Whether the owner key `key` is present.
+    pub(super) fn owned(&self, key: &str) -> bool {
+        self.owners.contains(key)
+    }
+
+    /// The ids of a job's tasks that have an owner (one look into the owners).
+    pub(super) fn owned_of(&self, job: &str) -> BTreeSet<&str> {
+        let prefix = owners_prefix(job);
+        self.owners
+            .range(prefix.clone()..)
+            .take_while(|key| key.starts_with(&prefix))
+            .map(|key| &key[prefix.len()..])
+            .collect()
+    }
 }
 
 impl Node {
@@ -306,7 +385,7 @@ impl Node {
     }
 
     /// The store with reads of what the node's copy holds answered by the copy
-    /// (`Mirror::reads`): for periodic work over every job that needs no read of its own writes.
+    /// (`Mirror::reads`): for reads over every job, often; they see the node's own writes.
     pub fn copy_first(&self) -> Arc<dyn Store> {
         self.mirror.reads(self.store.clone())
     }
@@ -400,27 +479,24 @@ impl Node {
     fn view(&self) -> Result<Option<(View, Option<Entry>)>> {
         let prefix = |name: &str| format!("{ROOT}{name}");
         let mut decoded = lock(&self.decoded);
-        let Decoded { jobs, plans, statuses, workers } = &mut *decoded;
+        let Decoded { jobs, plans, statuses, workers, owners } = &mut *decoded;
         self.mirror
             .read(|keys| {
+                let owners_prefix = prefix("owners/");
+                let changed = keys.changed(&owners_prefix);
+                if owners.0 != Some(changed) {
+                    *owners =
+                        (Some(changed), Arc::new(keys.under(&owners_prefix).map(|entry| entry.key.clone()).collect()));
+                }
                 let view = View {
-                    jobs: refresh(jobs, &prefix("jobs/"), keys)?
-                        .into_iter()
-                        .map(|(name, job, revision)| (name, JobRecord { revision, ..job }, revision))
-                        .collect(),
-                    plans: refresh(plans, &prefix("plans/"), keys)?
-                        .into_iter()
-                        .map(|(job, plan, _)| (job, plan))
-                        .collect(),
-                    owners: keys.under(&prefix("owners/")).map(|entry| entry.key.clone()).collect(),
+                    jobs: refresh(jobs, &prefix("jobs/"), keys, with_revision)?,
+                    plans: refresh(plans, &prefix("plans/"), keys, same)?,
+                    owners: owners.1.clone(),
                     revision: keys.revision(),
-                    statuses: refresh(statuses, &prefix("tasks/"), keys)?
-                        .into_iter()
-                        .map(|(key, status, _)| (key, status))
-                        .collect(),
-                    workers: refresh(workers, &prefix("workers/"), keys)?
-                        .into_iter()
-                        .map(|(_, worker, _)| worker)
+                    statuses: refresh(statuses, &prefix("tasks/"), keys, same)?,
+                    workers: refresh(workers, &prefix("workers/"), keys, same)?
+                        .values()
+                        .map(|(_, worker)| (**worker).clone())
                         .collect(),
                 };
                 Ok((view, keys.get(LEADER).cloned()))
@@ -432,24 +508,15 @@ impl Node {
     /// confirms a decision on before it writes it (planning, firing a batch).
     pub(super) async fn stored_view(&self) -> Result<View> {
         let store = &*self.store;
+        let jobs = load_all::<JobRecord>(store, &format!("{ROOT}jobs/")).await?;
         Ok(View {
-            jobs: load_all::<JobRecord>(store, &format!("{ROOT}jobs/"))
-                .await?
-                .into_iter()
-                .map(|(name, job, entry)| (name, JobRecord { revision: entry.mod_revision, ..job }, entry.mod_revision))
-                .collect(),
-            plans: load_all::<PlanRecord>(store, &format!("{ROOT}plans/"))
-                .await?
-                .into_iter()
-                .map(|(job, plan, _)| (job, plan))
-                .collect(),
-            owners: store.list(&format!("{ROOT}owners/")).await?.into_iter().map(|entry| entry.key).collect(),
+            jobs: records(
+                jobs.into_iter().map(|(name, job, entry)| (name, with_revision(job, &entry), entry)).collect(),
+            ),
+            plans: records(load_all::<PlanRecord>(store, &format!("{ROOT}plans/")).await?),
+            owners: Arc::new(store.list(&format!("{ROOT}owners/")).await?.into_iter().map(|entry| entry.key).collect()),
             revision: store.written(),
-            statuses: load_all::<TaskStatus>(store, &format!("{ROOT}tasks/"))
-                .await?
-                .into_iter()
-                .map(|(key, status, _)| (key, status))
-                .collect(),
+            statuses: records(load_all::<TaskStatus>(store, &format!("{ROOT}tasks/")).await?),
             workers: load_all::<WorkerRecord>(store, &format!("{ROOT}workers/"))
                 .await?
                 .into_iter()
@@ -607,19 +674,18 @@ impl Node {
 
     /// Stops the tasks here whose job stopped, changed generation, or moved to another owner.
     fn stop_what_moved(&self, view: &View) {
-        let jobs: BTreeMap<&str, &JobRecord> = view.jobs.iter().map(|(name, job, _)| (name.as_str(), job)).collect();
         for (key, running) in lock(&self.running).iter() {
             let job = key.split('/').next().unwrap_or_default();
-            let keep = jobs
-                .get(job)
+            let keep = view
+                .job(job)
                 .is_some_and(|job| job.desired == Desired::Running && job.generation == running.generation)
-                && (view.owners.contains(&running.guard.key) || view.revision < running.guard.create_revision);
+                && (view.owned(&running.guard.key) || view.revision < running.guard.create_revision);
             if !keep && !*running.stop.borrow() {
                 log::info!("node {}: stopping task {key}: its job stopped, changed or the task moved", self.config.id);
                 running.stop.send_replace(true);
             }
             // A resync asked since: the running stream takes it in without a restart.
-            if let Some(job) = jobs.get(job).filter(|job| *running.resync.borrow() != job.resync) {
+            if let Some(job) = view.job(job).filter(|job| *running.resync.borrow() != job.resync) {
                 running.resync.send_replace(job.resync.clone());
             }
         }

@@ -210,18 +210,16 @@ pub(super) fn batch_state(view: &View, job: &JobRecord) -> BatchState {
     if batches.batch == 0 {
         return BatchState::None;
     }
-    let Some(plan) = view.plans.get(&job.name).filter(|plan| plan.generation == job.generation) else {
+    let Some(plan) = view.plan(&job.name).filter(|plan| plan.generation == job.generation) else {
         return BatchState::Running;
     };
     if plan.error.is_some() {
         return BatchState::Ended("failed");
     }
     let mut failed = false;
+    let statuses = view.statuses_of(&job.name);
     for task in &plan.tasks {
-        let status = view
-            .statuses
-            .get(&format!("{}/{}", job.name, task.id))
-            .filter(|status| status.generation == job.generation);
+        let status = statuses.get(task.id.as_str()).filter(|status| status.generation == job.generation);
         match status.map(|status| status.state) {
             Some(TaskState::Succeeded) => {}
             Some(TaskState::Failed | TaskState::Stopped) => failed = true,
@@ -239,13 +237,11 @@ fn summarize(view: &View, job: &JobRecord, batches: &mut Batches) {
     if record.outcome.is_none() || record.rows.is_some() {
         return;
     }
-    let Some(plan) = view.plans.get(&job.name).filter(|plan| plan.generation == job.generation) else { return };
+    let Some(plan) = view.plan(&job.name).filter(|plan| plan.generation == job.generation) else { return };
     let mut rows = BatchRows::default();
+    let statuses = view.statuses_of(&job.name);
     for task in &plan.tasks {
-        let status = view
-            .statuses
-            .get(&format!("{}/{}", job.name, task.id))
-            .filter(|status| status.generation == job.generation);
+        let status = statuses.get(task.id.as_str()).filter(|status| status.generation == job.generation);
         if let Some(status) = status {
             rows.read += status.rows_read;
             rows.written += status.rows_written;
@@ -268,8 +264,8 @@ fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str
     while index < unit.len() {
         let upstream = unit[index];
         index += 1;
-        for (name, job, _) in &view.jobs {
-            if unit.contains(&name.as_str()) || !job.after.iter().any(|dependency| dependency.job == upstream) {
+        for (name, job) in view.jobs() {
+            if unit.contains(&name) || !job.after.iter().any(|dependency| dependency.job == upstream) {
                 continue;
             }
             unit.push(name);
@@ -292,7 +288,7 @@ impl Node {
     /// that began).
     pub(super) async fn fire_schedules(self: &Arc<Self>, copy: &View) {
         let now = sluice_core::clock::unix_seconds() as i64;
-        if !copy.jobs.iter().any(|(name, job, _)| scheduled(copy, name, job, now).is_some()) {
+        if !copy.jobs().any(|(name, job)| scheduled(copy, name, job, now).is_some()) {
             return;
         }
         let view = match self.stored_view().await {
@@ -302,7 +298,7 @@ impl Node {
                 return;
             }
         };
-        for (name, job, _) in &view.jobs {
+        for (name, job) in view.jobs() {
             let Some(updated) = scheduled(&view, name, job, now) else { continue };
             match self.store.replace(&job_key(name), &encode(&updated), job.revision).await {
                 Ok(true) => {
@@ -342,10 +338,7 @@ fn scheduled(view: &View, name: &str, job: &JobRecord, now: i64) -> Option<JobRe
             let dependencies: Vec<Option<&Batches>> = job
                 .after
                 .iter()
-                .map(|dependency| {
-                    let theirs = view.jobs.iter().find(|(other, _, _)| *other == dependency.job);
-                    theirs.and_then(|(_, other, _)| other.batches.as_ref())
-                })
+                .map(|dependency| view.job(&dependency.job).and_then(|other| other.batches.as_ref()))
                 .collect();
             decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
         }

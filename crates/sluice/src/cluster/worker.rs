@@ -41,9 +41,8 @@ impl Node {
         let now_ms = sluice_core::clock::unix_millis();
         // Every task that may be claimed, highest rank first (`model::claim_rank`).
         let mut candidates = Vec::new();
-        for (name, job, _) in &view.jobs {
-            let Some(plan) =
-                view.plans.get(name).filter(|plan| plan.generation == job.generation && plan.error.is_none())
+        for (name, job) in view.jobs() {
+            let Some(plan) = view.plan(name).filter(|plan| plan.generation == job.generation && plan.error.is_none())
             else {
                 continue;
             };
@@ -51,9 +50,8 @@ impl Node {
             if job.desired != Desired::Running || !job.placement.admits(me.zone.as_deref(), &me.labels) {
                 continue;
             }
-            let status = |task: &str| {
-                view.statuses.get(&format!("{name}/{task}")).filter(|status| status.generation == job.generation)
-            };
+            let (statuses, owned) = (view.statuses_of(name), view.owned_of(name));
+            let status = |task: &str| statuses.get(task).copied().filter(|status| status.generation == job.generation);
             for (index, task) in plan.tasks.iter().enumerate() {
                 let ended = status(&task.id)
                     .is_some_and(|status| matches!(status.state, TaskState::Succeeded | TaskState::Failed));
@@ -61,7 +59,7 @@ impl Node {
                     .after
                     .iter()
                     .all(|before| status(before).is_some_and(|status| status.state == TaskState::Succeeded));
-                if ended || !ready || view.owners.contains(&owner_key(name, &task.id)) {
+                if ended || !ready || owned.contains(task.id.as_str()) {
                     continue;
                 }
                 let rank = claim_rank(job.priority, job.generation, now_ms);
