@@ -9,7 +9,11 @@ from the `generate` source into the `blackhole` target. It measures, in this ord
             by method
   jobs      submit -> every job planned, submit -> every job succeeded, every job's rows
             counted once (the blackhole's count equals the rows declared), etcd's requests
-            during the run, the database size after, workers' memory
+            during the run, the database size after, workers' memory and CPU while busy, the
+            leader's planning time per job and each plan's size in etcd (from the leader's log
+            line), claims per worker (fairness: every worker has the same capacity and
+            weight), claims beyond the tasks planned and lease renewals that failed (a node that
+            lost its lease under load: a false failover)
   failover  K kills: a worker running tasks of a long job is SIGKILLed; the time from the kill
             until every task it held is owned by another worker (GET /api/v1/jobs/NAME)
 
@@ -204,6 +208,7 @@ def main():
         # Jobs: J snapshot jobs of S splits each.
         rows = arguments.splits * arguments.split_rows
         before, _ = etcd.counters()
+        cpu_before = [worker.cpu_seconds() for worker in workers]
         submitted = time.monotonic()
         for index in range(arguments.jobs):
             status, body = http("POST", f"{api}/jobs", job_text(f"g{index}", index + 1, rows, arguments.split_rows))
@@ -227,6 +232,16 @@ def main():
                 sys.exit(f"the jobs did not finish within an hour: {states}")
             time.sleep(0.5)
         after, size = etcd.counters()
+        cpu_after = [worker.cpu_seconds() for worker in workers]
+        busy = [100 * (a - b) / (finished_at - submitted) for a, b in zip(cpu_after, cpu_before)]
+        logs = {}
+        for worker in workers:
+            with open(worker.log, errors="replace") as log:
+                logs[worker.id] = log.read()
+        plans = [(int(tasks), int(size_bytes), int(ms)) for text in logs.values() for tasks, size_bytes, ms in
+                 re.findall(r"planned generation \d+ into (\d+) tasks \(\d+ plan pieces, (\d+) bytes\) in (\d+) ms", text)]
+        claims = {worker: len(re.findall(r"claimed task ", text)) for worker, text in logs.items()}
+        renewals_failed = sum(len(re.findall(r"cannot renew its lease", text)) for text in logs.values())
         wrong = [job["name"] for job in final
                  if job.get("state") != "succeeded" or (job.get("stats") or {}).get("rows_written") != rows]
         report["jobs_run"] = {
@@ -240,6 +255,20 @@ def main():
             "etcd_requests": int(sum(after.values()) - sum(before.values())),
             "etcd_db_bytes": size,
             "worker_rss_kib_max": max(worker.rss_kib() for worker in workers),
+            "worker_busy_cpu_percent_mean": round(sum(busy) / len(busy), 2),
+            "worker_busy_cpu_percent_max": round(max(busy), 2),
+            "plans_logged": len(plans),
+            "tasks_planned": sum(tasks for tasks, _, _ in plans),
+            "planning_ms_p50": quantile([ms for _, _, ms in plans], 0.5) if plans else None,
+            "planning_ms_p99": quantile([ms for _, _, ms in plans], 0.99) if plans else None,
+            "planning_ms_max": max((ms for _, _, ms in plans), default=None),
+            "plan_bytes_mean": round(sum(size for _, size, _ in plans) / len(plans)) if plans else None,
+            "plan_bytes_max": max((size for _, size, _ in plans), default=None),
+            "claims": sum(claims.values()),
+            "claims_per_worker_min": min(claims.values()),
+            "claims_per_worker_mean": round(sum(claims.values()) / len(claims), 1),
+            "claims_per_worker_max": max(claims.values()),
+            "lease_renewals_failed": renewals_failed,
         }
         print(json.dumps({"jobs_run": report["jobs_run"]}), flush=True)
 

@@ -47,6 +47,7 @@ impl Node {
     /// then `failed` until restarted). A coordination-store error is not the job's: planning is
     /// tried again at the next tick.
     async fn plan_generation(&self, job: &JobRecord, previous: Option<PlanRecord>, guard: &Guard) {
+        let started = std::time::Instant::now();
         // A backfill the stream may not have taken in yet stays with every later plan.
         let carried =
             previous.as_ref().and_then(|previous| previous.backfill.clone()).filter(|backfill| backfill.copied);
@@ -72,6 +73,8 @@ impl Node {
                 }
             }
         };
+        // What the plan takes in the store: its splits' pieces and its record.
+        let plan_bytes = record.plan.as_ref().map_or(0, |plan| encode(plan).len());
         let stored = async {
             // The splits first, in pieces, then the record that points at them.
             let mut record = record;
@@ -96,11 +99,13 @@ impl Node {
         .await;
         match stored {
             Ok((true, record)) => log::info!(
-                "job {}: planned generation {} into {} tasks ({} plan pieces)",
+                "job {}: planned generation {} into {} tasks ({} plan pieces, {} bytes) in {} ms",
                 job.name,
                 job.generation,
                 record.tasks.len(),
-                record.pieces.map_or(0, |pieces| pieces.count)
+                record.pieces.map_or(0, |pieces| pieces.count),
+                plan_bytes + encode(&record).len(),
+                started.elapsed().as_millis()
             ),
             Ok((false, _)) => log::warn!("job {}: no longer the leader; the plan is left to the new one", job.name),
             Err(error) => log::warn!("job {}: could not store the plan: {error}", job.name),
