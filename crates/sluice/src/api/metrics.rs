@@ -215,7 +215,7 @@ pub async fn render(store: &dyn Store) -> Result<String> {
         family.sample("", &[("job", name)], firing);
     }
 
-    let workers: Vec<(String, WorkerRecord, _)> = load_all(store, &format!("{ROOT}workers/")).await?;
+    let workers = load_workers(store).await?;
     let leader = store.get(LEADER).await?.map(|entry| entry.value).unwrap_or_default();
     let _ = writeln!(
         text,
@@ -223,11 +223,11 @@ pub async fn render(store: &dyn Store) -> Result<String> {
         workers.len()
     );
     let mut family = Family::new(&mut text, "sluice_worker_tasks", "gauge", "Tasks a worker runs.");
-    for (_, worker, _) in &workers {
+    for worker in &workers {
         family.sample("", &[("worker", &worker.id)], worker.tasks.len());
     }
     let mut family = Family::new(&mut text, "sluice_worker_capacity", "gauge", "Tasks a worker runs at most.");
-    for (_, worker, _) in &workers {
+    for worker in &workers {
         family.sample("", &[("worker", &worker.id)], worker.capacity);
     }
     let mut family = Family::new(
@@ -236,11 +236,11 @@ pub async fn render(store: &dyn Store) -> Result<String> {
         "counter",
         "Writes of a worker's tasks refused by a fence (another worker had taken the task), since it started.",
     );
-    for (_, worker, _) in &workers {
+    for worker in &workers {
         family.sample("", &[("worker", &worker.id)], worker.fence_refusals);
     }
     let mut family = Family::new(&mut text, "sluice_worker_leader", "gauge", "1 for the worker that leads.");
-    for (_, worker, _) in &workers {
+    for worker in &workers {
         family.sample("", &[("worker", &worker.id)], u8::from(worker.id == leader));
     }
     Ok(text)

@@ -804,10 +804,10 @@ fn requested_tables(body: &[u8]) -> Result<Vec<String>, Failure> {
 /// Live workers: capacity, weight, the tasks they run.
 #[utoipa::path(get, path = "/workers", tag = "cluster", responses((status = 200, description = "workers", body = [WorkerView])))]
 async fn list_workers(State(api): Shared) -> Reply {
-    let workers = load_all::<WorkerRecord>(&*api.node.store, &format!("{ROOT}workers/")).await?;
+    let workers = load_workers(&*api.node.store).await?;
     let listed: Vec<WorkerView> = workers
         .into_iter()
-        .map(|(_, worker, _)| WorkerView {
+        .map(|worker| WorkerView {
             id: worker.id,
             address: worker.address,
             capacity: worker.capacity,

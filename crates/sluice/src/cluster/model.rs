@@ -640,12 +640,38 @@ pub struct WorkerRecord {
     pub zone: Option<String>,
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
-    /// `job/task` of the tasks it runs.
+    /// `job/task` of the tasks it runs: filled from the owner keys when workers are read
+    /// (`load_workers`, a node's view), not stored, so a task's start and end write no worker
+    /// record (every write wakes every node).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<String>,
     pub started_at: String,
     /// Writes its tasks' targets refused since it started: another worker had taken the task.
     #[serde(default)]
     pub fence_refusals: u64,
+}
+
+/// Live workers, each with the tasks it owns now (from the owner keys).
+pub async fn load_workers(store: &dyn Store) -> Result<Vec<WorkerRecord>> {
+    let mut workers: Vec<WorkerRecord> =
+        load_all(store, &format!("{ROOT}workers/")).await?.into_iter().map(|(_, worker, _)| worker).collect();
+    let owners: Vec<(String, Owner, Entry)> = load_all(store, &format!("{ROOT}owners/")).await?;
+    assign_tasks(&mut workers, owners.iter().map(|(task, owner, _)| (task.as_str(), owner.worker.as_str())));
+    Ok(workers)
+}
+
+/// Gives each worker the tasks (`job/task`) owned by it.
+pub fn assign_tasks<'a>(workers: &mut [WorkerRecord], owned: impl Iterator<Item = (&'a str, &'a str)>) {
+    let index: std::collections::HashMap<String, usize> =
+        workers.iter().enumerate().map(|(position, worker)| (worker.id.clone(), position)).collect();
+    for worker in workers.iter_mut() {
+        worker.tasks.clear();
+    }
+    for (task, owner) in owned {
+        if let Some(&position) = index.get(owner) {
+            workers[position].tasks.push(task.to_owned());
+        }
+    }
 }
 
 fn one() -> f64 {
@@ -1006,6 +1032,15 @@ mod tests {
         assert!(may_claim(&worker("a", 3, 4, 1.0), 3, &[worker("b", 4, 4, 1.0)]));
         assert!(may_claim(&worker("a", 2, 4, 2.0), 2, &[worker("b", 1, 4, 1.0)]), "2 of 8 shares is 1 of 4");
         assert!(!may_claim(&worker("a", 3, 4, 2.0), 3, &[worker("b", 1, 4, 1.0)]));
+    }
+
+    #[test]
+    fn a_workers_tasks_are_the_ones_it_owns() {
+        let mut workers = [worker("a", 3, 4, 1.0), worker("b", 0, 4, 1.0)];
+        let owned = [("j/t1", "b"), ("j/t2", "gone"), ("k/t1", "b")];
+        assign_tasks(&mut workers, owned.into_iter());
+        assert!(workers[0].tasks.is_empty(), "what a record said before is replaced");
+        assert_eq!(workers[1].tasks, ["j/t1", "k/t1"]);
     }
 
     #[test]

@@ -190,7 +190,7 @@ struct Decoded {
     plans: Cached<PlanRecord>,
     statuses: Cached<TaskStatus>,
     workers: Cached<WorkerRecord>,
-    owners: (Option<u64>, Arc<BTreeSet<String>>),
+    owners: Cached<Owner>,
 }
 
 /// The records under `prefix` in the copy, decoding only those written since `cache` last saw
@@ -240,10 +240,11 @@ pub(super) struct View {
     plans: Records<PlanRecord>,
     /// Task statuses by `job/task`.
     statuses: Records<TaskStatus>,
-    /// The owner keys (`model::owner_key`) present.
-    owners: Arc<BTreeSet<String>>,
+    /// Task owners by `job/task`.
+    owners: Records<Owner>,
     /// The store revision the view is of: it holds every write up to it.
     pub(super) revision: u64,
+    /// The live workers, each with the tasks it owns (`model::assign_tasks`).
     pub(super) workers: Vec<WorkerRecord>,
 }
 
@@ -271,19 +272,26 @@ impl View {
             .collect()
     }
 
-    /// Whether the owner key `key` is present.
+    /// Whether the owner key `key` (`model::owner_key`) is present.
     pub(super) fn owned(&self, key: &str) -> bool {
-        self.owners.contains(key)
+        key.strip_prefix(&format!("{ROOT}owners/")).is_some_and(|task| self.owners.contains_key(task))
     }
 
     /// The ids of a job's tasks that have an owner (one look into the owners).
     pub(super) fn owned_of(&self, job: &str) -> BTreeSet<&str> {
-        let prefix = owners_prefix(job);
+        let prefix = format!("{job}/");
         self.owners
             .range(prefix.clone()..)
-            .take_while(|key| key.starts_with(&prefix))
-            .map(|key| &key[prefix.len()..])
+            .take_while(|(task, _)| task.starts_with(&prefix))
+            .map(|(task, _)| &task[prefix.len()..])
             .collect()
+    }
+
+    /// Workers as stored, with the tasks the owners give each.
+    fn with_tasks(workers: impl Iterator<Item = WorkerRecord>, owners: &Records<Owner>) -> Vec<WorkerRecord> {
+        let mut workers: Vec<WorkerRecord> = workers.collect();
+        assign_tasks(&mut workers, owners.iter().map(|(task, (_, owner))| (task.as_str(), owner.worker.as_str())));
+        workers
     }
 }
 
@@ -482,22 +490,15 @@ impl Node {
         let Decoded { jobs, plans, statuses, workers, owners } = &mut *decoded;
         self.mirror
             .read(|keys| {
-                let owners_prefix = prefix("owners/");
-                let changed = keys.changed(&owners_prefix);
-                if owners.0 != Some(changed) {
-                    *owners =
-                        (Some(changed), Arc::new(keys.under(&owners_prefix).map(|entry| entry.key.clone()).collect()));
-                }
+                let owners = refresh(owners, &prefix("owners/"), keys, same)?;
+                let workers = refresh(workers, &prefix("workers/"), keys, same)?;
                 let view = View {
                     jobs: refresh(jobs, &prefix("jobs/"), keys, with_revision)?,
                     plans: refresh(plans, &prefix("plans/"), keys, same)?,
-                    owners: owners.1.clone(),
                     revision: keys.revision(),
                     statuses: refresh(statuses, &prefix("tasks/"), keys, same)?,
-                    workers: refresh(workers, &prefix("workers/"), keys, same)?
-                        .values()
-                        .map(|(_, worker)| (**worker).clone())
-                        .collect(),
+                    workers: View::with_tasks(workers.values().map(|(_, worker)| (**worker).clone()), &owners),
+                    owners,
                 };
                 Ok((view, keys.get(LEADER).cloned()))
             })
@@ -509,19 +510,17 @@ impl Node {
     pub(super) async fn stored_view(&self) -> Result<View> {
         let store = &*self.store;
         let jobs = load_all::<JobRecord>(store, &format!("{ROOT}jobs/")).await?;
+        let owners = records(load_all::<Owner>(store, &format!("{ROOT}owners/")).await?);
+        let workers = load_all::<WorkerRecord>(store, &format!("{ROOT}workers/")).await?;
         Ok(View {
             jobs: records(
                 jobs.into_iter().map(|(name, job, entry)| (name, with_revision(job, &entry), entry)).collect(),
             ),
             plans: records(load_all::<PlanRecord>(store, &format!("{ROOT}plans/")).await?),
-            owners: Arc::new(store.list(&format!("{ROOT}owners/")).await?.into_iter().map(|entry| entry.key).collect()),
             revision: store.written(),
             statuses: records(load_all::<TaskStatus>(store, &format!("{ROOT}tasks/")).await?),
-            workers: load_all::<WorkerRecord>(store, &format!("{ROOT}workers/"))
-                .await?
-                .into_iter()
-                .map(|(_, worker, _)| worker)
-                .collect(),
+            workers: View::with_tasks(workers.into_iter().map(|(_, worker, _)| worker), &owners),
+            owners,
         })
     }
 
@@ -534,7 +533,8 @@ impl Node {
             weight: self.config.weight,
             zone: self.config.zone.clone(),
             labels: self.config.labels.clone(),
-            tasks: lock(&self.running).keys().cloned().collect(),
+            // Its tasks are read from their owner keys, not from this record.
+            tasks: Vec::new(),
             started_at: self.started_at.clone(),
             fence_refusals: self.fence_refusals.load(std::sync::atomic::Ordering::Relaxed),
         }
@@ -597,7 +597,12 @@ impl Node {
     /// lease changed, or the copy shows the written record gone (the store lost it).
     async fn advertise(&self, lease: i64, view: &View) -> Result<()> {
         let text = encode(&self.record());
-        let stored = view.workers.iter().find(|worker| worker.id == self.config.id).map(encode);
+        // As stored: without the tasks the view gives it from their owners.
+        let stored = view
+            .workers
+            .iter()
+            .find(|worker| worker.id == self.config.id)
+            .map(|worker| encode(&WorkerRecord { tasks: Vec::new(), ..worker.clone() }));
         let current = lock(&self.advertised).as_ref().is_some_and(|(written_lease, written, revision)| {
             *written_lease == lease
                 && *written == text

@@ -279,11 +279,8 @@ impl Node {
             if failed_here >= policy.move_after {
                 let mut avoided = avoid.clone();
                 avoided.push(self.config.id.clone());
-                let workers = load_all::<WorkerRecord>(&*self.store, &format!("{ROOT}workers/")).await;
-                if workers.is_ok_and(|workers| {
-                    let workers: Vec<WorkerRecord> = workers.into_iter().map(|(_, worker, _)| worker).collect();
-                    other_worker_has_room(&workers, &avoided)
-                }) {
+                let workers = load_workers(&*self.store).await;
+                if workers.is_ok_and(|workers| other_worker_has_room(&workers, &avoided)) {
                     status.avoid = avoided;
                     status.updated_at = timestamp();
                     if let Ok(true) = self.store.put_guarded(&status_key, &encode(&status), &guard).await {
