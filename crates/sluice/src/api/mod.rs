@@ -254,9 +254,9 @@ async fn create_job(State(api): Shared, headers: HeaderMap, body: Bytes) -> Repl
 /// The jobs, with their states.
 #[utoipa::path(get, path = "/jobs", tag = "jobs", responses((status = 200, description = "jobs", body = [JobSummary])))]
 async fn list_jobs(State(api): Shared) -> Reply {
-    // From the node's copy of the cluster: a thousand jobs are listed without a read of the
-    // store each.
-    let store = api.node.copy_first();
+    // From the cluster read now at one revision: a thousand jobs are listed without a read of
+    // the store each.
+    let store = api.node.read_now().await?;
     let jobs = load_all::<JobRecord>(&*store, &format!("{ROOT}jobs/")).await?;
     let mut listed = Vec::new();
     for (name, job, _) in jobs {
@@ -280,14 +280,8 @@ async fn list_jobs(State(api): Shared) -> Reply {
 #[utoipa::path(get, path = "/jobs/{name}", tag = "jobs", params(("name" = String, Path)),
     responses((status = 200, description = "the job", body = JobView), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn show_job(State(api): Shared, Path(name): Path<String>) -> Reply {
-    // From the node's copy; a job the copy does not hold yet (written through another node a
-    // moment ago) is looked for in the store.
-    let store = api.node.copy_first();
-    let job = match load_job(&*store, &name).await? {
-        Some(job) => job,
-        None => job(&api, &name).await?,
-    };
-    Ok(Json(views::job_view(&*store, &job).await?).into_response())
+    let job = job(&api, &name).await?;
+    Ok(Json(views::job_view(&*api.node.store, &job).await?).into_response())
 }
 
 /// While added tables are copied, the stream runs the version before them: no other version

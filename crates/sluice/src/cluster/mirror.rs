@@ -70,11 +70,27 @@ impl Mirror {
     }
 
     /// The store with its reads of what the copy holds answered by the copy (while current and
-    /// holding every write made through `store`): for reads of every job, often (the API's job
-    /// listing and job views, the console's series, the leader's alarms, verifications and
-    /// measures). A read sees the node's own writes; another node's a moment after they land.
+    /// holding every write made through `store`): for periodic reads of every job (the
+    /// console's series, the leader's alarms, verifications and measures). A read sees the
+    /// node's own writes; another node's a moment after they land.
     pub(super) fn reads(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
         Arc::new(CopyFirst { shared: self.shared.clone(), store })
+    }
+
+    /// The store with its reads of what the copy keeps answered by a copy read now, at one
+    /// revision (`Store::snapshot`): as current as reading the store, in one request a prefix
+    /// however many keys a caller then reads (a listing of every job).
+    pub(super) async fn read_now(&self, store: Arc<dyn Store>) -> Result<Arc<dyn Store>> {
+        let prefixes: Vec<&str> = self.shared.prefixes.iter().map(String::as_str).collect();
+        let (entries, revision) = store.snapshot(&prefixes).await?;
+        let shared = Arc::new(Shared {
+            copy: Mutex::new(Copy::default()),
+            changes: watch::channel(0).0,
+            root: self.shared.root.clone(),
+            prefixes: self.shared.prefixes.clone(),
+        });
+        shared.read_at(entries, revision);
+        Ok(Arc::new(CopyFirst { shared, store }))
     }
 
     /// Runs `read` on the copy when it is current; `None` otherwise.

@@ -398,6 +398,12 @@ impl Node {
         self.mirror.reads(self.store.clone())
     }
 
+    /// The store with reads of what the node's copy keeps answered by a copy read now
+    /// (`Mirror::read_now`): current, in one request a prefix, for reads over every job.
+    pub async fn read_now(&self) -> Result<Arc<dyn Store>> {
+        self.mirror.read_now(self.store.clone()).await
+    }
+
     /// Takes a task that ended off this node's list.
     pub(super) fn forget(&self, task: &str) {
         lock(&self.running).remove(task);

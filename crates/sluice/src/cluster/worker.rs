@@ -112,17 +112,30 @@ impl Node {
                     return Err(error);
                 }
             };
+            let guard = Guard { key, create_revision: epoch };
+            // The view may be older than the task's last run, which then ended and gave the task
+            // up before this claim: its status, read now, says whether it already ended.
+            let status = match load::<TaskStatus>(&*self.store, &status_key(name, &task.id)).await {
+                Ok(current) => current.map(|(status, _)| status).filter(|status| status.generation == job.generation),
+                Err(error) => {
+                    let _ = self.store.delete_guarded(&guard).await;
+                    return Err(error);
+                }
+            };
+            if status.as_ref().is_some_and(|status| matches!(status.state, TaskState::Succeeded | TaskState::Failed)) {
+                self.store.delete_guarded(&guard).await?;
+                continue;
+            }
             log::info!("node {}: claimed task {name}/{} with epoch {epoch}", self.config.id, task.id);
             let (stop, stopped) = watch::channel(false);
             // The job's resync request as it is now; `stop_what_moved` hands on a new one.
             let (resync, resyncs) = watch::channel(job.resync.clone());
-            let guard = Guard { key, create_revision: epoch };
             lock(&self.running).insert(
                 format!("{name}/{}", task.id),
                 Running { stop, resync, generation: job.generation, guard: guard.clone() },
             );
             let (node, job, plan, task) = (self.clone(), job.clone(), plan.clone(), task.clone());
-            let previous = status.cloned();
+            let previous = status;
             let signals = TaskSignals { stop: stopped, resync: resyncs };
             tokio::spawn(async move { node.run_task(job, plan, task, guard, signals, previous).await });
             return Ok(true);
