@@ -313,21 +313,21 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
     let job = workspace.write(
         "job.yaml",
         &format!(
-            "name: {name}\nmode: cdc\nsource:\n  type: postgres\n  url: \"${{SOURCE}}?options=-c%20logical_decoding_work_mem%3D64kB\"\n  tables: [\"{schema}.*\"]\n\
+            "name: {name}\nmode: cdc\nsource:\n  type: postgres\n  url: \"${{SOURCE}}?options=-c%20logical_decoding_work_mem%3D4MB\"\n  tables: [\"{schema}.*\"]\n\
              target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\nlimits: {{batch_rows: 2000}}\n"
         ),
     );
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
     const ROWS: u32 = 1_000_000;
-    // The job's replication session streams a transaction once it holds 64 kB of changes
-    // (`logical_decoding_work_mem`, from the URL's options), so every part of these is sent
-    // before it ends: the second transaction also rolls back a subtransaction whose rows were
-    // streamed already.
+    // The job's replication session streams a transaction once it holds 4 MB of changes
+    // (`logical_decoding_work_mem`, from the URL's options), so these are sent before they end:
+    // the second transaction also rolls back a subtransaction of 100,000 rows (about 15 MB of
+    // changes to the server), streamed before its rollback.
     source.sql(&format!(
         "BEGIN; INSERT INTO {schema}.t SELECT g, 'rolled back ' || g FROM generate_series(1, {ROWS}) g; ROLLBACK;
          BEGIN; INSERT INTO {schema}.t SELECT g, 'kept ' || g FROM generate_series(1, {ROWS}) g; UPDATE {schema}.t SET v = v || '!' WHERE id % 2 = 0;
-         SAVEPOINT s; INSERT INTO {schema}.t SELECT g, 'in a rolled back savepoint' FROM generate_series({ROWS} + 1, {ROWS} + 1000) g;
+         SAVEPOINT s; INSERT INTO {schema}.t SELECT g, 'in a rolled back savepoint' FROM generate_series({ROWS} + 1, {ROWS} + 100000) g;
          UPDATE {schema}.t SET v = 'undone' WHERE id <= 10; ROLLBACK TO s; COMMIT;"
     ));
     wait_converged(&name, &source, &mut run);
