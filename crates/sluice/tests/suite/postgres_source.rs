@@ -6,8 +6,9 @@ use crate::support;
 
 use std::time::Duration;
 
+use support::postgres_server::PostgresServer;
 use support::postgres_source::{
-    create_tables_sql, load, stream_lsn, stream_lsn_in, target_sql, SourceDatabase, ACCOUNTS,
+    create_tables_sql, load, stored_stream_lsn, stream_lsn, stream_lsn_in, target_sql, SourceDatabase, ACCOUNTS,
 };
 use support::workload::{assert_same, Random};
 use support::{canary, kill, mariadb, mysql_url, postgres_url, psql, wait_for, Guard, Run, Workspace};
@@ -67,11 +68,17 @@ fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: imp
 
 /// Waits until the job's stream has stored a position at or past the source's WAL position now.
 fn wait_converged(job: &str, source: &SourceDatabase, run: &mut Guard) {
+    wait_converged_in(&psql, job, source, run);
+}
+
+/// Waits until the job's stream has stored, in the target `target` runs SQL on, a position at or
+/// past the source's WAL position now.
+fn wait_converged_in(target: &dyn Fn(&str) -> String, job: &str, source: &SourceDatabase, run: &mut Guard) {
     let now = source.wal_position();
     // Generous: under the whole suite's load a stream of millions of changes (the large
     // transaction's) takes minutes, not the seconds it takes alone.
     wait_running("the stream to reach the source", Duration::from_secs(240), run, || {
-        stream_lsn(job).is_some_and(|at| at >= now)
+        stored_stream_lsn(target, job).is_some_and(|at| at >= now)
     });
 }
 
@@ -307,7 +314,11 @@ fn a_dropped_slot_stops_the_job_naming_it_and_reset_drops_the_jobs_own() {
 
 #[test]
 fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
-    let source = SourceDatabase::create("pglarge");
+    // A server of its own: while these transactions are open no other test could create a
+    // replication slot on the shared server (a logical slot waits for every transaction running
+    // when it is created), and their million-row applies would load its target beside them.
+    let server = PostgresServer::start();
+    let source = SourceDatabase::create_on(server.url(), "pglarge");
     let schema = source.name.clone();
     source.sql(&format!("CREATE SCHEMA {schema}; CREATE TABLE {schema}.t (id int PRIMARY KEY, v text)"));
     let workspace = Workspace::new();
@@ -319,8 +330,9 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
              target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\nlimits: {{batch_rows: 2000}}\n"
         ),
     );
-    let mut run = start(&workspace, &job, &source, &postgres_url());
-    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    let target = |sql: &str| server.sql(sql);
+    let mut run = start(&workspace, &job, &source, server.url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stored_stream_lsn(&target, &name).is_some());
     const ROWS: u32 = 1_000_000;
     // The job's replication session streams a transaction once it holds 4 MB of changes
     // (`logical_decoding_work_mem`, from the URL's options), so these are sent before they end:
@@ -332,9 +344,9 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
          SAVEPOINT s; INSERT INTO {schema}.t SELECT g, 'in a rolled back savepoint' FROM generate_series({ROWS} + 1, {ROWS} + 100000) g;
          UPDATE {schema}.t SET v = 'undone' WHERE id <= 10; ROLLBACK TO s; COMMIT;"
     ));
-    wait_converged(&name, &source, &mut run);
+    wait_converged_in(&target, &name, &source, &mut run);
     assert_eq!(
-        psql(&format!("SELECT count(*), count(*) FILTER (WHERE v LIKE 'kept %'), count(*) FILTER (WHERE v LIKE '%!') FROM {schema}.t")),
+        server.sql(&format!("SELECT count(*), count(*) FILTER (WHERE v LIKE 'kept %'), count(*) FILTER (WHERE v LIKE '%!') FROM {schema}.t")),
         format!("{ROWS}|{ROWS}|{}\n", ROWS / 2)
     );
     // The server streamed both transactions before they ended (protocol 2): what the stream
@@ -347,7 +359,14 @@ fn a_large_transaction_rolled_back_leaves_nothing_and_committed_lands_once() {
     // Stopped, the job's slot still holds WAL: `check` says so.
     drop(run);
     source.wait_slots_released();
-    let check = check(&workspace, &job, &source);
+    let check = Run::from(
+        workspace
+            .command(&["check", job.to_str().unwrap()])
+            .env("SOURCE", source.url())
+            .env("TARGET", server.url())
+            .output()
+            .unwrap(),
+    );
     check.assert_code(0);
     assert!(check.all().contains("is not being read and holds"), "{}", check.all());
 }

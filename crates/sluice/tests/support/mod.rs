@@ -9,6 +9,7 @@ pub mod kafka;
 pub mod lake;
 pub mod mariadb_server;
 pub mod nats;
+pub mod postgres_server;
 pub mod postgres_source;
 pub mod stream_job;
 pub mod webhook;
@@ -456,10 +457,13 @@ pub fn mariadb_bytes(sql: &str) -> Vec<u8> {
 
 /// Runs SQL on the test PostgreSQL; returns the rows, `|`-separated.
 pub fn psql(sql: &str) -> String {
-    let output = Command::new("psql")
-        .args([postgres_url().as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .output()
-        .expect("run psql");
+    psql_at(&postgres_url(), sql)
+}
+
+/// Runs SQL in the database at `url`; the rows, `|`-separated.
+pub fn psql_at(url: &str, sql: &str) -> String {
+    let output =
+        Command::new("psql").args([url, "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql]).output().expect("run psql");
     assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }

@@ -4,35 +4,37 @@
 use std::process::Command;
 
 use super::workload::{Client, Load, Random};
-use super::{postgres_url, psql, unique_name};
+use super::{postgres_url, psql, psql_at, unique_name};
 
 /// A database created for one test; its replication slots are dropped with it.
 pub struct SourceDatabase {
     pub name: String,
+    /// The URL of the server's `sluice` database, through which it was created.
+    server: String,
 }
 
 impl SourceDatabase {
+    /// A database on the shared test server.
     pub fn create(prefix: &str) -> SourceDatabase {
+        SourceDatabase::create_on(&postgres_url(), prefix)
+    }
+
+    /// A database on the server whose `sluice` database is at `server`.
+    pub fn create_on(server: &str, prefix: &str) -> SourceDatabase {
         let name = unique_name(prefix);
-        psql(&format!("CREATE DATABASE {name}"));
-        SourceDatabase { name }
+        psql_at(server, &format!("CREATE DATABASE {name}"));
+        SourceDatabase { name, server: server.to_owned() }
     }
 
     /// The database's URL, with the test server's user and password.
     pub fn url(&self) -> String {
-        let server = postgres_url();
-        let (base, _) = server.rsplit_once('/').expect("the test URL names a database");
+        let (base, _) = self.server.rsplit_once('/').expect("the test URL names a database");
         format!("{base}/{}", self.name)
     }
 
     /// Runs SQL in the database; the rows, `|`-separated.
     pub fn sql(&self, sql: &str) -> String {
-        let output = Command::new("psql")
-            .args([self.url().as_str(), "-X", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .output()
-            .expect("run psql");
-        assert!(output.status.success(), "psql: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        psql_at(&self.url(), sql)
     }
 
     /// The server's WAL write position now, as a number.
@@ -52,7 +54,7 @@ impl SourceDatabase {
     /// The slots of this database.
     pub fn slots(&self) -> Vec<String> {
         let sql = format!("SELECT slot_name FROM pg_replication_slots WHERE database = '{}'", self.name);
-        psql(&sql).lines().map(str::to_owned).collect()
+        psql_at(&self.server, &sql).lines().map(str::to_owned).collect()
     }
 }
 
@@ -63,7 +65,7 @@ impl Drop for SourceDatabase {
              SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{0}' AND NOT active",
             self.name
         );
-        let _ = Command::new("psql").args([postgres_url().as_str(), "-X", "-q", "-c", &sql]).output();
+        let _ = Command::new("psql").args([self.server.as_str(), "-X", "-q", "-c", &sql]).output();
     }
 }
 
@@ -89,13 +91,17 @@ pub fn target_sql(target: &str, sql: &str) -> String {
 /// The WAL position a job's stream has stored in the checkpoints of a `postgres` or `mysql`
 /// target.
 pub fn stream_lsn_in(target: &str, job: &str) -> Option<u64> {
+    stored_stream_lsn(&|sql| target_sql(target, sql), job)
+}
+
+/// The WAL position a job's stream has stored in the checkpoints of the target `sql` runs on.
+pub fn stored_stream_lsn(sql: &dyn Fn(&str) -> String, job: &str) -> Option<u64> {
     let exists =
         "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'sluice' AND table_name = 'checkpoints'";
-    if target_sql(target, exists).trim() == "0" {
+    if sql(exists).trim() == "0" {
         return None;
     }
-    let text =
-        target_sql(target, &format!("SELECT position FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"));
+    let text = sql(&format!("SELECT position FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"));
     let position: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
     lsn(position["at"]["lsn"].as_str()?)
 }
