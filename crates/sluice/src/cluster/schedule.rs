@@ -6,6 +6,7 @@
 //! leader plan the job afresh (`leader.rs`): the target's tables of the job are emptied and
 //! their checkpoints forgotten, then every task copies again.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use sluice_core::spec::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};
@@ -109,12 +110,17 @@ pub fn decide(
 
 /// Decides a tick for a job that runs `after` others: its batch N + 1 fires once batch N + 1 of
 /// each of them ended, by the policy of each that did not succeed. `dependencies` are their
-/// batches, `None` for a job not (yet) on the server or that never fired.
+/// batches, `None` for a job not (yet) on the server or that never fired. `busy.upstream`
+/// names one of them running a batch now: a rerun or a batch asked for waits until it ends, so
+/// it never reads what that batch is rewriting (a regular batch N + 1 waits for theirs anyway).
+/// `busy.downstream` names a job of its unit after it that has not ended the current batch or
+/// runs one now (a rerun): no batch fires until it ends, so none rewrites what that job reads.
 pub fn decide_after(
     after: &[Dependency],
     batches: Option<&Batches>,
     state: BatchState,
     dependencies: &[Option<&Batches>],
+    busy: Busy,
     now: i64,
 ) -> Decision {
     let Some(batches) = batches else {
@@ -124,7 +130,8 @@ pub fn decide_after(
     };
     let mut next = batches.clone();
     let changed = record_outcome(&mut next, state);
-    if state == BatchState::Running {
+    let asked = next.rerun.is_some() || next.queued;
+    if state == BatchState::Running || busy.downstream.is_some() || (busy.upstream.is_some() && asked) {
         return if changed { Decision::Record(next) } else { Decision::Wait };
     }
     if next.rerun.is_some() {
@@ -164,6 +171,15 @@ pub fn decide_after(
         return Decision::Record(next);
     }
     Decision::Fire(fire(next, now))
+}
+
+/// The jobs of a unit around one that keep it from firing a batch now (`decide_after`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Busy<'a> {
+    /// A job it runs after, running a batch.
+    pub upstream: Option<&'a str>,
+    /// A job that runs after it (directly or not), busy with the current batch.
+    pub downstream: Option<&'a str>,
 }
 
 /// Records the outcome of the batch that ended, once; whether it did.
@@ -255,7 +271,7 @@ fn summarize(view: &View, job: &JobRecord, batches: &mut Batches) {
 /// A running job of `root`'s unit (one that runs after it, directly or through others) that
 /// has not ended batch `batch` yet, or runs a batch now (a rerun of earlier batches reads what
 /// `root`'s next batch would empty), if any.
-fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str> {
+fn busy_downstream<'a>(view: &'a View, fired: &BTreeSet<String>, root: &str, batch: u64) -> Option<&'a str> {
     if batch == 0 {
         return None;
     }
@@ -273,12 +289,18 @@ fn busy_downstream<'a>(view: &'a View, root: &str, batch: u64) -> Option<&'a str
                 continue;
             }
             let theirs = job.batches.as_ref().map_or(0, |batches| batches.batch);
-            if theirs < batch || batch_state(view, job) == BatchState::Running {
+            if theirs < batch || runs_a_batch(view, fired, name, job) {
                 return Some(name);
             }
         }
     }
     None
+}
+
+/// Whether the job runs a batch now, or fired one in this pass over the schedules (`fired`),
+/// which the view, read before it, does not show yet.
+fn runs_a_batch(view: &View, fired: &BTreeSet<String>, name: &str, job: &JobRecord) -> bool {
+    fired.contains(name) || batch_state(view, job) == BatchState::Running
 }
 
 impl Node {
@@ -288,7 +310,7 @@ impl Node {
     /// that began).
     pub(super) async fn fire_schedules(self: &Arc<Self>, copy: &View) {
         let now = sluice_core::clock::unix_seconds() as i64;
-        if !copy.jobs().any(|(name, job)| scheduled(copy, name, job, now).is_some()) {
+        if !copy.jobs().any(|(name, job)| scheduled(copy, &BTreeSet::new(), name, job, now).is_some()) {
             return;
         }
         let view = match self.stored_view().await {
@@ -298,13 +320,15 @@ impl Node {
                 return;
             }
         };
+        let mut fired = BTreeSet::new();
         for (name, job) in view.jobs() {
-            let Some(updated) = scheduled(&view, name, job, now) else { continue };
+            let Some(updated) = scheduled(&view, &fired, name, job, now) else { continue };
             match self.store.replace(&job_key(name), &encode(&updated), job.revision).await {
                 Ok(true) => {
                     let batches = updated.batches.as_ref().expect("set above");
                     let before = job.batches.as_ref().and_then(|old| old.history.last());
                     if updated.generation != job.generation {
+                        fired.insert(name.to_owned());
                         let trigger = job
                             .schedule
                             .as_ref()
@@ -324,7 +348,7 @@ impl Node {
 
 /// The job's record with what its schedule (or its dependencies) decide now, when they decide
 /// anything: a batch fired, recorded, skipped, or the job stopped.
-fn scheduled(view: &View, name: &str, job: &JobRecord, now: i64) -> Option<JobRecord> {
+fn scheduled(view: &View, fired: &BTreeSet<String>, name: &str, job: &JobRecord, now: i64) -> Option<JobRecord> {
     if job.desired != Desired::Running || !job.batched() {
         return None;
     }
@@ -332,15 +356,24 @@ fn scheduled(view: &View, name: &str, job: &JobRecord, now: i64) -> Option<JobRe
     let mut decision = match &job.schedule {
         Some(schedule) => {
             let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
-            decide(schedule, job.batches.as_ref(), state, busy_downstream(view, name, current), now)
+            decide(schedule, job.batches.as_ref(), state, busy_downstream(view, fired, name, current), now)
         }
         None => {
+            let current = job.batches.as_ref().map_or(0, |batches| batches.batch);
             let dependencies: Vec<Option<&Batches>> = job
                 .after
                 .iter()
                 .map(|dependency| view.job(&dependency.job).and_then(|other| other.batches.as_ref()))
                 .collect();
-            decide_after(&job.after, job.batches.as_ref(), state, &dependencies, now)
+            let busy = Busy {
+                upstream: job.after.iter().map(|dependency| dependency.job.as_str()).find(|upstream| {
+                    view.job(upstream).is_some_and(|other| {
+                        other.desired == Desired::Running && runs_a_batch(view, fired, upstream, other)
+                    })
+                }),
+                downstream: busy_downstream(view, fired, name, current),
+            };
+            decide_after(&job.after, job.batches.as_ref(), state, &dependencies, busy, now)
         }
     };
     if let Decision::Record(batches) | Decision::Fire(batches) | Decision::Stop(batches) = &mut decision {
@@ -432,14 +465,53 @@ mod tests {
     fn a_dependant_batch_waits_for_the_same_batch_of_every_job_it_runs_after() {
         let after = [dependency("a", OnFailure::Skip), dependency("b", OnFailure::Skip)];
         let (a1, b0) = (ended(1, "succeeded"), Batches::default());
-        let mine = recorded(decide_after(&after, None, BatchState::None, &[Some(&a1), Some(&b0)], 5));
+        let mine = recorded(decide_after(&after, None, BatchState::None, &[Some(&a1), Some(&b0)], Busy::default(), 5));
         assert_eq!(mine.batch, 0);
-        assert_eq!(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b0)], 6), Decision::Wait);
-        assert_eq!(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), None], 6), Decision::Wait);
+        assert_eq!(
+            decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b0)], Busy::default(), 6),
+            Decision::Wait
+        );
+        assert_eq!(
+            decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), None], Busy::default(), 6),
+            Decision::Wait
+        );
         let b1 = ended(1, "succeeded");
-        let one = fired(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b1)], 7));
+        let one =
+            fired(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a1), Some(&b1)], Busy::default(), 7));
         assert_eq!(one.batch, 1);
-        assert_eq!(decide_after(&after, Some(&one), BatchState::Running, &[Some(&a1), Some(&b1)], 8), Decision::Wait);
+        assert_eq!(
+            decide_after(&after, Some(&one), BatchState::Running, &[Some(&a1), Some(&b1)], Busy::default(), 8),
+            Decision::Wait
+        );
+    }
+
+    #[test]
+    fn a_rerun_or_an_asked_batch_waits_while_a_job_it_runs_after_runs_a_batch() {
+        let after = [dependency("a", OnFailure::Skip)];
+        let a1 = ended(1, "succeeded");
+        let mine = ended(1, "succeeded");
+        for asked in [
+            Batches { rerun: Some(BatchRange { from: 1, to: 1 }), ..mine.clone() },
+            Batches { queued: true, ..mine.clone() },
+        ] {
+            // `a` started batch 2 and is rewriting what this job reads: wait until it ends.
+            let busy = Busy { upstream: Some("a"), downstream: None };
+            let waiting = decide_after(&after, Some(&asked), BatchState::None, &[Some(&a1)], busy, 9);
+            assert_eq!(waiting, Decision::Wait, "{asked:?}");
+            let run = fired(decide_after(&after, Some(&asked), BatchState::None, &[Some(&a1)], Busy::default(), 10));
+            assert_eq!(run.batch, 2, "{asked:?}");
+        }
+    }
+
+    #[test]
+    fn no_batch_fires_while_a_job_after_it_reads_what_it_would_rewrite() {
+        // `b` runs after `a`; `c` after `b`, and runs a batch now (a rerun of earlier ones).
+        let after = [dependency("a", OnFailure::Skip)];
+        let (a2, mine) = (ended(2, "succeeded"), ended(1, "succeeded"));
+        let busy = Busy { upstream: None, downstream: Some("c") };
+        assert_eq!(decide_after(&after, Some(&mine), BatchState::None, &[Some(&a2)], busy, 9), Decision::Wait);
+        let free = decide_after(&after, Some(&mine), BatchState::None, &[Some(&a2)], Busy::default(), 9);
+        assert_eq!(fired(free).batch, 2);
     }
 
     #[test]
@@ -451,6 +523,7 @@ mod tests {
             Some(&none),
             BatchState::None,
             &[Some(&failed)],
+            Busy::default(),
             9,
         ));
         assert_eq!(skip.batch, 1);
@@ -464,10 +537,18 @@ mod tests {
             Some(&none),
             BatchState::None,
             &[Some(&skip)],
+            Busy::default(),
             9,
         ));
         assert!(after_skip.history[0].outcome.as_deref().unwrap().starts_with("skipped: job b batch 1 ended skipped"));
-        match decide_after(&[dependency("a", OnFailure::Stop)], Some(&none), BatchState::None, &[Some(&failed)], 9) {
+        match decide_after(
+            &[dependency("a", OnFailure::Stop)],
+            Some(&none),
+            BatchState::None,
+            &[Some(&failed)],
+            Busy::default(),
+            9,
+        ) {
             Decision::Stop(batches) => assert!(batches.history[0].outcome.as_deref().unwrap().starts_with("stopped:")),
             other => panic!("expected a stop, got {other:?}"),
         }
@@ -476,6 +557,7 @@ mod tests {
             Some(&none),
             BatchState::None,
             &[Some(&failed)],
+            Busy::default(),
             9,
         ));
         assert_eq!(run.batch, 1);
