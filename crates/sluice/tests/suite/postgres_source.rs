@@ -482,6 +482,65 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     assert_eq!(psql(&format!("SELECT id, v FROM {schema}.later ORDER BY id")), "1|w\n2|d\n");
 }
 
+/// A partitioned table is one table to the job: copied through its root, its partitions'
+/// changes streamed under its name (the job's publication publishes it through its root), and
+/// created in the target as one table; a user's publication that publishes it through its
+/// partitions is refused with the fix.
+#[test]
+fn a_partitioned_table_copies_and_streams_as_one_table_through_its_root() {
+    let source = SourceDatabase::create("pgparts");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE m (id int, region text, v text, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE m_east PARTITION OF m FOR VALUES IN ('east');
+         CREATE TABLE m_west PARTITION OF m FOR VALUES IN ('west') PARTITION BY RANGE (id);
+         CREATE TABLE m_west_low PARTITION OF m_west FOR VALUES FROM (MINVALUE) TO (1000);
+         CREATE TABLE m_west_high PARTITION OF m_west FOR VALUES FROM (1000) TO (MAXVALUE);
+         CREATE TABLE m_other PARTITION OF m DEFAULT;
+         INSERT INTO m SELECT g, (ARRAY['east', 'west', 'north'])[g % 3 + 1], 'v' || g FROM generate_series(1, 3000) g;
+         CREATE PUBLICATION {schema}_by_partitions FOR TABLE m;"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+
+    // The user's publication sends the partitions' changes under their own names.
+    let theirs = workspace.write(
+        "theirs.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n  \
+             publication: {schema}_by_partitions\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
+        ),
+    );
+    let refused = check(&workspace, &theirs, &source);
+    assert_ne!(refused.code, 0, "{}", refused.all());
+    let fix = format!("ALTER PUBLICATION \"{schema}_by_partitions\" SET (publish_via_partition_root = true)");
+    assert!(refused.all().contains(&fix) && refused.all().contains(&format!("{schema}.m")), "{}", refused.all());
+
+    let job = job_file(&workspace, &name, &schema, "postgres", "");
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    source.sql(&format!(
+        "SET search_path = {schema};
+         INSERT INTO m VALUES (5000, 'east', 'new'), (5001, 'west', 'new'), (5002, 'south', 'new');
+         INSERT INTO m_west_low VALUES (-1, 'west', 'straight into a partition');
+         UPDATE m SET v = v || '!' WHERE id % 10 = 0;
+         UPDATE m SET region = 'west' WHERE id IN (3, 6, 9) AND region = 'east';
+         UPDATE m SET id = id + 2000 WHERE id IN (1, 4) AND region = 'west';
+         DELETE FROM m WHERE id % 7 = 0;"
+    ));
+    wait_converged(&name, &source, &mut run);
+    let rows = |sql: &dyn Fn(&str) -> String| sql(&format!("SELECT id, region, v FROM {schema}.m ORDER BY id, region"));
+    let expected = rows(&|sql: &str| source.sql(sql));
+    assert!(expected.lines().count() > 2500, "{expected}");
+    assert_eq!(rows(&psql), expected, "the target's table equals the partitioned one");
+    // One table in the target: no partition of the source became a table of its own.
+    assert_eq!(
+        psql(&format!("SELECT string_agg(table_name, ',' ORDER BY table_name) FROM information_schema.tables WHERE table_schema = '{schema}'")),
+        "m\n"
+    );
+}
+
 #[test]
 fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
     let source = SourceDatabase::create("pgcursor");

@@ -108,9 +108,12 @@ FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
 WHERE i.indrelid = $1::text::regclass AND i.indisvalid
 ORDER BY i.indisprimary DESC, ic.relname";
 
+/// A partitioned table's rows are its partitions' (`pg_partition_tree`: the table itself and
+/// every partition under it; only the leaves hold rows).
 const TABLE_SQL: &str = "\
 SELECT c.relreplident::text,
-       CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE pg_total_relation_size(c.oid) / 100 END::float8,
+       (SELECT coalesce(sum(CASE WHEN l.reltuples >= 0 THEN l.reltuples ELSE pg_total_relation_size(l.oid) / 100 END), 0)
+        FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf)::float8,
        obj_description(c.oid, 'pg_class')
 FROM pg_class c WHERE c.oid = $1::text::regclass";
 

@@ -113,15 +113,12 @@ impl Replication {
         });
         if !self.own_publication {
             let names: Vec<TableName> = tables.iter().map(|table| table.schema.name.clone()).collect();
-            let missing = self.unpublished(client, server, &names).await?;
+            let via_root = self.via_root(client, server).await?;
+            let problem = self.publication_problem(client, server, &names, via_root).await?;
             items.push(CheckItem {
                 what: "source publication".into(),
-                ok: missing.is_empty(),
-                detail: if missing.is_empty() {
-                    format!("publication {} covers the tables", self.publication)
-                } else {
-                    self.missing_detail(&missing)
-                },
+                ok: problem.is_none(),
+                detail: problem.unwrap_or_else(|| format!("publication {} covers the tables", self.publication)),
             });
         }
         Ok(items)
@@ -169,6 +166,42 @@ impl Replication {
         Ok(CheckItem { what: "source replication slot".into(), ok: true, detail })
     }
 
+    /// Whether the publication publishes a partitioned table's changes under the table's own
+    /// name (`pubviaroot`) rather than its partitions'; `None` when it does not exist.
+    async fn via_root(&self, client: &Client, server: &str) -> Result<Option<bool>> {
+        Ok(client
+            .query_opt("SELECT pubviaroot FROM pg_publication WHERE pubname = $1", &[&self.publication])
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, server, "read the publications"))?
+            .map(|row| row.get(0)))
+    }
+
+    /// What keeps the user's publication (`via_root` as `via_root` read it) from carrying
+    /// `tables`' changes as the job reads them, with the statement that fixes it; `None` when
+    /// nothing does.
+    async fn publication_problem(
+        &self,
+        client: &Client,
+        server: &str,
+        tables: &[TableName],
+        via_root: Option<bool>,
+    ) -> Result<Option<String>> {
+        if via_root == Some(false) {
+            let partitioned = partitioned(client, server, tables).await?;
+            if !partitioned.is_empty() {
+                return Ok(Some(format!(
+                    "publication {} publishes the partitioned table(s) {} through their partitions, whose changes the job does not take for the table's; ALTER PUBLICATION {} SET (publish_via_partition_root = true)",
+                    self.publication,
+                    partitioned.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                    quote(&self.publication)
+                )));
+            }
+        }
+        let missing =
+            if via_root.is_some() { self.unpublished(client, server, tables).await? } else { tables.to_vec() };
+        Ok((!missing.is_empty()).then(|| self.missing_detail(&missing)))
+    }
+
     fn missing_detail(&self, missing: &[TableName]) -> String {
         let list: Vec<String> = missing.iter().map(qualified).collect();
         format!(
@@ -181,6 +214,7 @@ impl Replication {
     }
 
     /// The tables of `tables` the publication does not publish (all when it does not exist).
+    /// A partitioned table is listed under its own name when published through its root.
     async fn unpublished(&self, client: &Client, server: &str, tables: &[TableName]) -> Result<Vec<TableName>> {
         let rows = client
             .query(
@@ -208,22 +242,26 @@ impl Replication {
         tables: &[TableName],
         schemas: Option<Vec<&str>>,
     ) -> Result<()> {
-        let exists = client
-            .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&self.publication])
-            .await
-            .map_err(|error| postgres_error(error, Side::Source, server, "read the publications"))?
-            .is_some();
-        let missing = if exists { self.unpublished(client, server, tables).await? } else { tables.to_vec() };
+        let via_root = self.via_root(client, server).await?;
         if !self.own_publication {
-            return match missing.is_empty() {
-                true => Ok(()),
-                false => Err(Error::new(ErrorKind::Config, self.missing_detail(&missing)).on(Side::Source)),
+            return match self.publication_problem(client, server, tables, via_root).await? {
+                None => Ok(()),
+                Some(problem) => Err(Error::new(ErrorKind::Config, problem).on(Side::Source)),
             };
         }
+        let exists = via_root.is_some();
         let publication = quote(&self.publication);
+        if via_root == Some(false) {
+            // Made by an earlier version: partitions' changes would come under their names.
+            let sql = format!("ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)");
+            client.batch_execute(&sql).await.map_err(|failure| {
+                postgres_error(failure, Side::Source, server, "publish partitioned tables through their root")
+            })?;
+        }
+        let missing = if exists { self.unpublished(client, server, tables).await? } else { tables.to_vec() };
         if let (false, Some(schemas)) = (exists, schemas) {
             let list: Vec<String> = schemas.iter().map(|schema| quote(schema)).collect();
-            let sql = format!("CREATE PUBLICATION {publication} FOR TABLES IN SCHEMA {}", list.join(", "));
+            let sql = format!("CREATE PUBLICATION {publication} FOR TABLES IN SCHEMA {} {VIA_ROOT}", list.join(", "));
             match client.batch_execute(&sql).await {
                 Ok(()) => return Ok(()),
                 // An older server, or a user who is no superuser: the tables one by one.
@@ -236,8 +274,8 @@ impl Replication {
         }
         let list: Vec<String> = missing.iter().map(qualified).collect();
         let sql = match (exists, list.is_empty()) {
-            (false, true) => format!("CREATE PUBLICATION {publication}"),
-            (false, false) => format!("CREATE PUBLICATION {publication} FOR TABLE {}", list.join(", ")),
+            (false, true) => format!("CREATE PUBLICATION {publication} {VIA_ROOT}"),
+            (false, false) => format!("CREATE PUBLICATION {publication} FOR TABLE {} {VIA_ROOT}", list.join(", ")),
             (true, true) => return Ok(()),
             (true, false) => format!("ALTER PUBLICATION {publication} ADD TABLE {}", list.join(", ")),
         };
@@ -405,6 +443,29 @@ fn default_name(job: &str) -> String {
     let mut name = format!("sluice_{cleaned}");
     name.truncate(63);
     name
+}
+
+/// How the job's own publications publish a partitioned table: its partitions' changes under
+/// its name, as the job reads it (PostgreSQL 13 and later).
+const VIA_ROOT: &str = "WITH (publish_via_partition_root = true)";
+
+/// The partitioned tables among `tables`.
+async fn partitioned(client: &Client, server: &str, tables: &[TableName]) -> Result<Vec<TableName>> {
+    let names: Vec<String> = tables.iter().map(qualified).collect();
+    let rows = client
+        .query(
+            "SELECT name FROM unnest($1::text[]) AS name WHERE (SELECT relkind FROM pg_class WHERE oid = name::regclass) = 'p'",
+            &[&names],
+        )
+        .await
+        .map_err(|error| postgres_error(error, Side::Source, server, "find the partitioned tables"))?;
+    let partitioned: Vec<&str> = rows.iter().map(|row| row.get(0)).collect();
+    Ok(tables
+        .iter()
+        .zip(&names)
+        .filter(|(_, name)| partitioned.contains(&name.as_str()))
+        .map(|(table, _)| table.clone())
+        .collect())
 }
 
 #[cfg(test)]
