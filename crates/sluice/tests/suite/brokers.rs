@@ -10,8 +10,9 @@
 //! other threads take the rest of the suite.
 //!
 //! A Kafka scenario that fails on the test broker's own stall (its message says
-//! `streams::STALLED`; the broker's restarts do not always end it) runs once more on a fresh
-//! broker, and fails the test if it fails again; any other failure fails it at once.
+//! `streams::STALLED`; the broker's restarts do not always end it) runs again on a fresh broker,
+//! up to three attempts in all, and fails the test if the last fails too; any other failure
+//! fails it at once.
 //!
 //! `SLUICE_BROKER_SCENARIO=TEXT` runs only the scenarios whose name contains TEXT.
 
@@ -78,11 +79,14 @@ fn broker_scenarios_run_one_after_another() {
                 payload.downcast_ref::<String>().map(String::as_str).or(payload.downcast_ref::<&str>().copied());
             message.is_some_and(|message| message.contains(streams::STALLED))
         };
-        if outcome.as_ref().is_err_and(stalled) && name.contains("kafka") {
+        let mut attempts = 1;
+        while attempts < 3 && outcome.as_ref().is_err_and(stalled) && name.contains("kafka") {
             // The Kafka test broker (tansu 0.6) at times stops making committed transactions
-            // readable for good, restarts included (see above).
-            eprintln!("broker scenario {name}: FAILED on the test broker's stall; it runs once more on a fresh broker");
+            // readable for good, restarts included (see above); under the whole suite's load it
+            // did so twice in a row in one run.
+            eprintln!("broker scenario {name}: FAILED on the test broker's stall; it runs again on a fresh broker");
             outcome = std::panic::catch_unwind(scenario);
+            attempts += 1;
         }
         eprintln!(
             "broker scenario {name}: {} in {:.0?}",

@@ -112,7 +112,8 @@ fn lanes_commit_in_the_sources_order(target: &'static str) {
         progress = committed(target, &name);
     }
     let child = workspace.start_run(&file, &mysql_url(), &target_url, &[]);
-    wait_for("samples of the streamed tables", Duration::from_secs(60), || {
+    // Each sample is a client process: under the whole suite's load one can take half a second.
+    wait_for("samples of the streamed tables", Duration::from_secs(180), || {
         alive();
         seen.load(Ordering::Relaxed) >= 200
     });
