@@ -299,8 +299,10 @@ fn windows_of(plan: &sluice_core::state::Plan) -> std::collections::BTreeMap<Str
         .collect()
 }
 
-/// The windows that read batches `range.from` to `range.to` again: from the first one's start to
-/// the last one's end, per table both name, marked as a rerun so the next batch starts at `marks`.
+/// The windows that read batches `range.from` to `range.to` again: for each table the last one
+/// read, from the start of the first of them that read it (a table created in the source since
+/// batch `from` joined later) to the last one's end, marked as a rerun so the next batch starts
+/// at `marks`.
 fn rerun_windows(
     job: &JobRecord,
     range: BatchRange,
@@ -310,7 +312,7 @@ fn rerun_windows(
     let history = job.batches.as_ref().map(|batches| batches.history.as_slice()).unwrap_or_default();
     let windows_of =
         |number: u64| history.iter().find(|record| record.batch == Some(number)).map(|record| &record.windows);
-    let (Some(first), Some(last)) = (windows_of(range.from), windows_of(range.to)) else {
+    let (Some(_), Some(last)) = (windows_of(range.from), windows_of(range.to)) else {
         log::warn!(
             "job {}: batches {} to {} are no longer in the history; this batch reads from the marks",
             job.name,
@@ -319,10 +321,9 @@ fn rerun_windows(
         );
         return Default::default();
     };
-    first
-        .iter()
-        .filter_map(|(table, start)| {
-            let end = last.get(table)?;
+    last.iter()
+        .filter_map(|(table, end)| {
+            let start = (range.from..=range.to).find_map(|number| windows_of(number)?.get(table))?;
             let name = TableName::parse(table);
             let window = sluice_core::cursor::CursorWindow {
                 column: column.to_owned(),
@@ -362,4 +363,47 @@ fn to_plan(view: &View) -> impl Iterator<Item = (&str, &JobRecord, bool)> + '_ {
 
 fn batch_of(job: &JobRecord) -> u64 {
     job.batches.as_ref().map_or(0, |batches| batches.batch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rerun_reads_each_table_from_the_first_batch_that_read_it_to_the_last() {
+        let bounds = |after: Option<i64>, through: i64| WindowBounds {
+            after: after.map(serde_json::Value::from),
+            through: Some(through.into()),
+        };
+        let record = |batch: u64, windows: &[(&str, WindowBounds)]| BatchRecord {
+            batch: Some(batch),
+            windows: windows.iter().map(|(table, bounds)| ((*table).to_owned(), bounds.clone())).collect(),
+            ..BatchRecord::default()
+        };
+        let mut job: JobRecord = serde_json::from_value(serde_json::json!({
+            "name": "j", "version": 1, "desired": "running", "generation": 7, "mode": "incremental-cursor",
+            "updated_at": "",
+        }))
+        .unwrap();
+        // `s.late` was created in the source after batch 1: batch 2 is the first to read it.
+        job.batches = Some(Batches {
+            batch: 3,
+            history: vec![
+                record(1, &[("s.early", bounds(None, 10))]),
+                record(2, &[("s.early", bounds(Some(5), 20)), ("s.late", bounds(Some(1), 20))]),
+                record(3, &[("s.early", bounds(Some(15), 30)), ("s.late", bounds(Some(15), 30))]),
+            ],
+            ..Batches::default()
+        });
+        let marks = [(TableName::parse("s.early"), Some(30.into()))].into();
+        let windows = rerun_windows(&job, BatchRange { from: 1, to: 3 }, "at", &marks);
+        let of = |table: &str| {
+            let window = &windows[&TableName::parse(table)];
+            (window.after.clone(), window.through.clone(), window.mark.clone(), window.rerun)
+        };
+        assert_eq!(of("s.early"), (None, Some(30.into()), Some(30.into()), true));
+        assert_eq!(of("s.late"), (Some(1.into()), Some(30.into()), None, true));
+        let later = rerun_windows(&job, BatchRange { from: 2, to: 3 }, "at", &marks);
+        assert_eq!(later[&TableName::parse("s.early")].after, Some(5.into()));
+    }
 }

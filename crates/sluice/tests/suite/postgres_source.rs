@@ -541,6 +541,58 @@ fn a_partitioned_table_copies_and_streams_as_one_table_through_its_root() {
     );
 }
 
+/// Tables and columns whose names need quoting (mixed case, spaces, reserved words, a double
+/// quote) copy and stream into PostgreSQL and MariaDB under their exact names, keys moved too.
+#[test]
+fn identifiers_that_need_quoting_copy_and_stream_exactly_into_postgres_and_mariadb() {
+    for target in ["postgres", "mysql"] {
+        let source = SourceDatabase::create("pgquoted");
+        let schema = source.name.clone();
+        source.sql(&format!(
+            "CREATE SCHEMA {schema}; SET search_path = {schema};
+             CREATE TABLE \"Order Items\" (\"Id\" int PRIMARY KEY, \"Select\" text, \"from\" int, \"Mixed Case\" text, \"quote\"\"d\" text);
+             CREATE TABLE \"user\" (id int, \"Group\" text, PRIMARY KEY (id, \"Group\"));
+             INSERT INTO \"Order Items\" SELECT g, 's' || g, g, 'm' || g, 'q' || g FROM generate_series(1, 500) g;
+             INSERT INTO \"user\" SELECT g, 'g' || (g % 3) FROM generate_series(1, 300) g;"
+        ));
+        let workspace = Workspace::new();
+        let name = schema.replace('_', "-");
+        let job = job_file(&workspace, &name, &schema, target, "");
+        let target_url = if target == "postgres" { postgres_url() } else { mysql_url() };
+        let mut run = start(&workspace, &job, &source, &target_url);
+        wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn_in(target, &name).is_some());
+        source.sql(&format!(
+            "SET search_path = {schema};
+             INSERT INTO \"Order Items\" VALUES (501, 'new', 0, 'M', 'Q\"');
+             UPDATE \"Order Items\" SET \"Select\" = 'changed', \"quote\"\"d\" = NULL WHERE \"Id\" % 10 = 0;
+             UPDATE \"Order Items\" SET \"Id\" = \"Id\" + 1000 WHERE \"Id\" IN (3, 7);
+             DELETE FROM \"Order Items\" WHERE \"Id\" % 9 = 0;
+             UPDATE \"user\" SET \"Group\" = 'moved' WHERE id % 5 = 0;
+             DELETE FROM \"user\" WHERE id % 7 = 0;"
+        ));
+        wait_converged_in(&|sql: &str| target_sql(target, sql), &name, &source, &mut run);
+        let [items, users] = if target == "postgres" {
+            [
+                format!("SELECT \"Id\", \"Select\", \"from\", \"Mixed Case\", coalesce(\"quote\"\"d\", 'NULL') FROM {schema}.\"Order Items\" ORDER BY 1"),
+                format!("SELECT id, \"Group\" FROM {schema}.\"user\" ORDER BY 1, 2"),
+            ]
+        } else {
+            [
+                format!("SELECT `Id`, `Select`, `from`, `Mixed Case`, coalesce(`quote\"d`, 'NULL') FROM {schema}.`Order Items` ORDER BY 1"),
+                format!("SELECT id, `Group` FROM {schema}.`user` ORDER BY 1, 2"),
+            ]
+        };
+        let source_items = source.sql(&format!(
+            "SELECT \"Id\", \"Select\", \"from\", \"Mixed Case\", coalesce(\"quote\"\"d\", 'NULL') FROM {schema}.\"Order Items\" ORDER BY 1"
+        ));
+        let source_users = source.sql(&format!("SELECT id, \"Group\" FROM {schema}.\"user\" ORDER BY 1, 2"));
+        let same_form = |text: String| text.replace('\t', "|");
+        assert!(source_items.contains("501|new|0|M|Q\"") && source_items.lines().count() > 400, "{source_items}");
+        assert_eq!(same_form(target_sql(target, &items)), source_items, "\"Order Items\" in {target}");
+        assert_eq!(same_form(target_sql(target, &users)), source_users, "\"user\" in {target}");
+    }
+}
+
 #[test]
 fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
     let source = SourceDatabase::create("pgcursor");
