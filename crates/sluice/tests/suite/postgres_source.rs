@@ -593,6 +593,82 @@ fn identifiers_that_need_quoting_copy_and_stream_exactly_into_postgres_and_maria
     }
 }
 
+/// One snapshot of a PostgreSQL source into three file targets at once (`targets:`): SQLite,
+/// JSON Lines and Parquet each hold every row once, texts with tabs, line breaks, quotes and
+/// non-ASCII letters exact, NULLs as NULLs, and a keyless table's duplicate rows.
+#[test]
+fn a_postgres_snapshot_lands_in_sqlite_json_lines_and_parquet_at_once() {
+    const ROWS: i64 = 2_000;
+    let source = SourceDatabase::create("pgfiles");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE items (id bigint PRIMARY KEY, n numeric(12,3), s text, at timestamptz, ok bool, raw bytea, doc jsonb, tags text[], nothing text);
+         INSERT INTO items SELECT g, g / 8.0, E'tab\\there \"q\" line\\nbreak é ' || g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 minute',
+                g % 2 = 0, decode(lpad(to_hex(g), 8, '0'), 'hex'), jsonb_build_object('g', g), ARRAY['a', 'b' || g], NULL
+         FROM generate_series(1, {ROWS}) g;
+         CREATE TABLE pairs (a int, b text); INSERT INTO pairs VALUES (1, 'x'), (1, 'x'), (2, NULL);"
+    ));
+    let expected_text = |id: i64| format!("tab\there \"q\" line\nbreak é {id}");
+    let workspace = Workspace::new();
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: files\nmode: snapshot\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\nlimits: {{split_rows: 500}}\n\
+             targets:\n  - {{name: local, type: sqlite, path: out.db}}\n  - {{name: lines, type: jsonl, path: out-jsonl}}\n  \
+             - {{name: columns, type: parquet, path: out-parquet}}\n"
+        ),
+    );
+    let run =
+        Run::from(workspace.command(&["run", job.to_str().unwrap()]).env("SOURCE", source.url()).output().unwrap());
+    run.assert_code(0);
+
+    // SQLite has no schemas: the tables keep their own names there; the file targets name each
+    // table's directory `schema.table`.
+    let sqlite = rusqlite::Connection::open(workspace.path("out.db")).expect("the SQLite target");
+    let (count, distinct, nulls): (i64, i64, i64) = sqlite
+        .query_row("SELECT count(*), count(DISTINCT id), count(\"nothing\") FROM items", [], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .unwrap();
+    assert_eq!((count, distinct, nulls), (ROWS, ROWS, 0), "SQLite: every row once, NULLs kept");
+    let text: String = sqlite.query_row("SELECT s FROM items WHERE id = 7", [], |row| row.get(0)).unwrap();
+    assert_eq!(text, expected_text(7), "SQLite");
+    let keyless: i64 =
+        sqlite.query_row("SELECT count(*) FROM pairs WHERE a = 1 AND b = 'x'", [], |row| row.get(0)).unwrap();
+    assert_eq!(keyless, 2, "SQLite: a keyless table's duplicates");
+
+    let mut ids = Vec::new();
+    for part in std::fs::read_dir(workspace.path(&format!("out-jsonl/{schema}.items"))).expect("the JSON Lines table") {
+        let path = part.unwrap().path();
+        if path.extension().is_some_and(|extension| extension == "jsonl") {
+            for line in std::fs::read_to_string(&path).unwrap().lines() {
+                let row: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+                let id = row["id"].as_i64().expect("an integer id");
+                if id == 7 {
+                    assert_eq!(row["s"], expected_text(7), "JSON Lines");
+                    assert!(row["nothing"].is_null(), "JSON Lines: {row}");
+                }
+                ids.push(id);
+            }
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (1..=ROWS).collect::<Vec<_>>(), "JSON Lines: every row once");
+
+    let directory = workspace.path(&format!("out-parquet/{schema}.items"));
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(directory.join("_manifest.json")).unwrap()).unwrap();
+    let mut rows = 0;
+    for part in manifest["parts"].as_array().expect("a list of parts") {
+        let file = std::fs::File::open(directory.join(part["path"].as_str().unwrap())).unwrap();
+        let reader =
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap().build().unwrap();
+        rows += reader.map(|batch| batch.unwrap().num_rows()).sum::<usize>();
+    }
+    assert_eq!(rows as i64, ROWS, "Parquet: every row once");
+}
+
 #[test]
 fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
     let source = SourceDatabase::create("pgcursor");
