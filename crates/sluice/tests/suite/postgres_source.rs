@@ -669,6 +669,77 @@ fn a_postgres_snapshot_lands_in_sqlite_json_lines_and_parquet_at_once() {
     assert_eq!(rows as i64, ROWS, "Parquet: every row once");
 }
 
+/// `snapshot+cdc` from PostgreSQL into NATS as Debezium events: each row's snapshot event once,
+/// then its changes in order (an update with the new values, a delete with the old key, a key
+/// moved as one update from the old key to the new, keyed by the new), killed once while
+/// streaming.
+#[test]
+fn a_postgres_source_streams_debezium_events_into_nats_exactly_once() {
+    let nats = support::nats::NatsServer::start();
+    let source = SourceDatabase::create("pgnats");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.items (id int PRIMARY KEY, v int NOT NULL, s text);
+         INSERT INTO {schema}.items SELECT g, g, 's' || g FROM generate_series(1, 200) g;"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: nats\n  url: ${{TARGET}}\n  stream: EVENTS\n  subject: \"pg.{{db}}.{{table}}\"\n  format: debezium\n"
+        ),
+    );
+    let events = || -> Vec<serde_json::Value> {
+        if nats.message_count("EVENTS").is_none() {
+            return Vec::new();
+        }
+        nats.messages("EVENTS").into_iter().map(|message| message.payload).collect()
+    };
+    let id_of = |event: &serde_json::Value| {
+        let image = if event["op"] == "d" { &event["before"] } else { &event["after"] };
+        image["id"].as_i64().unwrap_or_else(|| panic!("an event without its row's id: {event}"))
+    };
+    let mut run = start(&workspace, &job, &source, &nats.url());
+    wait_running("the snapshot's events", Duration::from_secs(60), &mut run, || events().len() >= 200);
+    source.sql(&format!("UPDATE {schema}.items SET v = v + 1000 WHERE id <= 10"));
+    wait_running("the first change's events", Duration::from_secs(60), &mut run, || {
+        events().iter().filter(|event| event["op"] == "u").count() == 10
+    });
+    kill(&mut run);
+    source.sql(&format!(
+        "SET search_path = {schema}; DELETE FROM items WHERE id = 50; INSERT INTO items VALUES (201, 1, 'new');
+         UPDATE items SET id = 1000 WHERE id = 20; UPDATE items SET s = NULL WHERE id = 30;"
+    ));
+    let mut run = start(&workspace, &job, &source, &nats.url());
+    wait_running("the changes after the kill", Duration::from_secs(60), &mut run, || {
+        events().iter().any(|event| event["op"] == "u" && id_of(event) == 30)
+    });
+    drop(run);
+
+    let seen = events();
+    let of = |op: &str| -> Vec<i64> {
+        let mut ids: Vec<i64> = seen.iter().filter(|event| event["op"] == op).map(id_of).collect();
+        ids.sort_unstable();
+        ids
+    };
+    assert_eq!(of("r"), (1..=200).collect::<Vec<_>>(), "each row's snapshot event once");
+    assert_eq!(of("u"), [(1..=10).collect::<Vec<_>>(), vec![30, 1000]].concat(), "each update once");
+    assert_eq!((of("d"), of("c")), (vec![50], vec![201]), "the deleted row and the inserted one, once each");
+    let moved = seen.iter().find(|event| event["op"] == "u" && id_of(event) == 1000).unwrap();
+    assert_eq!(moved["before"]["id"], 20, "the moved key's update names the old key: {moved}");
+    for event in seen.iter().filter(|event| event["op"] == "u" && id_of(event) <= 10) {
+        assert_eq!(event["after"]["v"].as_i64(), Some(id_of(event) + 1000), "{event}");
+    }
+    let emptied = seen.iter().find(|event| event["op"] == "u" && id_of(event) == 30).unwrap();
+    assert!(emptied["after"]["s"].is_null() && emptied["after"]["v"] == 30, "{emptied}");
+    // A row's events in the order of its changes: the snapshot's first.
+    let first_of_one: Vec<&str> =
+        seen.iter().filter(|event| id_of(event) == 1).map(|event| event["op"].as_str().unwrap()).collect();
+    assert_eq!(first_of_one, ["r", "u"]);
+}
+
 #[test]
 fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
     let source = SourceDatabase::create("pgcursor");

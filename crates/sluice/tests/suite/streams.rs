@@ -117,7 +117,7 @@ impl Bus {
     fn events(&self, topic: &str) -> Option<Vec<Seen>> {
         match self {
             Bus::Nats(server) => {
-                stream_info(server, "EVENTS")?;
+                server.message_count("EVENTS")?;
                 Some(
                     server
                         .messages("EVENTS")
@@ -220,7 +220,7 @@ impl Bus {
     /// How many events are in the stream now (0 before it exists).
     fn count(&self, topic: &str) -> usize {
         match self {
-            Bus::Nats(server) => stream_info(server, "EVENTS").unwrap_or(0) as usize,
+            Bus::Nats(server) => server.message_count("EVENTS").unwrap_or(0) as usize,
             Bus::Kafka(broker) => {
                 if broker.topics().iter().any(|known| known == topic) {
                     broker.records(&[topic]).len()
@@ -418,7 +418,7 @@ fn split_across(mut bus: Bus, format: &str, consumer_at: Place) -> Result<(), St
     let accounts = format!("split.{database}.accounts");
     wait_on(&producing, "the snapshot's events", 90, || match &bus {
         Bus::Kafka(broker) => broker.topics().contains(&accounts),
-        Bus::Nats(server) => stream_info(server, "SPLIT").is_some_and(|messages| messages > 0),
+        Bus::Nats(server) => server.message_count("SPLIT").is_some_and(|messages| messages > 0),
     });
     let load = Load::start(&database, Random::from_environment("split"), 300);
     let etcd = (consumer_at == Place::Cluster).then(|| Etcd::start(1));
@@ -993,18 +993,6 @@ fn rows_copied(output: &str) -> u64 {
         .rev()
         .find_map(|line| line.split_once("progress: ")?.1.split_once(" of")?.0.replace(',', "").parse().ok())
         .unwrap_or(0)
-}
-
-/// The number of messages in a stream, `None` when it does not exist.
-fn stream_info(broker: &NatsServer, stream: &str) -> Option<u64> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let url = broker.url();
-    runtime.block_on(async move {
-        let client = async_nats::connect(url).await.ok()?;
-        let context = async_nats::jetstream::new(client);
-        let mut stream = context.get_stream(stream).await.ok()?;
-        Some(stream.info().await.ok()?.state.messages)
-    })
 }
 
 /// Waits for `condition`; on timeout, fails with what the running job printed.

@@ -97,6 +97,18 @@ impl NatsServer {
         }
     }
 
+    /// How many messages a stream holds; `None` while it does not exist.
+    pub fn message_count(&self, stream: &str) -> Option<u64> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let url = self.url();
+        runtime.block_on(async move {
+            let client = async_nats::connect(url).await.ok()?;
+            let context = async_nats::jetstream::new(client);
+            let mut stream = context.get_stream(stream).await.ok()?;
+            Some(stream.info().await.ok()?.state.messages)
+        })
+    }
+
     /// Every message of a stream, in stream order.
     pub fn messages(&self, stream: &str) -> Vec<StreamMessage> {
         messages(&self.url(), stream)
