@@ -2,7 +2,6 @@
 //! for tests that change a server's global state (settings, purged binary logs, replication)
 //! which the shared test server must not see while other tests run beside them.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use super::mariadb_client_at;
@@ -12,25 +11,9 @@ pub struct MariadbServer {
     url: String,
 }
 
-fn testdb() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/testdb")
-}
-
 impl MariadbServer {
     pub fn start() -> MariadbServer {
-        let directory = tempfile::Builder::new()
-            .prefix("sluice-mariadb")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .expect("a temporary directory");
-        let data = directory.path().join("mariadb");
-        let output =
-            Command::new(testdb()).args(["start", "mariadb", data.to_str().unwrap()]).output().expect("testdb");
-        assert!(output.status.success(), "testdb start: {}", String::from_utf8_lossy(&output.stderr));
-        let url = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .find_map(|line| line.strip_prefix("URL=").map(str::to_owned))
-            .expect("testdb prints the URL");
+        let (directory, url) = super::testdb::start("mariadb");
         MariadbServer { directory, url }
     }
 
@@ -92,7 +75,6 @@ impl MariadbServer {
 
 impl Drop for MariadbServer {
     fn drop(&mut self) {
-        let data = self.directory.path().join("mariadb");
-        let _ = Command::new(testdb()).args(["stop", "mariadb", data.to_str().unwrap()]).output();
+        super::testdb::stop(&self.directory, "mariadb");
     }
 }

@@ -12,6 +12,7 @@ pub mod nats;
 pub mod postgres_server;
 pub mod postgres_source;
 pub mod stream_job;
+pub mod testdb;
 pub mod webhook;
 pub mod workload;
 
