@@ -3,6 +3,8 @@
 //! and after the group, and one COPY of the rows that came, in a transaction that also moves the
 //! stream's row in `sluice.checkpoints`.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use sluice_core::conflict::missing_rows;
 use sluice_core::connector::{
@@ -14,8 +16,8 @@ use tokio_postgres::Client;
 
 use super::checkpoints::{commit_with_checkpoint, read_checkpoint};
 use super::tables::{
-    add_column_sql, altered_table_sql, create_table_sql, definition_type, finish_sql, qualified, retype_column_sql,
-    KeyBuilt,
+    add_column_sql, altered_table_sql, create_table_sql, definition_type, finish_sql, identity_columns, qualified,
+    retype_column_sql, KeyBuilt,
 };
 use super::trial::{refusal, CopyTrial};
 use super::{encode_copy, is_row_error, postgres_error, quote, refuse_long_names};
@@ -31,6 +33,8 @@ pub(super) struct PostgresChangeWriter {
     pub(super) task: WriterTask,
     pub(super) in_transaction: bool,
     pub(super) buffer: String,
+    /// The value each identity column's sequence was last set to, by table and column index.
+    pub(super) sequences: HashMap<(TableName, usize), i64>,
 }
 
 /// A value in PostgreSQL's text input form, for a parameter: COPY's form without its escapes.
@@ -181,7 +185,44 @@ impl Catalog for PostgresChangeWriter {
     }
 }
 
+/// Sets a sequence to a value written into its column unless it stands past it already; nothing
+/// for a column without a sequence, or whose sequence the user may not change.
+const ADVANCE_SEQUENCE_SQL: &str = "\
+SELECT setval(seq, GREATEST($1::bigint, coalesce(pg_sequence_last_value(seq), 0)))
+FROM (SELECT pg_get_serial_sequence($2, $3)::regclass AS seq) s
+WHERE seq IS NOT NULL AND has_sequence_privilege(seq, 'UPDATE')";
+
 impl PostgresChangeWriter {
+    /// Moves each identity column's sequence past the highest value the stream wrote into it,
+    /// so an application that inserts without a value once it writes to the target (after a
+    /// cutover) gets a new key rather than one the stream already used. One statement per
+    /// column, only when a value passes the last one set.
+    async fn advance_sequences(&mut self, table: &TableSchema, rows: &[Row]) -> Result<()> {
+        for index in identity_columns(table) {
+            let highest = rows
+                .iter()
+                .filter_map(|row| match row.get(index) {
+                    Some(Value::Int(value)) => Some(*value),
+                    Some(Value::UInt(value)) => i64::try_from(*value).ok(),
+                    _ => None,
+                })
+                .max();
+            let key = (table.name.clone(), index);
+            let Some(highest) = highest.filter(|highest| self.sequences.get(&key).is_none_or(|set| set < highest))
+            else {
+                continue;
+            };
+            let doing =
+                format!("move the sequence of {}.{} past the values written", table.name, table.columns[index].name);
+            self.client
+                .execute(ADVANCE_SEQUENCE_SQL, &[&highest, &qualified(&table.name), &table.columns[index].name])
+                .await
+                .map_err(self.error(&doing))?;
+            self.sequences.insert(key, highest);
+        }
+        Ok(())
+    }
+
     async fn execute(&mut self, sql: &str, doing: &str) -> Result<()> {
         self.client.batch_execute(sql).await.map_err(|error| postgres_error(error, Side::Target, &self.server, doing))
     }
@@ -400,6 +441,7 @@ impl FoldedChangeWriter for PostgresChangeWriter {
         let missing = (0..rows.len())
             .filter(|&index| !trial.found[index] && !refused.iter().any(|refused| refused.index == index))
             .collect();
+        self.advance_sequences(table, rows).await?;
         Ok(Updated { missing, refused })
     }
 
@@ -415,19 +457,21 @@ impl FoldedChangeWriter for PostgresChangeWriter {
         self.begin().await?;
         let columns: Vec<String> = table.columns.iter().map(|column| quote(&column.name)).collect();
         let copy = format!("COPY {} ({}) FROM STDIN", qualified(&table.name), columns.join(", "));
-        let rows: Vec<&Row> = rows.iter().collect();
-        CopyTrial {
+        let listed: Vec<&Row> = rows.iter().collect();
+        let refused = CopyTrial {
             client: &self.client,
             server: &self.server,
             table,
             copy: &copy,
             then: None,
-            rows: &rows,
+            rows: &listed,
             buffer: &mut self.buffer,
             key_conflicts: true,
         }
         .run()
-        .await
+        .await?;
+        self.advance_sequences(table, rows).await?;
+        Ok(refused)
     }
 
     /// Renames inside the open transaction, which commits with the checkpoint that ends the

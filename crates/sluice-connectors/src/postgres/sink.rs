@@ -375,6 +375,7 @@ impl FoldedChangeSink for PostgresSink {
             task: WriterTask::new(job, task, self.fence.as_ref()),
             in_transaction: false,
             buffer: String::new(),
+            sequences: Default::default(),
         }))
     }
 

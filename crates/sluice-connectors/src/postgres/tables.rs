@@ -224,6 +224,11 @@ fn is_identity(table: &TableSchema, column: &sluice_core::Column) -> bool {
         && matches!(column_type(&column.data_type).as_str(), "smallint" | "integer" | "bigint")
 }
 
+/// The indexes of the identity columns `create_table_sql` makes.
+pub(super) fn identity_columns(table: &TableSchema) -> Vec<usize> {
+    (0..table.columns.len()).filter(|&index| is_identity(table, &table.columns[index])).collect()
+}
+
 /// Moves the sequence of each identity column past the values copied and the source's counter,
 /// so an insert without a value gets a new one.
 pub(super) fn identity_sql(table: &TableSchema) -> Vec<String> {

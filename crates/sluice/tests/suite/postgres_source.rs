@@ -434,6 +434,13 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
          JOIN pg_attrdef ON adrelid = attrelid AND adnum = attnum WHERE attrelid = '{schema}.every_type'::regclass AND attgenerated = 's'"
     );
     assert_eq!(psql(&generated), "g integer (id * 2)\n");
+    // The identity's sequence stands past the ids the stream wrote once the table was there:
+    // an application inserting without an id after a cutover gets a new one.
+    source.sql(&format!("INSERT INTO {schema}.every_type (id, txt) VALUES (10, 'streamed')"));
+    wait_converged(&name, &source, &mut run);
+    drop(run);
+    let inserted = psql(&format!("INSERT INTO {schema}.every_type (txt) VALUES ('app') RETURNING id"));
+    assert_eq!(inserted.lines().next(), Some("11"), "{inserted}");
 }
 
 #[test]
