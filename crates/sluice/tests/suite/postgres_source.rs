@@ -747,6 +747,42 @@ fn a_postgres_source_streams_debezium_events_into_nats_exactly_once() {
     assert_eq!(first_of_one, ["r", "u"]);
 }
 
+/// A table taken out of the publication while the job streams sends no more changes: the
+/// stream stops naming it and the fix. A table dropped from the source does not stop it.
+#[test]
+fn a_table_taken_out_of_the_publication_stops_the_stream_naming_it() {
+    let source = SourceDatabase::create("pgunpub");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE kept (id int PRIMARY KEY); CREATE TABLE dropped (id int PRIMARY KEY); CREATE TABLE unpublished (id int PRIMARY KEY);
+         INSERT INTO kept VALUES (1); INSERT INTO unpublished VALUES (1);
+         CREATE PUBLICATION {schema}_pub FOR TABLE kept, dropped, unpublished;"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n  \
+             publication: {schema}_pub\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
+        ),
+    );
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    source.sql(&format!("DROP TABLE {schema}.dropped; INSERT INTO {schema}.kept VALUES (2)"));
+    wait_converged(&name, &source, &mut run);
+    assert_eq!(psql(&format!("SELECT count(*) FROM {schema}.kept")), "2\n");
+    source.sql(&format!(
+        "ALTER PUBLICATION {schema}_pub DROP TABLE {schema}.unpublished; INSERT INTO {schema}.unpublished VALUES (2)"
+    ));
+    let stopped = run.into_inner().wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&stopped.stderr);
+    assert!(!stopped.status.success(), "the job stops:\n{stderr}");
+    let fix = format!("ALTER PUBLICATION \"{schema}_pub\" ADD TABLE \"{schema}\".\"unpublished\"");
+    assert!(stderr.contains("no longer publishes") && stderr.contains(&fix), "{stderr}");
+}
+
 #[test]
 fn cursor_batches_read_postgres_rows_changed_since_the_last_batch_with_a_lookback() {
     let source = SourceDatabase::create("pgcursor");

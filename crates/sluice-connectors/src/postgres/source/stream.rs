@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use sluice_core::change::{Change, ChangeKind, LogMark, Position};
@@ -75,7 +75,22 @@ pub(crate) struct WalChangeStream {
     /// A committed streamed transaction being handed on, and the end of its commit record
     /// and its commit time.
     replay: Option<(Replay, Lsn, i64)>,
+    /// The publication the stream reads, and when it was last checked to publish the planned
+    /// tables (`check_publication`).
+    publication: String,
+    publication_checked: Instant,
 }
+
+/// How often, between transactions, the stream checks that its publication still publishes
+/// the job's tables: a table taken out of it sends no more changes, and nothing else says so.
+const PUBLICATION_CHECK: Duration = Duration::from_secs(10);
+
+/// The tables of `$1` (quoted names) that exist but publication `$2` does not publish.
+const UNPUBLISHED_SQL: &str = "\
+SELECT name FROM unnest($1::text[]) AS name
+WHERE to_regclass(name) IS NOT NULL AND NOT EXISTS (
+    SELECT 1 FROM pg_publication_tables p
+    WHERE p.pubname = $2 AND to_regclass(format('%I.%I', p.schemaname, p.tablename)) = to_regclass(name))";
 
 /// The first major version whose `pgoutput` streams large transactions (protocol 2).
 const STREAMING_SINCE: u32 = 14;
@@ -184,7 +199,44 @@ impl WalChangeStream {
             ended: false,
             streamed: StreamedTransactions::default(),
             replay: None,
+            publication: replication.publication.clone(),
+            publication_checked: Instant::now(),
         })
+    }
+
+    /// Stops the stream when a table the job was planned with still exists but is no longer
+    /// in the publication: its changes since were not sent, so the stream cannot go on as if
+    /// nothing was missed. A table dropped from the source is not this (PostgreSQL does not
+    /// say that either; README).
+    async fn check_publication(&mut self) -> Result<()> {
+        self.publication_checked = Instant::now();
+        if self.planned.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = self.planned.keys().map(catalog::qualified).collect();
+        let rows = self
+            .client
+            .query(UNPUBLISHED_SQL, &[&names, &self.publication])
+            .await
+            .map_err(|error| postgres_error(error, Side::Source, &self.server, "read the publication's tables"))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let missing: Vec<&str> = rows.iter().map(|row| row.get(0)).collect();
+        Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "publication {} no longer publishes {}: their changes since it stopped are not in the stream",
+                self.publication,
+                missing.join(", ")
+            ),
+        )
+        .on(Side::Source)
+        .hint(format!(
+            "ALTER PUBLICATION {} ADD TABLE {}, run the job again, and copy those tables again (on a server `sluice job resync JOB TABLE…`; alone, `sluice reset` and a new run)",
+            super::super::quote(&self.publication),
+            missing.join(", ")
+        )))
     }
 
     fn streamed_error(&self, error: StreamedError) -> Error {
@@ -581,6 +633,10 @@ impl ChangeStream for WalChangeStream {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(event);
+            }
+            if !self.in_transaction && self.replay.is_none() && self.publication_checked.elapsed() >= PUBLICATION_CHECK
+            {
+                self.check_publication().await?;
             }
             if let Some((replay, end_lsn, commit_time)) = &mut self.replay {
                 // A committed streamed transaction: its messages as if they had come now.
