@@ -28,6 +28,23 @@ fn job_file(workspace: &Workspace, name: &str, schema: &str, target: &str, extra
     )
 }
 
+/// A `snapshot+cdc` job of `schema`'s tables into PostgreSQL through the user's `publication`.
+fn job_reading_publication(
+    workspace: &Workspace,
+    file: &str,
+    name: &str,
+    schema: &str,
+    publication: &str,
+) -> std::path::PathBuf {
+    workspace.write(
+        file,
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n  \
+             publication: {publication}\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
+        ),
+    )
+}
+
 /// `sluice ARGUMENTS` run to its end, `${SOURCE}` being `source` and `${TARGET}` the test
 /// PostgreSQL.
 fn sluice_into_postgres(workspace: &Workspace, arguments: &[&str], source: &SourceDatabase) -> Run {
@@ -512,13 +529,7 @@ fn a_partitioned_table_copies_and_streams_as_one_table_through_its_root() {
     let name = schema.replace('_', "-");
 
     // The user's publication sends the partitions' changes under their own names.
-    let theirs = workspace.write(
-        "theirs.yaml",
-        &format!(
-            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n  \
-             publication: {schema}_by_partitions\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
-        ),
-    );
+    let theirs = job_reading_publication(&workspace, "theirs.yaml", &name, &schema, &format!("{schema}_by_partitions"));
     let refused = check(&workspace, &theirs, &source);
     assert_ne!(refused.code, 0, "{}", refused.all());
     let fix = format!("ALTER PUBLICATION \"{schema}_by_partitions\" SET (publish_via_partition_root = true)");
@@ -761,13 +772,7 @@ fn a_table_taken_out_of_the_publication_stops_the_stream_naming_it() {
     ));
     let workspace = Workspace::new();
     let name = schema.replace('_', "-");
-    let job = workspace.write(
-        "job.yaml",
-        &format!(
-            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n  \
-             publication: {schema}_pub\ntarget:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n"
-        ),
-    );
+    let job = job_reading_publication(&workspace, "job.yaml", &name, &schema, &format!("{schema}_pub"));
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
     source.sql(&format!("DROP TABLE {schema}.dropped; INSERT INTO {schema}.kept VALUES (2)"));
