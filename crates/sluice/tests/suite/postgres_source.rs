@@ -523,7 +523,8 @@ fn a_partitioned_table_copies_and_streams_as_one_table_through_its_root() {
          CREATE TABLE m_west_high PARTITION OF m_west FOR VALUES FROM (1000) TO (MAXVALUE);
          CREATE TABLE m_other PARTITION OF m DEFAULT;
          INSERT INTO m SELECT g, (ARRAY['east', 'west', 'north'])[g % 3 + 1], 'v' || g FROM generate_series(1, 3000) g;
-         CREATE PUBLICATION {schema}_by_partitions FOR TABLE m;"
+         CREATE PUBLICATION {schema}_by_partitions FOR TABLE m;
+         CREATE PUBLICATION sluice_{schema} FOR TABLE m;"
     ));
     let workspace = Workspace::new();
     let name = schema.replace('_', "-");
@@ -535,9 +536,13 @@ fn a_partitioned_table_copies_and_streams_as_one_table_through_its_root() {
     let fix = format!("ALTER PUBLICATION \"{schema}_by_partitions\" SET (publish_via_partition_root = true)");
     assert!(refused.all().contains(&fix) && refused.all().contains(&format!("{schema}.m")), "{}", refused.all());
 
+    // The job's own publication, as an earlier version made it (through the partitions), is
+    // made to publish through the root.
     let job = job_file(&workspace, &name, &schema, "postgres", "");
     let mut run = start(&workspace, &job, &source, &postgres_url());
     wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    let via_root = format!("SELECT pubviaroot FROM pg_publication WHERE pubname = 'sluice_{schema}'");
+    assert_eq!(source.sql(&via_root), "t\n");
     source.sql(&format!(
         "SET search_path = {schema};
          INSERT INTO m VALUES (5000, 'east', 'new'), (5001, 'west', 'new'), (5002, 'south', 'new');
