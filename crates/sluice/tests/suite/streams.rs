@@ -190,21 +190,28 @@ impl Bus {
         let mut seen = self.count(topic);
         let mut progressed = std::time::Instant::now();
         let deadline = std::time::Instant::now() + Duration::from_secs(240);
+        // Each look at a Kafka topic is two client processes (`kafka_read.py`) reading it whole:
+        // looking every 50 ms kept a core busy under the suite's load, beside the test broker.
+        let pause = Duration::from_millis(if matches!(self, Bus::Kafka(_)) { 1_000 } else { 50 });
         while seen < count {
             assert!(
                 std::time::Instant::now() < deadline,
                 "timed out waiting for {what}; the run says:\n{}",
                 child.stderr_text()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(pause);
             let now = self.count(topic);
             if now > seen {
                 (seen, progressed) = (now, std::time::Instant::now());
             } else if progressed.elapsed() > Duration::from_secs(45) {
                 if let Bus::Kafka(broker) = self {
                     if !broker.restart_stalled() {
+                        let said = child.stderr_text();
+                        let tail: Vec<&str> =
+                            said.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect();
                         return Err(format!(
-                            "{what}: the test broker made nothing readable for 45 s after its restarts"
+                            "{what}: the test broker made nothing readable for 45 s after its restarts; the run's last lines:\n{}",
+                            tail.join("\n")
                         ));
                     }
                     eprintln!("{what}: the test broker made nothing readable for 45 s; restarted it and the run");
