@@ -85,13 +85,6 @@ pub(crate) struct WalChangeStream {
 /// the job's tables: a table taken out of it sends no more changes, and nothing else says so.
 const PUBLICATION_CHECK: Duration = Duration::from_secs(10);
 
-/// The tables of `$1` (quoted names) that exist but publication `$2` does not publish.
-const UNPUBLISHED_SQL: &str = "\
-SELECT name FROM unnest($1::text[]) AS name
-WHERE to_regclass(name) IS NOT NULL AND NOT EXISTS (
-    SELECT 1 FROM pg_publication_tables p
-    WHERE p.pubname = $2 AND to_regclass(format('%I.%I', p.schemaname, p.tablename)) = to_regclass(name))";
-
 /// The first major version whose `pgoutput` streams large transactions (protocol 2).
 const STREAMING_SINCE: u32 = 14;
 
@@ -214,15 +207,10 @@ impl WalChangeStream {
             return Ok(());
         }
         let names: Vec<String> = self.planned.keys().map(catalog::qualified).collect();
-        let rows = self
-            .client
-            .query(UNPUBLISHED_SQL, &[&names, &self.publication])
-            .await
-            .map_err(|error| postgres_error(error, Side::Source, &self.server, "read the publication's tables"))?;
-        if rows.is_empty() {
+        let missing = super::slot::unpublished(&self.client, &self.server, &self.publication, &names).await?;
+        if missing.is_empty() {
             return Ok(());
         }
-        let missing: Vec<&str> = rows.iter().map(|row| row.get(0)).collect();
         Err(Error::new(
             ErrorKind::Config,
             format!(
