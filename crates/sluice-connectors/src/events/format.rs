@@ -2,7 +2,7 @@
 //! (without or with its Kafka Connect schema). `docs/events.md` describes them field by field.
 //! Values are rendered as JSON Lines files render them (`crate::json`).
 
-use sluice_core::change::key_text;
+use sluice_core::change::{key_text, Change, ChangeKind};
 use sluice_core::spec::{EndpointSpec, SpecError};
 use sluice_core::{DataType, Row, TableSchema, Value};
 
@@ -22,6 +22,27 @@ pub enum EventFormat {
 pub const FORMAT_NAMES: &[&str] = &["maxwell", "debezium", "debezium-schema"];
 
 impl EventFormat {
+    /// The events a row change becomes. An update that moves a row of a keyed table to another
+    /// primary key is, in Debezium's format, a `d` of the old key and a `c` of the new one, as
+    /// Debezium sends it: a consumer that keeps the last event per key (a compacted topic) then
+    /// drops the old key. Maxwell sends it as one `update` whose `old` holds the old key.
+    pub fn events_of<'a>(&self, change: &'a Change) -> Vec<EventKind<'a>> {
+        match &change.kind {
+            ChangeKind::Insert { after } => vec![EventKind::Insert { after }],
+            ChangeKind::Delete { before } => vec![EventKind::Delete { before }],
+            ChangeKind::Update { before, after } => {
+                let table = &change.table;
+                let moved = !table.primary_key.is_empty()
+                    && table.primary_key.iter().any(|&index| before.get(index) != after.get(index));
+                if moved && matches!(self, EventFormat::Debezium { .. }) {
+                    vec![EventKind::Delete { before }, EventKind::Insert { after }]
+                } else {
+                    vec![EventKind::Update { before, after }]
+                }
+            }
+        }
+    }
+
     pub fn parse(name: &str) -> Option<EventFormat> {
         match name {
             "maxwell" => Some(EventFormat::Maxwell),
@@ -529,6 +550,33 @@ mod tests {
         assert_eq!(parse(&EventFormat::Maxwell.key(&event)), json!({"database": "shop", "table": "items", "pk.id": 7}));
         let first = Event { transaction: Some(TransactionInfo { id: "t1", index: 0, count: 2 }), ..event };
         assert!(parse(&EventFormat::Maxwell.value(&first, &origin())).get("commit").is_none());
+    }
+
+    #[test]
+    fn a_key_move_is_a_delete_and_a_create_in_debezium_and_one_update_in_maxwell() {
+        let table = std::sync::Arc::new(table());
+        let ops = |format: EventFormat, before: Row, after: Row| -> Vec<(String, i64)> {
+            let change = Change { table: table.clone(), kind: ChangeKind::Update { before, after } };
+            format
+                .events_of(&change)
+                .into_iter()
+                .map(|kind| {
+                    let event = Event { table: &table, kind, ts_ms: 0, position: None, transaction: None };
+                    let value = parse(&format.value(&event, &origin()));
+                    let key = parse(&format.key(&event));
+                    let id = key.get("id").or_else(|| key.get("pk.id")).and_then(Json::as_i64).unwrap();
+                    (value.get("op").or_else(|| value.get("type")).unwrap().as_str().unwrap().to_owned(), id)
+                })
+                .collect()
+        };
+        let debezium = EventFormat::Debezium { schema: false };
+        assert_eq!(ops(debezium, row(7, "a"), row(8, "a")), [("d".to_owned(), 7), ("c".to_owned(), 8)]);
+        assert_eq!(ops(debezium, row(7, "a"), row(7, "b")), [("u".to_owned(), 7)]);
+        assert_eq!(ops(EventFormat::Maxwell, row(7, "a"), row(8, "a")), [("update".to_owned(), 8)]);
+        // A keyless table's rows are keyed by every column: a changed row is an update.
+        let keyless = std::sync::Arc::new(TableSchema { primary_key: Vec::new(), ..(*table).clone() });
+        let change = Change { table: keyless, kind: ChangeKind::Update { before: row(7, "a"), after: row(8, "a") } };
+        assert!(matches!(debezium.events_of(&change)[..], [EventKind::Update { .. }]));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
-use sluice_core::change::{key_identity, ChangeKind};
+use sluice_core::change::key_identity;
 use sluice_core::connector::{
     ChangeWriter, CheckItem, Checkpoint, EventChangeSink, EventWriter, HeldRows, SchemaChange, Sink, TableTasks,
     TableWriter, TransactionEnd,
@@ -305,15 +305,15 @@ impl EventWriter for ChangeEventWriter {
 
     async fn transaction_end(&mut self, end: &TransactionEnd) -> Result<()> {
         let open = std::mem::take(&mut self.open);
-        let count = open.len() as u64;
+        let format = self.sink.options.format;
+        let events: Vec<(&Change, EventKind<'_>)> = open
+            .iter()
+            .flat_map(|change| format.events_of(change).into_iter().map(move |kind| (change, kind)))
+            .collect();
+        let count = events.len() as u64;
         let ts_ms = end.committed_at * 1000;
         let position = end.position.0.to_string();
-        for (index, change) in open.iter().enumerate() {
-            let kind = match &change.kind {
-                ChangeKind::Insert { after } => EventKind::Insert { after },
-                ChangeKind::Update { before, after } => EventKind::Update { before, after },
-                ChangeKind::Delete { before } => EventKind::Delete { before },
-            };
+        for (index, (change, kind)) in events.into_iter().enumerate() {
             let event = Event {
                 table: &change.table,
                 kind,
@@ -321,7 +321,6 @@ impl EventWriter for ChangeEventWriter {
                 position: Some(&position),
                 transaction: Some(TransactionInfo { id: &end.id, index: index as u64, count }),
             };
-            let format = self.sink.options.format;
             let message = Message {
                 destination: self.destination(&change.table.name)?,
                 key: format.key(&event),
