@@ -506,6 +506,78 @@ fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_o
     assert_eq!(psql(&format!("SELECT id, v FROM {schema}.later ORDER BY id")), "1|w\n2|d\n");
 }
 
+/// A table without a key is read whole by several connections at once, each a range of its
+/// pages, all in one snapshot: in `snapshot+cdc` the slot's (its duplicate rows and rows
+/// updated while it is read land once, then its changes stream), in `snapshot` one the first
+/// connection exports. Updates while the copy runs move rows to other pages: reads at different
+/// moments would read some twice and others not at all.
+#[test]
+fn a_keyless_table_is_read_by_several_connections_in_one_snapshot_exactly_once() {
+    let source = SourceDatabase::create("pgctid");
+    let schema = source.name.clone();
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE events (a int, b text); ALTER TABLE events REPLICA IDENTITY FULL;
+         INSERT INTO events SELECT g % 5000, repeat('v', 50 + g % 7) FROM generate_series(1, 40000) g; ANALYZE events;
+         CREATE TABLE keyed (id int PRIMARY KEY); INSERT INTO keyed SELECT generate_series(1, 40000); ANALYZE keyed;"
+    ));
+    let workspace = Workspace::new();
+    let name = schema.replace('_', "-");
+    let limits = "limits: { split_rows: 5000, batch_rows: 1000 }\n";
+    let rows = |sql: &dyn Fn(&str) -> String, schema: &str| {
+        sql(&format!("SELECT count(*), count(DISTINCT (a, b)), sum(a), sum(length(b)) FROM {schema}.events"))
+    };
+    // Rows moved while the copies read: each update writes the row's new version elsewhere.
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = {
+        let (writing, url, schema) = (writing.clone(), source.url(), schema.clone());
+        std::thread::spawn(move || {
+            let mut round = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                round += 1;
+                support::psql_at(&url, &format!("UPDATE {schema}.events SET b = b || 'x' WHERE a = {}", round % 5000));
+                // Paced, not waited on: a load beside the copies, not a stress of the machine.
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let copy = workspace.write(
+        "copy.yaml",
+        &format!(
+            "name: {name}-copy\nmode: snapshot\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n  namespace: {schema}_copy\n{limits}"
+        ),
+    );
+    let copied = sluice_into_postgres(&workspace, &["run", copy.to_str().unwrap()], &source);
+    assert_eq!(copied.code, 0, "{}", copied.all());
+    assert!(copied.all().contains("read by 4 connections at once"), "{}", copied.all());
+    // The updates change b alone: the count and the sum of a hold at every moment.
+    let invariant =
+        |sql: &dyn Fn(&str) -> String, schema: &str| sql(&format!("SELECT count(*), sum(a) FROM {schema}.events"));
+    assert_eq!(
+        invariant(&psql, &format!("{schema}_copy")),
+        "40000|99980000\n",
+        "every row once, whatever moved meanwhile"
+    );
+    // A table with a key is cut into key ranges by its estimated rows, one task each.
+    let tasks =
+        psql(&format!("SELECT count(*) FROM sluice.checkpoints WHERE job = '{name}-copy' AND task LIKE '%keyed#%'"));
+    assert!(tasks.trim().parse::<u32>().unwrap() >= 4, "40,000 rows in splits of 5,000: {tasks}");
+
+    let job = job_file(&workspace, &name, &schema, "postgres", limits);
+    let mut run = start(&workspace, &job, &source, &postgres_url());
+    wait_running("the stream", Duration::from_secs(60), &mut run, || stream_lsn(&name).is_some());
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    source.sql(&format!(
+        "SET search_path = {schema}; INSERT INTO events VALUES (1, 'new'), (1, 'new'); DELETE FROM events WHERE a = 2"
+    ));
+    wait_converged(&name, &source, &mut run);
+    assert_eq!(rows(&psql, &schema), rows(&|sql: &str| source.sql(sql), &schema));
+    assert!(run.stderr_text().contains("read by 4 connections at once"), "{}", run.stderr_text());
+}
+
 /// A partitioned table is one table to the job: copied through its root, its partitions'
 /// changes streamed under its name (the job's publication publishes it through its root), and
 /// created in the target as one table; a user's publication that publishes it through its

@@ -108,12 +108,15 @@ FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
 WHERE i.indrelid = $1::text::regclass AND i.indisvalid
 ORDER BY i.indisprimary DESC, ic.relname";
 
-/// A partitioned table's rows are its partitions' (`pg_partition_tree`: the table itself and
-/// every partition under it; only the leaves hold rows).
+/// A table's rows are its own; a partitioned table's are its partitions' (`pg_partition_tree`:
+/// the table itself and every partition under it; only the leaves hold rows. It lists nothing
+/// for a table that is not partitioned).
 const TABLE_SQL: &str = "\
 SELECT c.relreplident::text,
        (SELECT coalesce(sum(CASE WHEN l.reltuples >= 0 THEN l.reltuples ELSE pg_total_relation_size(l.oid) / 100 END), 0)
-        FROM pg_partition_tree(c.oid) t JOIN pg_class l ON l.oid = t.relid WHERE t.isleaf)::float8,
+        FROM pg_class l
+        WHERE (l.oid = c.oid AND c.relkind <> 'p')
+           OR l.oid IN (SELECT t.relid FROM pg_partition_tree(c.oid) t WHERE t.isleaf))::float8,
        obj_description(c.oid, 'pg_class')
 FROM pg_class c WHERE c.oid = $1::text::regclass";
 

@@ -31,7 +31,7 @@ use tokio_postgres::Client;
 
 use super::{postgres_error, quote};
 use catalog::{Described, ReplicaIdentity};
-use reader::{PostgresReader, Selection, Snapshot};
+use reader::{Parts, PostgresReader, Selection, Snapshot};
 use slot::Export;
 pub use slot::{ExportedSnapshot, Replication};
 
@@ -47,6 +47,10 @@ pub struct KeyRange {
     /// The snapshot the job's slot was created at, which the split's first read imports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<ExportedSnapshot>,
+    /// A table without a key: read by this many connections at once, each a range of the
+    /// table's pages (CTID ranges), all in one snapshot (`reader::Parts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<u32>,
 }
 
 /// Where a snapshot read of a split resumes: strictly after this key. A job that streams also
@@ -147,6 +151,12 @@ fn json_text(value: &serde_json::Value) -> String {
     }
 }
 
+/// The most connections that read one table without a key at once.
+const MAX_PARTS: u32 = 4;
+
+/// The first version that scans a range of CTIDs by itself (a TID Range Scan, `server_version_num`).
+const TID_RANGE_SCAN_SINCE: i32 = 140_000;
+
 /// A PostgreSQL server read as a source.
 #[derive(Debug)]
 pub struct PostgresSource {
@@ -239,6 +249,22 @@ impl PostgresSource {
             })
             .collect::<Result<Row>>()
             .map(Some)
+    }
+
+    /// How many connections read a table without a key at once (`KeyRange::parts`): one per
+    /// `rows_per_split` rows, at most `MAX_PARTS`; one (`None`) for a small table or a server
+    /// older than PostgreSQL 14, which cannot scan a CTID range without reading the whole table.
+    async fn parts_of_keyless(&self, client: &Client, estimated: u64, hint: SplitHint) -> Result<Option<u32>> {
+        let parts = (estimated / hint.rows_per_split.max(1)).min(u64::from(MAX_PARTS)) as u32;
+        if parts < 2 {
+            return Ok(None);
+        }
+        let version: i32 = client
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(self.error("read the server's version"))?
+            .get(0);
+        Ok((version >= TID_RANGE_SCAN_SINCE).then_some(parts))
     }
 
     async fn integer_bounds(
@@ -424,7 +450,8 @@ impl SnapshotSource for PostgresSource {
         };
         let snapshot = self.export.lock().await.as_ref().map(|export| export.snapshot.clone());
         if table.primary_key.is_empty() {
-            let range = KeyRange { after: None, through: None, keys: None, snapshot };
+            let parts = self.parts_of_keyless(&client, estimated, hint).await?;
+            let range = KeyRange { after: None, through: None, keys: None, snapshot, parts };
             return Ok(vec![Split::new(split_task(&table.name, 0), table.clone(), &range, estimated).read_whole()]);
         }
         let integer_key = table.primary_key.len() == 1
@@ -441,7 +468,7 @@ impl SnapshotSource for PostgresSource {
             .into_iter()
             .enumerate()
             .map(|(index, (after, through))| {
-                let range = KeyRange { after, through, keys: None, snapshot: snapshot.clone() };
+                let range = KeyRange { after, through, keys: None, snapshot: snapshot.clone(), parts: None };
                 Split::new(split_task(&table.name, index), table.clone(), &range, estimated / count)
             })
             .collect())
@@ -456,6 +483,12 @@ impl SnapshotSource for PostgresSource {
             resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?
         };
         let mut selection = Selection::of(&range, resumed.as_ref());
+        let mut others = Vec::new();
+        if split.whole && split.window.is_none() {
+            for _ in 1..range.parts.unwrap_or(1) {
+                others.push(self.connection().await?);
+            }
+        }
         if let Some(window) = &split.window {
             let column = cursor::column(&split.table, &CursorSpec { column: window.column.clone(), lookback_secs: 0 })?;
             let (condition, values) =
@@ -471,8 +504,15 @@ impl SnapshotSource for PostgresSource {
                 None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone(), lock: split.whole },
             });
         Ok(Box::new(
-            PostgresReader::start(client, self.server.clone(), split.table.clone(), selection, batch_rows, snapshot)
-                .await?,
+            PostgresReader::start(
+                Parts { first: client, others },
+                self.server.clone(),
+                split.table.clone(),
+                selection,
+                batch_rows,
+                snapshot,
+            )
+            .await?,
         ))
     }
 
@@ -505,7 +545,7 @@ impl SnapshotSource for PostgresSource {
             .iter()
             .map(|key| key.iter().map(|value| values::text_form(value).unwrap_or_default()).collect())
             .collect();
-        let range = KeyRange { after: None, through: None, keys: Some(tuples), snapshot: None };
+        let range = KeyRange { after: None, through: None, keys: Some(tuples), snapshot: None, parts: None };
         Ok(Split::new(split_task(&table.name, "keys"), table.clone(), &range, keys.len() as u64))
     }
 }

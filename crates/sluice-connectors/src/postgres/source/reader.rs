@@ -1,10 +1,13 @@
 //! Reading one split of a PostgreSQL table: one ordered query per read, streamed in batches,
-//! inside a REPEATABLE READ snapshot whose WAL position says which changes its rows hold.
+//! inside a REPEATABLE READ snapshot whose WAL position says which changes its rows hold. A table
+//! without a key, read whole, may be read by several connections at once, each a range of its
+//! pages, all in the first connection's snapshot (`Parts`).
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures_util::stream::SelectAll;
 use futures_util::StreamExt;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::Reader;
@@ -17,7 +20,7 @@ use super::slot::ExportedSnapshot;
 use super::{values, KeyPosition, KeyRange, SplitRead};
 
 /// How a split's rows are selected beyond its key range.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Selection {
     /// Strictly after this key (text forms, key order): the split's start or where it resumes.
     pub after: Option<Vec<String>>,
@@ -27,6 +30,9 @@ pub(crate) struct Selection {
     pub keys: Option<Vec<Vec<String>>>,
     /// A cursor batch's condition on its column, with `?` for each value (text forms, in order).
     pub window: Option<(String, Vec<String>)>,
+    /// Only the rows stored in these pages of the table: from the first, up to the second
+    /// (excluded; none: to the end). One part of a keyless table read by several connections.
+    pub pages: Option<(u64, Option<u64>)>,
 }
 
 impl Selection {
@@ -36,6 +42,7 @@ impl Selection {
             through: range.through.clone(),
             keys: range.keys.clone(),
             window: None,
+            pages: None,
         }
     }
 }
@@ -76,6 +83,12 @@ fn statement(table: &TableSchema, selection: &Selection) -> String {
             condition = condition.replacen('?', &literal(value), 1);
         }
         conditions.push(condition);
+    }
+    if let Some((first, end)) = selection.pages {
+        conditions.push(format!("row.ctid >= '({first},0)'::tid"));
+        if let Some(end) = end {
+            conditions.push(format!("row.ctid < '({end},0)'::tid"));
+        }
     }
     let columns: Vec<String> = table.columns.iter().map(|column| format!("row.{}", quote(&column.name))).collect();
     let filter = if conditions.is_empty() { String::new() } else { format!(" WHERE {}", conditions.join(" AND ")) };
@@ -130,10 +143,8 @@ async fn begin_snapshot(
     table: &TableSchema,
     snapshot: &Snapshot,
 ) -> std::result::Result<String, tokio_postgres::Error> {
-    let import = snapshot.import.as_ref();
-    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-    if let Some(import) = import {
-        client.batch_execute(BEGIN).await?;
+    if let Some(import) = snapshot.import.as_ref() {
+        client.batch_execute(BEGIN_SNAPSHOT).await?;
         let name = import.name.replace('\'', "''");
         match client.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{name}'")).await {
             Ok(()) => return Ok(import.lsn.clone()),
@@ -145,7 +156,7 @@ async fn begin_snapshot(
             }
         }
     }
-    client.batch_execute(BEGIN).await?;
+    client.batch_execute(BEGIN_SNAPSHOT).await?;
     if snapshot.lock {
         client.batch_execute(&format!("LOCK TABLE {} IN SHARE MODE", qualified(&table.name))).await?;
     }
@@ -153,12 +164,72 @@ async fn begin_snapshot(
     Ok(row.get(0))
 }
 
-/// A split being read: the open query's rows, turned into batches.
+/// The connections that read a split: the first, which takes the snapshot, and the others,
+/// each reading a range of the table's pages in it (a table without a key, `KeyRange::parts`).
+pub(crate) struct Parts {
+    pub first: Client,
+    pub others: Vec<Client>,
+}
+
+impl Parts {
+    fn all(&self) -> impl Iterator<Item = &Client> {
+        std::iter::once(&self.first).chain(&self.others)
+    }
+}
+
+/// How every read in a snapshot begins.
+const BEGIN_SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+
+/// The connections of `parts` with what each reads: the whole selection on the first alone,
+/// else one range of the table's pages each, cut evenly over the pages the table has now (the
+/// last range open-ended), every other connection in the first one's snapshot, which it
+/// exports. A table whose pages are fewer than the connections (or a partitioned one, whose
+/// rows are in its partitions' pages) is read by the first alone.
+async fn part_selections<'a>(
+    parts: &'a Parts,
+    table: &TableSchema,
+    selection: Selection,
+) -> std::result::Result<Vec<(&'a Client, Selection)>, tokio_postgres::Error> {
+    let first = &parts.first;
+    let count = parts.others.len() as u64 + 1;
+    if count == 1 {
+        return Ok(vec![(first, selection)]);
+    }
+    let pages: i64 = first
+        .query_one(
+            "SELECT pg_relation_size($1::text::regclass) / current_setting('block_size')::bigint",
+            &[&qualified(&table.name)],
+        )
+        .await?
+        .get(0);
+    let pages = pages.max(0) as u64;
+    if pages < count {
+        return Ok(vec![(first, selection)]);
+    }
+    let exported: String = first.query_one("SELECT pg_export_snapshot()", &[]).await?.get(0);
+    for other in &parts.others {
+        other.batch_execute(BEGIN_SNAPSHOT).await?;
+        other.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{}'", exported.replace('\'', "''"))).await?;
+    }
+    log::info!("table {}: read by {count} connections at once, each a range of its {pages} pages", table.name);
+    Ok(parts
+        .all()
+        .enumerate()
+        .map(|(index, client)| {
+            let index = index as u64;
+            let end = (index + 1 < count).then(|| pages * (index + 1) / count);
+            let pages = Some((pages * index / count, end));
+            (client, Selection { pages, ..selection.clone() })
+        })
+        .collect())
+}
+
+/// A split being read: the open queries' rows, turned into batches.
 pub(crate) struct PostgresReader {
-    client: Client,
+    parts: Parts,
     server: String,
     table: Arc<TableSchema>,
-    rows: Option<Pin<Box<CopyOutStream>>>,
+    rows: Option<SelectAll<Pin<Box<CopyOutStream>>>>,
     batch_rows: usize,
     /// The rows are read in a snapshot, ended once the split is read.
     snapshot: bool,
@@ -178,7 +249,7 @@ impl PostgresReader {
     /// Starts the read; in a job that streams, inside a snapshot (`begin_snapshot`) whose
     /// position the read's batches carry.
     pub(crate) async fn start(
-        client: Client,
+        parts: Parts,
         server: String,
         table: Arc<TableSchema>,
         selection: Selection,
@@ -187,23 +258,22 @@ impl PostgresReader {
     ) -> Result<PostgresReader> {
         let doing = format!("read table {}", table.name);
         let error = |error| postgres_error(error, Side::Source, &server, &doing);
+        let client = &parts.first;
         let mut reads = Vec::new();
         if let Some(snapshot) = snapshot.as_ref() {
-            let lsn = begin_snapshot(&client, &table, snapshot).await.map_err(error)?;
+            let lsn = begin_snapshot(client, &table, snapshot).await.map_err(error)?;
             reads = snapshot.earlier.clone();
             reads.push(SplitRead { after: selection.after.clone(), lsn });
+        } else if !parts.others.is_empty() {
+            client.batch_execute(BEGIN_SNAPSHOT).await.map_err(error)?;
         }
-        let rows = client.copy_out(&statement(&table, &selection)).await.map_err(error)?;
-        Ok(PostgresReader {
-            client,
-            server,
-            table,
-            rows: Some(Box::pin(rows)),
-            batch_rows,
-            snapshot: snapshot.is_some(),
-            reads,
-            last_key: None,
-        })
+        let mut rows = SelectAll::new();
+        for part in part_selections(&parts, &table, selection).await.map_err(error)? {
+            let (client, selection) = part;
+            rows.push(Box::pin(client.copy_out(&statement(&table, &selection)).await.map_err(error)?));
+        }
+        let snapshot = snapshot.is_some() || !parts.others.is_empty();
+        Ok(PostgresReader { parts, server, table, rows: Some(rows), batch_rows, snapshot, reads, last_key: None })
     }
 
     /// Reads one row of COPY text (tab-separated fields, `\\N` for NULL, backslash escapes);
@@ -286,8 +356,8 @@ impl Reader for PostgresReader {
         if !finished {
             self.rows = Some(rows);
         } else if self.snapshot {
-            {
-                self.client.batch_execute("COMMIT").await.map_err(|error| {
+            for client in self.parts.all() {
+                client.batch_execute("COMMIT").await.map_err(|error| {
                     postgres_error(
                         error,
                         Side::Source,
@@ -321,6 +391,23 @@ fn key_text(table: &TableSchema, values: &[Value]) -> Vec<String> {
 mod tests {
     use super::*;
     use sluice_core::{Column, DataType, TableName};
+
+    #[test]
+    fn a_part_of_a_keyless_table_reads_a_range_of_its_pages_unordered() {
+        let table = TableSchema {
+            columns: vec![Column::new("a", DataType::Integer { bytes: 4, unsigned: false }, true)],
+            ..TableSchema::named(TableName::new(Some("app"), "t"))
+        };
+        let part = |pages| statement(&table, &Selection { pages: Some(pages), ..Selection::default() });
+        assert_eq!(
+            part((10, Some(20))),
+            "COPY (SELECT row.\"a\" FROM \"app\".\"t\" AS row WHERE row.ctid >= '(10,0)'::tid AND row.ctid < '(20,0)'::tid) TO STDOUT"
+        );
+        assert_eq!(
+            part((20, None)),
+            "COPY (SELECT row.\"a\" FROM \"app\".\"t\" AS row WHERE row.ctid >= '(20,0)'::tid) TO STDOUT"
+        );
+    }
 
     #[test]
     fn bounds_are_escaped_literals_cast_to_the_key_types() {
