@@ -7,7 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use futures_util::stream::SelectAll;
+use std::collections::VecDeque;
+
+use futures_util::stream::{ReadyChunks, SelectAll};
 use futures_util::StreamExt;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
 use sluice_core::connector::Reader;
@@ -224,12 +226,22 @@ async fn part_selections<'a>(
         .collect())
 }
 
+/// The open queries' lines, taken from whichever has some, as many as it has ready at once: a
+/// selection over streams costs about as much per item as decoding a row, so it is paid per
+/// chunk.
+type Lines = SelectAll<ReadyChunks<Pin<Box<CopyOutStream>>>>;
+
+/// Lines a query hands over at most at once.
+const READY_LINES: usize = 1024;
+
 /// A split being read: the open queries' rows, turned into batches.
 pub(crate) struct PostgresReader {
     parts: Parts,
     server: String,
     table: Arc<TableSchema>,
-    rows: Option<SelectAll<Pin<Box<CopyOutStream>>>>,
+    rows: Option<Lines>,
+    /// Lines taken from the queries and not yet in a batch.
+    pending: VecDeque<std::result::Result<bytes::Bytes, tokio_postgres::Error>>,
     batch_rows: usize,
     /// The rows are read in a snapshot, ended once the split is read.
     snapshot: bool,
@@ -270,10 +282,21 @@ impl PostgresReader {
         let mut rows = SelectAll::new();
         for part in part_selections(&parts, &table, selection).await.map_err(error)? {
             let (client, selection) = part;
-            rows.push(Box::pin(client.copy_out(&statement(&table, &selection)).await.map_err(error)?));
+            let lines = Box::pin(client.copy_out(&statement(&table, &selection)).await.map_err(error)?);
+            rows.push(lines.ready_chunks(READY_LINES));
         }
         let snapshot = snapshot.is_some() || !parts.others.is_empty();
-        Ok(PostgresReader { parts, server, table, rows: Some(rows), batch_rows, snapshot, reads, last_key: None })
+        Ok(PostgresReader {
+            parts,
+            server,
+            table,
+            rows: Some(rows),
+            pending: VecDeque::new(),
+            batch_rows,
+            snapshot,
+            reads,
+            last_key: None,
+        })
     }
 
     /// Reads one row of COPY text (tab-separated fields, `\\N` for NULL, backslash escapes);
@@ -326,7 +349,17 @@ impl Reader for PostgresReader {
         // the last change unless a rejected row came after it.
         let mut last_is_change = false;
         while changes.len() + rejected.len() < self.batch_rows {
-            match rows.next().await {
+            let line = match self.pending.pop_front() {
+                Some(line) => Some(line),
+                None => match rows.next().await {
+                    Some(lines) => {
+                        self.pending.extend(lines);
+                        continue;
+                    }
+                    None => None,
+                },
+            };
+            match line {
                 Some(Ok(line)) => match self.decode(&line) {
                     Ok(values) => {
                         bytes += line.len() as u64;
