@@ -4,7 +4,7 @@
 #
 #   bench/postgres.sh [--rows 1000000] [--cdc-rows 1000000] [--changes 200000] [--repeat 2]
 #                     [--latency-seconds 30] [--rate 1250] [--only snapshot|cdc]
-#                     [--apply-parallelism N (the target's default)]
+#                     [--apply-parallelism N (the target's default)] [--keyless]
 #                     [--sluice PATH] [--out bench/results] [--logs DIR]
 #
 # Servers (scripts/testdb, tmpfs, PostgreSQL 15, wal_level=logical): `src` (the source
@@ -21,6 +21,8 @@
 #      before it built a created table's key after the copy);
 #    - pgcopydb clone --table-jobs 2 --index-jobs 2, filtered to the table (it also dumps and
 #      restores the table's DDL and VACUUM ANALYZEs it), whole-table and split in 2 parts.
+#    With --keyless the snapshot's table has no primary key (the pipe adds none; sluice reads it
+#    as one task, by several connections over page ranges; the keyed-table run is left out).
 #    Each is timed by /usr/bin/time (wall, user+sys CPU of the tool's process tree, peak RSS);
 #    the servers' CPU over the run comes from /proc (postmaster trees, reaped backends included).
 #    Each target is checked against the source: count, sums of a, b, hashes of c and filler,
@@ -35,6 +37,10 @@
 #    stored stream checkpoint (`position->'at'->>'lsn'`, job restarted with `mode: cdc`), the
 #    native slot's confirmed_flush_lsn (ALTER SUBSCRIPTION ... ENABLE). Then stopped again and
 #    checked against the source. --repeat rounds, each on a fresh backlog continuing the last.
+#    The same backlog also goes to a MySQL target (a hermetic MariaDB, `my`): a second sluice
+#    job with a slot of its own, brought to the start and timed the same way (its stored
+#    checkpoint in the MariaDB), with its peak memory; checked by count, sums and an md5-based
+#    sum of c computed alike by both servers.
 # 3. Latency at a fixed rate (--latency-seconds, 0 skips it): with the replicator caught up,
 #    pgbench runs the same 4-change transaction at --rate transactions/s. sluice's p50/p99 come
 #    from its summary JSON (histogram bucket bounds; from a transaction's arrival at sluice, its
@@ -60,6 +66,7 @@ out=bench/results
 logs=""
 timeout=1800
 apply_parallelism=""
+keyless=false
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rows) rows=$2; shift 2 ;;
@@ -74,8 +81,9 @@ while [[ $# -gt 0 ]]; do
     --logs) logs=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --apply-parallelism) apply_parallelism=$2; shift 2 ;;
+    --keyless) keyless=true; shift ;;
     *) echo "usage: $0 [--rows N] [--cdc-rows N] [--changes N] [--repeat N] [--latency-seconds S] [--rate TPS] [--only snapshot|cdc]" \
-         "[--apply-parallelism N]" \
+         "[--apply-parallelism N] [--keyless]" \
          "[--sluice PATH (prebuilt; skips the build)] [--out DIR] [--logs DIR] [--timeout S]" >&2; exit 2 ;;
   esac
 done
@@ -119,6 +127,7 @@ cleanup() {
     for server in "${servers[@]}"; do cp "$base/$server/server.log" "$logs/server-$server.log" 2>/dev/null || true; done
   fi
   for server in "${servers[@]}"; do scripts/testdb stop postgres "$base/$server" >/dev/null 2>&1 || true; done
+  scripts/testdb stop mariadb "$base/my" >/dev/null 2>&1 || true
   rm -rf "$base"
 }
 trap cleanup EXIT
@@ -132,7 +141,12 @@ for server in src dst native; do
   declare "${server}_url=$url"
   declare "${server}_port=$(cat "$base/$server/port")"
 done
+if wanted cdc; then
+  my_url=$(scripts/testdb start mariadb "$base/my"); my_url=${my_url#URL=}
+fi
 pid_of() { cat "$base/$1/pid"; }
+# my SQL...: the MariaDB client as root over the socket, batch output without column names.
+my() { mariadb --no-defaults -S "$base/my/mysql.sock" -uroot -N -B "$@"; }
 # q SERVER DB SQL...: psql as postgres over the server's socket, unaligned, quiet.
 q() { local server=$1 db=$2; shift 2; psql -X -q -At -v ON_ERROR_STOP=1 -h "$base/$server" -p "$(cat "$base/$server/port")" -U postgres -d "$db" "$@"; }
 # db_url SERVER DB: sluice's URL of database DB on SERVER.
@@ -148,11 +162,25 @@ emit "{\"name\":\"run\",\"command\":\"$(json_str "$command_line")\",\"sluice_bin
 
 # The pgbench-like table, rows 1..N. c: 60 characters; filler as pgbench_accounts'.
 table_ddl="CREATE TABLE public.t (id bigint PRIMARY KEY, a int NOT NULL, b int NOT NULL, c text NOT NULL, filler character(84))"
+# The snapshot's source table: the same, without its key with --keyless.
+snapshot_ddl=$table_ddl
+$keyless && snapshot_ddl=${table_ddl/ PRIMARY KEY/}
 fill_sql() { echo "INSERT INTO public.t SELECT g, (g * 7919) % 100000, (g * 104729) % 1000, left(md5(g::text) || md5((g + 1)::text), 60), '' FROM generate_series(1::bigint, $1) g"; }
 # checksum SERVER DB: what every copy must match.
 checksum() {
   q "$1" "$2" -c "SELECT count(*), coalesce(sum(a), 0), coalesce(sum(b), 0), coalesce(sum(hashtext(c)::bigint), 0), coalesce(sum(hashtext(filler::text)::bigint), 0),
     (SELECT count(*) FROM pg_index WHERE indrelid = 'public.t'::regclass AND indisprimary) FROM public.t" 2>&1 || true
+}
+
+# portable_checksum SERVER DB | my: count, sums of a and b, and the sum of the first 32 bits
+# of md5(c), which PostgreSQL and MariaDB compute alike (filler, blank padding, is left out:
+# MariaDB strips a CHAR's trailing blanks).
+portable_checksum() {
+  if [[ $1 == my ]]; then
+    my -e "SELECT count(*), coalesce(sum(a), 0), coalesce(sum(b), 0), coalesce(sum(cast(conv(substr(md5(c), 1, 8), 16, 10) AS UNSIGNED)), 0) FROM public.t" 2>&1 | tr '\t' '|' || true
+  else
+    q "$1" "$2" -c "SELECT count(*), coalesce(sum(a), 0), coalesce(sum(b), 0), coalesce(sum(('x' || substr(md5(c), 1, 8))::bit(32)::bigint), 0) FROM public.t" 2>&1 || true
+  fi
 }
 
 # ============================== 1. snapshot ====================================================
@@ -190,9 +218,10 @@ pipe_copy() {
     -c "CREATE TABLE public.t (id bigint NOT NULL, a int NOT NULL, b int NOT NULL, c text NOT NULL, filler character(84))"
   psql -X -q -h "$base/src" -p "$src_port" -U postgres -d bench -v ON_ERROR_STOP=1 -c "COPY public.t TO STDOUT" \
     | psql -X -q -h "$base/dst" -p "$dst_port" -U postgres -d pipe -v ON_ERROR_STOP=1 -c "COPY public.t FROM STDIN"
-  psql -X -q -h "$base/dst" -p "$dst_port" -U postgres -d pipe -v ON_ERROR_STOP=1 -c "ALTER TABLE public.t ADD PRIMARY KEY (id)"
+  [[ $keyless == true ]] ||
+    psql -X -q -h "$base/dst" -p "$dst_port" -U postgres -d pipe -v ON_ERROR_STOP=1 -c "ALTER TABLE public.t ADD PRIMARY KEY (id)"
 }
-export base src_port dst_port
+export base src_port dst_port keyless
 export -f pipe_copy
 
 snapshot_job() {
@@ -221,7 +250,7 @@ run_tool() {
   case $tool in
     pipe)
       fresh_target pipe
-      measure "limit: psql COPY | psql COPY, then ADD PRIMARY KEY" pipe "$run" bash -c pipe_copy
+      measure "limit: psql COPY | psql COPY$($keyless || echo ", then ADD PRIMARY KEY")" pipe "$run" bash -c pipe_copy
       drop_target pipe ;;
     sluice4|sluice2)
       local p=${tool#sluice} name=bench-snap-p${tool#sluice}
@@ -255,13 +284,14 @@ run_tool() {
 }
 
 snapshot_tools=(pipe sluice4 sluice4-keyed sluice2 pgcopydb pgcopydb-split)
+$keyless && snapshot_tools=(pipe sluice4 sluice2 pgcopydb pgcopydb-split)
 if wanted snapshot; then
   log "snapshot: preparing $rows rows"
   q src postgres -c "CREATE DATABASE bench OWNER sluice" >/dev/null
-  q src bench -c "$table_ddl" -c "$(fill_sql "$rows")" -c "VACUUM ANALYZE public.t" -c "CHECKPOINT" >/dev/null
+  q src bench -c "$snapshot_ddl" -c "$(fill_sql "$rows")" -c "VACUUM ANALYZE public.t" -c "CHECKPOINT" >/dev/null
   q src bench -c "SELECT count(*), sum(length(c)) FROM public.t" >/dev/null  # warm the cache
   table_bytes=$(q src bench -c "SELECT pg_table_size('public.t')")
-  emit "{\"name\":\"snapshot table\",\"phase\":\"snapshot-table\",\"rows\":$rows,\"table_bytes\":$table_bytes}"
+  emit "{\"name\":\"snapshot table\",\"phase\":\"snapshot-table\",\"rows\":$rows,\"table_bytes\":$table_bytes,\"keyless\":$keyless}"
   want=$(checksum src bench)
   # Interleaved rounds: every tool once per round, so the machine's load spreads over all.
   for run in $(seq 1 "$repeat"); do
@@ -285,24 +315,30 @@ fi
 
 # ============================== 2. CDC backlog =================================================
 sluice_pid=""
+# cdc_job MODE [my]: the job file, into PostgreSQL (`bench-cdc`) or MariaDB (`bench-cdc-my`,
+# whose tables land in database `public`, named after the source schema).
 cdc_job() {
-  cat >"$base/bench-cdc-$1.yaml" <<EOF
-name: bench-cdc
+  local name=bench-cdc target="type: postgres
+  url: $(db_url dst cdc_sluice)"
+  if [[ ${2:-} == my ]]; then name=bench-cdc-my target="type: mysql
+  url: $my_url"; fi
+  cat >"$base/$name-$1.yaml" <<EOF
+name: $name
 mode: $1
 source:
   type: postgres
   url: $(db_url src cdc)
   tables: ["public.t"]
 target:
-  type: postgres
-  url: $(db_url dst cdc_sluice)
+  $target
   create_tables: true
 ${apply_parallelism:+apply_parallelism: $apply_parallelism}
 EOF
-  echo "$base/bench-cdc-$1.yaml"
+  echo "$base/$name-$1.yaml"
 }
+# sluice_start MODE LOG [my]
 sluice_start() {
-  SLUICE_PROGRESS_SECS=5 nice -n 0 "$sluice" run "$(cdc_job "$1")" --state-dir "$base/state-cdc" --summary-json "$base/$2.json" >"$base/$2.log" 2>&1 &
+  SLUICE_PROGRESS_SECS=5 nice -n 0 "$sluice" run "$(cdc_job "$1" "${3:-}")" --state-dir "$base/state-cdc${3:+-$3}" --summary-json "$base/$2.json" >"$base/$2.log" 2>&1 &
   sluice_pid=$!
   bg_pids+=("$sluice_pid")
 }
@@ -333,6 +369,7 @@ writes() {
 # lsn_reached AT MARK: AT >= MARK (X/Y LSNs), compared by the source server.
 lsn_reached() { [[ -n "$1" ]] && [[ $(q src postgres -c "SELECT '$1'::pg_lsn >= '$2'::pg_lsn") == t ]]; }
 sluice_lsn() { q dst cdc_sluice -c "SELECT position->'at'->>'lsn' FROM sluice.checkpoints WHERE job = 'bench-cdc' AND task = 'stream'" 2>/dev/null || true; }
+my_lsn() { my -e "SELECT JSON_UNQUOTE(JSON_EXTRACT(position, '$.at.lsn')) FROM sluice.checkpoints WHERE job = 'bench-cdc-my' AND task = 'stream'" 2>/dev/null || true; }
 native_lsn() { q src cdc -c "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'bench_sub'"; }
 # wait_lsn WHAT GETTER MARK: until GETTER's LSN reaches MARK; fails when sluice dies (if it runs)
 # or after --timeout.
@@ -341,7 +378,7 @@ wait_lsn() {
   while :; do
     at=$($2)
     if lsn_reached "$at" "$3"; then return 0; fi
-    if [[ $1 == sluice ]] && ! kill -0 "$sluice_pid" 2>/dev/null; then log "sluice exited before reaching $3"; return 1; fi
+    if [[ $1 == sluice* ]] && ! kill -0 "$sluice_pid" 2>/dev/null; then log "sluice exited before reaching $3"; return 1; fi
     if ((SECONDS >= deadline)); then log "$1 did not reach $3 in $timeout s (at $at)"; return 1; fi
     sleep 0.1
   done
@@ -383,6 +420,15 @@ SQL
   if ! wait_lsn sluice sluice_lsn "$mark"; then
     tail -5 "$base/cdc-setup.log" >&2; sluice_ready=false
     emit "{\"name\":\"sluice PostgreSQL→PostgreSQL (mode: cdc)\",\"kind\":\"sluice\",\"phase\":\"cdc\",\"run\":0,\"failed\":\"setup: $(json_str "$(grep -v '^\s*$' "$base/cdc-setup.log" | tail -1)")\"}"
+  fi
+  sluice_stop
+  # sluice into MariaDB: the same, with a slot of its own.
+  log "cdc: sluice snapshot+cdc into MariaDB to the starting state"
+  sluice_start snapshot+cdc cdc-setup-my my
+  my_ready=true
+  if ! wait_lsn sluice-my my_lsn "$mark"; then
+    tail -5 "$base/cdc-setup-my.log" >&2; my_ready=false
+    emit "{\"name\":\"sluice PostgreSQL→MySQL (mode: cdc)\",\"kind\":\"sluice-mysql\",\"phase\":\"cdc\",\"run\":0,\"failed\":\"setup: $(json_str "$(grep -v '^\s*$' "$base/cdc-setup-my.log" | tail -1)")\"}"
   fi
   sluice_stop
   # native: the table loaded by COPY, then a disabled subscription whose slot starts here.
@@ -429,6 +475,27 @@ SQL
       emit "{\"name\":\"sluice PostgreSQL→PostgreSQL (mode: cdc)\",\"kind\":\"sluice\",\"phase\":\"cdc\",\"run\":$run,\"failed\":\"$(json_str "$(grep -v '^\s*$' "$base/cdc-backlog-$run.log" | tail -1)")\"}"
       sluice_stop
     fi
+    fi
+
+    # sluice into MariaDB
+    if $my_ready; then
+      log "cdc round $run: sluice into MariaDB"
+      s0=$(tree_cpu "$(pid_of src)"); d0=$(tree_cpu "$(pid_of my)"); t0=$(now)
+      sluice_start cdc "cdc-backlog-my-$run" my
+      if wait_lsn sluice-my my_lsn "$end_lsn"; then
+        wall=$(elapsed "$t0")
+        cpu=$(tree_cpu "$sluice_pid"); rss=$(tree_rss_kb "$sluice_pid")
+        scpu=$(sub "$(tree_cpu "$(pid_of src)")" "$s0"); dcpu=$(sub "$(tree_cpu "$(pid_of my)")" "$d0")
+        sluice_stop
+        got=$(portable_checksum my); ok=false; want_portable=$(portable_checksum src cdc)
+        [[ "$got" == "$want_portable" ]] && ok=true || log "MISMATCH: source [$want_portable] sluice into MariaDB [$got]"
+        emit "{\"name\":\"sluice PostgreSQL→MySQL (mode: cdc)\",\"kind\":\"sluice-mysql\",\"phase\":\"cdc\",\"run\":$run,\"row_changes\":$changes,\"transactions\":$tx,\"wall\":$wall,\"cpu\":$cpu,\"source_cpu\":$scpu,\"target_cpu\":$dcpu,\"rss_kb\":$rss,\"verified\":$ok}"
+        log "  $wall s, $(awk "BEGIN{printf \"%.0f\", $changes / $wall}") row changes/s, sluice CPU $cpu s, peak RSS $rss kB, source $scpu s, target $dcpu s, verified $ok"
+      else
+        tail -5 "$base/cdc-backlog-my-$run.log" >&2
+        emit "{\"name\":\"sluice PostgreSQL→MySQL (mode: cdc)\",\"kind\":\"sluice-mysql\",\"phase\":\"cdc\",\"run\":$run,\"failed\":\"$(json_str "$(grep -v '^\s*$' "$base/cdc-backlog-my-$run.log" | tail -1)")\"}"
+        sluice_stop
+      fi
     fi
 
     # native logical replication
@@ -566,7 +633,8 @@ def grouped(phase):
 snap = grouped("snapshot")
 if snap:
     table = next(r for r in runs if r.get("phase") == "snapshot-table")
-    print(f"### Snapshot, {table['rows']:,} rows ({table['table_bytes'] / 1e6:,.0f} MB table), PostgreSQL → PostgreSQL (two servers on one machine)\n")
+    keyless = ", a table without a key" if table.get("keyless") else ""
+    print(f"### Snapshot, {table['rows']:,} rows ({table['table_bytes'] / 1e6:,.0f} MB table{keyless}), PostgreSQL → PostgreSQL (two servers on one machine)\n")
     print("Median of the runs; every run's wall time in the last column. Tool CPU: the tool's own processes "
           "(for the pipe: the two psql); server CPU: the source's and the target's postmaster trees.\n")
     med = {k: statistics.median(r["wall"] for r in v if "wall" in r) for k, v in snap.items() if any("wall" in r for r in v)}
@@ -594,10 +662,10 @@ if snap:
 cdc = grouped("cdc")
 if cdc:
     load = [r for r in runs if r.get("phase") == "cdc-load"]
-    print(f"### CDC backlog, PostgreSQL → PostgreSQL: {load[0]['row_changes']:,} row changes in {load[0]['transactions']:,} transactions per round, {len(load)} rounds\n")
+    print(f"### CDC backlog, PostgreSQL → PostgreSQL (and sluice → MySQL): {load[0]['row_changes']:,} row changes in {load[0]['transactions']:,} transactions per round, {len(load)} rounds\n")
     print("Catch-up from the job's (subscription's) start until its stored position reaches the source's pg_current_wal_lsn() "
           "after the backlog. Tool CPU: sluice's process; for the native subscriber its whole server (the apply worker). "
-          "Target CPU: sluice's target server. Source CPU: the source server (its walsender decodes for both).\n")
+          "Target CPU: sluice's target server (MariaDB for → MySQL). Peak RSS: sluice's VmHWM. Source CPU: the source server (its walsender decodes for both).\n")
     med = {k: statistics.median(r["wall"] for r in v if "wall" in r) for k, v in cdc.items() if any("wall" in r for r in v)}
     sluice = med.get("sluice")
     print("| tool | × sluice's row changes/s | catch-up s | row changes/s | tool CPU s | row changes per tool CPU-s | target CPU s | source CPU s | row changes per total CPU-s | peak RSS MB | target = source | runs (s) |")
