@@ -519,7 +519,9 @@ fn a_keyless_table_is_read_by_several_connections_in_one_snapshot_exactly_once()
         "CREATE SCHEMA {schema}; SET search_path = {schema};
          CREATE TABLE events (a int, b text); ALTER TABLE events REPLICA IDENTITY FULL;
          INSERT INTO events SELECT g % 5000, repeat('v', 50 + g % 7) FROM generate_series(1, 40000) g; ANALYZE events;
-         CREATE TABLE keyed (id int PRIMARY KEY); INSERT INTO keyed SELECT generate_series(1, 40000); ANALYZE keyed;"
+         CREATE TABLE keyed (id int PRIMARY KEY); INSERT INTO keyed SELECT generate_series(1, 40000); ANALYZE keyed;
+         CREATE TABLE composite (region text, id int, v text, PRIMARY KEY (region, id));
+         INSERT INTO composite SELECT 'r' || (g % 7), g, 'v' || g FROM generate_series(1, 30000) g; ANALYZE composite;"
     ));
     let workspace = Workspace::new();
     let name = schema.replace('_', "-");
@@ -564,6 +566,15 @@ fn a_keyless_table_is_read_by_several_connections_in_one_snapshot_exactly_once()
     let tasks =
         psql(&format!("SELECT count(*) FROM sluice.checkpoints WHERE job = '{name}-copy' AND task LIKE '%keyed#%'"));
     assert!(tasks.trim().parse::<u32>().unwrap() >= 4, "40,000 rows in splits of 5,000: {tasks}");
+    // A composite text key by sampled bounds: every row once.
+    let tasks = psql(&format!(
+        "SELECT count(*) FROM sluice.checkpoints WHERE job = '{name}-copy' AND task LIKE '%composite#%'"
+    ));
+    assert!(tasks.trim().parse::<u32>().unwrap() >= 3, "30,000 rows in splits of 5,000: {tasks}");
+    let composite = |sql: &dyn Fn(&str) -> String, schema: &str| {
+        sql(&format!("SELECT count(*), count(DISTINCT (region, id)), sum(id), max(v) FROM {schema}.composite"))
+    };
+    assert_eq!(composite(&psql, &format!("{schema}_copy")), composite(&|sql: &str| source.sql(sql), &schema));
 
     let job = job_file(&workspace, &name, &schema, "postgres", limits);
     let mut run = start(&workspace, &job, &source, &postgres_url());

@@ -312,18 +312,26 @@ impl PostgresSource {
     ) -> Result<Vec<(Option<Vec<String>>, Option<Vec<String>>)>> {
         let count = estimated.div_ceil(hint.rows_per_split.max(1)).clamp(1, 10_000);
         let wanted = count * 20;
-        let percent = (100.0 * wanted as f64 / estimated.max(1) as f64).clamp(0.001, 100.0);
+        let mut percent = (100.0 * wanted as f64 / estimated.max(1) as f64).clamp(0.001, 100.0);
         let key: Vec<String> =
             (0..table.primary_key.len()).map(|index| reader::key_expression(table, table.primary_key[index])).collect();
         let texts: Vec<String> = key.iter().map(|expression| format!("({expression})::text")).collect();
-        let sql = format!(
-            "SELECT {} FROM {} AS row TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
-            texts.join(", "),
-            catalog::qualified(&table.name),
-            key.join(", ")
-        );
         let doing = format!("sample the keys of table {}", table.name);
-        let rows = client.query(&sql, &[]).await.map_err(self.error(&doing))?;
+        // SYSTEM sampling takes whole pages: a table of a few hundred pages may give none at a
+        // small percentage, so a sample too small is taken again, ten times larger.
+        let rows = loop {
+            let sql = format!(
+                "SELECT {} FROM {} AS row TABLESAMPLE SYSTEM ({percent}) ORDER BY {}",
+                texts.join(", "),
+                catalog::qualified(&table.name),
+                key.join(", ")
+            );
+            let rows = client.query(&sql, &[]).await.map_err(self.error(&doing))?;
+            if rows.len() as u64 >= wanted / 2 || percent >= 100.0 {
+                break rows;
+            }
+            percent = (percent * 10.0).min(100.0);
+        };
         let step = (rows.len() / count as usize).max(1);
         let mut bounds = Vec::new();
         let mut after: Option<Vec<String>> = None;
