@@ -167,6 +167,13 @@ pub struct TableDetails {
     /// of the source's dialect creates them to compute them itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generated: Vec<GeneratedColumn>,
+    /// The source's change log carries an updated row's old values only in part: its key, and
+    /// only when the key changed (PostgreSQL without `REPLICA IDENTITY FULL`). A change's
+    /// before image then holds the new row's values (the key unchanged) or nulls (the key
+    /// moved) where the old ones are unknown, which a stream target does not present as old
+    /// values.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub old_values_unknown: bool,
 }
 
 /// A column computed from others of its row, in the source's dialect (`TableDetails::dialect`).

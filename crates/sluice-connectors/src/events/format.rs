@@ -288,8 +288,10 @@ fn maxwell(event: &Event<'_>) -> String {
     output.push_str(",\"data\":");
     push_row(table, event.row(), &mut output);
     if let EventKind::Update { before, after } = event.kind {
-        // Maxwell's `old` holds the previous value of each column that changed, only those.
-        let changed = (0..table.columns.len()).filter(|&index| before.get(index) != after.get(index));
+        // Maxwell's `old` holds the previous value of each column that changed, only those; of
+        // the key's alone where the source sent no other old values.
+        let known = |index: &usize| !table.details.old_values_unknown || table.primary_key.contains(index);
+        let changed = (0..table.columns.len()).filter(|&index| before.get(index) != after.get(index)).filter(known);
         output.push_str(",\"old\":");
         push_object(table, before, changed, &mut output);
     }
@@ -320,7 +322,10 @@ fn debezium(event: &Event<'_>, origin: &Origin) -> String {
     let (before, after, op) = match event.kind {
         EventKind::Snapshot { after } => (None, Some(after), "r"),
         EventKind::Insert { after } => (None, Some(after), "c"),
-        EventKind::Update { before, after } => (Some(before), Some(after), "u"),
+        // No old row where the source sent none (as Debezium's PostgreSQL connector does).
+        EventKind::Update { before, after } => {
+            ((!table.details.old_values_unknown).then_some(before), Some(after), "u")
+        }
         EventKind::Delete { before } => (Some(before), None, "d"),
     };
     for (name, image) in [("{\"before\":", before), (",\"after\":", after)] {
@@ -577,6 +582,29 @@ mod tests {
         let keyless = std::sync::Arc::new(TableSchema { primary_key: Vec::new(), ..(*table).clone() });
         let change = Change { table: keyless, kind: ChangeKind::Update { before: row(7, "a"), after: row(8, "a") } };
         assert!(matches!(debezium.events_of(&change)[..], [EventKind::Update { .. }]));
+    }
+
+    #[test]
+    fn old_values_the_source_did_not_send_are_not_shown_as_old_values() {
+        let table = TableSchema {
+            details: sluice_core::schema::TableDetails { old_values_unknown: true, ..Default::default() },
+            ..table()
+        };
+        let after = row(7, "new");
+        let kept = Event {
+            table: &table,
+            kind: EventKind::Update { before: &after, after: &after },
+            ts_ms: 0,
+            position: None,
+            transaction: None,
+        };
+        let debezium = parse(&EventFormat::Debezium { schema: false }.value(&kept, &origin()));
+        assert!(debezium["before"].is_null() && debezium["after"]["note"] == "new", "{debezium}");
+        assert_eq!(parse(&EventFormat::Maxwell.value(&kept, &origin()))["old"], json!({}));
+        // A key moved: the old key is known, the other old values are not (sent as nulls).
+        let old_key = vec![Value::Int(6), Value::Null, Value::Null, Value::Null];
+        let moved = Event { kind: EventKind::Update { before: &old_key, after: &after }, ..kept };
+        assert_eq!(parse(&EventFormat::Maxwell.value(&moved, &origin()))["old"], json!({"id": 6}));
     }
 
     #[test]

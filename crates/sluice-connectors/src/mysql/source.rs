@@ -951,6 +951,7 @@ async fn describe_table(
         collation,
         next_auto_increment: next_auto_increment.filter(|_| columns.iter().any(|column| column.details.auto_increment)),
         generated: Vec::new(),
+        old_values_unknown: false,
     };
     Ok(TableSchema { name: name.clone(), columns, primary_key, indexes, details })
 }

@@ -46,7 +46,12 @@ impl Mappings {
         let kept = {
             let known = lock(&self.known);
             if let Some(mapping) = known.by_source.get(&table.name) {
-                if mapping.source.columns == table.columns && mapping.source.primary_key == table.primary_key {
+                // A table whose log now carries whole old rows, or no longer does, is mapped
+                // again: the target schema says so to the writers (`TableDetails`).
+                if mapping.source.columns == table.columns
+                    && mapping.source.primary_key == table.primary_key
+                    && mapping.source.details.old_values_unknown == table.details.old_values_unknown
+                {
                     return Ok(mapping.clone());
                 }
             }

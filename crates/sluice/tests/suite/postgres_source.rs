@@ -816,11 +816,12 @@ fn a_postgres_source_streams_debezium_events_into_nats_exactly_once() {
     kill(&mut run);
     source.sql(&format!(
         "SET search_path = {schema}; DELETE FROM items WHERE id = 50; INSERT INTO items VALUES (201, 1, 'new');
-         UPDATE items SET id = 1000 WHERE id = 20; UPDATE items SET s = NULL WHERE id = 30;"
+         UPDATE items SET id = 1000 WHERE id = 20; UPDATE items SET s = NULL WHERE id = 30;
+         ALTER TABLE items REPLICA IDENTITY FULL; UPDATE items SET v = 77 WHERE id = 60;"
     ));
     let mut run = start(&workspace, &job, &source, &nats.url());
     wait_running("the changes after the kill", Duration::from_secs(60), &mut run, || {
-        events().iter().any(|event| event["op"] == "u" && id_of(event) == 30)
+        events().iter().any(|event| event["op"] == "u" && id_of(event) == 60)
     });
     drop(run);
 
@@ -831,7 +832,7 @@ fn a_postgres_source_streams_debezium_events_into_nats_exactly_once() {
         ids
     };
     assert_eq!(of("r"), (1..=200).collect::<Vec<_>>(), "each row's snapshot event once");
-    assert_eq!(of("u"), [(1..=10).collect::<Vec<_>>(), vec![30]].concat(), "each update once");
+    assert_eq!(of("u"), [(1..=10).collect::<Vec<_>>(), vec![30, 60]].concat(), "each update once");
     // A key move is a delete of the old key and a create of the new one, as Debezium sends it.
     assert_eq!(
         (of("d"), of("c")),
@@ -841,6 +842,14 @@ fn a_postgres_source_streams_debezium_events_into_nats_exactly_once() {
     let created = seen.iter().position(|event| event["op"] == "c" && id_of(event) == 1000).unwrap();
     let deleted = &seen[created - 1];
     assert!(deleted["op"] == "d" && id_of(deleted) == 20, "the move's delete comes just before its create: {deleted}");
+    assert!(deleted["before"]["v"].is_null(), "only the old key was sent: {deleted}");
+    // REPLICA IDENTITY DEFAULT: the server sends no old row, so no update shows one; FULL
+    // from the change after the ALTER TABLE on.
+    for event in seen.iter().filter(|event| event["op"] == "u" && id_of(event) != 60) {
+        assert!(event["before"].is_null(), "{event}");
+    }
+    let full = seen.iter().find(|event| event["op"] == "u" && id_of(event) == 60).unwrap();
+    assert!(full["before"]["v"] == 60 && full["before"]["s"] == "s60" && full["after"]["v"] == 77, "{full}");
     assert_eq!(deleted["transaction"]["id"], seen[created]["transaction"]["id"], "one transaction: {deleted}");
     for event in seen.iter().filter(|event| event["op"] == "u" && id_of(event) <= 10) {
         assert_eq!(event["after"]["v"].as_i64(), Some(id_of(event) + 1000), "{event}");

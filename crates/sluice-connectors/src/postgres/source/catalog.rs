@@ -219,6 +219,7 @@ pub(crate) async fn describe(client: &Client, name: &TableName, server: &str) ->
         collation: None,
         next_auto_increment: None,
         generated,
+        old_values_unknown: identity != ReplicaIdentity::Full,
     };
     let schema = TableSchema { name: name.clone(), columns, primary_key, indexes, details };
     Ok(Described { schema, identity, estimated_rows, toasted })

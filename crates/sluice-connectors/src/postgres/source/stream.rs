@@ -506,10 +506,14 @@ impl WalChangeStream {
     }
 
     /// The table's schema at the relation: the catalog's description if its columns are the
-    /// relation's, else one built from the relation (types looked up by oid).
+    /// relation's, else one built from the relation (types looked up by oid). Whether its old
+    /// rows are whole is the relation's say: the catalog now may have changed since.
     async fn shape(&self, name: &TableName, relation: &Relation) -> Result<TableSchema> {
         let described = match catalog::describe(&self.client, name, &self.server).await {
-            Ok(described) => Some(described.schema),
+            Ok(mut described) => {
+                described.schema.details.old_values_unknown = relation.replica_identity != b'f';
+                Some(described.schema)
+            }
             Err(error) if error.kind() == ErrorKind::Schema => None,
             Err(error) => return Err(error),
         };
@@ -524,8 +528,11 @@ impl WalChangeStream {
             }
         }
         let Some(described) = described else {
-            let details =
-                sluice_core::schema::TableDetails { dialect: Some(catalog::DIALECT.to_owned()), ..Default::default() };
+            let details = sluice_core::schema::TableDetails {
+                dialect: Some(catalog::DIALECT.to_owned()),
+                old_values_unknown: relation.replica_identity != b'f',
+                ..Default::default()
+            };
             return Ok(TableSchema {
                 name: name.clone(),
                 columns,
