@@ -3,12 +3,11 @@
 //! without a key, read whole, may be read by several connections at once, each a range of its
 //! pages, all in the first connection's snapshot (`Parts`).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use std::collections::VecDeque;
-
 use futures_util::stream::{ReadyChunks, SelectAll};
 use futures_util::StreamExt;
 use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
@@ -280,8 +279,7 @@ impl PostgresReader {
             client.batch_execute(BEGIN_SNAPSHOT).await.map_err(error)?;
         }
         let mut rows = SelectAll::new();
-        for part in part_selections(&parts, &table, selection).await.map_err(error)? {
-            let (client, selection) = part;
+        for (client, selection) in part_selections(&parts, &table, selection).await.map_err(error)? {
             let lines = Box::pin(client.copy_out(&statement(&table, &selection)).await.map_err(error)?);
             rows.push(lines.ready_chunks(READY_LINES));
         }
