@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine or a used one: installs what is missing, starts
-# hermetic MariaDB and PostgreSQL servers (own temp dirs and ports, see scripts/testdb; a second
-# pair that accepts only TLS), runs the
+# hermetic MariaDB, PostgreSQL and ClickHouse servers (own temp dirs and ports, see
+# scripts/testdb; a second MariaDB and PostgreSQL pair that accepts only TLS), runs the
 # lints and every test against them, and stops the servers whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +28,7 @@ cleanup() {
     scripts/testdb stop "$server" "$base/$server" >/dev/null 2>&1 || true
     scripts/testdb stop "$server" "$base/$server-tls" >/dev/null 2>&1 || true
   done
+  scripts/testdb stop clickhouse "$base/clickhouse" >/dev/null 2>&1 || true
   rm -rf "$base"
 }
 trap cleanup EXIT
@@ -37,6 +38,11 @@ postgres_url=$(scripts/testdb start postgres "$base/postgres")
 export SLUICE_TEST_MYSQL_URL=${mysql_url#URL=}
 export SLUICE_TEST_POSTGRES_URL=${postgres_url#URL=}
 export SLUICE_TEST_MYSQL_SOCKET="$base/mariadb/mysql.sock"
+# ClickHouse for the warehouse target's tests: its HTTP URL, and its native port for
+# clickhouse-client, which the tests read it with.
+clickhouse_url=$(scripts/testdb start clickhouse "$base/clickhouse")
+export SLUICE_TEST_CLICKHOUSE_URL=${clickhouse_url#URL=}
+export SLUICE_TEST_CLICKHOUSE_PORT=$(cat "$base/clickhouse/tcp_port")
 # A second pair that accepts TLS connections only, with certificates made now (tests/suite/tls.rs).
 scripts/testdb certs "$base/certs"
 mysql_tls_url=$(scripts/testdb start mariadb "$base/mariadb-tls" --tls "$base/certs")
@@ -45,7 +51,8 @@ export SLUICE_TEST_TLS_DIR="$base/certs"
 export SLUICE_TEST_MYSQL_TLS_URL=${mysql_tls_url#URL=}
 export SLUICE_TEST_POSTGRES_TLS_URL=${postgres_tls_url#URL=}
 export SLUICE_TEST_MYSQL_TLS_SOCKET="$base/mariadb-tls/mysql.sock"
-echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on port $(cat "$base/postgres/port");" \
+echo "test servers: MariaDB on port $(cat "$base/mariadb/port"), PostgreSQL on port $(cat "$base/postgres/port")," \
+  "ClickHouse on port $(cat "$base/clickhouse/port");" \
   "TLS only: MariaDB on port $(cat "$base/mariadb-tls/port"), PostgreSQL on port $(cat "$base/postgres-tls/port")"
 
 cargo fmt --all -- --check

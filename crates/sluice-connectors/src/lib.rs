@@ -2,6 +2,8 @@
 //! registry: the one place that maps a job's `type` to a connector.
 
 pub mod blackhole;
+#[cfg(feature = "clickhouse")]
+pub mod clickhouse;
 #[cfg(any(feature = "parquet", feature = "delta"))]
 mod columnar;
 mod declared;
@@ -151,6 +153,8 @@ pub const CONNECTORS: &[&Connector] = &[
     &kafka::connector::CONNECTOR,
     #[cfg(feature = "delta")]
     &delta::connector::CONNECTOR,
+    #[cfg(feature = "clickhouse")]
+    &clickhouse::connector::CONNECTOR,
 ];
 
 /// Every connector type with the cargo feature that builds it, built here or not, for messages.
@@ -167,6 +171,7 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("nats", "nats"),
     ("kafka", "kafka"),
     ("delta", "delta"),
+    ("clickhouse", "clickhouse"),
     ("generate", "default"),
     ("blackhole", "default"),
 ];

@@ -11,6 +11,7 @@ mod suite {
     mod brokers;
     mod cdc;
     mod cdc_source_settings;
+    mod clickhouse_target;
     mod cluster;
     mod conformance;
     mod console;

@@ -219,6 +219,16 @@ fn fixtures() -> Vec<Fixture> {
             source: None,
         },
         Fixture {
+            name: "clickhouse",
+            target: |unique| format!("  type: clickhouse\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
+            target_url: || Some(support::clickhouse::url()),
+            // Read by ClickHouse's own client, through the view of the live rows (FINAL).
+            item_ids: |_, unique| {
+                lines_to_ids(&support::clickhouse::query(&format!("SELECT id FROM {unique}.items_live")))
+            },
+            source: None,
+        },
+        Fixture {
             name: "mysql",
             target: |unique| format!("  type: mysql\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
             target_url: || Some(mysql_url()),
@@ -254,8 +264,13 @@ fn job_with(connector: &sluice_connectors::Connector, source_side: bool, extra: 
         let mut text = format!("  type: {}\n", connector.name);
         if side.contains(&"url") {
             // Parameters that keep a sink from reaching for the server when it is built.
-            let tls = if connector.name == "postgres" { "sslmode=disable" } else { "ssl-mode=DISABLED" };
-            text.push_str(&format!("  url: \"{}://u@127.0.0.1:9/d?{tls}\"\n", connector.name));
+            match connector.name {
+                "clickhouse" => text.push_str("  url: \"http://u@127.0.0.1:9\"\n"),
+                name => {
+                    let tls = if name == "postgres" { "sslmode=disable" } else { "ssl-mode=DISABLED" };
+                    text.push_str(&format!("  url: \"{name}://u@127.0.0.1:9/d?{tls}\"\n"));
+                }
+            }
         }
         if side.contains(&"path") {
             text.push_str("  path: somewhere\n");
@@ -591,6 +606,11 @@ fn a_snapshot_into_postgres_is_exact_through_a_kill() {
 #[test]
 fn a_snapshot_into_mysql_is_exact_through_a_kill() {
     exactly_once_through_a_kill("mysql");
+}
+
+#[test]
+fn a_snapshot_into_clickhouse_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("clickhouse");
 }
 
 /// The `generate` source and the `blackhole` target: the job file of the issue that asked for

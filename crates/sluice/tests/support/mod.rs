@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod clickhouse;
 pub mod cluster;
 pub mod kafka;
 pub mod lake;

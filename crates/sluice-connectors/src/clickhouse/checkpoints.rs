@@ -1,0 +1,111 @@
+//! The jobs' checkpoints in the target, in `sluice.checkpoints`: one row per commit of a task,
+//! written after the rows it covers, the task's latest row (by `written`) its checkpoint. Rows
+//! are only ever added: a reset adds a row that forgets the task, so a reader never waits for a
+//! ClickHouse mutation to finish.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sluice_core::connector::Checkpoint;
+use sluice_core::{Error, ErrorKind, Position, Result, Side};
+
+use super::server::{literal, Server};
+use super::tables::unescape;
+
+const TABLE: &str = "`sluice`.`checkpoints`";
+
+/// Makes the table unless it exists.
+pub async fn prepare(server: &Server) -> Result<()> {
+    server.query("CREATE DATABASE IF NOT EXISTS `sluice`").await?;
+    server
+        .query(&format!(
+            "CREATE TABLE IF NOT EXISTS {TABLE} (job String, task String, position String, done UInt8, \
+             rows_written UInt64, forgotten UInt8, written UInt64) \
+             ENGINE = ReplacingMergeTree(written) ORDER BY (job, task)"
+        ))
+        .await
+        .map(drop)
+}
+
+/// The checkpoints of `job`'s tasks among `tasks` (all of them when `None`), forgotten ones left
+/// out.
+pub async fn read(server: &Server, job: &str, tasks: Option<&[String]>) -> Result<Vec<Checkpoint>> {
+    let mut filter = format!("job = {}", literal(job));
+    if let Some(tasks) = tasks {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let listed: Vec<String> = tasks.iter().map(|task| literal(task)).collect();
+        filter.push_str(&format!(" AND task IN ({})", listed.join(", ")));
+    }
+    let answer = server
+        .query(&format!(
+            "SELECT task, argMax(position, written), argMax(done, written), argMax(rows_written, written), \
+             argMax(forgotten, written) FROM {TABLE} WHERE {filter} GROUP BY task FORMAT TabSeparated"
+        ))
+        .await?;
+    let mut found = Vec::new();
+    for line in answer.lines() {
+        let fields: Vec<String> = line.split('\t').map(unescape).collect();
+        let [task, position, done, rows_written, forgotten] = fields.as_slice() else {
+            return Err(corrupt(job, line));
+        };
+        if forgotten == "1" {
+            continue;
+        }
+        let position = match position.as_str() {
+            "" => None,
+            text => Some(Position(serde_json::from_str(text).map_err(|_| corrupt(job, line))?)),
+        };
+        let rows_written = rows_written.parse().map_err(|_| corrupt(job, line))?;
+        found.push(Checkpoint { task: task.clone(), position, done: done == "1", rows_written });
+    }
+    Ok(found)
+}
+
+/// Records a task's checkpoint.
+pub async fn write(server: &Server, job: &str, checkpoint: &Checkpoint) -> Result<()> {
+    let position = checkpoint.position.as_ref().map(|position| position.0.to_string()).unwrap_or_default();
+    let mut line = Vec::with_capacity(128 + position.len());
+    for field in [job, &checkpoint.task, &position] {
+        super::types::escape(field.as_bytes(), &mut line);
+        line.push(b'\t');
+    }
+    let rest = format!("{}\t{}\t0\t{}\n", u8::from(checkpoint.done), checkpoint.rows_written, stamp());
+    line.extend_from_slice(rest.as_bytes());
+    server.insert(&format!("INSERT INTO {TABLE} FORMAT TabSeparated"), line).await
+}
+
+/// Forgets every checkpoint of `job`.
+pub async fn forget(server: &Server, job: &str) -> Result<()> {
+    server
+        .query(&format!(
+            "INSERT INTO {TABLE} SELECT job, task, '', 0, 0, 1, {} FROM {TABLE} WHERE job = {} GROUP BY job, task",
+            stamp(),
+            literal(job)
+        ))
+        .await
+        .map(drop)
+}
+
+/// When a checkpoint row is written: nanoseconds since 1970, and past the last one this process
+/// wrote, so a task's commits in one process are ordered even when the clock steps back.
+fn stamp() -> u64 {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_nanos()).unwrap_or(u64::MAX));
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(seen) => last = seen,
+        }
+    }
+}
+
+fn corrupt(job: &str, line: &str) -> Error {
+    Error::new(ErrorKind::State, format!("job {job}: a row of sluice.checkpoints in ClickHouse does not read: {line}"))
+        .on(Side::Target)
+        .hint("delete the job's rows from sluice.checkpoints and run it with --restart")
+}

@@ -1,0 +1,173 @@
+//! ClickHouse as a target, over its HTTP interface.
+//!
+//! Each source table becomes a `ReplacingMergeTree` ordered by its primary key, with two columns
+//! of Sluice's after its own: `_sluice_version`, which orders a key's rows (the largest is the
+//! key's row), and `_sluice_deleted`, set on the tombstone a deleted key gets. A `FINAL` read
+//! shows each key once; the view `<table>_live` shows the rows the source has (tombstones left
+//! out). A snapshot's rows have version 0; a change stream's group of transactions is written
+//! with its checkpoint's count of row changes applied so far, which grows with every group and
+//! is the same for the same source position when a group is applied again after a crash. So a
+//! replayed group's rows collapse with their first copy (same key, same version, same values)
+//! and a key's newest row wins, whatever order the rows reached the server in.
+//!
+//! ClickHouse has no transactions: a commit sends the rows, then the checkpoint (`checkpoints.rs`).
+//! A crash between the two leaves rows the checkpoint does not cover, which the next run writes
+//! again at the same versions: a `FINAL` reader sees each change once. ARCHITECTURE.md, decision
+//! 0071, says why.
+
+pub mod checkpoints;
+pub mod connector;
+pub mod server;
+pub mod tables;
+pub mod types;
+mod writer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sluice_core::connector::{
+    CheckItem, Checkpoint, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
+};
+use sluice_core::secret::Secret;
+use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
+use tokio::sync::OnceCell;
+
+use server::{Server, Version};
+use types::Features;
+
+/// The options of a ClickHouse target.
+#[derive(Debug, Clone)]
+pub struct ClickHouseOptions {
+    pub url: Secret,
+    /// The URL as messages show it.
+    pub shown: String,
+    pub create_tables: bool,
+    /// The database every table lands in; by default the source table's own namespace.
+    pub namespace: Option<String>,
+    pub commit_interval: Duration,
+    pub commit_rows: u64,
+}
+
+/// The oldest server the types are chosen for until the server is asked (`sluice schema`
+/// before the first run).
+const OLDEST: Version = Version { major: 18, minor: 16 };
+
+/// What the sink and its writers share: the server and what it can hold.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    server: Server,
+    options: ClickHouseOptions,
+    features: OnceCell<Features>,
+}
+
+impl Shared {
+    /// The server's types, asked once.
+    async fn features(&self) -> Result<Features> {
+        self.features
+            .get_or_try_init(|| async {
+                let answer = self.server.query("SELECT version()").await?;
+                let version = Version::parse(&answer).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Read,
+                        format!("ClickHouse at {} answered `{}` for its version", self.server.shown(), answer.trim()),
+                    )
+                    .on(Side::Target)
+                })?;
+                Ok(Features::of(version))
+            })
+            .await
+            .copied()
+    }
+}
+
+/// A ClickHouse target.
+#[derive(Debug)]
+pub struct ClickHouseSink {
+    shared: Arc<Shared>,
+}
+
+impl ClickHouseSink {
+    pub fn new(options: ClickHouseOptions) -> Result<ClickHouseSink> {
+        let server = Server::new(options.url.expose(), options.shown.clone())?;
+        Ok(ClickHouseSink { shared: Arc::new(Shared { server, options, features: OnceCell::new() }) })
+    }
+}
+
+#[async_trait]
+impl Sink for ClickHouseSink {
+    async fn check(&self) -> Result<Vec<CheckItem>> {
+        let version = self.shared.server.query("SELECT version()").await?;
+        checkpoints::prepare(&self.shared.server).await?;
+        Ok(vec![CheckItem {
+            what: "target clickhouse".into(),
+            ok: true,
+            detail: format!(
+                "ClickHouse {} at {} (sluice.checkpoints writable)",
+                version.trim(),
+                self.shared.server.shown()
+            ),
+        }])
+    }
+
+    fn target_name(&self, source: &TableName) -> TableName {
+        let namespace = self.shared.options.namespace.as_deref().or(source.namespace.as_deref()).unwrap_or("default");
+        TableName::new(Some(namespace), &source.name)
+    }
+
+    fn create_statements(&self, tables: &[TableSchema]) -> Vec<String> {
+        let features = self.shared.features.get().copied().unwrap_or(Features::of(OLDEST));
+        tables.iter().flat_map(|table| tables::create_statements(table, features)).collect()
+    }
+
+    async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
+        let features = self.shared.features().await?;
+        checkpoints::prepare(&self.shared.server).await?;
+        for table in tables {
+            tables::ensure(&self.shared.server, table, features, self.shared.options.create_tables).await?;
+        }
+        Ok(())
+    }
+
+    async fn table_columns(&self, table: &TableName) -> Result<Option<Vec<String>>> {
+        let columns = tables::columns(&self.shared.server, table).await?;
+        Ok(Some(
+            columns
+                .into_iter()
+                .map(|(name, _)| name)
+                .filter(|name| name != types::VERSION_COLUMN && name != types::DELETED_COLUMN)
+                .collect(),
+        ))
+    }
+
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        checkpoints::prepare(&self.shared.server).await?;
+        for table in tables {
+            tables::truncate(&self.shared.server, &table.table).await?;
+        }
+        checkpoints::forget(&self.shared.server, job).await
+    }
+
+    async fn checkpoints(&self, job: &str, tasks: &[String]) -> Result<Vec<Checkpoint>> {
+        checkpoints::prepare(&self.shared.server).await?;
+        checkpoints::read(&self.shared.server, job, Some(tasks)).await
+    }
+
+    async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {
+        let features = self.shared.features().await?;
+        Ok(Box::new(writer::CopyWriter::new(self.shared.clone(), features, job, task, table)))
+    }
+
+    fn folded_changes(&self) -> Option<&dyn FoldedChangeSink> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl FoldedChangeSink for ClickHouseSink {
+    async fn open_folded(&self, job: &str, task: &str) -> Result<Box<dyn FoldedChangeWriter>> {
+        let features = self.shared.features().await?;
+        checkpoints::prepare(&self.shared.server).await?;
+        Ok(Box::new(writer::ChangeApplier::new(self.shared.clone(), features, job, task)))
+    }
+}
