@@ -108,9 +108,25 @@ impl Encoder {
         self.fields(row.iter().zip(&table.columns), out)
     }
 
-    /// Appends a key's values (in key order), each followed by a tab: a tombstone's fields.
-    pub fn key_values(&self, table: &TableSchema, key: &Row, out: &mut Vec<u8>) -> Result<(), String> {
-        self.fields(key.iter().zip(table.primary_key.iter().map(|&index| &table.columns[index])), out)
+    /// Appends a tombstone's values, each followed by a tab: the key's values (given in key
+    /// order) in the key columns, and in the others NULL or, where the column is not nullable,
+    /// the type's zero, so a row and a tombstone go in one INSERT.
+    pub fn tombstone(&self, table: &TableSchema, key: &Row, out: &mut Vec<u8>) -> Result<(), String> {
+        let start = out.len();
+        for (index, column) in table.columns.iter().enumerate() {
+            match table.primary_key.iter().position(|&key_column| key_column == index) {
+                Some(position) => {
+                    if let Err(reason) = self.value(column, &key[position], out) {
+                        out.truncate(start);
+                        return Err(format!("column {}: {reason}", column.name));
+                    }
+                }
+                None if column.nullable => out.extend_from_slice(b"\\N"),
+                None => out.extend_from_slice(zero(&base_type(&column.data_type, self.features)).as_bytes()),
+            }
+            out.push(b'\t');
+        }
+        Ok(())
     }
 
     fn fields<'a>(
@@ -209,6 +225,19 @@ impl Encoder {
     }
 }
 
+/// The text of a ClickHouse type's zero, what a tombstone holds in a column it does not key.
+fn zero(clickhouse_type: &str) -> &'static str {
+    if clickhouse_type == "String" {
+        ""
+    } else if clickhouse_type.starts_with("DateTime") {
+        "1970-01-01 00:00:00"
+    } else if clickhouse_type.starts_with("Date") {
+        "1970-01-01"
+    } else {
+        "0"
+    }
+}
+
 /// A float as ClickHouse reads it: `inf`, `-inf` and `nan` by those names.
 fn float(value: f64, shown: &str, out: &mut Vec<u8>) {
     if value.is_nan() {
@@ -287,9 +316,12 @@ mod tests {
         let reason = encoder.values(&table, &old, &mut out).unwrap_err();
         assert!(reason.starts_with("column born: year 1969 is outside"), "{reason}");
         assert!(out.ends_with(b"\t0\n"), "a refused row leaves nothing behind");
-        encoder.key_values(&table, &vec![Value::Int(9)], &mut out).unwrap();
-        Encoder::end(43, true, &mut out);
-        assert!(out.ends_with(b"9\t43\t1\n"));
+        let mut keyed = table.clone();
+        keyed.columns[1].nullable = false;
+        let mut tombstone = Vec::new();
+        encoder.tombstone(&keyed, &vec![Value::Int(9)], &mut tombstone).unwrap();
+        Encoder::end(43, true, &mut tombstone);
+        assert_eq!(String::from_utf8(tombstone).unwrap(), "9\t\t\\N\t\\N\t43\t1\n", "key, zeros and NULLs");
         let mut fraction = table.clone();
         fraction.columns[3].data_type = DataType::DateTime { precision: 3 };
         let mut text = Vec::new();

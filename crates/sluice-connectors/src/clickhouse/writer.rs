@@ -100,8 +100,8 @@ impl TableWriter for CopyWriter {
     }
 }
 
-/// A key's last state in the open group: its row's values, or its tombstone's key values
-/// (each field followed by a tab, as `Encoder` writes them).
+/// A key's last state in the open group: its row's values, or its tombstone's (each field
+/// followed by a tab, as `Encoder` writes them).
 enum Line {
     Row(Vec<u8>),
     Tombstone(Vec<u8>),
@@ -153,37 +153,28 @@ impl ChangeApplier {
         Ok(&mut self.staged[position])
     }
 
-    /// Sends one table's group at `version`: its rows, then its tombstones.
+    /// Sends one table's group at `version`, its rows and tombstones in one INSERT (which
+    /// ClickHouse makes visible at once).
     async fn send(&self, staged: &Staged, version: u64) -> Result<()> {
         let table = &staged.table;
-        let mut rows = Vec::new();
-        let mut tombstones = Vec::new();
+        let mut lines = Vec::new();
         for line in staged.keyed.values() {
-            match line {
-                Line::Row(values) => {
-                    rows.extend_from_slice(values);
-                    Encoder::end(version, false, &mut rows);
-                }
-                Line::Tombstone(key) => {
-                    tombstones.extend_from_slice(key);
-                    Encoder::end(version, true, &mut tombstones);
-                }
-            }
+            let (values, deleted) = match line {
+                Line::Row(values) => (values, false),
+                Line::Tombstone(values) => (values, true),
+            };
+            lines.extend_from_slice(values);
+            Encoder::end(version, deleted, &mut lines);
         }
         for values in &staged.appended {
-            rows.extend_from_slice(values);
-            Encoder::end(version, false, &mut rows);
+            lines.extend_from_slice(values);
+            Encoder::end(version, false, &mut lines);
         }
-        let server = &self.shared.server;
-        if !rows.is_empty() {
-            let columns = table.columns.iter().map(|column| column.name.as_str());
-            server.insert(&insert_statement(&table.name, columns), rows).await?;
+        if lines.is_empty() {
+            return Ok(());
         }
-        if !tombstones.is_empty() {
-            let key = table.primary_key_names().into_iter();
-            server.insert(&insert_statement(&table.name, key), tombstones).await?;
-        }
-        Ok(())
+        let columns = table.columns.iter().map(|column| column.name.as_str());
+        self.shared.server.insert(&insert_statement(&table.name, columns), lines).await
     }
 }
 
@@ -242,7 +233,7 @@ impl FoldedChangeWriter for ChangeApplier {
         let staged = self.staged(table)?;
         for key in keys {
             let mut line = Vec::new();
-            encoder.key_values(table, key, &mut line).map_err(|reason| {
+            encoder.tombstone(table, key, &mut line).map_err(|reason| {
                 Error::new(ErrorKind::Data, format!("table {}: a deleted key cannot be written: {reason}", table.name))
                     .on(Side::Target)
             })?;

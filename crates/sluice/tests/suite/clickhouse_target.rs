@@ -155,3 +155,104 @@ fn mysql_into_clickhouse_through_kills_shows_each_key_once_and_ends_equal() {
     ));
     assert_eq!(kinds.trim(), "1\t1\t1", "copied rows, streamed rows and tombstones");
 }
+
+/// MySQL's types and edge values, with the text ClickHouse's client shows for each.
+const TYPES: &[(&str, &str, &str, &str)] = &[
+    // (column, MySQL type, value, ClickHouse's text)
+    ("c_tiny", "TINYINT", "-128", "-128"),
+    ("c_utiny", "TINYINT UNSIGNED", "255", "255"),
+    ("c_flag", "TINYINT(1)", "1", "1"),
+    ("c_small", "SMALLINT", "-32768", "-32768"),
+    ("c_umedium", "MEDIUMINT UNSIGNED", "16777215", "16777215"),
+    ("c_int", "INT", "-2147483648", "-2147483648"),
+    ("c_uint", "INT UNSIGNED", "4294967295", "4294967295"),
+    ("c_big", "BIGINT", "-9223372036854775808", "-9223372036854775808"),
+    ("c_ubig", "BIGINT UNSIGNED", "18446744073709551615", "18446744073709551615"),
+    ("c_dec", "DECIMAL(10,2)", "-99999999.99", "-99999999.99"),
+    ("c_wide", "DECIMAL(65,30)", "'-0.5'", "-0.500000000000000000000000000000"),
+    ("c_float", "FLOAT", "1.5", "1.5"),
+    ("c_double", "DOUBLE", "0.1", "0.1"),
+    ("c_bit", "BIT(8)", "b'101'", "5"),
+    ("c_date", "DATE", "'2024-02-29'", "2024-02-29"),
+    ("c_datetime", "DATETIME", "'2105-12-31 23:59:59'", "2105-12-31 23:59:59"),
+    ("c_precise", "DATETIME(6)", "'1960-02-29 01:02:03.123456'", "1960-02-29 01:02:03.123456"),
+    ("c_stamp", "TIMESTAMP", "'2024-02-29 01:02:03'", "2024-02-29 01:02:03"),
+    ("c_time", "TIME", "'-838:59:59'", "-838:59:59"),
+    ("c_year", "YEAR", "2155", "2155"),
+    ("c_char", "CHAR(5)", "'ab'", "ab"),
+    ("c_text", "TEXT", "'tab\\there\\nline ü 😀'", "tab\\there\\nline ü 😀"),
+    ("c_blob", "BLOB", "x'00ff5c09'", "00FF5C09"),
+    ("c_json", "JSON", "'{\"a\": [1, 2.50]}'", "{\"a\": [1, 2.50]}"),
+    ("c_enum", "ENUM('a','b')", "'b'", "b"),
+    ("c_set", "SET('x','y','z')", "'x,z'", "x,z"),
+];
+
+/// Rows 1 and 3 (copied, then streamed) with every type's edge value, row 2 all NULL: equal
+/// in ClickHouse as its client shows them. A date ClickHouse 18.16 cannot hold is refused,
+/// naming the column, and kept as a dirty record.
+#[test]
+fn every_mysql_type_lands_in_clickhouse_equal_or_refused_by_name() {
+    let database = unique_name("ch_types");
+    let name = database.replace('_', "-");
+    let columns: Vec<String> =
+        TYPES.iter().map(|(column, data_type, _, _)| format!("{column} {data_type} NULL")).collect();
+    let values: Vec<&str> = TYPES.iter().map(|(_, _, value, _)| *value).collect();
+    let nulls = vec!["NULL"; TYPES.len()].join(", ");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; USE {database}; SET time_zone = '+00:00';
+         CREATE TABLE types (id INT PRIMARY KEY, {});
+         INSERT INTO types VALUES (1, {}), (2, {nulls});
+         CREATE TABLE dates (id INT PRIMARY KEY, d DATE NOT NULL);
+         INSERT INTO dates VALUES (1, '2000-01-01'), (2, '1969-12-31');",
+        columns.join(", "),
+        values.join(", ")
+    ));
+    let workspace = Workspace::new();
+    let file = workspace.write("job.yaml", &job_text(&name, &database, "snapshot+cdc", "max_dirty_records: 5"));
+    let mut child = workspace.start_run(&file, &mysql_url(), &clickhouse::url(), &[]);
+    wait_for("the stream to start", Duration::from_secs(60), || stream_position(&name).is_some());
+    mariadb(&format!(
+        "USE {database}; SET time_zone = '+00:00'; INSERT INTO types VALUES (3, {}); INSERT INTO dates VALUES (3, '2105-12-31'), (4, '2106-01-01');",
+        values.join(", ")
+    ));
+    let source = source_position();
+    wait_for("the stream to reach the source", Duration::from_secs(60), || {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
+        stream_position(&name).is_some_and(|at| at >= source)
+    });
+    // Stopped, not killed: the run lists its dirty records as it ends.
+    support::signal(&child, "TERM");
+    child.wait().unwrap();
+    let output = child.stderr_text();
+    assert!(output.contains("dirty record"), "{output}");
+    assert!(!output.contains(&support::canary()), "the password printed:\n{output}");
+
+    let selected: Vec<String> = TYPES
+        .iter()
+        .map(|(column, _, _, _)| if *column == "c_blob" { format!("hex({column})") } else { (*column).to_owned() })
+        .collect();
+    let answer =
+        clickhouse::query(&format!("SELECT id, {} FROM {database}.types_live ORDER BY id", selected.join(", ")));
+    let lines: Vec<&str> = answer.lines().collect();
+    assert_eq!(lines.len(), 3, "{answer}");
+    for (line, id) in [(lines[0], "1"), (lines[2], "3")] {
+        let fields: Vec<&str> = line.split('\t').collect();
+        assert_eq!(fields[0], id);
+        for ((column, data_type, value, expected), found) in TYPES.iter().zip(&fields[1..]) {
+            assert_eq!(found, expected, "row {id}, {column} {data_type} = {value}");
+        }
+    }
+    let nulls: Vec<&str> = lines[1].split('\t').skip(1).collect();
+    // hex(NULL) is an empty text in ClickHouse 18.16; every other column shows \N.
+    assert!(nulls.iter().all(|field| *field == "\\N" || field.is_empty()), "row 2: {}", lines[1]);
+
+    let dates = clickhouse::query(&format!("SELECT id, d FROM {database}.dates_live ORDER BY id"));
+    assert_eq!(dates, "1\t2000-01-01\n3\t2105-12-31\n", "the dates ClickHouse holds, the others refused");
+    let dirty = std::fs::read_to_string(workspace.path(&format!(".sluice/{name}/dirty.jsonl"))).unwrap();
+    let reasons: Vec<serde_json::Value> = dirty.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(reasons.len(), 2, "{dirty}");
+    for (record, year) in reasons.iter().zip(["1969", "2106"]) {
+        let reason = record["reason"].as_str().unwrap();
+        assert!(reason.contains(&format!("column d: year {year} is outside the years")), "{reason}");
+    }
+}
