@@ -1,17 +1,20 @@
 //! The jobs' checkpoints in the target, in `sluice.checkpoints`: one row per commit of a task,
-//! written after the rows it covers, the task's latest row (by `written`) its checkpoint. Rows
-//! are only ever added: a reset adds a row that forgets the task, so a reader never waits for a
-//! ClickHouse mutation to finish.
+//! written after the rows it covers, the task's latest row its checkpoint: the one of the newest
+//! cluster claim (`epoch`, 0 off a cluster), and of those the last written. A stalled worker's late
+//! checkpoint so never hides its successor's. Rows are only ever added: a reset adds a row that
+//! forgets the task, so a reader never waits for a ClickHouse mutation to finish. The cluster's
+//! claims are in `sluice.claims` (`Fencing`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use sluice_core::connector::Checkpoint;
+use sluice_core::connector::{Checkpoint, Fence};
 use sluice_core::{Error, ErrorKind, Position, Result, Side};
 
 use super::server::{literal, Server};
 use super::tables::unescape;
 
 const TABLE: &str = "`sluice`.`checkpoints`";
+const CLAIMS: &str = "`sluice`.`claims`";
 
 /// Makes the table unless it exists.
 pub async fn prepare(server: &Server) -> Result<()> {
@@ -19,8 +22,14 @@ pub async fn prepare(server: &Server) -> Result<()> {
     server
         .query(&format!(
             "CREATE TABLE IF NOT EXISTS {TABLE} (job String, task String, position String, done UInt8, \
-             rows_written UInt64, forgotten UInt8, written UInt64) \
-             ENGINE = ReplacingMergeTree(written) ORDER BY (job, task)"
+             rows_written UInt64, forgotten UInt8, epoch UInt64, written UInt64) \
+             ENGINE = ReplacingMergeTree(written) ORDER BY (job, task, epoch)"
+        ))
+        .await?;
+    server
+        .query(&format!(
+            "CREATE TABLE IF NOT EXISTS {CLAIMS} (job String, task String, epoch UInt64) \
+             ENGINE = ReplacingMergeTree(epoch) ORDER BY (job, task)"
         ))
         .await
         .map(drop)
@@ -39,8 +48,9 @@ pub async fn read(server: &Server, job: &str, tasks: Option<&[String]>) -> Resul
     }
     let answer = server
         .query(&format!(
-            "SELECT task, argMax(position, written), argMax(done, written), argMax(rows_written, written), \
-             argMax(forgotten, written) FROM {TABLE} WHERE {filter} GROUP BY task FORMAT TabSeparated"
+            "SELECT task, argMax(position, (epoch, written)), argMax(done, (epoch, written)), \
+             argMax(rows_written, (epoch, written)), argMax(forgotten, (epoch, written)) \
+             FROM {TABLE} WHERE {filter} GROUP BY task FORMAT TabSeparated"
         ))
         .await?;
     let mut found = Vec::new();
@@ -62,15 +72,15 @@ pub async fn read(server: &Server, job: &str, tasks: Option<&[String]>) -> Resul
     Ok(found)
 }
 
-/// Records a task's checkpoint.
-pub async fn write(server: &Server, job: &str, checkpoint: &Checkpoint) -> Result<()> {
+/// Records a task's checkpoint, under the claim of `epoch` (0 off a cluster).
+pub async fn write(server: &Server, job: &str, epoch: u64, checkpoint: &Checkpoint) -> Result<()> {
     let position = checkpoint.position.as_ref().map(|position| position.0.to_string()).unwrap_or_default();
     let mut line = Vec::with_capacity(128 + position.len());
     for field in [job, &checkpoint.task, &position] {
         super::types::escape(field.as_bytes(), &mut line);
         line.push(b'\t');
     }
-    let rest = format!("{}\t{}\t0\t{}\n", u8::from(checkpoint.done), checkpoint.rows_written, stamp());
+    let rest = format!("{}\t{}\t0\t{epoch}\t{}\n", u8::from(checkpoint.done), checkpoint.rows_written, stamp());
     line.extend_from_slice(rest.as_bytes());
     server.insert(&format!("INSERT INTO {TABLE} FORMAT TabSeparated"), line).await
 }
@@ -79,12 +89,60 @@ pub async fn write(server: &Server, job: &str, checkpoint: &Checkpoint) -> Resul
 pub async fn forget(server: &Server, job: &str) -> Result<()> {
     server
         .query(&format!(
-            "INSERT INTO {TABLE} SELECT job, task, '', 0, 0, 1, {} FROM {TABLE} WHERE job = {} GROUP BY job, task",
+            "INSERT INTO {TABLE} SELECT job, task, '', 0, 0, 1, max(epoch), {} FROM {TABLE} WHERE job = {} \
+             GROUP BY job, task",
             stamp(),
             literal(job)
         ))
         .await
         .map(drop)
+}
+
+/// A cluster task's claim in the target: its fence, checked before each commit.
+#[derive(Debug, Clone)]
+pub struct Fencing {
+    pub fence: Fence,
+}
+
+impl Fencing {
+    /// The newest epoch claimed for the task.
+    async fn held(&self, server: &Server, job: &str) -> Result<u64> {
+        let answer = server
+            .query(&format!(
+                "SELECT max(epoch) FROM {CLAIMS} WHERE job = {} AND task = {} FORMAT TabSeparated",
+                literal(job),
+                literal(&self.fence.task)
+            ))
+            .await?;
+        Ok(answer.trim().parse().unwrap_or(0))
+    }
+
+    /// Takes the task for this epoch, unless a newer one holds it.
+    pub async fn claim(&self, server: &Server, job: &str) -> Result<()> {
+        let held = self.held(server, job).await?;
+        if held > self.fence.epoch {
+            return Err(self.fence.moved(job, held));
+        }
+        let mut line = Vec::new();
+        for field in [job, &self.fence.task] {
+            super::types::escape(field.as_bytes(), &mut line);
+            line.push(b'\t');
+        }
+        line.extend_from_slice(format!("{}\n", self.fence.epoch).as_bytes());
+        server.insert(&format!("INSERT INTO {CLAIMS} FORMAT TabSeparated"), line).await
+    }
+
+    /// Fails with `ErrorKind::Fenced` once a newer epoch claimed the task. Checked before a
+    /// commit's rows and before its checkpoint; a commit past the check when the claim lands
+    /// writes rows its successor writes again at the same versions, and a checkpoint that never
+    /// hides the successor's (`read`).
+    pub async fn check(&self, server: &Server, job: &str) -> Result<()> {
+        let held = self.held(server, job).await?;
+        if held > self.fence.epoch {
+            return Err(self.fence.moved(job, held));
+        }
+        Ok(())
+    }
 }
 
 /// When a checkpoint row is written: nanoseconds since 1970, and past the last one this process

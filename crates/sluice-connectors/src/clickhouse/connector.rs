@@ -18,6 +18,8 @@ pub(crate) const CONNECTOR: Connector = Connector {
         table_sink: true,
         // Groups folded per key, each key's last row written with the group's version.
         change_sink: true,
+        // Commits check the task's claim in `sluice.claims`; rows written again are idempotent.
+        fencing: true,
         ..Capabilities::NONE
     },
     source: None,
@@ -80,7 +82,7 @@ fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
     options(endpoint).err().unwrap_or_default()
 }
 
-fn build(job: &JobSpec, _fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
+fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let options = options(&job.target).map_err(crate::invalid)?;
-    Ok(Arc::new(ClickHouseSink::new(options)?))
+    Ok(Arc::new(ClickHouseSink::new(options, fence)?))
 }

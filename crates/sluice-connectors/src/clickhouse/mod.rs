@@ -12,8 +12,9 @@
 //!
 //! ClickHouse has no transactions: a commit sends the rows, then the checkpoint (`checkpoints.rs`).
 //! A crash between the two leaves rows the checkpoint does not cover, which the next run writes
-//! again at the same versions: a `FINAL` reader sees each change once. ARCHITECTURE.md, decision
-//! 0071, says why.
+//! again at the same versions: a `FINAL` reader sees each change once. On a cluster each commit
+//! first checks the task's claim (`checkpoints::Fencing`); a stalled owner's late rows are
+//! rows its successor writes again at the same versions. Decision 0071 says why.
 
 pub mod checkpoints;
 pub mod connector;
@@ -27,12 +28,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use sluice_core::connector::{
-    CheckItem, Checkpoint, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
+    CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
 };
 use sluice_core::secret::Secret;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 use tokio::sync::OnceCell;
 
+use checkpoints::Fencing;
 use server::{Server, Version};
 use types::Features;
 
@@ -59,9 +61,24 @@ pub(crate) struct Shared {
     server: Server,
     options: ClickHouseOptions,
     features: OnceCell<Features>,
+    /// The cluster task's claim, when the sink is built for one.
+    fencing: Option<Fencing>,
 }
 
 impl Shared {
+    /// Fails once a newer owner claimed the cluster task (`Fencing::check`).
+    async fn check_fence(&self, job: &str) -> Result<()> {
+        match &self.fencing {
+            Some(fencing) => fencing.check(&self.server, job).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The epoch checkpoints are written under: the claim's, 0 off a cluster.
+    fn epoch(&self) -> u64 {
+        self.fencing.as_ref().map_or(0, |fencing| fencing.fence.epoch)
+    }
+
     /// The server's types, asked once.
     async fn features(&self) -> Result<Features> {
         self.features
@@ -88,9 +105,11 @@ pub struct ClickHouseSink {
 }
 
 impl ClickHouseSink {
-    pub fn new(options: ClickHouseOptions) -> Result<ClickHouseSink> {
+    /// A sink; with a fence, one whose commits a newer claim of the cluster task refuses.
+    pub fn new(options: ClickHouseOptions, fence: Option<Fence>) -> Result<ClickHouseSink> {
         let server = Server::new(options.url.expose(), options.shown.clone())?;
-        Ok(ClickHouseSink { shared: Arc::new(Shared { server, options, features: OnceCell::new() }) })
+        let fencing = fence.map(|fence| Fencing { fence });
+        Ok(ClickHouseSink { shared: Arc::new(Shared { server, options, features: OnceCell::new(), fencing }) })
     }
 }
 
@@ -138,6 +157,12 @@ impl Sink for ClickHouseSink {
                 .filter(|name| name != types::VERSION_COLUMN && name != types::DELETED_COLUMN)
                 .collect(),
         ))
+    }
+
+    async fn claim(&self, job: &str) -> Result<()> {
+        let Some(fencing) = &self.shared.fencing else { return Ok(()) };
+        checkpoints::prepare(&self.shared.server).await?;
+        fencing.claim(&self.shared.server, job).await
     }
 
     async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {

@@ -84,18 +84,22 @@ impl TableWriter for CopyWriter {
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let shared = &self.shared;
         if !self.staged.is_empty() {
+            shared.check_fence(&self.job).await?;
             let columns = self.table.columns.iter().map(|column| column.name.as_str());
             let statement = insert_statement(&self.table.name, columns);
-            self.shared.server.insert(&statement, std::mem::take(&mut self.staged)).await?;
+            shared.server.insert(&statement, std::mem::take(&mut self.staged)).await?;
         }
-        checkpoints::write(&self.shared.server, &self.job, checkpoint).await
+        shared.check_fence(&self.job).await?;
+        checkpoints::write(&shared.server, &self.job, shared.epoch(), checkpoint).await
     }
 
     /// The table is emptied now, not with the next commit: ClickHouse has no transaction to
     /// hold it in. A reader may see the table empty until the split's rows are in again.
     async fn replace_all(&mut self) -> Result<()> {
         self.staged.clear();
+        self.shared.check_fence(&self.job).await?;
         tables::truncate(&self.shared.server, &self.table.name).await
     }
 }
@@ -199,10 +203,12 @@ impl ChangeWriter for ChangeApplier {
     /// (module documentation), then the checkpoint.
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
         let staged = std::mem::take(&mut self.staged);
+        self.shared.check_fence(&self.job).await?;
         for table in &staged {
             self.send(table, checkpoint.rows_written).await?;
         }
-        checkpoints::write(&self.shared.server, &self.job, checkpoint).await
+        self.shared.check_fence(&self.job).await?;
+        checkpoints::write(&self.shared.server, &self.job, self.shared.epoch(), checkpoint).await
     }
 
     fn cadence(&self) -> Option<CommitCadence> {
@@ -210,6 +216,7 @@ impl ChangeWriter for ChangeApplier {
     }
 
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        self.shared.check_fence(&self.job).await?;
         let server = &self.shared.server;
         match change {
             SchemaChange::Create(table) => tables::ensure(server, table, self.features, true).await,

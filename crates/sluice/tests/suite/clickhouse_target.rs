@@ -256,3 +256,105 @@ fn every_mysql_type_lands_in_clickhouse_equal_or_refused_by_name() {
         assert!(reason.contains(&format!("column d: year {year} is outside the years")), "{reason}");
     }
 }
+
+/// The job's change stream task as a node's API shows it.
+fn stream_task(node: &support::cluster::Server, job: &str) -> serde_json::Value {
+    let view = node.call("GET", &format!("/jobs/{job}"), None, None).1;
+    view["tasks"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|task| task["kind"] == "cdc").cloned())
+        .unwrap_or_default()
+}
+
+/// A MySQL → ClickHouse `snapshot+cdc` job on two nodes under load: the stream's node SIGKILLed,
+/// then the next one SIGSTOPped past its lease and woken: the stream moves each time, the woken
+/// worker stops (its lease ended, or its commit is FENCED), FINAL never shows a key twice, and
+/// ClickHouse ends equal to the source.
+#[test]
+fn a_clickhouse_job_fails_over_on_a_cluster_and_a_woken_worker_is_fenced() {
+    use support::cluster::{start_server, Etcd, Server};
+    let database = unique_name("ch_cluster");
+    let job = database.replace('_', "-");
+    create_tables(&database);
+    let etcd = Etcd::start(1);
+    let workspace = Workspace::new();
+    let environment = [("SLUICE_VAR_SOURCE", mysql_url()), ("SLUICE_VAR_TARGET", clickhouse::url())];
+    let start = |index: usize| start_server(&workspace, &format!("node{index}"), Some(&etcd.endpoints), &environment);
+    let mut nodes: Vec<Option<Server>> = vec![Some(start(0)), Some(start(1))];
+    let text = format!(
+        "name: {job}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SLUICE_VAR_SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: clickhouse\n  url: ${{SLUICE_VAR_TARGET}}\n  create_tables: true\nparallelism: 2\n"
+    );
+    let any = |nodes: &[Option<Server>]| -> usize { nodes.iter().position(Option::is_some).expect("a live node") };
+    let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &text)));
+    assert_eq!(status, 201, "{body}");
+    let load = Load::start(&database, Random::from_environment("clickhouse cluster"), 200);
+    let sampler = Sampler::start(&database);
+    let logs = |nodes: &[Option<Server>]| -> String {
+        nodes.iter().flatten().map(|node| format!("--- {}\n{}", node.id, node.output())).collect()
+    };
+    // The stream's node, once it runs and applies.
+    let owner = |nodes: &[Option<Server>]| -> (usize, u64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let task = stream_task(nodes[any(nodes)].as_ref().unwrap(), &job);
+            if task["state"] == "running" && task["epoch"].is_u64() {
+                let worker = task["worker"].as_str().unwrap_or_default();
+                if let Some(index) = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == worker)) {
+                    return (index, task["epoch"].as_u64().unwrap());
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "the stream does not run: {task:#}\n{}", logs(nodes));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // Waits until the stream applied more changes since `before`, owned by a node not `old`.
+    let moved = |nodes: &[Option<Server>], old: &str, epoch: u64| {
+        let before = committed(&job);
+        let deadline = std::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let task = stream_task(nodes[any(nodes)].as_ref().unwrap(), &job);
+            let elsewhere = task["worker"].is_string() && task["worker"] != old;
+            if elsewhere && task["epoch"].as_u64().is_some_and(|new| new > epoch) && committed(&job) > before {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the stream did not move: {task:#}\n{}", logs(nodes));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    let (victim, epoch) = owner(&nodes);
+    let before = committed(&job);
+    wait_for("the stream to apply", Duration::from_secs(60), || committed(&job) > before);
+    let mut killed = nodes[victim].take().unwrap();
+    kill(&mut killed.child);
+    moved(&nodes, &killed.id, epoch);
+    drop(killed);
+    nodes[victim] = Some(start(victim));
+
+    let (victim, epoch) = owner(&nodes);
+    let zombie = nodes[victim].take().unwrap();
+    support::signal(&zombie.child, "STOP");
+    moved(&nodes, &zombie.id, epoch);
+    support::signal(&zombie.child, "CONT");
+    wait_for("the woken worker to stop its task", Duration::from_secs(30), || {
+        let output = zombie.output();
+        output.contains("lease ended") || output.contains("FENCED")
+    });
+    nodes[victim] = Some(zombie);
+
+    load.stop();
+    let source = source_position();
+    wait_for("the stream to reach the source", Duration::from_secs(120), || {
+        stream_position(&job).is_some_and(|at| at >= source)
+    });
+    let samples = sampler.finish();
+    assert!(samples > 10, "only {samples} samples read rows");
+    let items = rows("mysql", &format!("{database}.items"), &["id", "v", "note"]);
+    let copied = clickhouse::query(&format!(
+        "SELECT concat(toString(id), '|', toString(v), '|', ifNull(note, 'NULL')) FROM {database}.items_live ORDER BY id"
+    ));
+    support::workload::assert_same("items", &items, &copied.lines().map(str::to_owned).collect::<Vec<_>>());
+    let total = clickhouse::query(&format!("SELECT sum(balance), count() FROM {database}.accounts_live"));
+    assert_eq!(total.trim(), format!("{}\t{ACCOUNTS}", ACCOUNTS * 1000), "the transfers' invariant");
+}

@@ -1,4 +1,4 @@
-//! Fencing in the targets themselves (PostgreSQL and MariaDB): once a newer epoch claims a
+//! Fencing in the targets themselves (PostgreSQL, MariaDB, ClickHouse): once a newer epoch claims a
 //! task, a writer of the older epoch can neither commit rows nor its checkpoint, nor claim the
 //! task back; the newer owner commits normally, and a stalled old writer's row locks are freed
 //! when its idle transaction times out.
@@ -145,4 +145,15 @@ async fn mariadb_refuses_commits_of_an_older_epoch() {
     let query = format!("SELECT count(*) FROM {namespace}.fenced");
     older_epochs_cannot_commit("mysql", mysql_url(), &namespace, || mariadb(&query).trim().parse().unwrap()).await;
     mariadb(&format!("DROP DATABASE {namespace}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clickhouse_refuses_commits_of_an_older_epoch() {
+    let namespace = unique_name("fence");
+    let query = format!("SELECT count() FROM {namespace}.fenced_live");
+    older_epochs_cannot_commit("clickhouse", support::clickhouse::url(), &namespace, || {
+        support::clickhouse::query(&query).trim().parse().unwrap()
+    })
+    .await;
+    support::clickhouse::query(&format!("DROP DATABASE {namespace}"));
 }
