@@ -258,7 +258,11 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
         if fields.contains(&"url") && endpoint.url.is_none() {
             errors.push(endpoint.error(
                 "url",
-                format!("missing required field `url` (e.g. {}://user:${{PASSWORD}}@host:port)", connector.name),
+                format!(
+                    "missing required field `url` (e.g. {}://user:${{PASSWORD}}@host:port)",
+                    // ClickHouse is reached over its HTTP interface.
+                    if connector.name == "clickhouse" { "http" } else { connector.name }
+                ),
             ));
         }
         let capabilities = &connector.capabilities;
