@@ -77,7 +77,7 @@ pub async fn write(server: &Server, job: &str, epoch: u64, checkpoint: &Checkpoi
     let position = checkpoint.position.as_ref().map(|position| position.0.to_string()).unwrap_or_default();
     let mut line = Vec::with_capacity(128 + position.len());
     for field in [job, &checkpoint.task, &position] {
-        super::types::escape(field.as_bytes(), &mut line);
+        escape(field, &mut line);
         line.push(b'\t');
     }
     let rest = format!("{}\t{}\t0\t{epoch}\t{}\n", u8::from(checkpoint.done), checkpoint.rows_written, stamp());
@@ -125,7 +125,7 @@ impl Fencing {
         }
         let mut line = Vec::new();
         for field in [job, &self.fence.task] {
-            super::types::escape(field.as_bytes(), &mut line);
+            escape(field, &mut line);
             line.push(b'\t');
         }
         line.extend_from_slice(format!("{}\n", self.fence.epoch).as_bytes());
@@ -158,6 +158,18 @@ fn stamp() -> u64 {
         match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return next,
             Err(seen) => last = seen,
+        }
+    }
+}
+
+/// Text as a TabSeparated field: backslash, tab and newline escaped.
+fn escape(text: &str, out: &mut Vec<u8>) {
+    for byte in text.bytes() {
+        match byte {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            other => out.push(other),
         }
     }
 }

@@ -1,5 +1,6 @@
-//! The ClickHouse server over its HTTP interface: statements in the request body, rows in
-//! TabSeparated, the user and password as HTTP basic authentication, TLS by rustls for `https://`.
+//! The ClickHouse server over its HTTP interface: statements in the request body, answers in
+//! TabSeparated, rows sent in the request body (`insert`), the user and password as HTTP basic
+//! authentication, TLS by rustls for `https://`.
 
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ impl Server {
         })
     }
 
-    /// Sends rows: `statement` is an `INSERT … FORMAT TabSeparated`, `rows` its data.
+    /// Sends rows: `statement` is an `INSERT … FORMAT …` (in the URL), `rows` its data.
     pub async fn insert(&self, statement: &str, rows: Vec<u8>) -> Result<()> {
         let mut endpoint = self.endpoint.clone();
         endpoint.query_pairs_mut().append_pair("query", statement);

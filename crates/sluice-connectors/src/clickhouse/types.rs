@@ -1,4 +1,4 @@
-//! The ClickHouse type of each logical type, by what the server has, and values as TabSeparated.
+//! The ClickHouse type of each logical type, by what the server has, and values in RowBinary.
 //!
 //! A server older than 21.9 has no `Date32` and no `DateTime64`: its `Date` holds 1970-01-01 to
 //! 2105-12-31 and its `DateTime` whole seconds from 1970 to 2105, and it stores a value outside
@@ -9,7 +9,7 @@
 //! `String`. docs/types.md lists them.
 
 use sluice_core::change::Row;
-use sluice_core::{Column, DataType, DateTime, TableSchema, Value};
+use sluice_core::{Column, DataType, Date, DateTime, TableSchema, Value};
 
 use super::server::Version;
 
@@ -91,7 +91,64 @@ fn base_type(data_type: &DataType, features: Features) -> String {
     }
 }
 
-/// Writes rows as TabSeparated lines for their columns (and the Sluice columns after them).
+/// How a column's values are written in RowBinary: the ClickHouse type's own encoding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// An integer of `bytes` bytes, little-endian (Bool and UInt8 are one byte).
+    Integer {
+        bytes: u8,
+        signed: bool,
+    },
+    Float32,
+    Float64,
+    /// A decimal as its scaled integer in 4, 8 or 16 bytes.
+    Decimal {
+        bytes: u8,
+        scale: u32,
+    },
+    /// Days since 1970-01-01: `Date` as UInt16, `Date32` as Int32.
+    Date {
+        wide: bool,
+    },
+    /// `DateTime`: seconds since 1970 (UTC) as UInt32.
+    DateTime,
+    /// `DateTime64(p)`: ticks of 10^-p s since 1970 (UTC) as Int64.
+    DateTime64 {
+        precision: u8,
+    },
+    /// A length (LEB128) and the bytes.
+    String,
+}
+
+fn kind(data_type: &DataType, features: Features) -> Kind {
+    match data_type {
+        DataType::Boolean => Kind::Integer { bytes: 1, signed: false },
+        DataType::Integer { bytes, unsigned } => {
+            Kind::Integer { bytes: if *bytes == 3 { 4 } else { (*bytes).min(8) }, signed: !unsigned }
+        }
+        DataType::Float32 => Kind::Float32,
+        DataType::Float64 => Kind::Float64,
+        DataType::Decimal { precision: Some(precision), scale } if *precision <= 38 => Kind::Decimal {
+            bytes: match precision {
+                0..=9 => 4,
+                10..=18 => 8,
+                _ => 16,
+            },
+            scale: scale.unwrap_or(0),
+        },
+        DataType::Bits { .. } => Kind::Integer { bytes: 8, signed: false },
+        DataType::Year => Kind::Integer { bytes: 2, signed: false },
+        DataType::Date => Kind::Date { wide: features.wide_dates },
+        DataType::DateTime { precision } | DataType::Timestamp { precision } if features.wide_dates => {
+            Kind::DateTime64 { precision: *precision }
+        }
+        DataType::DateTime { precision: 0 } | DataType::Timestamp { precision: 0 } => Kind::DateTime,
+        _ => Kind::String,
+    }
+}
+
+/// Writes rows in RowBinary, ClickHouse's bulk format: each value in its type's own binary
+/// encoding, so the server parses nothing, and a value its column cannot hold is refused here.
 #[derive(Debug)]
 pub struct Encoder {
     features: Features,
@@ -102,15 +159,22 @@ impl Encoder {
         Encoder { features }
     }
 
-    /// Appends `row`'s values, each followed by a tab. A value its column cannot hold leaves
-    /// `out` as it was and is the reason, naming the column.
+    /// Appends `row`'s values. A value its column cannot hold leaves `out` as it was and is
+    /// the reason, naming the column.
     pub fn values(&self, table: &TableSchema, row: &Row, out: &mut Vec<u8>) -> Result<(), String> {
-        self.fields(row.iter().zip(&table.columns), out)
+        let start = out.len();
+        for (value, column) in row.iter().zip(&table.columns) {
+            if let Err(reason) = self.value(column, value, out) {
+                out.truncate(start);
+                return Err(format!("column {}: {reason}", column.name));
+            }
+        }
+        Ok(())
     }
 
-    /// Appends a tombstone's values, each followed by a tab: the key's values (given in key
-    /// order) in the key columns, and in the others NULL or, where the column is not nullable,
-    /// the type's zero, so a row and a tombstone go in one INSERT.
+    /// Appends a tombstone's values: the key's values (given in key order) in the key columns,
+    /// and in the others NULL or, where the column is not nullable, the type's zero, so a row
+    /// and a tombstone go in one INSERT.
     pub fn tombstone(&self, table: &TableSchema, key: &Row, out: &mut Vec<u8>) -> Result<(), String> {
         let start = out.len();
         for (index, column) in table.columns.iter().enumerate() {
@@ -121,144 +185,217 @@ impl Encoder {
                         return Err(format!("column {}: {reason}", column.name));
                     }
                 }
-                None if column.nullable => out.extend_from_slice(b"\\N"),
-                None => out.extend_from_slice(zero(&base_type(&column.data_type, self.features)).as_bytes()),
+                None if column.nullable => out.push(1),
+                None => zero(kind(&column.data_type, self.features), out),
             }
-            out.push(b'\t');
         }
         Ok(())
     }
 
-    fn fields<'a>(
-        &self,
-        fields: impl Iterator<Item = (&'a Value, &'a Column)>,
-        out: &mut Vec<u8>,
-    ) -> Result<(), String> {
-        let start = out.len();
-        for (value, column) in fields {
-            if let Err(reason) = self.value(column, value, out) {
-                out.truncate(start);
-                return Err(format!("column {}: {reason}", column.name));
-            }
-            out.push(b'\t');
-        }
-        Ok(())
-    }
-
-    /// Ends a line with the Sluice columns: the version, and whether the key is deleted.
+    /// Ends a row with the Sluice columns: the version, and whether the key is deleted.
     pub fn end(version: u64, deleted: bool, out: &mut Vec<u8>) {
-        out.extend_from_slice(itoa::Buffer::new().format(version).as_bytes());
-        out.extend_from_slice(if deleted { b"\t1\n" } else { b"\t0\n" });
+        out.extend_from_slice(&version.to_le_bytes());
+        out.push(u8::from(deleted));
     }
 
     fn value(&self, column: &Column, value: &Value, out: &mut Vec<u8>) -> Result<(), String> {
-        match value {
-            Value::Null if column.nullable => out.extend_from_slice(b"\\N"),
-            Value::Null => return Err("NULL in a column that is not nullable".to_owned()),
-            Value::Bool(value) => out.push(if *value { b'1' } else { b'0' }),
-            Value::Int(value) => out.extend_from_slice(itoa::Buffer::new().format(*value).as_bytes()),
-            Value::UInt(value) => out.extend_from_slice(itoa::Buffer::new().format(*value).as_bytes()),
-            Value::Bits { value, .. } => out.extend_from_slice(itoa::Buffer::new().format(*value).as_bytes()),
-            Value::Float32(value) => float(f64::from(*value), &value.to_string(), out),
-            Value::Float64(value) => float(*value, &value.to_string(), out),
-            Value::Decimal(decimal) => out.extend_from_slice(decimal.as_str().as_bytes()),
-            Value::Text(text) | Value::Json(text) => escape(text.as_bytes(), out),
-            Value::Bytes(bytes) => escape(bytes, out),
-            Value::Date(date) => {
-                if self.calendar(&column.data_type) {
-                    self.in_range(date.year, date.month, date.day)?;
-                }
-                escape(date.to_string().as_bytes(), out)
+        if column.nullable {
+            if matches!(value, Value::Null) {
+                out.push(1);
+                return Ok(());
             }
-            Value::DateTime(time) | Value::Timestamp(time) => {
-                if self.calendar(&column.data_type) {
-                    self.in_range(time.date.year, time.date.month, time.date.day)?;
-                    escape(time.to_string().as_bytes(), out)
-                } else {
-                    // Text, as the source shows it: the column's digits of a second.
-                    let digits = match column.data_type {
-                        DataType::DateTime { precision } | DataType::Timestamp { precision } => precision.min(6),
-                        _ => 6,
-                    };
-                    let whole = DateTime { microsecond: 0, ..*time }.to_string();
-                    out.extend_from_slice(whole.as_bytes());
-                    if digits > 0 {
-                        let fraction = format!("{:06}", time.microsecond);
-                        out.push(b'.');
-                        out.extend_from_slice(&fraction.as_bytes()[..usize::from(digits)]);
-                    }
-                }
-            }
-            Value::Time(time) => escape(time.to_string().as_bytes(), out),
-            Value::Unchanged => {
+            out.push(0);
+        }
+        let kind = kind(&column.data_type, self.features);
+        match (kind, value) {
+            (_, Value::Null) => return Err("NULL in a column that is not nullable".to_owned()),
+            (_, Value::Unchanged) => {
                 return Err("the source's log did not carry this value (an update left it unchanged)".to_owned())
+            }
+            (Kind::Integer { bytes, signed }, value) => {
+                let number: i128 = match value {
+                    Value::Bool(value) => i128::from(*value),
+                    Value::Int(value) => i128::from(*value),
+                    Value::UInt(value) => i128::from(*value),
+                    Value::Bits { value, .. } => i128::from(*value),
+                    other => return Err(format!("a {} value is not an integer", described(other))),
+                };
+                integer(number, bytes, signed, out)?;
+            }
+            (Kind::Float32, Value::Float32(value)) => out.extend_from_slice(&value.to_le_bytes()),
+            (Kind::Float32, Value::Float64(value)) => out.extend_from_slice(&(*value as f32).to_le_bytes()),
+            (Kind::Float64, Value::Float64(value)) => out.extend_from_slice(&value.to_le_bytes()),
+            (Kind::Float64, Value::Float32(value)) => out.extend_from_slice(&f64::from(*value).to_le_bytes()),
+            (Kind::Decimal { bytes, scale }, Value::Decimal(decimal)) => {
+                let scaled = scaled(decimal.as_str(), scale)?;
+                integer(scaled, bytes, true, out)?;
+            }
+            (Kind::Date { wide }, Value::Date(date)) => {
+                let days = self.days(date)?;
+                if wide {
+                    out.extend_from_slice(&(days as i32).to_le_bytes());
+                } else {
+                    out.extend_from_slice(&(days as u16).to_le_bytes());
+                }
+            }
+            (Kind::DateTime, Value::DateTime(time) | Value::Timestamp(time)) => {
+                let seconds = self.seconds(time)?;
+                out.extend_from_slice(&(seconds as u32).to_le_bytes());
+            }
+            (Kind::DateTime64 { precision }, Value::DateTime(time) | Value::Timestamp(time)) => {
+                let precision = u32::from(precision.min(6));
+                let ticks = self.seconds(time)? * 10_i64.pow(precision)
+                    + i64::from(time.microsecond) / 10_i64.pow(6 - precision);
+                out.extend_from_slice(&ticks.to_le_bytes());
+            }
+            (Kind::String, value) => string(&text(column, value), out),
+            (_, other) => {
+                let column_type = base_type(&column.data_type, self.features);
+                return Err(format!("a {} value in a column of type {column_type}", described(other)));
             }
         }
         Ok(())
     }
 
-    /// Whether the column's ClickHouse type is a date or time type (else text, which holds any).
-    fn calendar(&self, data_type: &DataType) -> bool {
-        match data_type {
-            DataType::Date => true,
-            DataType::DateTime { precision } | DataType::Timestamp { precision } => {
-                self.features.wide_dates || *precision == 0
-            }
-            _ => false,
-        }
-    }
-
-    /// Refuses a date the server would store as another one.
-    fn in_range(&self, year: u16, month: u8, day: u8) -> Result<(), String> {
+    /// Days since 1970-01-01 of a date the column holds; another is refused, as the server
+    /// would store it as another date.
+    fn days(&self, date: &Date) -> Result<i64, String> {
         let years = self.features.years();
-        if month == 0 || day == 0 {
-            return Err(format!("{year:04}-{month:02}-{day:02} is not a calendar date"));
+        if date.month == 0 || date.day == 0 {
+            return Err(format!("{date} is not a calendar date"));
         }
-        if !years.contains(&year) {
+        if !years.contains(&date.year) {
             return Err(format!(
-                "year {year} is outside the years {} to {} this ClickHouse server's dates hold",
+                "year {} is outside the years {} to {} this ClickHouse server's dates hold",
+                date.year,
                 years.start(),
                 years.end()
             ));
         }
-        Ok(())
+        Ok(date.days_since_epoch())
+    }
+
+    /// Seconds since 1970 (UTC) of a date and time the column holds.
+    fn seconds(&self, time: &DateTime) -> Result<i64, String> {
+        let days = self.days(&time.date)?;
+        Ok(days * 86_400 + i64::from(time.hour) * 3_600 + i64::from(time.minute) * 60 + i64::from(time.second))
     }
 }
 
-/// The text of a ClickHouse type's zero, what a tombstone holds in a column it does not key.
-fn zero(clickhouse_type: &str) -> &'static str {
-    if clickhouse_type == "String" {
-        ""
-    } else if clickhouse_type.starts_with("DateTime") {
-        "1970-01-01 00:00:00"
-    } else if clickhouse_type.starts_with("Date") {
-        "1970-01-01"
-    } else {
-        "0"
-    }
-}
-
-/// A float as ClickHouse reads it: `inf`, `-inf` and `nan` by those names.
-fn float(value: f64, shown: &str, out: &mut Vec<u8>) {
-    if value.is_nan() {
-        out.extend_from_slice(b"nan");
-    } else if value.is_infinite() {
-        out.extend_from_slice(if value > 0.0 { b"inf" } else { b"-inf" });
-    } else {
-        out.extend_from_slice(shown.as_bytes());
-    }
-}
-
-/// Bytes as a TabSeparated field: backslash, tab and newline escaped, every other byte as it is.
-pub fn escape(bytes: &[u8], out: &mut Vec<u8>) {
-    for &byte in bytes {
-        match byte {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            other => out.push(other),
+/// A value as the text a `String` column holds: text and bytes as they are, a date or time as
+/// the source shows it (with its column's digits of a second), numbers in decimal.
+fn text<'a>(column: &Column, value: &'a Value) -> std::borrow::Cow<'a, [u8]> {
+    use std::borrow::Cow;
+    match value {
+        Value::Text(text) | Value::Json(text) => Cow::Borrowed(text.as_bytes()),
+        Value::Bytes(bytes) => Cow::Borrowed(bytes),
+        Value::Decimal(decimal) => Cow::Borrowed(decimal.as_str().as_bytes()),
+        Value::DateTime(time) | Value::Timestamp(time) => {
+            let digits = match column.data_type {
+                DataType::DateTime { precision } | DataType::Timestamp { precision } => precision.min(6),
+                _ => 6,
+            };
+            let mut shown = DateTime { microsecond: 0, ..*time }.to_string();
+            if digits > 0 {
+                let fraction = format!("{:06}", time.microsecond);
+                shown.push('.');
+                shown.push_str(&fraction[..usize::from(digits)]);
+            }
+            Cow::Owned(shown.into_bytes())
         }
+        other => Cow::Owned(other.to_string().into_bytes()),
     }
+}
+
+/// A length as LEB128 and the bytes.
+fn string(bytes: &[u8], out: &mut Vec<u8>) {
+    let mut length = bytes.len() as u64;
+    loop {
+        let low = (length & 0x7f) as u8;
+        length >>= 7;
+        if length == 0 {
+            out.push(low);
+            break;
+        }
+        out.push(low | 0x80);
+    }
+    out.extend_from_slice(bytes);
+}
+
+/// An integer in `bytes` bytes, little-endian, refused when it does not fit.
+fn integer(number: i128, bytes: u8, signed: bool, out: &mut Vec<u8>) -> Result<(), String> {
+    let bits = u32::from(bytes) * 8;
+    let (low, high) = if signed {
+        (-(1_i128 << (bits - 1)), (1_i128 << (bits - 1)) - 1)
+    } else if bits == 128 {
+        (0, i128::MAX)
+    } else {
+        (0, (1_i128 << bits) - 1)
+    };
+    if number < low || number > high {
+        return Err(format!(
+            "{number} is outside the range of a {}{bits}-bit integer",
+            if signed { "signed " } else { "unsigned " }
+        ));
+    }
+    out.extend_from_slice(&number.to_le_bytes()[..usize::from(bytes)]);
+    Ok(())
+}
+
+/// A decimal's text as an integer of `scale` digits after the point; more digits than the
+/// scale, or more than 38 in all, are refused.
+fn scaled(text: &str, scale: u32) -> Result<i128, String> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let fraction = fraction.trim_end_matches('0');
+    if fraction.len() > scale as usize {
+        return Err(format!("{text} has more digits after the point than the column's {scale}"));
+    }
+    let mut value: i128 = 0;
+    let padded = fraction.bytes().chain(std::iter::repeat_n(b'0', scale as usize - fraction.len()));
+    for byte in whole.bytes().chain(padded) {
+        value = value
+            .checked_mul(10)
+            .and_then(|value| value.checked_add(i128::from(byte - b'0')))
+            .ok_or_else(|| format!("{text} has more digits than a ClickHouse decimal holds"))?;
+    }
+    Ok(if negative { -value } else { value })
+}
+
+/// What a value is, for a message.
+fn described(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "NULL",
+        Value::Bool(_) => "boolean",
+        Value::Int(_) | Value::UInt(_) => "integer",
+        Value::Float32(_) | Value::Float64(_) => "float",
+        Value::Decimal(_) => "decimal",
+        Value::Text(_) => "text",
+        Value::Bytes(_) => "bytes",
+        Value::Bits { .. } => "bit",
+        Value::Date(_) => "date",
+        Value::Time(_) => "time",
+        Value::DateTime(_) | Value::Timestamp(_) => "date-time",
+        Value::Json(_) => "JSON",
+        Value::Unchanged => "unsent",
+    }
+}
+
+/// A type's zero in RowBinary: what a tombstone holds in a column it does not key.
+fn zero(kind: Kind, out: &mut Vec<u8>) {
+    let bytes = match kind {
+        Kind::Integer { bytes, .. } | Kind::Decimal { bytes, .. } => usize::from(bytes),
+        Kind::Float32 | Kind::DateTime => 4,
+        Kind::Float64 | Kind::DateTime64 { .. } => 8,
+        Kind::Date { wide: false } => 2,
+        Kind::Date { wide: true } => 4,
+        // An empty string: its length, 0.
+        Kind::String => 1,
+    };
+    out.extend(std::iter::repeat_n(0, bytes));
 }
 
 #[cfg(test)]
@@ -299,46 +436,66 @@ mod tests {
     }
 
     #[test]
-    fn rows_are_escaped_and_dates_out_of_range_refused() {
+    fn rows_are_row_binary_and_what_a_column_cannot_hold_is_refused() {
         let encoder = Encoder::new(OLD);
         let table = table();
         let date = Date { year: 2024, month: 2, day: 29 };
         let seen = DateTime { date, hour: 1, minute: 2, second: 3, microsecond: 0 };
         let mut out = Vec::new();
-        let row = vec![Value::Int(7), Value::Text("a\tb\\c\nd".into()), Value::Date(date), Value::DateTime(seen)];
+        let row = vec![Value::Int(7), Value::Text("ab".into()), Value::Date(date), Value::DateTime(seen)];
         encoder.values(&table, &row, &mut out).unwrap();
         Encoder::end(42, false, &mut out);
-        assert_eq!(
-            String::from_utf8(out.clone()).unwrap(),
-            "7\ta\\tb\\\\c\\nd\t2024-02-29\t2024-02-29 01:02:03\t42\t0\n"
-        );
+        let mut expected = 7_i64.to_le_bytes().to_vec();
+        expected.extend([0, 2, b'a', b'b']);
+        expected.push(0);
+        expected.extend(19_782_u16.to_le_bytes()); // 2024-02-29
+        expected.push(0);
+        expected.extend(1_709_168_523_u32.to_le_bytes()); // 2024-02-29 01:02:03 UTC
+        expected.extend(42_u64.to_le_bytes());
+        expected.push(0);
+        assert_eq!(out, expected);
+
         let old = vec![Value::Int(8), Value::Null, Value::Date(Date { year: 1969, month: 12, day: 31 }), Value::Null];
         let reason = encoder.values(&table, &old, &mut out).unwrap_err();
         assert!(reason.starts_with("column born: year 1969 is outside"), "{reason}");
-        assert!(out.ends_with(b"\t0\n"), "a refused row leaves nothing behind");
+        assert_eq!(out, expected, "a refused row leaves nothing behind");
+        let missing = vec![Value::Null, Value::Null, Value::Null, Value::Null];
+        assert!(encoder.values(&table, &missing, &mut out).unwrap_err().contains("not nullable"));
+
+        // A tombstone: the key, the zero of a column that is not nullable, NULLs.
         let mut keyed = table.clone();
         keyed.columns[1].nullable = false;
         let mut tombstone = Vec::new();
         encoder.tombstone(&keyed, &vec![Value::Int(9)], &mut tombstone).unwrap();
-        Encoder::end(43, true, &mut tombstone);
-        assert_eq!(String::from_utf8(tombstone).unwrap(), "9\t\t\\N\t\\N\t43\t1\n", "key, zeros and NULLs");
+        let mut expected = 9_i64.to_le_bytes().to_vec();
+        expected.extend([0, 1, 1]);
+        assert_eq!(tombstone, expected);
+
+        // Text where the server has no DateTime64: any year, the column's digits of a second.
         let mut fraction = table.clone();
         fraction.columns[3].data_type = DataType::DateTime { precision: 3 };
+        let early = DateTime { date: Date { year: 1960, month: 1, day: 1 }, microsecond: 123_456, ..seen };
         let mut text = Vec::new();
-        let precise = DateTime { microsecond: 123_456, ..seen };
-        let early = DateTime { date: Date { year: 1960, month: 1, day: 1 }, ..seen };
         encoder
-            .values(&fraction, &vec![Value::Int(1), Value::Null, Value::Null, Value::DateTime(precise)], &mut text)
+            .values(&fraction, &vec![Value::Int(1), Value::Null, Value::Null, Value::DateTime(early)], &mut text)
             .unwrap();
-        encoder
-            .values(&fraction, &vec![Value::Int(2), Value::Null, Value::Null, Value::DateTime(early)], &mut text)
-            .unwrap();
-        assert_eq!(
-            String::from_utf8(text).unwrap(),
-            "1\t\\N\t\\N\t2024-02-29 01:02:03.123\t2\t\\N\t\\N\t1960-01-01 01:02:03.000\t",
-            "text on a server without DateTime64, any year, the column's digits"
-        );
-        let missing = vec![Value::Null, Value::Null, Value::Null, Value::Null];
-        assert!(encoder.values(&table, &missing, &mut out).unwrap_err().contains("not nullable"));
+        assert_eq!(&text[10..], b"\x00\x171960-01-01 01:02:03.123");
+    }
+
+    #[test]
+    fn decimals_are_scaled_integers_and_integers_must_fit() {
+        assert_eq!(scaled("-1.5", 2), Ok(-150));
+        assert_eq!(scaled("12345678901234567890.0123456789", 10), Ok(123_456_789_012_345_678_900_123_456_789));
+        assert_eq!(scaled("0.10", 1), Ok(1), "trailing zeros are no digits");
+        assert!(scaled("0.123", 2).unwrap_err().contains("more digits after the point"));
+        let mut out = Vec::new();
+        integer(-128, 1, true, &mut out).unwrap();
+        integer(65_535, 2, false, &mut out).unwrap();
+        assert_eq!(out, [0x80, 0xff, 0xff]);
+        assert!(integer(128, 1, true, &mut out).unwrap_err().contains("outside the range of a signed 8-bit"));
+        assert!(integer(-1, 8, false, &mut out).is_err());
+        let mut long = Vec::new();
+        string(&[b'x'; 300], &mut long);
+        assert_eq!(&long[..2], [0xac, 0x02], "300 as LEB128");
     }
 }

@@ -22,7 +22,7 @@ fn insert_statement<'a>(table: &TableName, columns: impl Iterator<Item = &'a str
     let mut names: Vec<String> = columns.map(quote).collect();
     names.push(quote(VERSION_COLUMN));
     names.push(quote(DELETED_COLUMN));
-    format!("INSERT INTO {} ({}) FORMAT TabSeparated", qualified(table), names.join(", "))
+    format!("INSERT INTO {} ({}) FORMAT RowBinary", qualified(table), names.join(", "))
 }
 
 /// Writes one snapshot task's rows.
@@ -32,7 +32,7 @@ pub(super) struct CopyWriter {
     job: String,
     task: String,
     table: Arc<TableSchema>,
-    /// The rows staged since the last commit, as TabSeparated lines.
+    /// The rows staged since the last commit, in RowBinary.
     staged: Vec<u8>,
 }
 
@@ -104,8 +104,8 @@ impl TableWriter for CopyWriter {
     }
 }
 
-/// A key's last state in the open group: its row's values, or its tombstone's (each field
-/// followed by a tab, as `Encoder` writes them).
+/// A key's last state in the open group: its row's values, or its tombstone's (in RowBinary, as
+/// `Encoder` writes them, the Sluice columns left for the commit).
 enum Line {
     Row(Vec<u8>),
     Tombstone(Vec<u8>),
@@ -116,7 +116,7 @@ struct Staged {
     table: Arc<TableSchema>,
     /// By key (`key_identity`): each key once, as the group leaves it.
     keyed: HashMap<String, Line>,
-    /// The rows inserted into a table without a primary key, whole lines but for the version.
+    /// The rows inserted into a table without a primary key, but for the Sluice columns.
     appended: Vec<Vec<u8>>,
 }
 
