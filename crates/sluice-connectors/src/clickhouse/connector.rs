@@ -23,7 +23,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         ..Capabilities::NONE
     },
     source: None,
-    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: None }),
+    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: Some(super::read_back::read_back) }),
 };
 
 const FIELDS: &[&str] = &["type", "url", "create_tables", "namespace", "commit_interval_secs", "commit_rows"];

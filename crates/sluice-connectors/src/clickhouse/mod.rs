@@ -18,6 +18,7 @@
 
 pub mod checkpoints;
 pub mod connector;
+mod read_back;
 pub mod server;
 pub mod tables;
 pub mod types;

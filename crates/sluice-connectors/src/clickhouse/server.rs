@@ -116,6 +116,11 @@ impl Server {
         })
     }
 
+    /// Runs a query whose answer is read as it arrives (`Response::chunk`).
+    pub async fn stream(&self, statement: &str) -> Result<reqwest::Response> {
+        self.respond(self.http.post(self.endpoint.clone()).body(statement.to_owned()), statement).await
+    }
+
     /// Sends rows: `statement` is an `INSERT … FORMAT …` (in the URL), `rows` its data.
     pub async fn insert(&self, statement: &str, rows: Vec<u8>) -> Result<()> {
         let mut endpoint = self.endpoint.clone();
@@ -124,13 +129,20 @@ impl Server {
     }
 
     async fn send(&self, request: reqwest::RequestBuilder, statement: &str) -> Result<Vec<u8>> {
+        let response = self.respond(request, statement).await?;
+        let body = response.bytes().await.map_err(|error| self.unreachable(&error))?;
+        Ok(body.to_vec())
+    }
+
+    /// The server's answer to a request, or its refusal as an error.
+    async fn respond(&self, request: reqwest::RequestBuilder, statement: &str) -> Result<reqwest::Response> {
         let request = request.basic_auth(&self.user, self.password.as_deref());
         let response = request.send().await.map_err(|error| self.unreachable(&error))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|error| self.unreachable(&error))?;
         if status.is_success() {
-            return Ok(body.to_vec());
+            return Ok(response);
         }
+        let body = response.bytes().await.map_err(|error| self.unreachable(&error))?;
         Err(self.refused(status, &String::from_utf8_lossy(&body), statement))
     }
 

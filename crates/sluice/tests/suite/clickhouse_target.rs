@@ -137,6 +137,20 @@ fn mysql_into_clickhouse_through_kills_shows_each_key_once_and_ends_equal() {
     support::workload::assert_same("accounts", &accounts, &copied.lines().map(str::to_owned).collect::<Vec<_>>());
     let total = clickhouse::query(&format!("SELECT sum(balance) FROM {database}.accounts_live"));
     assert_eq!(total.trim(), (ACCOUNTS * 1000).to_string(), "the transfers' invariant");
+    // `sluice verify` reads ClickHouse back and finds it equal.
+    let verified = support::Run::from(
+        workspace
+            .command(&["verify", file.to_str().unwrap(), "--json"])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", clickhouse::url())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(verified.code, 0, "{}", verified.all());
+    let report: serde_json::Value = serde_json::from_str(&verified.stdout).unwrap();
+    let compared: u64 =
+        report["tables"].as_array().unwrap().iter().map(|table| table["rows_target"].as_u64().unwrap()).sum();
+    assert_eq!(compared as usize, items.len() + accounts.len(), "{}", verified.stdout);
 
     // In the table's every row (not merged yet): a key's rows of one version are one row written
     // again (a replay after a kill), never two states, so FINAL's choice cannot depend on the order

@@ -501,7 +501,7 @@ fn exactly_once_through_a_kill_at(name: &str, workspace: &Workspace) {
     }
 
     // Every target `sluice verify` reads back: the copy equals the source by it too.
-    if ["sqlite", "csv", "jsonl", "parquet", "delta", "postgres", "mysql"].contains(&name) {
+    if ["sqlite", "csv", "jsonl", "parquet", "delta", "postgres", "mysql", "clickhouse"].contains(&name) {
         let mut command = workspace.command(&["verify", fast.to_str().unwrap(), "--json"]);
         if let Some(url) = target_url() {
             command.env("TARGET", url);
