@@ -147,10 +147,22 @@ impl Server {
     }
 
     fn unreachable(&self, error: &reqwest::Error) -> Error {
+        let text = crate::tls::describe(error);
+        let message = format!("ClickHouse at {}: {text}", self.shown);
+        if crate::tls::is_certificate_failure(&text) {
+            // A setting to fix, not a moment to wait out.
+            let hint = "the TLS handshake failed: check that `ca=` in the URL is the CA that signed the server's \
+                        certificate, and that the host in the URL is a name the certificate holds";
+            return Error::new(ErrorKind::Auth, message).on(Side::Target).hint(hint);
+        }
         let kind = if error.is_connect() { ErrorKind::Connect } else { ErrorKind::Unavailable };
-        Error::new(kind, format!("ClickHouse at {}: {}", self.shown, crate::tls::describe(error)))
-            .on(Side::Target)
-            .hint("check that the server runs and its HTTP port is the URL's (8123 by default, 8443 with TLS)")
+        let hint = if self.endpoint.scheme() == "http" {
+            "check that the server runs and that the URL's port is its HTTP port (8123 by default); a port that \
+             speaks HTTPS (8443 by default) needs https://"
+        } else {
+            "check that the server runs and that the URL's port is its HTTPS port (8443 by default)"
+        };
+        Error::new(kind, message).on(Side::Target).hint(hint)
     }
 
     /// The server's refusal, classified by its error code (`Code: 60, e.displayText() = …`).

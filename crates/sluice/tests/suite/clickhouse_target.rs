@@ -372,3 +372,64 @@ fn a_clickhouse_job_fails_over_on_a_cluster_and_a_woken_worker_is_fenced() {
     let total = clickhouse::query(&format!("SELECT sum(balance), count() FROM {database}.accounts_live"));
     assert_eq!(total.trim(), format!("{}\t{ACCOUNTS}", ACCOUNTS * 1000), "the transfers' invariant");
 }
+
+/// A ClickHouse that speaks HTTPS only: a job reaches it with the CA that signed its certificate
+/// and the host name the certificate holds; another CA, another host name or plain HTTP fail
+/// at once, naming TLS or HTTPS, and print no password.
+#[test]
+fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
+    let certs = std::env::var("SLUICE_TEST_TLS_DIR").expect("SLUICE_TEST_TLS_DIR is set by scripts/test.sh");
+    let (server, url) = support::testdb::start_with("clickhouse", &["--tls", &certs]);
+    let database = unique_name("ch_tls");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY, name VARCHAR(20)); \
+         INSERT INTO {database}.items VALUES (1, 'one'), (2, 'two');"
+    ));
+    let workspace = Workspace::new();
+    let run = |name: &str, target: String| {
+        let file = workspace.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: {name}\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+                 target:\n  type: clickhouse\n  url: ${{TARGET}}\n  create_tables: true\n"
+            ),
+        );
+        let state = format!("state-{name}");
+        let output = workspace
+            .command(&["run", file.to_str().unwrap(), "--state-dir", &state])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", target)
+            .output()
+            .unwrap();
+        let run = support::Run::from(output);
+        assert!(!run.all().contains(&support::canary()), "the password printed:\n{}", run.all());
+        run
+    };
+    let at = |host: &str, query: &str| {
+        let url = url.replace("@127.0.0.1:", &format!("@{host}:"));
+        format!("{url}{query}")
+    };
+    let ca = format!("?ca={certs}/ca.pem");
+    run("verified", at("localhost", &ca)).assert_code(0);
+    let port = std::fs::read_to_string(server.path().join("clickhouse/tcp_port")).unwrap();
+    let output = std::process::Command::new("clickhouse-client")
+        .args(["--host", "127.0.0.1", "--port", port.trim(), "--user", "sluice", "--password", &support::canary()])
+        .args(["--query", &format!("SELECT id, name FROM {database}.items_live ORDER BY id")])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "1\tone\n2\ttwo\n");
+
+    for (name, target, said) in [
+        ("other-ca", at("localhost", &format!("?ca={certs}/other-ca.pem")), "the TLS handshake failed"),
+        ("wrong-host", at("127.0.0.1", &ca), "the TLS handshake failed"),
+        ("no-ca", at("localhost", ""), "the TLS handshake failed"),
+        ("plain", at("localhost", "").replacen("https://", "http://", 1), "needs https://"),
+    ] {
+        let started = std::time::Instant::now();
+        let refused = run(name, target);
+        assert_ne!(refused.code, 0, "{name}: {}", refused.all());
+        assert!(refused.all().contains(said), "{name}: {}", refused.all());
+        assert!(started.elapsed() < Duration::from_secs(30), "{name}: not at once ({:?})", started.elapsed());
+    }
+    support::testdb::stop(&server, "clickhouse");
+}

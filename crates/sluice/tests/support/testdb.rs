@@ -11,13 +11,19 @@ fn script() -> PathBuf {
 /// Starts a server of `engine` (`mariadb` or `postgres`) in `DIRECTORY/ENGINE`: the directory
 /// and the URL of the server's `sluice` user.
 pub fn start(engine: &str) -> (tempfile::TempDir, String) {
+    start_with(engine, &[])
+}
+
+/// `start` with more arguments of `scripts/testdb start` (`--tls CERTS`).
+pub fn start_with(engine: &str, extra: &[&str]) -> (tempfile::TempDir, String) {
     let directory = tempfile::Builder::new()
         .prefix(&format!("sluice-{engine}"))
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .expect("a temporary directory");
     let data = directory.path().join(engine);
-    let output = Command::new(script()).args(["start", engine, data.to_str().unwrap()]).output().expect("testdb");
+    let output =
+        Command::new(script()).args(["start", engine, data.to_str().unwrap()]).args(extra).output().expect("testdb");
     assert!(output.status.success(), "testdb start: {}", String::from_utf8_lossy(&output.stderr));
     let url = String::from_utf8_lossy(&output.stdout)
         .lines()
