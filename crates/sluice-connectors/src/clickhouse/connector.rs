@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_core::connector::{Capabilities, Fence, Sink};
+use sluice_core::connector::{Capabilities, Fence, Sink, Source};
 use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
-use sluice_core::Result;
+use sluice_core::{Result, TableSchema};
 
+use super::read_back::ClickHouseTable;
 use super::{ClickHouseOptions, ClickHouseSink};
 use crate::{Connector, TargetSide};
 
@@ -23,7 +24,7 @@ pub(crate) const CONNECTOR: Connector = Connector {
         ..Capabilities::NONE
     },
     source: None,
-    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: Some(super::read_back::read_back) }),
+    target: Some(TargetSide { fields: FIELDS, validate, build, read_back: Some(read_back) }),
 };
 
 const FIELDS: &[&str] = &["type", "url", "create_tables", "namespace", "commit_interval_secs", "commit_rows"];
@@ -80,6 +81,12 @@ pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<ClickHouse
 
 fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
     options(endpoint).err().unwrap_or_default()
+}
+
+/// A table of the target read back for verification: its live rows.
+fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
+    let options = options(&job.target).map_err(crate::invalid)?;
+    Ok(Arc::new(ClickHouseTable::new(&options, table)?))
 }
 
 fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {

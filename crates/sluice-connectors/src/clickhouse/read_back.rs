@@ -8,11 +8,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use sluice_core::change::{Batch, Change, Position, Row};
 use sluice_core::connector::{CheckItem, Reader, SnapshotSource, Source, Split, SplitHint};
-use sluice_core::spec::JobSpec;
 use sluice_core::{DataType, Date, DateTime, Decimal, Error, ErrorKind, Result, Side, TableSchema, Time, Value};
 
 use super::server::{quote, Server};
 use super::tables::{self, live_view, qualified};
+use super::ClickHouseOptions;
 
 /// One table of the target.
 pub(crate) struct ClickHouseTable {
@@ -20,14 +20,13 @@ pub(crate) struct ClickHouseTable {
     table: Arc<TableSchema>,
 }
 
-/// Builds the reader of one table of a job's ClickHouse target.
-pub(super) fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
-    let options = super::connector::options(&job.target).map_err(crate::invalid)?;
-    let server = Server::new(options.url.expose(), options.shown.clone())?;
-    Ok(Arc::new(ClickHouseTable { server, table: table.clone() }))
-}
-
 impl ClickHouseTable {
+    /// The reader of `table` of the target these options reach.
+    pub(crate) fn new(options: &ClickHouseOptions, table: &Arc<TableSchema>) -> Result<ClickHouseTable> {
+        let server = Server::new(options.url.expose(), options.shown.clone())?;
+        Ok(ClickHouseTable { server, table: table.clone() })
+    }
+
     /// The mapped schema with only the columns the table has; `None` when it does not exist.
     async fn held(&self) -> Result<Option<TableSchema>> {
         let columns = tables::columns(&self.server, &self.table.name).await?;

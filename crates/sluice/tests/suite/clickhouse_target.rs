@@ -433,3 +433,97 @@ fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
     }
     support::testdb::stop(&server, "clickhouse");
 }
+
+/// A PostgreSQL source into ClickHouse: `snapshot+cdc` of keyed tables under a load of inserts,
+/// updates, deletes, key moves and transfers, killed once in the stream; ClickHouse ends equal
+/// to the source by `sluice verify` and by its own client, the transfers' sum intact.
+#[test]
+fn a_postgres_source_streams_into_clickhouse_exactly_once_through_a_kill() {
+    use support::postgres_source::SourceDatabase;
+    use support::workload::Client;
+    let source = SourceDatabase::create("pgch");
+    let schema = source.name.clone();
+    let job = schema.replace('_', "-");
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema};
+         CREATE TABLE accounts (id int PRIMARY KEY, balance bigint NOT NULL);
+         INSERT INTO accounts SELECT g, 1000 FROM generate_series(1, {ACCOUNTS}) g;
+         CREATE TABLE items (id bigint PRIMARY KEY, v int NOT NULL, note text, amount numeric(12,2), at timestamptz);
+         INSERT INTO items SELECT g, g % 1000, 'item ' || g, g * 1.25, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 second'
+         FROM generate_series(1, 5000) g;"
+    ));
+    let workspace = Workspace::new();
+    let file = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {job}\nmode: snapshot+cdc\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.*\"]\n\
+             target:\n  type: clickhouse\n  url: ${{TARGET}}\n  create_tables: true\n  commit_interval_secs: 1\n"
+        ),
+    );
+    let mut client = Client::spawn({
+        let mut psql = std::process::Command::new("psql");
+        psql.args([source.url().as_str(), "-X", "-q"]);
+        psql
+    });
+    client.send(&format!("SET search_path = {schema};"));
+    let mut random = Random::from_environment("postgres into clickhouse");
+    let mut next_id = 5_001;
+    let load = Load::paced(client, 200, move || {
+        let id = 1 + random.below(next_id);
+        next_id += 1;
+        match random.below(10) {
+            0..=2 => format!("INSERT INTO items VALUES ({}, 1, 'new', 9.99, now());", next_id - 1),
+            3..=4 => format!(
+                "UPDATE items SET v = v + 1, note = 'u{}', amount = amount + 0.01 WHERE id = {id};",
+                random.below(100)
+            ),
+            5 => format!("DELETE FROM items WHERE id = {id};"),
+            6 => format!("UPDATE items SET id = {} WHERE id = {id};", next_id - 1),
+            _ => {
+                let (from, to) = (1 + random.below(ACCOUNTS), 1 + random.below(ACCOUNTS));
+                format!(
+                    "BEGIN; UPDATE accounts SET balance = balance - 7 WHERE id = {from}; \
+                     UPDATE accounts SET balance = balance + 7 WHERE id = {to}; COMMIT;"
+                )
+            }
+        }
+    });
+    let sampler = Sampler::start(&schema);
+    let start = || workspace.start_run(&file, &source.url(), &clickhouse::url(), &[]);
+    let stored = || {
+        let text = clickhouse::try_query(&format!(
+            "SELECT argMax(position, (epoch, written)) FROM sluice.checkpoints WHERE job = '{job}' AND task = 'stream'"
+        ))?;
+        let position: serde_json::Value = serde_json::from_str(text.trim()).ok()?;
+        support::postgres_source::lsn(position["at"]["lsn"].as_str()?)
+    };
+    let mut run = start();
+    wait_for("the stream to apply", Duration::from_secs(120), || {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended:\n{}", run.stderr_text());
+        stored().is_some_and(|at| at > 0) && committed(&job) > 5_000 + ACCOUNTS
+    });
+    kill(&mut run);
+    let mut run = start();
+    load.stop();
+    let now = source.wal_position();
+    wait_for("the stream to reach the source", Duration::from_secs(120), || {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended:\n{}", run.stderr_text());
+        stored().is_some_and(|at| at >= now)
+    });
+    kill(&mut run);
+    assert!(sampler.finish() > 0, "the sampler read rows");
+
+    let total = clickhouse::query(&format!("SELECT sum(balance), count() FROM {schema}.accounts_live"));
+    assert_eq!(total.trim(), format!("{}\t{ACCOUNTS}", ACCOUNTS * 1000), "the transfers' invariant");
+    let count = clickhouse::query(&format!("SELECT count() FROM {schema}.items_live"));
+    assert_eq!(count.trim(), source.sql(&format!("SELECT count(*) FROM {schema}.items")).trim());
+    let verified = support::Run::from(
+        workspace
+            .command(&["verify", file.to_str().unwrap(), "--json"])
+            .env("SOURCE", source.url())
+            .env("TARGET", clickhouse::url())
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(verified.code, 0, "{}", verified.all());
+}
