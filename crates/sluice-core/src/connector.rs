@@ -999,6 +999,14 @@ pub trait TableWriter: Send {
     /// data and the checkpoint are both durable; on `Err`, neither is.
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()>;
 
+    /// Whether the rows staged since the last commit should be committed now, asked after each
+    /// `write`. A target that gains from fewer, larger commits (ClickHouse: each insert is a part
+    /// its server merges again) says no until it holds enough; the engine commits at the end of a
+    /// split whatever it says. The default commits every batch.
+    fn wants_commit(&self) -> bool {
+        true
+    }
+
     /// Stages the removal of every row of this task's table, which the next `commit` makes
     /// durable with the first rows copied again: a split read whole (`Split::whole`) whose
     /// earlier attempt committed part of it starts over this way, so no row is copied twice.

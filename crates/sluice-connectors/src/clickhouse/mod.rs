@@ -140,13 +140,27 @@ impl Sink for ClickHouseSink {
         tables.iter().flat_map(|table| tables::create_statements(table, features)).collect()
     }
 
+    /// Makes or checks every table, and reports every table that fails at once.
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         let features = self.shared.features().await?;
         checkpoints::prepare(&self.shared.server).await?;
+        let mut failed = Vec::new();
         for table in tables {
-            tables::ensure(&self.shared.server, table, features, self.shared.options.create_tables).await?;
+            if let Err(error) =
+                tables::ensure(&self.shared.server, table, features, self.shared.options.create_tables).await
+            {
+                failed.push(error);
+            }
         }
-        Ok(())
+        match failed.len() {
+            0 => Ok(()),
+            1 => Err(failed.remove(0)),
+            count => {
+                let listed: Vec<String> = failed.iter().map(ToString::to_string).collect();
+                Err(Error::new(ErrorKind::Schema, format!("{count} tables cannot be written: {}", listed.join("; ")))
+                    .on(Side::Target))
+            }
+        }
     }
 
     async fn table_columns(&self, table: &TableName) -> Result<Option<Vec<String>>> {

@@ -193,6 +193,8 @@ impl SnapshotCopy {
 
         let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(job.limits.queue_batches);
         let (acks, ack_queue) = mpsc::unbounded_channel::<Position>();
+        // Rows written since the last commit (a writer may ask for fewer, larger commits).
+        let mut staged = 0;
         let producer =
             tokio::spawn(produce(reader, batches, ack_queue, context.stop.clone(), context.abort.subscribe()));
 
@@ -203,18 +205,23 @@ impl SnapshotCopy {
                     return Err(interrupted());
                 };
                 let Some(batch) = item? else { break };
-                let committed =
-                    self.write_batch(split, stats, &mapping, &mut *writer, batch, &mut rows_written).await?;
-                position = Some(committed.clone());
-                // A closed ack channel means the producer is gone; the next receive says why.
-                let _ = acks.send(committed);
+                let (written, at) = self.write_batch(split, stats, &mapping, &mut *writer, batch).await?;
+                rows_written += written;
+                staged += written;
+                position = Some(at.clone());
+                if writer.wants_commit() {
+                    let checkpoint =
+                        Checkpoint { task: split.id.clone(), position: Some(at.clone()), done: false, rows_written };
+                    self.commit(&mut *writer, stats, &checkpoint, std::mem::take(&mut staged)).await?;
+                    // A closed ack channel means the producer is gone; the next receive says why.
+                    let _ = acks.send(at);
+                }
                 if context.should_stop() {
                     return Err(interrupted());
                 }
             }
             let done = Checkpoint { task: split.id.clone(), position: position.clone(), done: true, rows_written };
-            writer.commit(&done).await?;
-            context.state.save_checkpoint(&job.name, &done)?;
+            self.commit(&mut *writer, stats, &done, staged).await?;
             lock(&self.copied).insert(split.id.clone(), position.clone());
             TableStats::add(&stats.splits_done, 1);
             Ok(())
@@ -225,8 +232,8 @@ impl SnapshotCopy {
         outcome
     }
 
-    /// Writes one batch, keeps its rejects, and commits it with its checkpoint; returns the
-    /// position committed.
+    /// Writes one batch and keeps its rejects; returns how many rows it wrote and the position
+    /// to resume after once they are committed.
     async fn write_batch(
         &self,
         split: &Split,
@@ -234,8 +241,7 @@ impl SnapshotCopy {
         mapping: &TableMapping,
         writer: &mut dyn crate::connector::TableWriter,
         batch: Batch,
-        rows_written: &mut u64,
-    ) -> Result<Position> {
+    ) -> Result<(u64, Position)> {
         let context = &*self.context;
         let rows = batch.changes.len() as u64;
         TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
@@ -250,18 +256,24 @@ impl SnapshotCopy {
             TableStats::add(&stats.rows_skipped, rejects.len() as u64);
             context.keep_dirty(&split.id, &rejects)?;
         }
-        *rows_written += written;
-        let checkpoint = Checkpoint {
-            task: split.id.clone(),
-            position: Some(batch.position.clone()),
-            done: false,
-            rows_written: *rows_written,
-        };
-        writer.commit(&checkpoint).await?;
-        crate::failpoint::hit("copy.batch.committed");
+        Ok((written, batch.position))
+    }
+
+    /// Commits what the writer staged with `checkpoint` (`written` rows since the last commit),
+    /// then records the checkpoint in the local state.
+    async fn commit(
+        &self,
+        writer: &mut dyn crate::connector::TableWriter,
+        stats: &TableStats,
+        checkpoint: &Checkpoint,
+        written: u64,
+    ) -> Result<()> {
+        writer.commit(checkpoint).await?;
+        if !checkpoint.done {
+            crate::failpoint::hit("copy.batch.committed");
+        }
         TableStats::add(&stats.rows_written, written);
-        context.state.save_checkpoint(&context.job.name, &checkpoint)?;
-        Ok(batch.position)
+        self.context.state.save_checkpoint(&self.context.job.name, checkpoint)
     }
 }
 
@@ -470,6 +482,8 @@ mod tests {
         /// progress then expects (this run's written rows and the estimate of the rest).
         stats: Mutex<Option<Arc<crate::stats::JobStats>>>,
         expected_at_commits: Mutex<Vec<u64>>,
+        /// Rows a writer stages before it wants a commit (`TableWriter::wants_commit`); 0: every batch.
+        rows_per_commit: usize,
     }
 
     struct MemorySink(Arc<MemoryTarget>);
@@ -528,6 +542,9 @@ mod tests {
             }
             Ok(())
         }
+        fn wants_commit(&self) -> bool {
+            self.staged.len() >= self.target.rows_per_commit
+        }
         async fn replace_all(&mut self) -> Result<()> {
             Ok(())
         }
@@ -558,6 +575,32 @@ mod tests {
         assert_eq!(ids, (1..=100).collect::<Vec<_>>());
         assert_eq!((summary.status, summary.rows_written), (RunStatus::Succeeded, 100));
         assert_eq!(state.runs(), 1);
+    }
+
+    /// A writer that wants fewer, larger commits gets them: batches are written until it asks,
+    /// and each split's end commits the rest; every row lands once and the checkpoints count them.
+    #[tokio::test]
+    async fn a_writer_that_wants_larger_commits_gets_them_and_every_row_once() {
+        let target = Arc::new(MemoryTarget { rows_per_commit: 35, ..Default::default() });
+        let state = Arc::new(MemoryStateStore::default());
+        let (_stop, stopped) = watch::channel(false);
+        let runner = Arc::new(Runner::new(
+            job(""),
+            Arc::new(MemorySource { rows: 100, bad: vec![] }),
+            Arc::new(MemorySink(target.clone())),
+            state,
+            stopped,
+        ));
+        let (summary, error) = runner.run().await;
+        assert!(error.is_none(), "{error:?}");
+        let (mut ids, checkpoints) = target.committed.lock().unwrap().clone();
+        ids.sort_unstable();
+        assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+        assert_eq!(summary.rows_written, 100);
+        assert_eq!(checkpoints.values().map(|checkpoint| checkpoint.rows_written).sum::<u64>(), 100);
+        assert!(checkpoints.values().all(|checkpoint| checkpoint.done));
+        let commits = target.commits.load(Ordering::SeqCst);
+        assert!(commits < 10, "{commits} commits for 10 batches of 10 rows");
     }
 
     /// The progress expects the whole plan's rows from the first commit on, not only those of
