@@ -87,12 +87,25 @@ pub async fn write(server: &Server, job: &str, epoch: u64, checkpoint: &Checkpoi
 
 /// Forgets every checkpoint of `job`.
 pub async fn forget(server: &Server, job: &str) -> Result<()> {
+    forget_where(server, &format!("job = {}", literal(job))).await
+}
+
+/// Forgets the checkpoints of `job`'s `tasks`.
+pub async fn forget_tasks(server: &Server, job: &str, tasks: &[String]) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    let listed: Vec<String> = tasks.iter().map(|task| literal(task)).collect();
+    forget_where(server, &format!("job = {} AND task IN ({})", literal(job), listed.join(", "))).await
+}
+
+/// Adds, for each task whose rows match `filter`, a row that forgets it, under its newest claim.
+async fn forget_where(server: &Server, filter: &str) -> Result<()> {
     server
         .query(&format!(
-            "INSERT INTO {TABLE} SELECT job, task, '', 0, 0, 1, max(epoch), {} FROM {TABLE} WHERE job = {} \
+            "INSERT INTO {TABLE} SELECT job, task, '', 0, 0, 1, max(epoch), {} FROM {TABLE} WHERE {filter} \
              GROUP BY job, task",
-            stamp(),
-            literal(job)
+            stamp()
         ))
         .await
         .map(drop)

@@ -527,3 +527,24 @@ fn a_postgres_source_streams_into_clickhouse_exactly_once_through_a_kill() {
     );
     assert_eq!(verified.code, 0, "{}", verified.all());
 }
+
+/// A table emptied in ClickHouse behind the job's back has its checkpoints forgotten: the next
+/// run copies it again instead of trusting checkpoints that say it is done.
+#[test]
+fn a_clickhouse_table_emptied_behind_the_jobs_back_is_copied_again() {
+    let database = unique_name("ch_emptied");
+    let name = database.replace('_', "-");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY, v INT); \
+         USE {database}; INSERT INTO items SELECT seq, seq FROM seq_1_to_1000;"
+    ));
+    let workspace = Workspace::new();
+    let file = workspace.write("job.yaml", &job_text(&name, &database, "snapshot", ""));
+    let count = || clickhouse::query(&format!("SELECT count(), sum(v) FROM {database}.items_live"));
+    workspace.run_job(&file, &mysql_url(), &clickhouse::url()).assert_code(0);
+    assert_eq!(count(), "1000\t500500\n");
+    clickhouse::query(&format!("TRUNCATE TABLE {database}.items"));
+    let again = workspace.run_job(&file, &mysql_url(), &clickhouse::url());
+    again.assert_code(0);
+    assert_eq!(count(), "1000\t500500\n", "{}", again.all());
+}
