@@ -158,7 +158,7 @@ fn value(field: &[u8], data_type: &DataType) -> Option<Value> {
     if field == b"\\N" {
         return Some(Value::Null);
     }
-    let bytes = unescape(field);
+    let bytes = tables::unescape_bytes(field);
     if let DataType::Bytes { .. } | DataType::Geometry = data_type {
         return Some(Value::Bytes(bytes));
     }
@@ -189,29 +189,6 @@ fn float(text: &str) -> Option<f64> {
         "nan" | "-nan" => Some(f64::NAN),
         _ => text.parse().ok(),
     }
-}
-
-/// A TabSeparated field's bytes as they were: ClickHouse's escapes undone.
-fn unescape(field: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(field.len());
-    let mut bytes = field.iter();
-    while let Some(&byte) = bytes.next() {
-        if byte != b'\\' {
-            out.push(byte);
-            continue;
-        }
-        match bytes.next() {
-            Some(b't') => out.push(b'\t'),
-            Some(b'n') => out.push(b'\n'),
-            Some(b'r') => out.push(b'\r'),
-            Some(b'b') => out.push(0x08),
-            Some(b'f') => out.push(0x0c),
-            Some(b'0') => out.push(0),
-            Some(&other) => out.push(other),
-            None => out.push(b'\\'),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -228,22 +228,27 @@ pub fn unescape(field: &str) -> String {
     if !field.contains('\\') {
         return field.to_owned();
     }
-    let mut out = String::with_capacity(field.len());
-    let mut characters = field.chars();
-    while let Some(character) = characters.next() {
-        if character != '\\' {
-            out.push(character);
+    String::from_utf8_lossy(&unescape_bytes(field.as_bytes())).into_owned()
+}
+
+/// A TabSeparated field's bytes as they were: ClickHouse's escapes undone.
+pub fn unescape_bytes(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut bytes = field.iter();
+    while let Some(&byte) = bytes.next() {
+        if byte != b'\\' {
+            out.push(byte);
             continue;
         }
-        match characters.next() {
-            Some('t') => out.push('\t'),
-            Some('n') => out.push('\n'),
-            Some('r') => out.push('\r'),
-            Some('b') => out.push('\u{8}'),
-            Some('f') => out.push('\u{c}'),
-            Some('0') => out.push('\0'),
-            Some(other) => out.push(other),
-            None => out.push('\\'),
+        match bytes.next() {
+            Some(b't') => out.push(b'\t'),
+            Some(b'n') => out.push(b'\n'),
+            Some(b'r') => out.push(b'\r'),
+            Some(b'b') => out.push(0x08),
+            Some(b'f') => out.push(0x0c),
+            Some(b'0') => out.push(0),
+            Some(&other) => out.push(other),
+            None => out.push(b'\\'),
         }
     }
     out
