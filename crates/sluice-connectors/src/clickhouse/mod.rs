@@ -116,18 +116,53 @@ impl ClickHouseSink {
 
 #[async_trait]
 impl Sink for ClickHouseSink {
+    /// Reads only: the server's version, whether the user may write, and whether the
+    /// checkpoints' table is there yet (the first run makes it).
     async fn check(&self) -> Result<Vec<CheckItem>> {
-        let version = self.shared.server.query("SELECT version()").await?;
-        checkpoints::prepare(&self.shared.server).await?;
-        Ok(vec![CheckItem {
+        let server = &self.shared.server;
+        let answer = server
+            .query(
+                "SELECT version(), (SELECT value FROM system.settings WHERE name = 'readonly'), \
+                 (SELECT count() FROM system.tables WHERE database = 'sluice' AND name = 'checkpoints') \
+                 FORMAT TabSeparated",
+            )
+            .await?;
+        let fields: Vec<&str> = answer.trim_end().split('\t').collect();
+        let [version, readonly, checkpoints] = fields.as_slice() else {
+            return Err(Error::new(
+                ErrorKind::Write,
+                format!("ClickHouse at {}: unexpected answer `{answer}` to the version query", server.shown()),
+            )
+            .on(Side::Target));
+        };
+        let connection = CheckItem {
             what: "target clickhouse".into(),
             ok: true,
-            detail: format!(
-                "ClickHouse {} at {} (sluice.checkpoints writable)",
-                version.trim(),
-                self.shared.server.shown()
-            ),
-        }])
+            detail: format!("ClickHouse {version} at {}", server.shown()),
+        };
+        let writes = if *readonly != "0" {
+            CheckItem {
+                what: "target clickhouse writes".into(),
+                ok: false,
+                detail: format!(
+                    "the user is read-only (readonly = {readonly}): Sluice creates tables and inserts rows and \
+                     checkpoints; give the user a profile with readonly = 0"
+                ),
+            }
+        } else if *checkpoints == "0" {
+            CheckItem {
+                what: "target clickhouse writes".into(),
+                ok: true,
+                detail: "the user may write; the first run creates the database `sluice` and its tables checkpoints and claims".into(),
+            }
+        } else {
+            CheckItem {
+                what: "target clickhouse writes".into(),
+                ok: true,
+                detail: "the user may write; sluice.checkpoints is there".into(),
+            }
+        };
+        Ok(vec![connection, writes])
     }
 
     fn target_name(&self, source: &TableName) -> TableName {

@@ -182,8 +182,9 @@ impl Server {
         };
         let error = Error::new(kind, format!("ClickHouse at {} refused `{}`: {message}", self.shown, brief(statement)))
             .on(Side::Target);
-        match kind {
-            ErrorKind::Auth => error.hint("check the user and password in target.url and the user's grants"),
+        match (kind, code) {
+            (_, Some(164)) => error.hint("the session is read-only: give the user a profile with readonly = 0, and take `readonly` out of target.url"),
+            (ErrorKind::Auth, _) => error.hint("check the user and password in target.url and the user's grants"),
             _ => error,
         }
     }

@@ -548,3 +548,46 @@ fn a_clickhouse_table_emptied_behind_the_jobs_back_is_copied_again() {
     again.assert_code(0);
     assert_eq!(count(), "1000\t500500\n", "{}", again.all());
 }
+
+/// `sluice check` only reads a ClickHouse target: on a fresh server it says the first run makes
+/// the checkpoints' tables and makes nothing itself; a read-only session (`?readonly=1`) fails
+/// the check naming the setting, and so does a run (which checks first).
+#[test]
+fn check_reads_a_clickhouse_target_without_writing_and_refuses_a_read_only_user() {
+    let (server, url) = support::testdb::start_with("clickhouse", &[]);
+    let database = unique_name("ch_check");
+    mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY);"));
+    let workspace = Workspace::new();
+    let file = workspace.write("job.yaml", &job_text("ch-check", &database, "snapshot", ""));
+    let check = |target: String| {
+        let output = workspace
+            .command(&["check", file.to_str().unwrap()])
+            .env("SOURCE", mysql_url())
+            .env("TARGET", target)
+            .output()
+            .unwrap();
+        let run = support::Run::from(output);
+        assert!(!run.all().contains(&support::canary()), "the password printed:\n{}", run.all());
+        run
+    };
+    let fresh = check(url.clone());
+    fresh.assert_code(0);
+    assert!(fresh.all().contains("the first run creates the database `sluice`"), "{}", fresh.all());
+    let port = std::fs::read_to_string(server.path().join("clickhouse/tcp_port")).unwrap();
+    let databases = std::process::Command::new("clickhouse-client")
+        .args(["--host", "127.0.0.1", "--port", port.trim(), "--user", "sluice", "--password", &support::canary()])
+        .args(["--query", "SELECT name FROM system.databases WHERE name NOT IN ('system', 'default') ORDER BY name"])
+        .output()
+        .unwrap();
+    assert!(databases.status.success(), "{}", String::from_utf8_lossy(&databases.stderr));
+    assert_eq!(String::from_utf8_lossy(&databases.stdout), "", "check made a database");
+
+    let read_only = check(format!("{url}/?readonly=1"));
+    assert_eq!(read_only.code, 1, "{}", read_only.all());
+    assert!(read_only.all().contains("the user is read-only (readonly = 1)"), "{}", read_only.all());
+    // A run checks first, so it is refused before it reads a row, with the same fix.
+    let run = workspace.run_job(&file, &mysql_url(), &format!("{url}/?readonly=1"));
+    assert_ne!(run.code, 0, "{}", run.all());
+    assert!(run.all().contains("the user is read-only (readonly = 1)"), "{}", run.all());
+    support::testdb::stop(&server, "clickhouse");
+}
