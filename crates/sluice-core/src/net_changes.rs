@@ -342,123 +342,161 @@ impl NetChanges {
         let tables = std::mem::take(&mut self.tables);
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
-        // Per table and entry: a row updated in place, not replaced (judged once here, used by
-        // the three passes below): one that keeps values the log did not carry, and where the
-        // writer prefers it, one that was there before the group and is there after it.
-        let in_place: Vec<Vec<bool>> = tables
-            .iter()
-            .zip(&targets)
-            .map(|(table, target)| {
-                let whole = writer.updates_in_place()
-                    && !target.primary_key.is_empty()
-                    && !target.indexes.iter().any(|index| index.unique);
-                table
-                    .entries
-                    .iter()
-                    .map(|entry| {
-                        entry
-                            .row
-                            .as_ref()
-                            .is_some_and(|row| has_unchanged(row) || (whole && entry.existed && !entry.by_key))
-                    })
-                    .collect()
-            })
-            .collect();
+        let in_place = rows_in_place(writer.updates_in_place(), &tables, &targets);
         let mut refused_rows = Vec::new();
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
-            if !changes.copies.is_empty() {
-                // A keyless table: one matching row per copy that went, each must exist (unless
-                // it is dirty).
-                for dirty in [false, true] {
-                    let gone: Vec<Row> = copies(&changes.copies, |copies| copies.dirty == dirty, |count| -count);
-                    if !gone.is_empty() {
-                        writer.delete(target, &gone, !dirty).await?;
-                    }
-                }
-                continue;
-            }
-            let replaced = || changes.entries.iter().zip(in_place).filter(|(_, in_place)| !**in_place);
-            let strict: Vec<Row> = replaced()
-                .filter(|(entry, _)| entry.existed && !entry.by_key)
-                .map(|(entry, _)| entry.key.clone())
-                .collect();
-            if !strict.is_empty() {
-                writer.delete(target, &strict, true).await?;
-            }
-            let by_key: Vec<Row> =
-                replaced().filter(|(entry, _)| entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
-            if !by_key.is_empty() {
-                writer.delete(target, &by_key, false).await?;
-            }
+            delete_replaced(writer, changes, target, in_place).await?;
         }
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
-            let (mut updated, entries): (Vec<Row>, Vec<&Entry>) = changes
-                .entries
-                .iter()
-                .zip(in_place)
-                .filter_map(|(entry, in_place)| Some((entry.row.clone().filter(|_| *in_place)?, entry)))
-                .unzip();
-            if updated.is_empty() {
-                continue;
-            }
-            let outcome = writer.update(target, &updated).await?;
-            // A row applied by key that the target lacks is left to the later changes of the key
-            // (a replay window: the copy read it after a delete the stream has yet to apply).
-            let missing: Vec<usize> = outcome.missing.into_iter().filter(|&index| !entries[index].by_key).collect();
-            if let Some(&index) = missing.iter().find(|&&index| has_unchanged(&updated[index])) {
-                return Err(unchanged_lost(target, &updated[index], "the target has no row of this key"));
-            }
-            if !missing.is_empty() {
-                let keys: Vec<&Row> = missing.iter().map(|&index| &entries[index].key).collect();
-                return Err(missing_rows(target, &keys));
-            }
-            // A refused row goes, as when its new image is refused on insert: the target holds
-            // no row the source no longer has, and the dirty record holds both.
-            let gone: Vec<Row> = outcome.refused.iter().map(|refusal| entries[refusal.index].key.clone()).collect();
-            if !gone.is_empty() {
-                writer.delete(target, &gone, false).await?;
-            }
-            for refusal in outcome.refused {
-                let entry = entries[refusal.index];
-                refused_rows.push(Refusal {
-                    table: changes.table.clone(),
-                    before: entry.before.clone(),
-                    after: std::mem::take(&mut updated[refusal.index]),
-                    transaction: entry.transaction,
-                    reason: refusal.reason,
-                });
-            }
+            update_in_place(writer, changes, target, in_place, &mut refused_rows).await?;
         }
         for ((changes, target), in_place) in tables.into_iter().zip(&targets).zip(in_place) {
-            let mut rows: Vec<Row> = copies(&changes.copies, |_| true, |count| count);
-            // What each row refused would be kept with: the row before, the transaction.
-            let mut origins: Vec<(Option<Row>, usize)> = changes
-                .copies
-                .iter()
-                .flat_map(|copies| std::iter::repeat_n((None, copies.transaction), copies.count.max(0) as usize))
-                .collect();
-            for (entry, in_place) in changes.entries.into_iter().zip(in_place) {
-                if let Some(row) = entry.row.filter(|_| !in_place) {
-                    rows.push(row);
-                    origins.push((entry.before, entry.transaction));
-                }
-            }
-            if rows.is_empty() {
-                continue;
-            }
-            for refusal in writer.insert(target, &rows).await? {
-                let (before, transaction) = std::mem::take(&mut origins[refusal.index]);
-                refused_rows.push(Refusal {
-                    table: changes.table.clone(),
-                    before,
-                    after: std::mem::take(&mut rows[refusal.index]),
-                    transaction,
-                    reason: refusal.reason,
-                });
-            }
+            insert_new(writer, changes, target, &in_place, &mut refused_rows).await?;
         }
         Ok(Applied { changes: applied.saturating_sub(refused_rows.len()), refused: refused_rows })
     }
+}
+
+/// Per table and entry: a row updated in place, not replaced (judged once, used by the three
+/// passes of `apply`): one that keeps values the log did not carry, and where the writer prefers
+/// it (`updates_in_place`), one that was there before the group and is there after it.
+fn rows_in_place(updates_in_place: bool, tables: &[TableChanges], targets: &[Arc<TableSchema>]) -> Vec<Vec<bool>> {
+    tables
+        .iter()
+        .zip(targets)
+        .map(|(table, target)| {
+            let whole =
+                updates_in_place && !target.primary_key.is_empty() && !target.indexes.iter().any(|index| index.unique);
+            table
+                .entries
+                .iter()
+                .map(|entry| {
+                    entry
+                        .row
+                        .as_ref()
+                        .is_some_and(|row| has_unchanged(row) || (whole && entry.existed && !entry.by_key))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `apply`'s first pass for one table: the rows that go or are replaced are deleted (those that
+/// were there before the group must be there; those applied by key may not).
+async fn delete_replaced(
+    writer: &mut dyn FoldedChangeWriter,
+    changes: &TableChanges,
+    target: &TableSchema,
+    in_place: &[bool],
+) -> Result<()> {
+    if !changes.copies.is_empty() {
+        // A keyless table: one matching row per copy that went, each must exist (unless it is
+        // dirty).
+        for dirty in [false, true] {
+            let gone: Vec<Row> = copies(&changes.copies, |copies| copies.dirty == dirty, |count| -count);
+            if !gone.is_empty() {
+                writer.delete(target, &gone, !dirty).await?;
+            }
+        }
+        return Ok(());
+    }
+    let replaced = || changes.entries.iter().zip(in_place).filter(|(_, in_place)| !**in_place);
+    let strict: Vec<Row> =
+        replaced().filter(|(entry, _)| entry.existed && !entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
+    if !strict.is_empty() {
+        writer.delete(target, &strict, true).await?;
+    }
+    let by_key: Vec<Row> = replaced().filter(|(entry, _)| entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
+    if !by_key.is_empty() {
+        writer.delete(target, &by_key, false).await?;
+    }
+    Ok(())
+}
+
+/// `apply`'s second pass for one table: the rows updated in place; a refused one goes and is
+/// kept in `refused_rows`.
+async fn update_in_place(
+    writer: &mut dyn FoldedChangeWriter,
+    changes: &TableChanges,
+    target: &TableSchema,
+    in_place: &[bool],
+    refused_rows: &mut Vec<Refusal>,
+) -> Result<()> {
+    let (mut updated, entries): (Vec<Row>, Vec<&Entry>) = changes
+        .entries
+        .iter()
+        .zip(in_place)
+        .filter_map(|(entry, in_place)| Some((entry.row.clone().filter(|_| *in_place)?, entry)))
+        .unzip();
+    if updated.is_empty() {
+        return Ok(());
+    }
+    let outcome = writer.update(target, &updated).await?;
+    // A row applied by key that the target lacks is left to the later changes of the key (a
+    // replay window: the copy read it after a delete the stream has yet to apply).
+    let missing: Vec<usize> = outcome.missing.into_iter().filter(|&index| !entries[index].by_key).collect();
+    if let Some(&index) = missing.iter().find(|&&index| has_unchanged(&updated[index])) {
+        return Err(unchanged_lost(target, &updated[index], "the target has no row of this key"));
+    }
+    if !missing.is_empty() {
+        let keys: Vec<&Row> = missing.iter().map(|&index| &entries[index].key).collect();
+        return Err(missing_rows(target, &keys));
+    }
+    // A refused row goes, as when its new image is refused on insert: the target holds no row
+    // the source no longer has, and the dirty record holds both.
+    let gone: Vec<Row> = outcome.refused.iter().map(|refusal| entries[refusal.index].key.clone()).collect();
+    if !gone.is_empty() {
+        writer.delete(target, &gone, false).await?;
+    }
+    for refusal in outcome.refused {
+        let entry = entries[refusal.index];
+        refused_rows.push(Refusal {
+            table: changes.table.clone(),
+            before: entry.before.clone(),
+            after: std::mem::take(&mut updated[refusal.index]),
+            transaction: entry.transaction,
+            reason: refusal.reason,
+        });
+    }
+    Ok(())
+}
+
+/// `apply`'s last pass for one table: every new row (copies of a keyless table's rows, and the
+/// rows not updated in place); a refused one is kept in `refused_rows`.
+async fn insert_new(
+    writer: &mut dyn FoldedChangeWriter,
+    changes: TableChanges,
+    target: &TableSchema,
+    in_place: &[bool],
+    refused_rows: &mut Vec<Refusal>,
+) -> Result<()> {
+    let mut rows: Vec<Row> = copies(&changes.copies, |_| true, |count| count);
+    // What each row refused would be kept with: the row before, the transaction.
+    let mut origins: Vec<(Option<Row>, usize)> = changes
+        .copies
+        .iter()
+        .flat_map(|copies| std::iter::repeat_n((None, copies.transaction), copies.count.max(0) as usize))
+        .collect();
+    for (entry, in_place) in changes.entries.into_iter().zip(in_place) {
+        if let Some(row) = entry.row.filter(|_| !in_place) {
+            rows.push(row);
+            origins.push((entry.before, entry.transaction));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    for refusal in writer.insert(target, &rows).await? {
+        let (before, transaction) = std::mem::take(&mut origins[refusal.index]);
+        refused_rows.push(Refusal {
+            table: changes.table.clone(),
+            before,
+            after: std::mem::take(&mut rows[refusal.index]),
+            transaction,
+            reason: refusal.reason,
+        });
+    }
+    Ok(())
 }
 
 /// Each row of `counted` that `chosen` takes, repeated as many times as `wanted` of its count

@@ -460,21 +460,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let source = fields
         .require(decoder, "source", "where data comes from")
         .and_then(|node| decode_endpoint(decoder, node, Side::Source, "source"));
-    let (target, targets) = match (fields.get("target"), fields.get("targets")) {
-        (Some(node), None) => (decode_endpoint(decoder, node, Side::Target, "target"), Some(Vec::new())),
-        (None, Some(node)) => match decode_targets(decoder, node) {
-            Some(targets) => (targets.first().map(|first| first.endpoint.clone()), Some(targets)),
-            None => (None, None),
-        },
-        (Some(_), Some(node)) => {
-            decoder.error("targets", node.line, "give `target:` (one) or `targets:` (several), not both");
-            (None, None)
-        }
-        (None, None) => {
-            fields.require(decoder, "target", "where data goes (or `targets:`, a list of several, each with a name)");
-            (None, None)
-        }
-    };
+    let (mut target, mut targets) = decode_target_fields(decoder, &fields);
     let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -507,49 +493,16 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         None => Some(two_way.unwrap_or(false).then_some(ConflictPolicy::Stop)),
         Some(node) => conflict::decode_conflict(decoder, node).map(Some),
     };
-    let schema_changes = match fields.get("schema_changes") {
-        None if two_way == Some(true) => Some(SchemaChanges::Stop),
-        None => Some(SchemaChanges::Carry),
-        Some(node) => decoder.string(node, "schema_changes").and_then(|text| match text.as_str() {
-            "carry" => Some(SchemaChanges::Carry),
-            "stop" => Some(SchemaChanges::Stop),
-            "ignore" => Some(SchemaChanges::Ignore),
-            other => {
-                decoder.error("schema_changes", node.line, format!("expected carry, ignore or stop, found `{other}`"));
-                None
-            }
-        }),
-    };
+    let schema_changes = decode_schema_changes(decoder, &fields, two_way);
     let (apply_parallelism, consistency) = decode_apply(decoder, &fields);
     let schedule = schedule::decode_schedule(decoder, &fields);
     let after = schedule::decode_after(decoder, &fields, name.as_deref());
     check_schedule(decoder, &fields, mode, &schedule, &after);
     if let Some(mode) = mode.filter(|mode| !mode.streams()) {
-        for field in ["two_way", "conflict", "apply_parallelism", "consistency"] {
-            if let Some(node) = fields.get(field) {
-                decoder.error(
-                    field,
-                    node.line,
-                    format!("mode {mode} has no change stream; `{field}` is for cdc and snapshot+cdc jobs"),
-                );
-            }
-        }
+        check_no_stream_fields(decoder, &fields, mode);
     }
-    let (mut target, mut targets) = (target, targets);
     if let (Some(mode), Some(source)) = (mode, &source) {
-        if let Some(target) = &mut target {
-            check_cursor(decoder, mode, source, target);
-        }
-        let named = targets.iter_mut().flatten().map(|target| &mut target.endpoint);
-        for (index, target) in target.iter_mut().chain(named).enumerate() {
-            if index > 1 {
-                // The first named target is `target`, checked above with the source.
-                check_target_cursor(decoder, mode, target);
-            }
-            if mode == Mode::IncrementalCursor {
-                target.write_mode = WriteMode::Upsert;
-            }
-        }
+        check_cursors(decoder, mode, source, target.as_mut(), targets.as_mut());
     }
     Some(JobSpec {
         name: name?,
@@ -576,6 +529,81 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         apply_parallelism: apply_parallelism?,
         consistency: consistency?,
     })
+}
+
+/// `target:` (one) or `targets:` (several, the first of them also as `target`).
+fn decode_target_fields(
+    decoder: &mut Decoder,
+    fields: &Fields<'_>,
+) -> (Option<EndpointSpec>, Option<Vec<NamedTarget>>) {
+    match (fields.get("target"), fields.get("targets")) {
+        (Some(node), None) => (decode_endpoint(decoder, node, Side::Target, "target"), Some(Vec::new())),
+        (None, Some(node)) => match decode_targets(decoder, node) {
+            Some(targets) => (targets.first().map(|first| first.endpoint.clone()), Some(targets)),
+            None => (None, None),
+        },
+        (Some(_), Some(node)) => {
+            decoder.error("targets", node.line, "give `target:` (one) or `targets:` (several), not both");
+            (None, None)
+        }
+        (None, None) => {
+            fields.require(decoder, "target", "where data goes (or `targets:`, a list of several, each with a name)");
+            (None, None)
+        }
+    }
+}
+
+/// `schema_changes:` carry (the default), ignore or stop (the default of a two-way job).
+fn decode_schema_changes(decoder: &mut Decoder, fields: &Fields<'_>, two_way: Option<bool>) -> Option<SchemaChanges> {
+    match fields.get("schema_changes") {
+        None if two_way == Some(true) => Some(SchemaChanges::Stop),
+        None => Some(SchemaChanges::Carry),
+        Some(node) => decoder.string(node, "schema_changes").and_then(|text| match text.as_str() {
+            "carry" => Some(SchemaChanges::Carry),
+            "stop" => Some(SchemaChanges::Stop),
+            "ignore" => Some(SchemaChanges::Ignore),
+            other => {
+                decoder.error("schema_changes", node.line, format!("expected carry, ignore or stop, found `{other}`"));
+                None
+            }
+        }),
+    }
+}
+
+/// Every field of the change stream that a job of `mode` (without one) names, as an error.
+fn check_no_stream_fields(decoder: &mut Decoder, fields: &Fields<'_>, mode: Mode) {
+    for field in ["two_way", "conflict", "apply_parallelism", "consistency"] {
+        if let Some(node) = fields.get(field) {
+            decoder.error(
+                field,
+                node.line,
+                format!("mode {mode} has no change stream; `{field}` is for cdc and snapshot+cdc jobs"),
+            );
+        }
+    }
+}
+
+/// The cursor's rules for the source and each target; a cursor job's targets upsert.
+fn check_cursors(
+    decoder: &mut Decoder,
+    mode: Mode,
+    source: &EndpointSpec,
+    mut target: Option<&mut EndpointSpec>,
+    targets: Option<&mut Vec<NamedTarget>>,
+) {
+    if let Some(target) = &mut target {
+        check_cursor(decoder, mode, source, target);
+    }
+    let named = targets.into_iter().flatten().map(|target| &mut target.endpoint);
+    for (index, target) in target.into_iter().chain(named).enumerate() {
+        if index > 1 {
+            // The first named target is `target`, checked above with the source.
+            check_target_cursor(decoder, mode, target);
+        }
+        if mode == Mode::IncrementalCursor {
+            target.write_mode = WriteMode::Upsert;
+        }
+    }
 }
 
 /// `verify:`: how often (at least a second, at most 30 days), whether to repair, which tables.
