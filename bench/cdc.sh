@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CDC benchmark (performance.md's protocol): apply throughput on a backlog and latency at a fixed
+# CDC benchmark (the protocol at the top of BENCHMARKS.md): apply throughput on a backlog and latency at a fixed
 # rate, for sluice MySQL→PostgreSQL and MySQL→MySQL, next to a MariaDB native replica (serial and
 # with slave_parallel_threads) and pg_chameleon (MySQL→PostgreSQL), in the same run on the same
 # changes.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Lake benchmark (performance.md's protocol): MySQL → Delta Lake, in one run on the same rows.
+# Lake benchmark (the protocol at the top of BENCHMARKS.md): MySQL → Delta Lake, in one run on the same rows.
 #
 #   bench/lake.sh [--rows 1000000] [--backlog-seconds 60] [--rate 1250] [--latency-seconds 60]
-#                 [--commit-interval 5] [--out bench/results]
+#                 [--commit-interval 5] [--sluice BINARY] [--out bench/results]
 #
 # 1. Snapshot of --rows sysbench rows (one table) from a hermetic MariaDB, side by side with the
 #    physical limit of the read (`mariadb --quick` to /dev/null), a plain Arrow → Parquet write
@@ -25,6 +25,7 @@ rate=1250
 latency_seconds=60
 commit_interval=5
 out=bench/results
+sluice=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --rows) rows=$2; shift 2 ;;
@@ -32,8 +33,9 @@ while [[ $# -gt 0 ]]; do
     --rate) rate=$2; shift 2 ;;
     --latency-seconds) latency_seconds=$2; shift 2 ;;
     --commit-interval) commit_interval=$2; shift 2 ;;
+    --sluice) sluice=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--rows N] [--backlog-seconds S] [--rate TPS] [--latency-seconds S] [--commit-interval S] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rows N] [--backlog-seconds S] [--rate TPS] [--latency-seconds S] [--commit-interval S] [--sluice BINARY] [--out DIR]" >&2; exit 2 ;;
   esac
 done
 
@@ -45,8 +47,10 @@ command -v sysbench >/dev/null && command -v /usr/bin/time >/dev/null || {
 scripts/testdb install >/dev/null
 python=${SLUICE_TEST_LAKE_VENV:-/tmp/sluice-lake-venv}/bin/python
 export SLUICE_TEST_PASSWORD=bench-pw
-cargo build --release --quiet --features delta -p sluice --bin sluice
-sluice=$PWD/target/release/sluice
+if [[ -z $sluice ]]; then
+  cargo build --release --quiet --features delta -p sluice --bin sluice
+  sluice=$PWD/target/release/sluice
+fi
 
 base=$(mktemp -d /dev/shm/sluice-lake.XXXXXX)
 pids=()
@@ -68,20 +72,8 @@ mkdir -p "$out"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 results="$out/lake-$stamp.jsonl"
 : > "$results"
-log() { echo "$(date -u +%H:%M:%S) $*" >&2; }
-
-# measure NAME COMMAND...: times the command; appends a JSON line with wall, CPU and peak RSS.
-measure() {
-  local name=$1 timing
-  shift
-  log "running $name"
-  timing=$(mktemp)
-  /usr/bin/time -f "%e %U %S %M" -o "$timing" "$@" >"$base/run.log" 2>&1 || { tail -5 "$base/run.log" >&2; exit 1; }
-  read -r wall user system rss < <(tail -1 "$timing")
-  rm -f "$timing"
-  printf '{"name":"%s","rows":%d,"wall":%s,"cpu":%s,"rss_kb":%d}\n' \
-    "$name" "$rows" "$wall" "$(awk "BEGIN{print $user + $system}")" "$rss" >> "$results"
-}
+# log, measure, source_check, the cdc job's start and stop, stream_phases.
+source bench/sysbench_stream.sh
 
 # job NAME MODE TYPE PATH [TARGET LINES]: a job file.
 job() {
@@ -107,7 +99,6 @@ import sys, os, deltalake, pyarrow.compute as pc
 t = deltalake.DeltaTable(sys.argv[1]).to_pyarrow_table(columns=["k"])
 print(t.num_rows, pc.sum(t.column("k")).as_py()); sys.stdout.flush(); os._exit(0)' "$1"
 }
-source_check() { $my -N -e "SELECT count(*), sum(k) FROM sbtest.sbtest1" | tr '\t' ' '; }
 
 # --- 1. snapshot -----------------------------------------------------------------------------
 measure "limit: source full read (mariadb --quick)" bash -c "$my --quick -N -e 'SELECT * FROM sbtest.sbtest1' >/dev/null"
@@ -125,12 +116,12 @@ measure "sluice MySQL→Delta" "$sluice" run "$(job bench-delta snapshot delta "
 [[ $(delta_check "$base/delta/sbtest.sbtest1") == "$(source_check)" ]] || { log "the Delta copy differs from the source"; exit 1; }
 rm -rf "$base/parquet" "$base/delta" "$base/plain.parquet"
 
-# --- 2. cdc backlog ------------------------------------------------------------------------------
+# --- 2. and 3. cdc: backlog catch-up, freshness at a fixed rate -----------------------------------
 lake="$base/lake"
 cdc_job=$(job bench-cdc snapshot+cdc delta "$lake" "  commit_interval_secs: $commit_interval
 ")
-# journal_position: "sequence offset" of the stream's last decided group.
-journal_position() {
+# stream_position: "sequence offset" of the stream's last decided group, from its journal.
+stream_position() {
   python3 -c '
 import json, os, sys
 d = sys.argv[1]
@@ -139,65 +130,12 @@ if names:
     at = json.load(open(os.path.join(d, "%d.json" % max(names))))["checkpoint"]["position"]["at"]
     print(int(at["file"].rsplit(".", 1)[1]), at["position"])' "$lake/.sluice/bench-cdc/stream"
 }
-master_position() { $my -N -e "SHOW MASTER STATUS" | awk '{ split($1, f, "."); print f[2] + 0, $2 }'; }
-run_pid=""
-start_job() {
-  "$sluice" run "$cdc_job" --state-dir "$base/state-cdc" --summary-json "$base/$1.json" >"$base/$1.log" 2>&1 &
-  run_pid=$!
-  pids+=("$run_pid")
-}
-stop_job() { kill -TERM "$run_pid"; wait "$run_pid" || true; }
-# wait_caught_up: until the journal reaches the source's position now.
-wait_caught_up() {
-  local target at
-  target=$(master_position)
-  while :; do
-    at=$(journal_position)
-    if [[ -n "$at" ]] && python3 -c 'import sys; a = sys.argv[1].split(); b = sys.argv[2].split(); sys.exit(0 if (int(a[0]), int(a[1])) >= (int(b[0]), int(b[1])) else 1)' "$at" "$target"; then
-      return 0
-    fi
-    kill -0 "$run_pid" 2>/dev/null || { log "sluice exited"; tail -5 "$base"/*.log >&2; exit 1; }
-    sleep 0.1
-  done
-}
-log "cdc: snapshot+cdc into Delta to the starting state"
-start_job setup
-$my -e "CREATE DATABASE IF NOT EXISTS bench_marker"
-wait_caught_up
-stop_job
-log "cdc: $backlog_seconds s of sysbench oltp_write_only at saturation with the job stopped"
-sysbench oltp_write_only --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
-  --mysql-db=sbtest --tables=1 --table-size="$rows" --threads=4 --time="$backlog_seconds" --report-interval=0 run >"$base/backlog-sysbench.log"
-started=$(date +%s.%N)
-start_job backlog
-wait_caught_up
-caught_up=$(date +%s.%N)
-stop_job
-applied=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["stream"]["rows_applied"])' "$base/backlog.json")
-seconds=$(awk "BEGIN{print $caught_up - $started}")
-printf '{"name":"sluice MySQL→Delta, backlog catch-up","row_changes":%d,"seconds":%s,"rows_per_sec":%s}\n' \
-  "$applied" "$seconds" "$(awk "BEGIN{printf \"%.0f\", $applied / $seconds}")" >> "$results"
-[[ $(delta_check "$lake/sbtest.sbtest1") == "$(source_check)" ]] || { log "Delta differs from the source after the backlog"; exit 1; }
-
-# --- 3. freshness at a fixed rate ------------------------------------------------------------
-log "cdc: $latency_seconds s at $rate transactions/s (4 row changes each)"
-start_job latency
-wait_caught_up
-sysbench oltp_write_only --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
-  --mysql-db=sbtest --tables=1 --table-size="$rows" --threads=4 --rate="$rate" --time="$latency_seconds" \
-  --report-interval=0 run >"$base/latency-sysbench.log"
-wait_caught_up
-stop_job
-python3 -c '
-import json, sys
-s = json.load(open(sys.argv[1]))["stream"]
-print(json.dumps({"name": "sluice MySQL→Delta, freshness at a fixed rate", "rate": int(sys.argv[2]), "interval_secs": int(sys.argv[3]),
-  "row_changes": s["rows_applied"], "p50_ms": s["latency_p50_ms"], "p99_ms": s["latency_p99_ms"]}, ensure_ascii=False))' \
-  "$base/latency.json" "$rate" "$commit_interval" >> "$results"
-[[ $(delta_check "$lake/sbtest.sbtest1") == "$(source_check)" ]] || { log "Delta differs from the source after the rate run"; exit 1; }
+stream_phases Delta "delta_check $lake/sbtest.sbtest1"
 cp "$base/backlog.log" "$out/lake-$stamp-backlog.log"
 
-python3 - "$results" <<'PY' | tee "${results%.jsonl}.md"
+# --- results -------------------------------------------------------------------------------------
+{
+python3 - "$results" <<'PY'
 import json, sys
 records = [json.loads(line) for line in open(sys.argv[1])]
 snapshots = [r for r in records if "wall" in r]
@@ -208,10 +146,6 @@ print("|---|---:|---:|---:|---:|---:|")
 for r in snapshots:
     print(f"| {r['name']} | {r['wall']:.2f} | {r['wall'] / (read['wall'] + plain['wall']):.2f} | {r['rows'] / r['wall']:,.0f} | "
           f"{r['rows'] / max(r['cpu'], 0.01):,.0f} | {r['rss_kb'] // 1024} |")
-for r in records:
-    if "rows_per_sec" in r:
-        print(f"\nbacklog: {r['row_changes']:,} row changes applied in {r['seconds']:.1f} s: **{r['rows_per_sec']:,} rows/s**")
-    if "p99_ms" in r:
-        print(f"\nfreshness at {r['rate'] * 4:,} rows/s ({r['rate']} tx/s), commit every {r['interval_secs']} s: "
-              f"p50 ≤ {r['p50_ms']} ms, **p99 ≤ {r['p99_ms']} ms** over {r['row_changes']:,} row changes")
 PY
+  print_stream_phases
+} | tee "${results%.jsonl}.md"

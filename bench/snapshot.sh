@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Snapshot benchmark (performance.md's protocol): sysbench tables in a hermetic MariaDB, copied
+# Snapshot benchmark (the protocol at the top of BENCHMARKS.md): sysbench tables in a hermetic MariaDB, copied
 # into a hermetic PostgreSQL and MariaDB by sluice and by the peers, in the same run, next to the
 # physical limit (the source's full read and the target's bulk load of the same rows from a file).
 #
@@ -296,7 +296,7 @@ limits = {"pg": next((r["wall"] for r in runs if r["kind"] == "limit-pg" and "fa
 print(f"{sys.argv[2]} × {int(sys.argv[3]):,} sysbench rows\n")
 for kind, title in (("pg", "MySQL → PostgreSQL"), ("my", "MySQL → MySQL"), ("parquet", "MySQL → Parquet"), ("wide", "wide all-types table")):
     # The snapshot issue's physical limit: the larger of the source's read and the target's
-    # load. performance.md's is their sum (both share the CPU); both are shown.
+    # load. The performance protocol's is their sum (both share the CPU); both are shown.
     physical = max(limit_read, limits[kind]) if limit_read and limits.get(kind) else None
     summed = limit_read + limits[kind] if physical else None
     sluice = next((r for r in runs if r["kind"] == kind and "sluice" in r["name"] and "failed" not in r and (kind != "wide" or "PostgreSQL" in r["name"])), None)
