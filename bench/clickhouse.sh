@@ -20,63 +20,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rows=1000000
-backlog_seconds=60
-rate=1250
-latency_seconds=60
 commit_interval=1
-out=bench/results
-sluice=""
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --rows) rows=$2; shift 2 ;;
-    --backlog-seconds) backlog_seconds=$2; shift 2 ;;
-    --rate) rate=$2; shift 2 ;;
-    --latency-seconds) latency_seconds=$2; shift 2 ;;
-    --commit-interval) commit_interval=$2; shift 2 ;;
-    --sluice) sluice=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--rows N] [--backlog-seconds S] [--rate TPS] [--latency-seconds S] [--commit-interval S] [--sluice BINARY] [--out DIR]" >&2; exit 2 ;;
-  esac
-done
-
-command -v sysbench >/dev/null && command -v /usr/bin/time >/dev/null || {
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sysbench time >/dev/null
-}
-# MariaDB and ClickHouse come from the project's installer.
-scripts/testdb install >/dev/null
-export SLUICE_TEST_PASSWORD=bench-pw
-if [[ -z $sluice ]]; then
-  cargo build --release --quiet -p sluice --bin sluice
-  sluice=$PWD/target/release/sluice
-fi
-
-base=$(mktemp -d /dev/shm/sluice-clickhouse.XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  scripts/testdb stop mariadb "$base/mariadb" >/dev/null 2>&1 || true
-  scripts/testdb stop clickhouse "$base/clickhouse" >/dev/null 2>&1 || true
-  rm -rf "$base"
-}
-trap cleanup EXIT
-mysql_url=$(scripts/testdb start mariadb "$base/mariadb"); mysql_url=${mysql_url#URL=}
-clickhouse_url=$(scripts/testdb start clickhouse "$base/clickhouse"); clickhouse_url=${clickhouse_url#URL=}
-my="mariadb --no-defaults -uroot -S $base/mariadb/mysql.sock"
-ch=(clickhouse-client --host 127.0.0.1 --port "$(cat "$base/clickhouse/tcp_port")" --user sluice --password "$SLUICE_TEST_PASSWORD")
-$my -e "SET GLOBAL innodb_buffer_pool_size = 1073741824; CREATE DATABASE sbtest"
-echo "preparing $rows sysbench rows" >&2
-sysbench oltp_read_write --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
-  --mysql-db=sbtest --tables=1 --table-size="$rows" prepare >/dev/null
-$my -N -e "SELECT count(*), sum(length(c)) FROM sbtest.sbtest1" >/dev/null
-
-mkdir -p "$out"
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
-results="$out/clickhouse-$stamp.jsonl"
-: > "$results"
-# log, measure, source_check, the cdc job's start and stop, stream_phases.
+# The options, the cleanup, the setup, log, measure, source_check, the cdc job's start and stop,
+# stream_phases.
 source bench/sysbench_stream.sh
+stream_bench_options "$@"
+stream_bench_setup clickhouse
+servers+=(clickhouse)
+clickhouse_url=$(scripts/testdb start clickhouse "$base/clickhouse"); clickhouse_url=${clickhouse_url#URL=}
+ch=(clickhouse-client --host 127.0.0.1 --port "$(cat "$base/clickhouse/tcp_port")" --user sluice --password "$SLUICE_TEST_PASSWORD")
+
 # job NAME MODE NAMESPACE: a job file into ClickHouse.
 job() {
   cat > "$base/$1.yaml" <<EOF

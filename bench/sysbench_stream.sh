@@ -1,11 +1,76 @@
-# The snapshot timing and the two change-stream phases that bench/clickhouse.sh and bench/lake.sh
-# share (sourced, not run): a sysbench table in a hermetic MariaDB, one sink, one job.
+# What bench/clickhouse.sh and bench/lake.sh share (sourced, not run): their options, a hermetic
+# MariaDB with one sysbench table, the snapshot timing and the two change-stream phases of one
+# job into one sink.
 #
-# The sourcing script sets: base (its temp dir), my (the mariadb client on the socket), rows,
-# results (the JSON lines file), sluice, backlog_seconds, rate, latency_seconds, commit_interval,
-# cdc_job (the snapshot+cdc job's file) and pids (an array its cleanup kills); and defines
-# `stream_position`, which prints "file-sequence offset" of the stream's last committed position
-# in the sink (nothing before the first).
+# A script sets its default `commit_interval`, sources this file, calls `stream_bench_options "$@"`
+# and `stream_bench_setup NAME [CARGO FEATURES...]`, starts its sink's server (naming its engine
+# in `servers` first, so the cleanup stops it), and defines `cdc_job` (the snapshot+cdc job's
+# file) and `stream_position`, which prints "file-sequence offset" of the stream's last committed
+# position in the sink (nothing before the first).
+
+rows=1000000
+backlog_seconds=60
+rate=1250
+latency_seconds=60
+out=bench/results
+sluice=""
+# The cdc job processes, killed at exit; the hermetic servers under $base, stopped at exit.
+pids=()
+servers=(mariadb)
+
+stream_bench_options() {
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --rows) rows=$2; shift 2 ;;
+      --backlog-seconds) backlog_seconds=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
+      --latency-seconds) latency_seconds=$2; shift 2 ;;
+      --commit-interval) commit_interval=$2; shift 2 ;;
+      --sluice) sluice=$2; shift 2 ;;
+      --out) out=$2; shift 2 ;;
+      *) echo "usage: $0 [--rows N] [--backlog-seconds S] [--rate TPS] [--latency-seconds S] [--commit-interval S] [--sluice BINARY] [--out DIR]" >&2; exit 2 ;;
+    esac
+  done
+}
+
+cleanup() {
+  local pid engine
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  for engine in "${servers[@]}"; do scripts/testdb stop "$engine" "$base/$engine" >/dev/null 2>&1 || true; done
+  rm -rf "$base"
+}
+
+# stream_bench_setup NAME [FEATURES...]: sysbench, the servers' packages, sluice (a release build
+# with FEATURES unless --sluice named one), $base, MariaDB with $rows sysbench rows read once, and
+# $results ($out/NAME-<time>.jsonl). Sets base, mysql_url, my, stamp, results.
+stream_bench_setup() {
+  local name=$1 features
+  shift
+  features=$(IFS=,; echo "$*")
+  command -v sysbench >/dev/null && command -v /usr/bin/time >/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sysbench time >/dev/null
+  }
+  scripts/testdb install >/dev/null
+  export SLUICE_TEST_PASSWORD=bench-pw
+  if [[ -z $sluice ]]; then
+    cargo build --release --quiet ${features:+--features "$features"} -p sluice --bin sluice
+    sluice=$PWD/target/release/sluice
+  fi
+  base=$(mktemp -d "/dev/shm/sluice-$name.XXXXXX")
+  trap cleanup EXIT
+  mysql_url=$(scripts/testdb start mariadb "$base/mariadb"); mysql_url=${mysql_url#URL=}
+  my="mariadb --no-defaults -uroot -S $base/mariadb/mysql.sock"
+  $my -e "SET GLOBAL innodb_buffer_pool_size = 1073741824; CREATE DATABASE sbtest"
+  echo "preparing $rows sysbench rows" >&2
+  sysbench oltp_read_write --db-driver=mysql --mysql-socket="$base/mariadb/mysql.sock" --mysql-user=root \
+    --mysql-db=sbtest --tables=1 --table-size="$rows" prepare >/dev/null
+  $my -N -e "SELECT count(*), sum(length(c)) FROM sbtest.sbtest1" >/dev/null
+  mkdir -p "$out"
+  stamp=$(date -u +%Y%m%dT%H%M%SZ)
+  results="$out/$name-$stamp.jsonl"
+  : > "$results"
+}
 
 log() { echo "$(date -u +%H:%M:%S) $*" >&2; }
 
