@@ -379,7 +379,8 @@ fn a_clickhouse_job_fails_over_on_a_cluster_and_a_woken_worker_is_fenced() {
 #[test]
 fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
     let certs = std::env::var("SLUICE_TEST_TLS_DIR").expect("SLUICE_TEST_TLS_DIR is set by scripts/test.sh");
-    let (server, url) = support::testdb::start_with("clickhouse", &["--tls", &certs]);
+    let server = support::testdb::start_with("clickhouse", &["--tls", &certs]);
+    let url = server.url().to_owned();
     let database = unique_name("ch_tls");
     mariadb(&format!(
         "CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY, name VARCHAR(20)); \
@@ -411,9 +412,9 @@ fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
     };
     let ca = format!("?ca={certs}/ca.pem");
     run("verified", at("localhost", &ca)).assert_code(0);
-    let port = std::fs::read_to_string(server.path().join("clickhouse/tcp_port")).unwrap();
+    let port = server.read("tcp_port");
     let output = std::process::Command::new("clickhouse-client")
-        .args(["--host", "127.0.0.1", "--port", port.trim(), "--user", "sluice", "--password", &support::canary()])
+        .args(["--host", "127.0.0.1", "--port", &port, "--user", "sluice", "--password", &support::canary()])
         .args(["--query", &format!("SELECT id, name FROM {database}.items_live ORDER BY id")])
         .output()
         .unwrap();
@@ -431,7 +432,6 @@ fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
         assert!(refused.all().contains(said), "{name}: {}", refused.all());
         assert!(started.elapsed() < Duration::from_secs(30), "{name}: not at once ({:?})", started.elapsed());
     }
-    support::testdb::stop(&server, "clickhouse");
 }
 
 /// A PostgreSQL source into ClickHouse: `snapshot+cdc` of keyed tables under a load of inserts,
@@ -554,7 +554,8 @@ fn a_clickhouse_table_emptied_behind_the_jobs_back_is_copied_again() {
 /// the check naming the setting, and so does a run (which checks first).
 #[test]
 fn check_reads_a_clickhouse_target_without_writing_and_refuses_a_read_only_user() {
-    let (server, url) = support::testdb::start_with("clickhouse", &[]);
+    let server = support::testdb::start_with("clickhouse", &[]);
+    let url = server.url().to_owned();
     let database = unique_name("ch_check");
     mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY);"));
     let workspace = Workspace::new();
@@ -573,9 +574,9 @@ fn check_reads_a_clickhouse_target_without_writing_and_refuses_a_read_only_user(
     let fresh = check(url.clone());
     fresh.assert_code(0);
     assert!(fresh.all().contains("the first run creates the database `sluice`"), "{}", fresh.all());
-    let port = std::fs::read_to_string(server.path().join("clickhouse/tcp_port")).unwrap();
+    let port = server.read("tcp_port");
     let databases = std::process::Command::new("clickhouse-client")
-        .args(["--host", "127.0.0.1", "--port", port.trim(), "--user", "sluice", "--password", &support::canary()])
+        .args(["--host", "127.0.0.1", "--port", &port, "--user", "sluice", "--password", &support::canary()])
         .args(["--query", "SELECT name FROM system.databases WHERE name NOT IN ('system', 'default') ORDER BY name"])
         .output()
         .unwrap();
@@ -589,5 +590,4 @@ fn check_reads_a_clickhouse_target_without_writing_and_refuses_a_read_only_user(
     let run = workspace.run_job(&file, &mysql_url(), &format!("{url}/?readonly=1"));
     assert_ne!(run.code, 0, "{}", run.all());
     assert!(run.all().contains("the user is read-only (readonly = 1)"), "{}", run.all());
-    support::testdb::stop(&server, "clickhouse");
 }

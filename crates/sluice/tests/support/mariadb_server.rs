@@ -6,28 +6,24 @@ use std::process::Command;
 
 use super::mariadb_client_at;
 
-pub struct MariadbServer {
-    directory: tempfile::TempDir,
-    url: String,
-}
+pub struct MariadbServer(super::testdb::OwnServer);
 
 impl MariadbServer {
     pub fn start() -> MariadbServer {
-        let (directory, url) = super::testdb::start("mariadb");
-        MariadbServer { directory, url }
+        MariadbServer(super::testdb::start("mariadb"))
     }
 
     /// The URL a job connects with (the `sluice` user and the test password).
     pub fn url(&self) -> &str {
-        &self.url
+        self.0.url()
     }
 
     pub fn socket(&self) -> String {
-        self.directory.path().join("mariadb/mysql.sock").to_str().unwrap().to_owned()
+        self.0.path().join("mysql.sock").to_str().unwrap().to_owned()
     }
 
     pub fn port(&self) -> String {
-        std::fs::read_to_string(self.directory.path().join("mariadb/port")).unwrap().trim().to_owned()
+        self.0.read("port")
     }
 
     /// Runs SQL as root over the socket; returns the tab-separated rows without column names.
@@ -61,8 +57,7 @@ impl MariadbServer {
 
     /// SIGKILLs the server, as a crashed primary.
     pub fn kill(&self) {
-        let pid = std::fs::read_to_string(self.directory.path().join("mariadb/pid")).expect("a pid file");
-        let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+        let _ = Command::new("kill").args(["-KILL", &self.0.read("pid")]).status();
     }
 
     /// A table's rows as `a|b|c` lines ordered by `id`.
@@ -70,11 +65,5 @@ impl MariadbServer {
         let list: Vec<String> = columns.iter().map(|column| format!("coalesce({column}, 'NULL')")).collect();
         let text = self.sql(&format!("SELECT concat_ws('|', {}) FROM {table} ORDER BY id", list.join(", ")));
         text.lines().map(str::to_owned).collect()
-    }
-}
-
-impl Drop for MariadbServer {
-    fn drop(&mut self) {
-        super::testdb::stop(&self.directory, "mariadb");
     }
 }

@@ -3,30 +3,20 @@
 //! carry while other tests run beside it: a transaction that stays open for long keeps every
 //! other test on the same server from creating a logical replication slot until it ends.
 
-pub struct PostgresServer {
-    directory: tempfile::TempDir,
-    url: String,
-}
+pub struct PostgresServer(super::testdb::OwnServer);
 
 impl PostgresServer {
     pub fn start() -> PostgresServer {
-        let (directory, url) = super::testdb::start("postgres");
-        PostgresServer { directory, url }
+        PostgresServer(super::testdb::start("postgres"))
     }
 
     /// The URL of its `sluice` database (the `sluice` user and the test password).
     pub fn url(&self) -> &str {
-        &self.url
+        self.0.url()
     }
 
     /// Runs SQL in its `sluice` database; the rows, `|`-separated.
     pub fn sql(&self, sql: &str) -> String {
-        super::psql_at(&self.url, sql)
-    }
-}
-
-impl Drop for PostgresServer {
-    fn drop(&mut self) {
-        super::testdb::stop(&self.directory, "postgres");
+        super::psql_at(self.0.url(), sql)
     }
 }
