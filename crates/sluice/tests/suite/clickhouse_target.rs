@@ -38,6 +38,15 @@ fn committed(job: &str) -> u64 {
     .unwrap_or(0)
 }
 
+/// `sluice ARGS` with `SOURCE` (the test MariaDB) and `TARGET` in its environment; asserts the
+/// test password appears nowhere in its output.
+fn sluice_into(workspace: &Workspace, arguments: &[&str], target: &str) -> support::Run {
+    let output = workspace.command(arguments).env("SOURCE", mysql_url()).env("TARGET", target).output().unwrap();
+    let run = support::Run::from(output);
+    assert!(!run.all().contains(&support::canary()), "the password printed:\n{}", run.all());
+    run
+}
+
 /// Reads the tables' `FINAL` rows every 100 ms while the test runs, failing on a key seen
 /// twice; counts the samples that found rows.
 struct Sampler {
@@ -395,16 +404,7 @@ fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
                  target:\n  type: clickhouse\n  url: ${{TARGET}}\n  create_tables: true\n"
             ),
         );
-        let state = format!("state-{name}");
-        let output = workspace
-            .command(&["run", file.to_str().unwrap(), "--state-dir", &state])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", target)
-            .output()
-            .unwrap();
-        let run = support::Run::from(output);
-        assert!(!run.all().contains(&support::canary()), "the password printed:\n{}", run.all());
-        run
+        sluice_into(&workspace, &["run", file.to_str().unwrap(), "--state-dir", &format!("state-{name}")], &target)
     };
     let at = |host: &str, query: &str| {
         let url = url.replace("@127.0.0.1:", &format!("@{host}:"));
@@ -412,13 +412,8 @@ fn a_clickhouse_over_https_is_reached_with_its_ca_and_refused_otherwise() {
     };
     let ca = format!("?ca={certs}/ca.pem");
     run("verified", at("localhost", &ca)).assert_code(0);
-    let port = server.read("tcp_port");
-    let output = std::process::Command::new("clickhouse-client")
-        .args(["--host", "127.0.0.1", "--port", &port, "--user", "sluice", "--password", &support::canary()])
-        .args(["--query", &format!("SELECT id, name FROM {database}.items_live ORDER BY id")])
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "1\tone\n2\ttwo\n");
+    let rows = clickhouse::query_on(&server, &format!("SELECT id, name FROM {database}.items_live ORDER BY id"));
+    assert_eq!(rows, "1\tone\n2\ttwo\n");
 
     for (name, target, said) in [
         ("other-ca", at("localhost", &format!("?ca={certs}/other-ca.pem")), "the TLS handshake failed"),
@@ -560,28 +555,13 @@ fn check_reads_a_clickhouse_target_without_writing_and_refuses_a_read_only_user(
     mariadb(&format!("CREATE DATABASE {database}; CREATE TABLE {database}.items (id INT PRIMARY KEY);"));
     let workspace = Workspace::new();
     let file = workspace.write("job.yaml", &job_text("ch-check", &database, "snapshot", ""));
-    let check = |target: String| {
-        let output = workspace
-            .command(&["check", file.to_str().unwrap()])
-            .env("SOURCE", mysql_url())
-            .env("TARGET", target)
-            .output()
-            .unwrap();
-        let run = support::Run::from(output);
-        assert!(!run.all().contains(&support::canary()), "the password printed:\n{}", run.all());
-        run
-    };
+    let check = |target: String| sluice_into(&workspace, &["check", file.to_str().unwrap()], &target);
     let fresh = check(url.clone());
     fresh.assert_code(0);
     assert!(fresh.all().contains("the first run creates the database `sluice`"), "{}", fresh.all());
-    let port = server.read("tcp_port");
-    let databases = std::process::Command::new("clickhouse-client")
-        .args(["--host", "127.0.0.1", "--port", &port, "--user", "sluice", "--password", &support::canary()])
-        .args(["--query", "SELECT name FROM system.databases WHERE name NOT IN ('system', 'default') ORDER BY name"])
-        .output()
-        .unwrap();
-    assert!(databases.status.success(), "{}", String::from_utf8_lossy(&databases.stderr));
-    assert_eq!(String::from_utf8_lossy(&databases.stdout), "", "check made a database");
+    let databases =
+        clickhouse::query_on(&server, "SELECT name FROM system.databases WHERE name NOT IN ('system', 'default')");
+    assert_eq!(databases, "", "check made a database");
 
     let read_only = check(format!("{url}/?readonly=1"));
     assert_eq!(read_only.code, 1, "{}", read_only.all());

@@ -22,11 +22,22 @@ pub fn try_query(sql: &str) -> Option<String> {
     output.status.success().then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// `query` on a ClickHouse of one test alone (`testdb::start_with("clickhouse", …)`).
+pub fn query_on(server: &super::testdb::OwnServer, sql: &str) -> String {
+    let output = client_at(&server.read("tcp_port"), sql);
+    assert!(output.status.success(), "clickhouse-client: {sql}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
 fn client(sql: &str) -> std::process::Output {
     let port =
         std::env::var("SLUICE_TEST_CLICKHOUSE_PORT").expect("SLUICE_TEST_CLICKHOUSE_PORT is set by scripts/test.sh");
+    client_at(&port, sql)
+}
+
+fn client_at(port: &str, sql: &str) -> std::process::Output {
     Command::new("clickhouse-client")
-        .args(["--host", "127.0.0.1", "--port", &port, "--user", "sluice", "--password", &super::canary()])
+        .args(["--host", "127.0.0.1", "--port", port, "--user", "sluice", "--password", &super::canary()])
         .args(["--format", "TabSeparated", "--query", sql])
         .output()
         .expect("run clickhouse-client")
