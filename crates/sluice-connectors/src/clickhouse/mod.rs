@@ -140,28 +140,22 @@ impl Sink for ClickHouseSink {
             ok: true,
             detail: format!("ClickHouse {version} at {}", server.shown()),
         };
-        let writes = if *readonly != "0" {
-            CheckItem {
-                what: "target clickhouse writes".into(),
-                ok: false,
-                detail: format!(
+        let (ok, detail) = match (*readonly, *checkpoints) {
+            ("0", "0") => (
+                true,
+                "the user may write; the first run creates the database `sluice` and its tables checkpoints and claims"
+                    .to_owned(),
+            ),
+            ("0", _) => (true, "the user may write; sluice.checkpoints is there".to_owned()),
+            (readonly, _) => (
+                false,
+                format!(
                     "the user is read-only (readonly = {readonly}): Sluice creates tables and inserts rows and \
                      checkpoints; give the user a profile with readonly = 0"
                 ),
-            }
-        } else if *checkpoints == "0" {
-            CheckItem {
-                what: "target clickhouse writes".into(),
-                ok: true,
-                detail: "the user may write; the first run creates the database `sluice` and its tables checkpoints and claims".into(),
-            }
-        } else {
-            CheckItem {
-                what: "target clickhouse writes".into(),
-                ok: true,
-                detail: "the user may write; sluice.checkpoints is there".into(),
-            }
+            ),
         };
+        let writes = CheckItem { what: "target clickhouse writes".into(), ok, detail };
         Ok(vec![connection, writes])
     }
 
