@@ -69,4 +69,4 @@ ops/grafana/check.sh
 # Twice as many tests at once as there are cores: most of a test's time is spent waiting on a
 # server, a process or a broker, and two at a time left the cores half idle.
 RUSTC_WORKSPACE_WRAPPER="$PWD/scripts/rustc-with-clippy" \
-  cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta -- --test-threads "$(($(nproc) * 2))"
+  cargo test --workspace --features sluice/failpoints,sluice/kafka,sluice/delta,sluice/iceberg -- --test-threads "$(($(nproc) * 2))"

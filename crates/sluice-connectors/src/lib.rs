@@ -15,9 +15,13 @@ pub mod events;
 #[cfg(feature = "file")]
 pub mod file;
 pub mod generate;
+#[cfg(feature = "iceberg")]
+pub mod iceberg;
 pub mod json;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(any(feature = "delta", feature = "iceberg"))]
+mod lake;
 #[cfg(feature = "mysql")]
 pub mod mysql;
 #[cfg(feature = "nats")]
@@ -153,6 +157,8 @@ pub const CONNECTORS: &[&Connector] = &[
     &kafka::connector::CONNECTOR,
     #[cfg(feature = "delta")]
     &delta::connector::CONNECTOR,
+    #[cfg(feature = "iceberg")]
+    &iceberg::connector::CONNECTOR,
     #[cfg(feature = "clickhouse")]
     &clickhouse::connector::CONNECTOR,
 ];
@@ -171,6 +177,7 @@ const EVERY_TYPE: &[(&str, &str)] = &[
     ("nats", "nats"),
     ("kafka", "kafka"),
     ("delta", "delta"),
+    ("iceberg", "iceberg"),
     ("clickhouse", "clickhouse"),
     ("generate", "default"),
     ("blackhole", "default"),
@@ -541,6 +548,25 @@ fn build_sink(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
         )));
     }
     (side.build)(job, fence)
+}
+
+/// A whole number of at least `least` (0 allowed when `least` is 0), `default` when the field is
+/// absent, or the error naming the field.
+#[allow(dead_code)]
+pub(crate) fn whole_number(
+    endpoint: &EndpointSpec,
+    field: &str,
+    default: u64,
+    least: u64,
+) -> std::result::Result<u64, SpecError> {
+    match endpoint.options.get(field).map(|node| &node.kind) {
+        None => Ok(default),
+        Some(NodeKind::Scalar { text, quoted: false }) => match text.replace('_', "").parse::<u64>() {
+            Ok(value) if value >= least => Ok(value),
+            _ => Err(endpoint.error(field, format!("expected a whole number of at least {least}, found `{text}`"))),
+        },
+        Some(_) => Err(endpoint.error(field, format!("expected a whole number of at least {least}"))),
+    }
 }
 
 /// `namespace:` puts every table into one target database (MySQL) or schema (PostgreSQL)

@@ -20,6 +20,7 @@ mod suite {
     mod faults;
     mod fencing;
     mod file_inputs;
+    mod iceberg_target;
     mod lake;
     mod lanes;
     mod layering;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::connector::{Capabilities, Fence, Sink, Source};
-use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
+use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
 use sluice_core::{Result, TableSchema};
 
 use super::read_back::ClickHouseTable;
@@ -32,24 +32,14 @@ const FIELDS: &[&str] = &["type", "url", "create_tables", "namespace", "commit_i
 const DEFAULT_COMMIT_INTERVAL_SECS: u64 = 1;
 const DEFAULT_COMMIT_ROWS: u64 = 100_000;
 
-/// A whole number of at least 1, or the error naming the field.
-fn number(endpoint: &EndpointSpec, field: &str, default: u64) -> std::result::Result<u64, SpecError> {
-    match endpoint.options.get(field).map(|node| &node.kind) {
-        None => Ok(default),
-        Some(NodeKind::Scalar { text, quoted: false }) => match text.replace('_', "").parse::<u64>() {
-            Ok(value) if value >= 1 => Ok(value),
-            _ => Err(endpoint.error(field, format!("expected a whole number of at least 1, found `{text}`"))),
-        },
-        Some(_) => Err(endpoint.error(field, "expected a whole number of at least 1")),
-    }
-}
-
 pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<ClickHouseOptions, Vec<SpecError>> {
     let mut errors = Vec::new();
-    let interval = number(endpoint, "commit_interval_secs", DEFAULT_COMMIT_INTERVAL_SECS)
+    let interval = crate::whole_number(endpoint, "commit_interval_secs", DEFAULT_COMMIT_INTERVAL_SECS, 1)
         .map_err(|error| errors.push(error))
         .unwrap_or(0);
-    let rows = number(endpoint, "commit_rows", DEFAULT_COMMIT_ROWS).map_err(|error| errors.push(error)).unwrap_or(0);
+    let rows = crate::whole_number(endpoint, "commit_rows", DEFAULT_COMMIT_ROWS, 1)
+        .map_err(|error| errors.push(error))
+        .unwrap_or(0);
     if let Some(url) = &endpoint.url {
         let url = url.expose();
         if !(url.starts_with("http://") || url.starts_with("https://")) {

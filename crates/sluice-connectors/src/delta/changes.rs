@@ -20,9 +20,10 @@ use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 use super::journal::{Entry, TableCommit};
 use super::maintenance::Maintenance;
-use super::merge::{merge, StagedChanges};
+use super::merge::merge;
 use super::table::{now_millis, LakeTable};
 use super::{types, Lake, STREAM_APP};
+use crate::lake::keys::StagedChanges;
 
 /// A table's schema change waiting for the group's commit.
 enum Reshape {
@@ -94,7 +95,7 @@ impl DeltaChanges {
                 position
             }
             None => {
-                self.staged.push(StagedChanges::new(Arc::new(table.clone()))?);
+                self.staged.push(StagedChanges::new(Arc::new(table.clone()), types::FORMAT)?);
                 self.staged.len() - 1
             }
         };

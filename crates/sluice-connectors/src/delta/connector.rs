@@ -55,18 +55,6 @@ const DEFAULT_VACUUM_EVERY_SECS: u64 = 3_600;
 /// Delta's own default (`delta.deletedFileRetentionDuration`, 7 days).
 const DEFAULT_VACUUM_RETENTION_HOURS: u64 = 168;
 
-/// A whole number of at least `least` (0 allowed when `least` is 0), or the error naming the field.
-fn number(endpoint: &EndpointSpec, field: &str, default: u64, least: u64) -> std::result::Result<u64, SpecError> {
-    match endpoint.options.get(field).map(|node| &node.kind) {
-        None => Ok(default),
-        Some(NodeKind::Scalar { text, quoted: false }) => match text.replace('_', "").parse::<u64>() {
-            Ok(value) if value >= least => Ok(value),
-            _ => Err(endpoint.error(field, format!("expected a whole number of at least {least}, found `{text}`"))),
-        },
-        Some(_) => Err(endpoint.error(field, format!("expected a whole number of at least {least}"))),
-    }
-}
-
 /// Column names: `[a, b]` or one name.
 fn names(
     endpoint: &EndpointSpec,
@@ -111,13 +99,14 @@ pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<DeltaOptio
     let mut errors = Vec::new();
     let mut take =
         |result: std::result::Result<u64, SpecError>| result.map_err(|error| errors.push(error)).unwrap_or(0);
-    let commit_interval = take(number(endpoint, "commit_interval_secs", DEFAULT_COMMIT_INTERVAL_SECS, 1));
-    let commit_rows = take(number(endpoint, "commit_rows", DEFAULT_COMMIT_ROWS, 1));
-    let file_mb = take(number(endpoint, "target_file_mb", DEFAULT_TARGET_FILE_MB, 1));
-    let compact_every = take(number(endpoint, "compact_every_secs", DEFAULT_COMPACT_EVERY_SECS, 0));
-    let checkpoint_every = take(number(endpoint, "checkpoint_every", DEFAULT_CHECKPOINT_EVERY, 1));
-    let vacuum_every = take(number(endpoint, "vacuum_every_secs", DEFAULT_VACUUM_EVERY_SECS, 0));
-    let retention_hours = take(number(endpoint, "vacuum_retention_hours", DEFAULT_VACUUM_RETENTION_HOURS, 0));
+    let commit_interval = take(crate::whole_number(endpoint, "commit_interval_secs", DEFAULT_COMMIT_INTERVAL_SECS, 1));
+    let commit_rows = take(crate::whole_number(endpoint, "commit_rows", DEFAULT_COMMIT_ROWS, 1));
+    let file_mb = take(crate::whole_number(endpoint, "target_file_mb", DEFAULT_TARGET_FILE_MB, 1));
+    let compact_every = take(crate::whole_number(endpoint, "compact_every_secs", DEFAULT_COMPACT_EVERY_SECS, 0));
+    let checkpoint_every = take(crate::whole_number(endpoint, "checkpoint_every", DEFAULT_CHECKPOINT_EVERY, 1));
+    let vacuum_every = take(crate::whole_number(endpoint, "vacuum_every_secs", DEFAULT_VACUUM_EVERY_SECS, 0));
+    let retention_hours =
+        take(crate::whole_number(endpoint, "vacuum_retention_hours", DEFAULT_VACUUM_RETENTION_HOURS, 0));
     let partition_by = partition_by(endpoint).map_err(|found| errors.extend(found)).unwrap_or_default();
     let path = endpoint.path.as_ref().map(|path| {
         let path = PathBuf::from(path);

@@ -19,7 +19,7 @@ use sluice_core::Result;
 use super::journal::{Entry, TableCommit};
 use super::merge::data_writer;
 use super::table::{delta_error, table_url, DataFile, LakeTable};
-use super::{types, DeltaOptions, Lake};
+use super::{DeltaOptions, Lake};
 
 /// When a compaction and a vacuum are due.
 #[derive(Debug)]
@@ -171,9 +171,9 @@ async fn compact(table: &LakeTable, files: &[DataFile], file_bytes: u64) -> Resu
     let partitions = table.partition_columns();
     let mut actions = Vec::new();
     for file in files {
-        for batch in super::merge::read_whole(file).await? {
+        for batch in crate::lake::keys::read_whole(&file.file).await? {
             let constants = super::merge::partition_constants(file, &schema, &partitions)?;
-            let conformed = types::conform(&batch, &schema, &constants)?;
+            let conformed = crate::lake::rows::conform(&batch, &schema, &constants)?;
             deltalake_core::writer::DeltaWriter::write(&mut writer, conformed)
                 .await
                 .map_err(|error| delta_error(format!("compact {}", table.name), error))?;

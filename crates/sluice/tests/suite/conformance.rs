@@ -211,6 +211,21 @@ fn fixtures() -> Vec<Fixture> {
             },
             source: None,
         },
+        #[cfg(feature = "iceberg")]
+        Fixture {
+            name: "iceberg",
+            target: |_| {
+                "  type: iceberg\n  catalog: {type: sql, uri: \"sqlite:///out-iceberg/catalog.db\", name: lake}\n  warehouse: out-iceberg\n"
+                    .into()
+            },
+            target_url: no_url,
+            // Read by an independent reader, pyiceberg.
+            item_ids: |workspace, _| {
+                let rows = support::iceberg::rows(&workspace.path("out-iceberg/catalog.db"), "default.items", &["id"]);
+                sorted(rows.iter().map(|line| line.parse().expect("an id")).collect())
+            },
+            source: None,
+        },
         Fixture {
             name: "postgres",
             target: |unique| format!("  type: postgres\n  url: ${{TARGET}}\n  namespace: {unique}\n"),
@@ -397,6 +412,7 @@ fn required_fields(name: &str, source_side: bool) -> &'static str {
         ("nats", false) => "  stream: events\n",
         ("kafka", true) => "  brokers: 127.0.0.1:9\n  tables: [db.t]\n",
         ("kafka", false) => "  brokers: 127.0.0.1:9\n",
+        ("iceberg", false) => "  catalog: {type: sql, uri: \"sqlite:///catalog.db\"}\n  warehouse: warehouse\n",
         ("generate", true) => "  tables: [{name: t, rows: 10, columns: {id: bigint}}]\n",
         _ => "",
     }
@@ -501,7 +517,7 @@ fn exactly_once_through_a_kill_at(name: &str, workspace: &Workspace) {
     }
 
     // Every target `sluice verify` reads back: the copy equals the source by it too.
-    if ["sqlite", "csv", "jsonl", "parquet", "delta", "postgres", "mysql", "clickhouse"].contains(&name) {
+    if ["sqlite", "csv", "jsonl", "parquet", "delta", "iceberg", "postgres", "mysql", "clickhouse"].contains(&name) {
         let mut command = workspace.command(&["verify", fast.to_str().unwrap(), "--json"]);
         if let Some(url) = target_url() {
             command.env("TARGET", url);
@@ -596,6 +612,12 @@ pub(super) fn a_snapshot_into_kafka_is_exact_through_a_kill() {
 #[test]
 fn a_snapshot_into_delta_is_exact_through_a_kill() {
     exactly_once_through_a_kill("delta");
+}
+
+#[cfg(feature = "iceberg")]
+#[test]
+fn a_snapshot_into_iceberg_is_exact_through_a_kill() {
+    exactly_once_through_a_kill("iceberg");
 }
 
 #[test]

@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod clickhouse;
 pub mod cluster;
+pub mod iceberg;
 pub mod kafka;
 pub mod lake;
 pub mod mariadb_server;

@@ -1,0 +1,361 @@
+//! The change writer: a group of whole source transactions, folded per key by the stream, merged
+//! copy-on-write into each table it touches, and committed to the catalog in one transaction
+//! that moves every touched table, with the stream's checkpoint in each (and gives hidden copies
+//! their names). When another writer (a copy task of a hidden table) moved a table first, the
+//! group is merged again on the table as it is then.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow_array::BooleanArray;
+use async_trait::async_trait;
+use iceberg::spec::{NestedField, Schema};
+use sluice_core::change::Row;
+use sluice_core::connector::{
+    ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange, Updated,
+};
+use sluice_core::names::STREAM_TASK;
+use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
+
+use super::catalog::Pointer;
+use super::files::{bound_json, DataWriter};
+use super::table::{iceberg_error, FileChanges, IcebergTable};
+use super::{types, StreamMark, Warehouse, COMMIT_TRIES};
+use crate::lake::keys::{read_whole, FileBounds, StagedChanges, READ_BATCH_ROWS};
+use crate::lake::rows;
+
+/// The table property holding the stream's last group in a table.
+fn stream_property(job: &str) -> String {
+    format!("sluice.stream.{job}")
+}
+
+pub(super) struct IcebergChanges {
+    warehouse: Arc<Warehouse>,
+    job: String,
+    /// The group's changes per table, in the order tables were first touched.
+    staged: Vec<StagedChanges>,
+    /// Tables whose columns the group adds: their schema after it.
+    reshaped: Vec<Arc<TableSchema>>,
+    /// Tables a TRUNCATE empties with the group.
+    truncating: Vec<TableName>,
+    /// Hidden copies to publish with the group: (hidden name, own name).
+    publishing: Vec<(TableName, TableName)>,
+    /// The last committed group.
+    group: i64,
+}
+
+impl IcebergChanges {
+    pub(super) fn new(warehouse: Arc<Warehouse>, job: &str) -> IcebergChanges {
+        IcebergChanges {
+            warehouse,
+            job: job.to_owned(),
+            staged: Vec::new(),
+            reshaped: Vec::new(),
+            truncating: Vec::new(),
+            publishing: Vec::new(),
+            group: 0,
+        }
+    }
+
+    fn staged(&mut self, table: &TableSchema) -> Result<&mut StagedChanges> {
+        let position = match self.staged.iter().position(|staged| staged.table.name == table.name) {
+            Some(position) => {
+                // A schema changed inside the group: the rows staged before keep theirs.
+                self.staged[position].reshape(table);
+                position
+            }
+            None => {
+                self.staged.push(StagedChanges::new(Arc::new(table.clone()), types::FORMAT)?);
+                self.staged.len() - 1
+            }
+        };
+        Ok(&mut self.staged[position])
+    }
+
+    async fn open(&self, name: &TableName) -> Result<IcebergTable> {
+        self.warehouse.open(name).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Schema,
+                format!("Iceberg table {name} is not in catalog {}", self.warehouse.catalog().name),
+            )
+            .on(Side::Target)
+            .hint("run the job with --restart to create and copy its tables again")
+        })
+    }
+
+    /// The group's changes to one table as files added and removed (and its new schema).
+    async fn table_changes(&self, table: &IcebergTable) -> Result<(FileChanges, Option<Schema>)> {
+        let mut changes = FileChanges::default();
+        let io = &self.warehouse.io;
+        let schema = match self.reshaped.iter().find(|reshaped| reshaped.name == table.name) {
+            Some(reshaped) => Some(added_columns(table, reshaped)?),
+            None => None,
+        };
+        let live = table.live_files(io).await?;
+        if self.truncating.contains(&table.name) {
+            changes.removed.extend(live.iter().map(|entry| entry.file_path().to_owned()));
+        }
+        let Some(staged) = self.staged.iter().find(|staged| staged.table.name == table.name) else {
+            return Ok((changes, schema));
+        };
+        if staged.is_empty() {
+            return Ok((changes, schema));
+        }
+        let arrow = match &schema {
+            Some(schema) => types::arrow_schema(&table.name, schema)?,
+            None => table.arrow_schema()?,
+        };
+        let first_id = table.metadata.current_schema().field_by_name(staged.first_key()).map(|field| field.id);
+        let candidates: Vec<FileBounds> = live
+            .iter()
+            .filter(|entry| !changes.removed.contains(entry.file_path()))
+            .map(|entry| {
+                let file = entry.data_file();
+                let first_key = first_id.and_then(|id| {
+                    Some((bound_json(file.lower_bounds().get(&id)?)?, bound_json(file.upper_bounds().get(&id)?)?))
+                });
+                FileBounds { path: entry.file_path().into(), rows: entry.record_count(), first_key }
+            })
+            .collect();
+        let located = staged.locate(&candidates).await?;
+        let mut writer =
+            DataWriter::new(table.location(), arrow.clone(), table.spec_id(), self.warehouse.options.file_bytes);
+        for (index, drop_rows) in located.rewrites {
+            let path = &candidates[index].path;
+            let mut offset = 0;
+            for batch in read_whole(path).await? {
+                let count = batch.num_rows();
+                let keep = BooleanArray::from(
+                    drop_rows[offset..offset + count].iter().map(|dropped| !dropped).collect::<Vec<_>>(),
+                );
+                offset += count;
+                let kept = arrow_select::filter::filter_record_batch(&batch, &keep)
+                    .map_err(|error| iceberg_error(format_args!("rewrite {}", path.display()), error))?;
+                writer.write(&rows::conform(&kept, &arrow, &[])?)?;
+            }
+            changes.removed.insert(path.to_string_lossy().into_owned());
+        }
+        for (rows_schema, added) in &located.added {
+            for chunk in added.chunks(READ_BATCH_ROWS) {
+                writer.write(&rows::batch(types::FORMAT, rows_schema, &arrow, chunk.iter())?)?;
+            }
+        }
+        changes.added = writer.finish()?;
+        Ok((changes, schema))
+    }
+
+    /// One try at committing the group: every touched table merged and staged, then moved
+    /// together in the catalog.
+    async fn try_commit(&self, mark: &StreamMark) -> Result<()> {
+        let mut names: Vec<TableName> = self.staged.iter().map(|staged| staged.table.name.clone()).collect();
+        names.extend(self.reshaped.iter().map(|table| table.name.clone()));
+        names.extend(self.truncating.iter().cloned());
+        let mut seen = HashSet::new();
+        names.retain(|name| seen.insert(name.clone()));
+        let text = serde_json::to_string(mark).map_err(|error| iceberg_error("the stream's checkpoint", error))?;
+        let mut pointers = Vec::new();
+        let mut moved: HashMap<TableName, IcebergTable> = HashMap::new();
+        let mut summary = HashMap::new();
+        summary.insert("sluice.job".to_owned(), self.job.clone());
+        summary.insert("sluice.task".to_owned(), STREAM_TASK.to_owned());
+        summary.insert("sluice.group".to_owned(), mark.group.to_string());
+        summary.insert("sluice.checkpoint".to_owned(), serde_json::to_string(&mark.checkpoint).unwrap_or_default());
+        for name in names {
+            let table = self.open(&name).await?;
+            let (mut changes, schema) = self.table_changes(&table).await?;
+            changes.summary = summary.clone();
+            changes.properties.insert(stream_property(&self.job), text.clone());
+            let staged = table.stage(&self.warehouse.io, &changes, schema).await?;
+            pointers.push(Pointer::Move {
+                table: name.clone(),
+                from: table.metadata_file,
+                to: staged.metadata_file.clone(),
+            });
+            moved.insert(name, staged);
+        }
+        let catalog = self.warehouse.catalog();
+        for (hidden, own) in &self.publishing {
+            if catalog.metadata_of(own)?.is_some() {
+                continue;
+            }
+            let copy = match moved.remove(hidden) {
+                Some(copy) => copy,
+                // Published already, or dropped.
+                None => match self.warehouse.open(hidden).await? {
+                    Some(copy) => copy,
+                    None => continue,
+                },
+            };
+            let published = copy.republish(&self.warehouse.io, own, summary.clone()).await?;
+            pointers.push(Pointer::Create { table: own.clone(), metadata: published.metadata_file });
+            pointers.push(Pointer::Drop { table: hidden.clone(), metadata: copy.metadata_file });
+        }
+        if pointers.is_empty() {
+            return Ok(());
+        }
+        catalog.commit(&pointers)
+    }
+}
+
+/// The table's schema with the columns of `table` it lacks added (optional, at the end, with new
+/// field ids). A column of the table that `table` lacks, or has with another type, is a schema
+/// change an Iceberg target does not take.
+fn added_columns(current: &IcebergTable, table: &TableSchema) -> Result<Schema> {
+    let schema = current.metadata.current_schema();
+    let wanted = types::fields(table, 0)?;
+    let mut problems = Vec::new();
+    for field in schema.as_struct().fields() {
+        match wanted.iter().find(|wanted| wanted.name == field.name) {
+            None => problems.push(format!("column {} is gone", field.name)),
+            Some(new) if new.field_type != field.field_type => problems
+                .push(format!("column {} changes type from {} to {}", field.name, field.field_type, new.field_type)),
+            _ => {}
+        }
+    }
+    if !problems.is_empty() {
+        return Err(unsupported(&table.name, &problems.join("; ")));
+    }
+    let mut fields: Vec<Arc<NestedField>> = schema.as_struct().fields().to_vec();
+    let mut next = current.metadata.last_column_id();
+    for field in wanted {
+        if schema.field_by_name(&field.name).is_none() {
+            next += 1;
+            fields.push(Arc::new(NestedField::optional(next, &field.name, field.field_type.as_ref().clone())));
+        }
+    }
+    Schema::builder()
+        .with_schema_id(schema.schema_id() + 1)
+        .with_fields(fields)
+        .with_identifier_field_ids(schema.identifier_field_ids())
+        .build()
+        .map_err(|error| {
+            Error::new(ErrorKind::Schema, format!("Iceberg table {}: {error}", table.name)).on(Side::Target)
+        })
+}
+
+fn unsupported(table: &TableName, what: &str) -> Error {
+    Error::new(ErrorKind::Schema, format!("table {table}: {what}; an Iceberg target takes added columns only"))
+        .on(Side::Target)
+        .hint("copy the table again with its new schema: run the job with --restart (the Iceberg table is made anew)")
+}
+
+#[async_trait]
+impl ChangeWriter for IcebergChanges {
+    /// The checkpoint of the stream's last group: the largest group any table of the catalog
+    /// records for the job (a group moves all its tables at once).
+    async fn recover(&mut self) -> Result<Option<Checkpoint>> {
+        let property = stream_property(&self.job);
+        let mut last: Option<StreamMark> = None;
+        for (name, metadata) in self.warehouse.catalog().tables()? {
+            let table = IcebergTable::load(&self.warehouse.io, &name, &metadata).await?;
+            let Some(text) = table.property(&property) else { continue };
+            let mark: StreamMark = serde_json::from_str(text).map_err(|error| {
+                iceberg_error(format_args!("read the stream's checkpoint in Iceberg table {name}"), error)
+            })?;
+            if last.as_ref().is_none_or(|last| mark.group > last.group) {
+                last = Some(mark);
+            }
+        }
+        self.group = last.as_ref().map_or(0, |mark| mark.group);
+        Ok(last.map(|mark| mark.checkpoint))
+    }
+
+    async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
+        let mark = StreamMark { group: self.group + 1, checkpoint: checkpoint.clone() };
+        let mut tries = 0;
+        loop {
+            match self.try_commit(&mark).await {
+                Ok(()) => break,
+                Err(error) if error.kind() == ErrorKind::Conflict && tries + 1 < COMMIT_TRIES => tries += 1,
+                Err(error) => return Err(error.context(format_args!("stream group {}", mark.group))),
+            }
+        }
+        self.group = mark.group;
+        self.staged.clear();
+        self.reshaped.clear();
+        self.truncating.clear();
+        self.publishing.clear();
+        Ok(())
+    }
+
+    fn cadence(&self) -> Option<CommitCadence> {
+        Some(CommitCadence { every: self.warehouse.options.commit_interval, rows: self.warehouse.options.commit_rows })
+    }
+
+    async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        match change {
+            SchemaChange::Create(table) => self.warehouse.ensure(table).await.map(|_| ()),
+            SchemaChange::Alter { table, renamed, retyped } => {
+                if let Some((old, new)) = renamed.first() {
+                    return Err(unsupported(&table.name, &format!("column {old} is renamed to {new}")));
+                }
+                if let Some(column) = retyped.first() {
+                    return Err(unsupported(&table.name, &format!("column {column} changes type")));
+                }
+                // Checked now, so the statement is named in the error.
+                added_columns(&self.open(&table.name).await?, table)?;
+                self.reshaped.retain(|reshaped| reshaped.name != table.name);
+                self.reshaped.push(Arc::new(table.clone()));
+                Ok(())
+            }
+            SchemaChange::Truncate(name) => {
+                self.open(name).await?;
+                // Rows of the table staged before the TRUNCATE are gone with it.
+                self.staged.retain(|staged| staged.table.name != *name);
+                if !self.truncating.contains(name) {
+                    self.truncating.push(name.clone());
+                }
+                Ok(())
+            }
+            SchemaChange::Drop(name) => Err(unsupported(name, "the table is dropped")),
+            SchemaChange::Rename { from, to } => Err(unsupported(from, &format!("the table is renamed to {to}"))),
+        }
+    }
+}
+
+#[async_trait]
+impl FoldedChangeWriter for IcebergChanges {
+    /// An Iceberg table's files hold whole rows: a row that keeps values its update left
+    /// unchanged (and the source did not send) cannot be written.
+    async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
+        Err(Error::new(
+            ErrorKind::Write,
+            format!(
+                "table {}: {} updated row(s) keep values the source's log did not carry; an Iceberg table's files hold whole rows",
+                table.name,
+                rows.len()
+            ),
+        )
+        .on(Side::Target)
+        .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job"))
+    }
+
+    async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
+        self.staged(table)?.delete(keys, expect_all)
+    }
+
+    /// Stages the rows; one with a value its Iceberg column cannot hold is left out and returned.
+    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
+        let refused: Vec<Refused> = rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| {
+                rows::misfit(types::FORMAT, table, row)
+                    .map(|reason| Refused { index, reason: format!("target: {reason}") })
+            })
+            .collect();
+        let kept: Vec<Row> = rows
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
+            .map(|(_, row)| row.clone())
+            .collect();
+        self.staged(table)?.insert(&kept)?;
+        Ok(refused)
+    }
+
+    async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
+        self.publishing.extend(tables.iter().cloned());
+        Ok(())
+    }
+}

@@ -1,0 +1,166 @@
+//! MySQL into Iceberg tables of a SQL catalog, read back by pyiceberg: a `snapshot+cdc` job under
+//! a mixed write load, killed again and again through its copy and its stream, with a column
+//! added mid-stream.
+
+#![cfg(feature = "iceberg")]
+
+use crate::support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use support::workload::{create_tables, source_position, Load, Random, ACCOUNTS};
+use support::{iceberg, kill, mariadb, mysql_url, signal, unique_name, wait_for, Guard, Workspace};
+
+/// A `snapshot+cdc` job from a MariaDB database into Iceberg tables of the catalog `catalog.db`
+/// and the warehouse `warehouse` of its workspace.
+struct IcebergJob {
+    workspace: Workspace,
+    file: PathBuf,
+    name: String,
+    database: String,
+}
+
+impl IcebergJob {
+    fn new(database: &str, target: &str, limits: &str) -> IcebergJob {
+        let workspace = Workspace::new();
+        let name = database.replace('_', "-");
+        let catalog = workspace.path("catalog.db");
+        let text = format!(
+            "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+             target:\n  type: iceberg\n  catalog: {{type: sql, uri: \"sqlite:///{}\", name: lake}}\n  warehouse: warehouse\n{target}\
+             parallelism: 2\nlimits: {{{limits}}}\n",
+            catalog.display()
+        );
+        let file = workspace.write("job.yaml", &text);
+        IcebergJob { workspace, file, name, database: database.to_owned() }
+    }
+
+    fn catalog(&self) -> PathBuf {
+        self.workspace.path("catalog.db")
+    }
+
+    fn table(&self, table: &str) -> String {
+        format!("{}.{table}", self.database)
+    }
+
+    fn start(&self) -> Guard {
+        self.workspace.start_run(&self.file, &mysql_url(), "", &[])
+    }
+
+    /// Waits until the tables hold everything the source committed up to now.
+    fn wait_converged(&self, child: &mut Guard) {
+        let source = source_position();
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        while iceberg::stream_position(&self.catalog(), &self.name).is_none_or(|at| at < source) {
+            if child.try_wait().unwrap().is_some() || std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "the stream did not reach the source's position {source:?} (at {:?}):\n{}",
+                    iceberg::stream_position(&self.catalog(), &self.name),
+                    child.stderr_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The source's rows of `columns`, as the reader prints them.
+    fn source_rows(&self, table: &str, columns: &[&str]) -> Vec<String> {
+        let list: Vec<String> = columns.iter().map(|column| format!("coalesce({column}, 'NULL')")).collect();
+        mariadb(&format!("SELECT {} FROM {}.{table} ORDER BY {}", list.join(", "), self.database, columns[0]))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Data files written so far (a measure of progress through the copy and the stream).
+    fn data_files(&self) -> usize {
+        fn count(path: &std::path::Path) -> usize {
+            std::fs::read_dir(path)
+                .into_iter()
+                .flatten()
+                .filter_map(|entry| entry.ok())
+                .map(|entry| {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        count(&path)
+                    } else {
+                        usize::from(path.extension().is_some_and(|extension| extension == "parquet"))
+                    }
+                })
+                .sum()
+        }
+        count(&self.workspace.path("warehouse"))
+    }
+}
+
+/// Under a mixed write load (inserts, updates, deletes, key moves, transfers between accounts),
+/// the job is SIGKILLed 6 times through its copy and its stream and an account column is added
+/// mid-stream; at the end each table's current snapshot equals the source row for row, and every
+/// snapshot of the accounts table keeps the transfers' invariant (no partial transaction, no
+/// partial copy) and each key once.
+#[test]
+fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
+    const KILLS: usize = 6;
+    let database = unique_name("iceberg");
+    create_tables(&database);
+    let job = IcebergJob::new(
+        &database,
+        "  commit_interval_secs: 1\n  commit_rows: 2000\n  target_file_mb: 1\n",
+        "batch_rows: 100, split_rows: 50, rows_per_sec: 1500",
+    );
+    let mut random = Random::from_environment("an_iceberg_table_follows_the_source");
+    let load = Load::start(&database, random.clone(), 300);
+    let mut stream_kills = 0;
+    let mut kill_number = 0;
+    while kill_number < KILLS || stream_kills < 2 {
+        kill_number += 1;
+        let seen = job.data_files();
+        let mut child = job.start();
+        wait_for("progress in the Iceberg tables", Duration::from_secs(90), || {
+            assert!(child.try_wait().unwrap().is_none(), "the run ended early:\n{}", child.stderr_text());
+            job.data_files() > seen
+        });
+        std::thread::sleep(Duration::from_millis(500 + random.below(2500)));
+        kill(&mut child);
+        if iceberg::stream_position(&job.catalog(), &job.name).is_some() {
+            stream_kills += 1;
+        }
+        if kill_number == KILLS / 2 + 1 {
+            mariadb(&format!(
+                "ALTER TABLE {database}.accounts ADD COLUMN note VARCHAR(20) NULL; UPDATE {database}.accounts SET note = CONCAT('n', id) WHERE id % 7 = 0"
+            ));
+        }
+    }
+    let mut child = job.start();
+    load.stop();
+    mariadb(&format!("UPDATE {database}.accounts SET note = 'last' WHERE id = 1"));
+    job.wait_converged(&mut child);
+    signal(&child, "TERM");
+    let output = child.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+
+    let catalog = job.catalog();
+    let accounts = ["id", "balance", "note"];
+    assert_eq!(iceberg::rows(&catalog, &job.table("accounts"), &accounts), job.source_rows("accounts", &accounts));
+    let items = ["id", "v", "note"];
+    assert_eq!(iceberg::rows(&catalog, &job.table("items"), &items), job.source_rows("items", &items));
+
+    let total = (ACCOUNTS * 1000) as i64;
+    let snapshots = iceberg::snapshots(&catalog, &job.table("accounts"), "id", "balance");
+    assert!(snapshots.len() > 2, "{snapshots:?}");
+    for (index, snapshot) in snapshots.iter().enumerate() {
+        assert_eq!(
+            (snapshot.rows, snapshot.distinct_keys, snapshot.sum),
+            (ACCOUNTS, ACCOUNTS, total),
+            "snapshot {index} of accounts is not a state the source had: {snapshots:?}"
+        );
+    }
+    for (index, snapshot) in iceberg::snapshots(&catalog, &job.table("items"), "id", "v").iter().enumerate() {
+        assert_eq!(snapshot.rows, snapshot.distinct_keys, "snapshot {index} of items holds a key twice");
+    }
+    assert!(snapshots.iter().any(|snapshot| snapshot.operation == "overwrite"), "no merge: {snapshots:?}");
+    eprintln!("{} snapshots of accounts", snapshots.len());
+}
