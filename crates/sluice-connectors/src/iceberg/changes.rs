@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arrow_array::BooleanArray;
 use async_trait::async_trait;
-use iceberg::spec::{NestedField, Schema};
+use iceberg::spec::{ManifestEntry, NestedField, Schema};
 use sluice_core::change::Row;
 use sluice_core::connector::{
     ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange, Updated,
@@ -23,6 +23,26 @@ use super::table::{iceberg_error, FileChanges, IcebergTable};
 use super::{types, StreamMark, Warehouse, COMMIT_TRIES};
 use crate::lake::keys::{read_whole, FileBounds, StagedChanges, READ_BATCH_ROWS};
 use crate::lake::rows;
+
+/// A file smaller than this part of `target_file_mb` is small...
+const SMALL_FILE_PART: u64 = 4;
+/// ...and this many small files in a table are joined with the next group that touches it.
+const COMPACT_FILES: usize = 8;
+
+/// The small files to join: the smallest first, up to `round_bytes` (two at least).
+fn pick(mut small: Vec<(&str, u64)>, round_bytes: u64) -> Vec<(&str, u64)> {
+    small.sort_by_key(|(_, size)| *size);
+    let mut bytes = 0;
+    let mut picked = Vec::new();
+    for (path, size) in small {
+        if bytes + size > round_bytes && picked.len() >= 2 {
+            break;
+        }
+        bytes += size;
+        picked.push((path, size));
+    }
+    picked
+}
 
 /// The table property holding the stream's last group in a table.
 fn stream_property(job: &str) -> String {
@@ -95,16 +115,47 @@ impl IcebergChanges {
         if self.truncating.contains(&table.name) {
             changes.removed.extend(live.iter().map(|entry| entry.file_path().to_owned()));
         }
-        let Some(staged) = self.staged.iter().find(|staged| staged.table.name == table.name) else {
-            return Ok((changes, schema));
-        };
-        if staged.is_empty() {
-            return Ok((changes, schema));
-        }
         let arrow = match &schema {
             Some(schema) => types::arrow_schema(&table.name, schema)?,
             None => table.arrow_schema()?,
         };
+        let file_bytes = self.warehouse.options.file_bytes;
+        let mut writer = DataWriter::new(table.location(), arrow.clone(), table.spec_id(), file_bytes);
+        let staged =
+            self.staged.iter().find(|staged| staged.table.name == table.name).filter(|staged| !staged.is_empty());
+        if let Some(staged) = staged {
+            self.merge(table, &live, staged, &mut writer, &mut changes).await?;
+        }
+        // The small files the table gathers group after group, joined in the same commit.
+        let small: Vec<(&str, u64)> = live
+            .iter()
+            .filter(|entry| !changes.removed.contains(entry.file_path()))
+            .map(|entry| (entry.file_path(), entry.file_size_in_bytes()))
+            .filter(|(_, size)| *size < file_bytes / SMALL_FILE_PART)
+            .collect();
+        if small.len() >= COMPACT_FILES {
+            for (path, _) in pick(small, file_bytes) {
+                for batch in read_whole(std::path::Path::new(path)).await? {
+                    writer.write(&rows::conform(&batch, &arrow, &[])?)?;
+                }
+                changes.removed.insert(path.to_owned());
+            }
+        }
+        changes.added = writer.finish()?;
+        Ok((changes, schema))
+    }
+
+    /// Merges a table's staged changes: the files holding their keys written again without
+    /// them, the added rows written, into `writer`.
+    async fn merge(
+        &self,
+        table: &IcebergTable,
+        live: &[Arc<ManifestEntry>],
+        staged: &StagedChanges,
+        writer: &mut DataWriter,
+        changes: &mut FileChanges,
+    ) -> Result<()> {
+        let arrow = writer.schema().clone();
         let first_id = table.metadata.current_schema().field_by_name(staged.first_key()).map(|field| field.id);
         let candidates: Vec<FileBounds> = live
             .iter()
@@ -118,8 +169,6 @@ impl IcebergChanges {
             })
             .collect();
         let located = staged.locate(&candidates).await?;
-        let mut writer =
-            DataWriter::new(table.location(), arrow.clone(), table.spec_id(), self.warehouse.options.file_bytes);
         for (index, drop_rows) in located.rewrites {
             let path = &candidates[index].path;
             let mut offset = 0;
@@ -140,8 +189,7 @@ impl IcebergChanges {
                 writer.write(&rows::batch(types::FORMAT, rows_schema, &arrow, chunk.iter())?)?;
             }
         }
-        changes.added = writer.finish()?;
-        Ok((changes, schema))
+        Ok(())
     }
 
     /// One try at committing the group: every touched table merged and staged, then moved

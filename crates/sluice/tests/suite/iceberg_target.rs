@@ -1,6 +1,6 @@
 //! MySQL into Iceberg tables of a SQL catalog, read back by pyiceberg: a `snapshot+cdc` job under
 //! a mixed write load, killed again and again through its copy and its stream, with a column
-//! added mid-stream.
+//! added mid-stream, its small files joined as they gather.
 
 #![cfg(feature = "iceberg")]
 
@@ -138,6 +138,16 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
     load.stop();
     mariadb(&format!("UPDATE {database}.accounts SET note = 'last' WHERE id = 1"));
     job.wait_converged(&mut child);
+    // Appends, each in a group of its own, each add a small file, which are joined as they gather.
+    let first = mariadb(&format!("SELECT max(id) + 1 FROM {database}.items")).trim().parse::<u64>().unwrap();
+    for append in 0..12 {
+        let from = first + append * 10;
+        mariadb(&format!(
+            "INSERT INTO {database}.items SELECT seq, 1, 'appended' FROM {database}.seq_{from}_to_{}",
+            from + 9
+        ));
+        job.wait_converged(&mut child);
+    }
     signal(&child, "TERM");
     let output = child.into_inner().wait_with_output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -162,5 +172,9 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
         assert_eq!(snapshot.rows, snapshot.distinct_keys, "snapshot {index} of items holds a key twice");
     }
     assert!(snapshots.iter().any(|snapshot| snapshot.operation == "overwrite"), "no merge: {snapshots:?}");
-    eprintln!("{} snapshots of accounts", snapshots.len());
+    // Each group adds a file to the tables it changes; the small ones are joined as they gather.
+    let item_files = iceberg::data_files(&catalog, &job.table("items"));
+    let item_snapshots = iceberg::snapshots(&catalog, &job.table("items"), "id", "v").len();
+    assert!(item_files < 8, "items has {item_files} data files after {item_snapshots} snapshots");
+    eprintln!("{} snapshots of accounts; items: {item_files} files after {item_snapshots} snapshots", snapshots.len());
 }

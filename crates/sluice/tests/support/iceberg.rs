@@ -31,6 +31,14 @@ for snapshot in sorted(loaded.snapshots(), key=lambda snapshot: snapshot.sequenc
     print(arrow.num_rows, total, len(set(keys)), snapshot.summary.operation.value)
 "#;
 
+/// The number of data files a scan of a table's current snapshot reads.
+const FILES: &str = r#"
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+database, table = sys.argv[1], sys.argv[2]
+print(len(list(SqlCatalog("lake", uri="sqlite:///" + database).load_table(table).scan().plan_files())))
+"#;
+
 /// The stream's checkpoint with the largest group among the catalog's tables.
 const POSITION: &str = r#"
 import json, sqlite3, sys
@@ -64,6 +72,11 @@ pub fn rows(catalog: &Path, table: &str, columns: &[&str]) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// The data files of `table`'s current snapshot.
+pub fn data_files(catalog: &Path, table: &str) -> usize {
+    run(&super::lake::python(), FILES, &[catalog.to_str().unwrap(), table]).trim().parse().expect("a count")
 }
 
 /// One snapshot of a table as `snapshots` reads it.
