@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension};
+use sluice_core::connector::Fence;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName};
 
 /// One change of a commit.
@@ -82,7 +83,12 @@ impl SqlCatalog {
                     namespace VARCHAR(255) NOT NULL,
                     property_key VARCHAR(255),
                     property_value VARCHAR(1000),
-                    PRIMARY KEY (catalog_name, namespace, property_key));",
+                    PRIMARY KEY (catalog_name, namespace, property_key));
+                 CREATE TABLE IF NOT EXISTS sluice_fences (
+                    job TEXT NOT NULL,
+                    task TEXT NOT NULL,
+                    epoch INTEGER NOT NULL,
+                    PRIMARY KEY (job, task));",
             )
             .map_err(|error| {
                 catalog_error(format_args!("create the catalog's tables in {}", self.path.display()), error)
@@ -126,13 +132,35 @@ impl SqlCatalog {
         rows.collect::<std::result::Result<Vec<_>, _>>().map_err(|error| catalog_error("list tables", error))
     }
 
+    /// Takes the job's fence for `fence`'s epoch (`Sink::claim`): from then on a commit of an
+    /// older epoch is refused. Refused itself when the catalog holds a newer epoch.
+    pub(super) fn claim(&self, job: &str, fence: &Fence) -> Result<()> {
+        let mut connection = self.connect()?;
+        let transaction = connection
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|error| catalog_error("begin a claim", error))?;
+        check_fence(&transaction, job, fence)?;
+        transaction
+            .execute(
+                "INSERT INTO sluice_fences (job, task, epoch) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (job, task) DO UPDATE SET epoch = excluded.epoch",
+                params![job, fence.task, fence.epoch as i64],
+            )
+            .map_err(|error| catalog_error(format_args!("claim job {job}"), error))?;
+        transaction.commit().map_err(|error| catalog_error("commit a claim", error))
+    }
+
     /// Applies `pointers` together, each only from the metadata file it names: all of them, or
-    /// none and an `ErrorKind::Conflict` naming the first table another writer moved.
-    pub(super) fn commit(&self, pointers: &[Pointer]) -> Result<()> {
+    /// none and an `ErrorKind::Conflict` naming the first table another writer moved. With a
+    /// fence, none when the catalog holds a newer epoch of the job's task (`ErrorKind::Fenced`).
+    pub(super) fn commit(&self, pointers: &[Pointer], fence: Option<(&str, &Fence)>) -> Result<()> {
         let mut connection = self.connect()?;
         let transaction = connection
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|error| catalog_error("begin a commit", error))?;
+        if let Some((job, fence)) = fence {
+            check_fence(&transaction, job, fence)?;
+        }
         for pointer in pointers {
             let (table, changed) = match pointer {
                 Pointer::Create { table, metadata } => {
@@ -199,6 +227,20 @@ impl SqlCatalog {
     }
 }
 
+/// Refuses a fence older than the epoch the catalog holds for its job's task.
+fn check_fence(transaction: &rusqlite::Transaction<'_>, job: &str, fence: &Fence) -> Result<()> {
+    let held: Option<i64> = transaction
+        .query_row("SELECT epoch FROM sluice_fences WHERE job = ?1 AND task = ?2", params![job, fence.task], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(|error| catalog_error(format_args!("read the fence of job {job}"), error))?;
+    match held {
+        Some(held) if held as u64 > fence.epoch => Err(fence.moved(job, held as u64)),
+        _ => Ok(()),
+    }
+}
+
 /// The catalog's namespace of a table: its database (`default` when it has none).
 pub(super) fn namespace_of(table: &TableName) -> &str {
     table.namespace.as_deref().unwrap_or("default")
@@ -215,28 +257,57 @@ mod tests {
         let catalog = SqlCatalog::parse(&uri, "lake").unwrap();
         let (a, b) = (TableName::parse("d.a"), TableName::parse("d.b"));
         catalog
-            .commit(&[
-                Pointer::Create { table: a.clone(), metadata: "a1".into() },
-                Pointer::Create { table: b.clone(), metadata: "b1".into() },
-            ])
+            .commit(
+                &[
+                    Pointer::Create { table: a.clone(), metadata: "a1".into() },
+                    Pointer::Create { table: b.clone(), metadata: "b1".into() },
+                ],
+                None,
+            )
             .unwrap();
         // b moved meanwhile: neither moves.
-        let raced = catalog.commit(&[
-            Pointer::Move { table: a.clone(), from: "a1".into(), to: "a2".into() },
-            Pointer::Move { table: b.clone(), from: "b0".into(), to: "b2".into() },
-        ]);
+        let raced = catalog.commit(
+            &[
+                Pointer::Move { table: a.clone(), from: "a1".into(), to: "a2".into() },
+                Pointer::Move { table: b.clone(), from: "b0".into(), to: "b2".into() },
+            ],
+            None,
+        );
         assert_eq!(raced.unwrap_err().kind(), ErrorKind::Conflict);
         assert_eq!(catalog.metadata_of(&a).unwrap().as_deref(), Some("a1"));
         let c = TableName::parse("d.c");
         catalog
-            .commit(&[
-                Pointer::Create { table: c.clone(), metadata: "c1".into() },
-                Pointer::Drop { table: a.clone(), metadata: "a1".into() },
-            ])
+            .commit(
+                &[
+                    Pointer::Create { table: c.clone(), metadata: "c1".into() },
+                    Pointer::Drop { table: a.clone(), metadata: "a1".into() },
+                ],
+                None,
+            )
             .unwrap();
         assert_eq!(catalog.metadata_of(&a).unwrap(), None);
         assert_eq!(catalog.metadata_of(&c).unwrap().as_deref(), Some("c1"));
         assert_eq!(catalog.tables().unwrap().len(), 2);
         assert!(SqlCatalog::parse("postgresql://x/y", "lake").is_err());
+    }
+
+    #[test]
+    fn a_commit_of_an_older_epoch_is_refused_once_a_newer_one_claimed() {
+        let directory = tempfile::tempdir().unwrap();
+        let uri = format!("sqlite:///{}", directory.path().join("catalog.db").display());
+        let catalog = SqlCatalog::parse(&uri, "lake").unwrap();
+        let (old, new) = (Fence { task: "j".into(), epoch: 3 }, Fence { task: "j".into(), epoch: 5 });
+        let table = TableName::parse("d.a");
+        catalog.claim("job", &old).unwrap();
+        catalog
+            .commit(&[Pointer::Create { table: table.clone(), metadata: "a1".into() }], Some(("job", &old)))
+            .unwrap();
+        catalog.claim("job", &new).unwrap();
+        let late = Pointer::Move { table: table.clone(), from: "a1".into(), to: "a2".into() };
+        let refused = catalog.commit(std::slice::from_ref(&late), Some(("job", &old))).unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Fenced);
+        assert_eq!(catalog.metadata_of(&table).unwrap().as_deref(), Some("a1"));
+        assert_eq!(catalog.claim("job", &old).unwrap_err().kind(), ErrorKind::Fenced);
+        catalog.commit(&[late], Some(("job", &new))).unwrap();
     }
 }

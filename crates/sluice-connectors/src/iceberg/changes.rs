@@ -241,7 +241,7 @@ impl IcebergChanges {
         if pointers.is_empty() {
             return Ok(());
         }
-        catalog.commit(&pointers)
+        self.warehouse.commit(&self.job, &pointers)
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) const CONNECTOR: Connector = Connector {
         table_sink: true,
         // Groups folded per key, merged into the files that hold the keys.
         change_sink: true,
+        // Every catalog commit checks the job's fence in the same SQL transaction.
+        fencing: true,
         transactions: true,
         ..Capabilities::NONE
     },
@@ -112,15 +114,15 @@ fn validate(_job: &JobSpec, endpoint: &EndpointSpec) -> Vec<SpecError> {
     options(endpoint).err().unwrap_or_default()
 }
 
-fn build(job: &JobSpec, _fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
+fn build(job: &JobSpec, fence: Option<Fence>) -> Result<Arc<dyn Sink>> {
     let options = options(&job.target).map_err(crate::invalid)?;
-    Ok(Arc::new(IcebergSink::new(options)))
+    Ok(Arc::new(IcebergSink::new(options, fence)))
 }
 
 /// A table of the target read back for verification: its current snapshot's files.
 fn read_back(job: &JobSpec, table: &Arc<TableSchema>) -> Result<Arc<dyn Source>> {
     let options = options(&job.target).map_err(crate::invalid)?;
-    Ok(Arc::new(IcebergSink::new(options).read_back(table)))
+    Ok(Arc::new(IcebergSink::new(options, None).read_back(table)))
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use iceberg::io::FileIO;
 use sluice_core::connector::{
-    CheckItem, Checkpoint, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
+    CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Sink, TableTasks, TableWriter,
 };
 use sluice_core::names::HIDDEN_PREFIX;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
@@ -70,16 +70,22 @@ struct StreamMark {
     checkpoint: Checkpoint,
 }
 
-/// What every writer of one target shares.
+/// What every writer of one target shares: its options, file IO and the cluster task's fence.
 #[derive(Debug)]
 struct Warehouse {
     options: IcebergOptions,
     io: FileIO,
+    fence: Option<Fence>,
 }
 
 impl Warehouse {
     fn catalog(&self) -> &SqlCatalog {
         &self.options.catalog
+    }
+
+    /// Moves catalog pointers together, checking the job's fence when the task has one.
+    fn commit(&self, job: &str, pointers: &[Pointer]) -> Result<()> {
+        self.catalog().commit(pointers, self.fence.as_ref().map(|fence| (job, fence)))
     }
 
     /// The table at the catalog's current metadata file, if it has it.
@@ -113,7 +119,8 @@ impl Warehouse {
             .join(files::unique_name(&format!("{own}-"), ""));
         let table = IcebergTable::create(&self.io, schema, &location.to_string_lossy()).await?;
         let created = Pointer::Create { table: schema.name.clone(), metadata: table.metadata_file.clone() };
-        match self.catalog().commit(&[created]) {
+        // Unfenced: creating a table that is missing changes no row, and an existing one stays.
+        match self.catalog().commit(&[created], None) {
             Ok(()) => Ok(table),
             // Another writer of the same table created it first.
             Err(error) if error.kind() == ErrorKind::Conflict => {
@@ -126,7 +133,7 @@ impl Warehouse {
 
     /// Commits `changes` to the table `name`, again on the table as it is then when another
     /// writer moved it first (appends and removals of one's own files commute).
-    async fn commit_files(&self, name: &TableName, changes: &FileChanges) -> Result<IcebergTable> {
+    async fn commit_files(&self, job: &str, name: &TableName, changes: &FileChanges) -> Result<IcebergTable> {
         let mut last = None;
         for _ in 0..COMMIT_TRIES {
             let table = self.open(name).await?.ok_or_else(|| {
@@ -140,7 +147,7 @@ impl Warehouse {
                 from: table.metadata_file.clone(),
                 to: staged.metadata_file.clone(),
             };
-            match self.catalog().commit(&[pointer]) {
+            match self.commit(job, &[pointer]) {
                 Ok(()) => return Ok(staged),
                 Err(error) if error.kind() == ErrorKind::Conflict => last = Some(error),
                 Err(error) => return Err(error),
@@ -157,8 +164,8 @@ pub struct IcebergSink {
 }
 
 impl IcebergSink {
-    pub(crate) fn new(options: IcebergOptions) -> IcebergSink {
-        IcebergSink { warehouse: Arc::new(Warehouse { options, io: FileIO::new_with_fs() }) }
+    pub(crate) fn new(options: IcebergOptions, fence: Option<Fence>) -> IcebergSink {
+        IcebergSink { warehouse: Arc::new(Warehouse { options, io: FileIO::new_with_fs(), fence }) }
     }
 
     /// A table of the target read back for verification: its current snapshot's files.
@@ -262,6 +269,13 @@ impl Sink for IcebergSink {
             }
         }
         Ok(())
+    }
+
+    async fn claim(&self, job: &str) -> Result<()> {
+        match &self.warehouse.fence {
+            Some(fence) => self.warehouse.catalog().claim(job, fence),
+            None => Ok(()),
+        }
     }
 
     async fn open(&self, job: &str, task: &str, table: Arc<TableSchema>) -> Result<Box<dyn TableWriter>> {

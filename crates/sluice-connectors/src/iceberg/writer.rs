@@ -117,7 +117,7 @@ impl TableWriter for CopyWriter {
         changes.summary.insert("sluice.checkpoint".into(), text.clone());
         changes.properties.insert(checkpoint_property(&self.job, &self.task), text);
         self.warehouse.ensure(&self.table).await?;
-        self.warehouse.commit_files(&self.table.name, &changes).await?;
+        self.warehouse.commit_files(&self.job, &self.table.name, &changes).await?;
         self.staged = 0;
         self.replace = false;
         Ok(())

@@ -77,7 +77,16 @@ impl IcebergJob {
 
     /// Data files written so far (a measure of progress through the copy and the stream).
     fn data_files(&self) -> usize {
-        fn count(path: &std::path::Path) -> usize {
+        self.files_ending(".parquet")
+    }
+
+    /// Metadata files written so far: one per commit.
+    fn commits(&self) -> usize {
+        self.files_ending(".metadata.json")
+    }
+
+    fn files_ending(&self, suffix: &str) -> usize {
+        fn count(path: &std::path::Path, suffix: &str) -> usize {
             std::fs::read_dir(path)
                 .into_iter()
                 .flatten()
@@ -85,14 +94,14 @@ impl IcebergJob {
                 .map(|entry| {
                     let path = entry.path();
                     if path.is_dir() {
-                        count(&path)
+                        count(&path, suffix)
                     } else {
-                        usize::from(path.extension().is_some_and(|extension| extension == "parquet"))
+                        usize::from(path.to_string_lossy().ends_with(suffix))
                     }
                 })
                 .sum()
         }
-        count(&self.workspace.path("warehouse"))
+        count(&self.workspace.path("warehouse"), suffix)
     }
 }
 
@@ -177,4 +186,112 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
     let item_snapshots = iceberg::snapshots(&catalog, &job.table("items"), "id", "v").len();
     assert!(item_files < 8, "items has {item_files} data files after {item_snapshots} snapshots");
     eprintln!("{} snapshots of accounts; items: {item_files} files after {item_snapshots} snapshots", snapshots.len());
+}
+
+/// The same job on a two-node cluster: the node running the stream is SIGKILLed, then the next
+/// one is paused past its lease and woken once the stream moved (a zombie, whose commits the
+/// catalog's fence must refuse); the tables end equal to the source, and every snapshot of the
+/// accounts table is a state the source had.
+#[test]
+fn an_iceberg_job_on_a_cluster_survives_a_killed_and_a_paused_node() {
+    use serde_json::Value;
+    use support::cluster::{start_server, Etcd, Server};
+
+    let database = unique_name("iceberg_cluster");
+    create_tables(&database);
+    let etcd = Etcd::start(1);
+    let job = IcebergJob::new(&database, "  commit_interval_secs: 1\n", "batch_rows: 200, split_rows: 500");
+    let start_node = |index: usize| -> Server {
+        start_server(
+            &job.workspace,
+            &format!("node{index}"),
+            Some(&etcd.endpoints),
+            &[("SLUICE_VAR_SOURCE", mysql_url())],
+        )
+    };
+    let mut nodes: Vec<Option<Server>> = (0..2).map(|index| Some(start_node(index))).collect();
+    // A server's documents read only variables named with its prefix (`sluice run` reads any).
+    let text = std::fs::read_to_string(&job.file).unwrap().replace("${SOURCE}", "${SLUICE_VAR_SOURCE}");
+    let any = |nodes: &[Option<Server>]| -> Value {
+        let node = nodes.iter().flatten().next().expect("a live node");
+        node.call("GET", &format!("/jobs/{}", job.name), None, None).1
+    };
+    let (status, body) = nodes[0].as_ref().unwrap().call("POST", "/jobs", None, Some(("application/yaml", &text)));
+    assert_eq!(status, 201, "{body}");
+    let logs = |nodes: &[Option<Server>]| -> String {
+        nodes.iter().flatten().map(|node| format!("--- {}\n{}", node.id, node.output())).collect()
+    };
+    let stream_task = |nodes: &[Option<Server>]| -> Value {
+        any(nodes)["tasks"]
+            .as_array()
+            .and_then(|tasks| tasks.iter().find(|task| task["kind"] == "cdc").cloned())
+            .unwrap_or_default()
+    };
+    let streaming_node = |nodes: &[Option<Server>]| -> usize {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let task = stream_task(nodes);
+            if task["state"] == "running"
+                && task["epoch"].is_u64()
+                && iceberg::stream_position(&job.catalog(), &job.name).is_some()
+            {
+                let worker = task["worker"].as_str().unwrap().to_owned();
+                if let Some(index) = nodes.iter().position(|node| node.as_ref().is_some_and(|node| node.id == worker)) {
+                    return index;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "the stream does not run: {task:#}\n{}", logs(nodes));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let load = Load::start(&database, Random::from_environment("an_iceberg_job_on_a_cluster"), 200);
+
+    // A SIGKILL of the stream's node: the other node takes the stream over.
+    let victim = streaming_node(&nodes);
+    let before = job.commits();
+    let mut killed = nodes[victim].take().unwrap();
+    kill(&mut killed.child);
+    wait_for("the stream to move after the kill", Duration::from_secs(60), || {
+        stream_task(&nodes)["worker"].as_str().is_some_and(|worker| worker != killed.id) && job.commits() > before + 2
+    });
+    nodes[victim] = Some(start_node(victim));
+
+    // A pause past the lease: the woken worker must not commit after the new owner's claim.
+    let victim = streaming_node(&nodes);
+    let epoch = stream_task(&nodes)["epoch"].as_u64().unwrap();
+    let zombie = nodes[victim].take().unwrap();
+    signal(&zombie.child, "STOP");
+    wait_for("the stream to move after the pause", Duration::from_secs(60), || {
+        let task = stream_task(&nodes);
+        task["worker"].as_str().is_some_and(|worker| worker != zombie.id)
+            && task["epoch"].as_u64().is_some_and(|new| new > epoch)
+    });
+    let moved = job.commits();
+    wait_for("the new owner to commit", Duration::from_secs(60), || job.commits() > moved + 2);
+    signal(&zombie.child, "CONT");
+    wait_for("the woken worker to stop its task", Duration::from_secs(30), || {
+        let output = zombie.output();
+        output.contains("lease ended") || output.contains("FENCED")
+    });
+    nodes[victim] = Some(zombie);
+    load.stop();
+    let source = source_position();
+    wait_for("the tables to reach the source", Duration::from_secs(120), || {
+        iceberg::stream_position(&job.catalog(), &job.name).is_some_and(|at| at >= source)
+    });
+
+    let catalog = job.catalog();
+    let accounts = ["id", "balance"];
+    assert_eq!(
+        iceberg::rows(&catalog, &job.table("accounts"), &accounts),
+        job.source_rows("accounts", &accounts),
+        "{}",
+        logs(&nodes)
+    );
+    let items = ["id", "v", "note"];
+    assert_eq!(iceberg::rows(&catalog, &job.table("items"), &items), job.source_rows("items", &items));
+    let total = (ACCOUNTS * 1000) as i64;
+    for (index, snapshot) in iceberg::snapshots(&catalog, &job.table("accounts"), "id", "balance").iter().enumerate() {
+        assert_eq!((snapshot.rows, snapshot.sum), (ACCOUNTS, total), "snapshot {index} of accounts");
+    }
 }
