@@ -234,7 +234,8 @@ impl IcebergChanges {
                     None => continue,
                 },
             };
-            let published = copy.republish(&self.warehouse.io, own, summary.clone()).await?;
+            let marked = HashMap::from([(stream_property(&self.job), text.clone())]);
+            let published = copy.republish(&self.warehouse.io, own, summary.clone(), marked).await?;
             pointers.push(Pointer::Create { table: own.clone(), metadata: published.metadata_file });
             pointers.push(Pointer::Drop { table: hidden.clone(), metadata: copy.metadata_file });
         }

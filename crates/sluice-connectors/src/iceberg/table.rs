@@ -120,22 +120,25 @@ impl IcebergTable {
     }
 
     /// A new table at the same location named `name`, holding this table's live files in its
-    /// first snapshot, with its schema and properties (the job's checkpoints): a hidden copy
-    /// published without the history of its partial states.
+    /// first snapshot, with its schema and properties (the job's checkpoints) and `properties`:
+    /// a hidden copy published without the history of its partial states.
     pub(super) async fn republish(
         &self,
         io: &FileIO,
         name: &TableName,
         summary: HashMap<String, String>,
+        properties: HashMap<String, String>,
     ) -> Result<IcebergTable> {
         let failed = |error: iceberg::Error| iceberg_error(format_args!("publish Iceberg table {name}"), error);
+        let mut all = self.metadata.properties().clone();
+        all.extend(properties);
         let metadata = TableMetadataBuilder::new(
             self.metadata.current_schema().as_ref().clone(),
             PartitionSpec::unpartition_spec(),
             SortOrder::unsorted_order(),
             self.location().to_owned(),
             FormatVersion::V2,
-            self.metadata.properties().clone(),
+            all,
         )
         .and_then(|builder| builder.build())
         .map_err(failed)?

@@ -39,6 +39,14 @@ database, table = sys.argv[1], sys.argv[2]
 print(len(list(SqlCatalog("lake", uri="sqlite:///" + database).load_table(table).scan().plan_files())))
 "#;
 
+/// Deletes the rows matching a filter from a table, as another writer would.
+const DELETE: &str = r#"
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+database, table, predicate = sys.argv[1], sys.argv[2], sys.argv[3]
+SqlCatalog("lake", uri="sqlite:///" + database).load_table(table).delete(predicate)
+"#;
+
 /// The stream's checkpoint with the largest group among the catalog's tables.
 const POSITION: &str = r#"
 import json, sqlite3, sys
@@ -72,6 +80,11 @@ pub fn rows(catalog: &Path, table: &str, columns: &[&str]) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// Deletes the rows of `table` matching `predicate` (pyiceberg's filter syntax) with pyiceberg.
+pub fn delete(catalog: &Path, table: &str, predicate: &str) {
+    run(&super::lake::python(), DELETE, &[catalog.to_str().unwrap(), table, predicate]);
 }
 
 /// The data files of `table`'s current snapshot.
