@@ -480,6 +480,18 @@ pub fn written_out_secrets(written: &JobSpec) -> Vec<SpecError> {
     };
     let mut errors = Vec::new();
     for endpoint in std::iter::once(&written.source).chain(written.target_endpoints()) {
+        // A URL inside an option (an Iceberg catalog's `uri`) with a password written out.
+        for (field, node) in &endpoint.options {
+            let NodeKind::Mapping(entries) = &node.kind else { continue };
+            for (key, value) in entries.iter().filter(|(key, _)| key == "uri" || key == "url") {
+                if let NodeKind::Scalar { text, .. } = &value.kind {
+                    if sluice_core::secret::has_literal_password(text) {
+                        let path = format!("{field}.{key}");
+                        errors.push(endpoint.error(&path, message(&path)));
+                    }
+                }
+            }
+        }
         let Some(connector) = connector(&endpoint.connector) else { continue };
         for field in connector.secrets {
             let written_out = match endpoint.options.get(*field).map(|node| &node.kind) {
@@ -592,6 +604,23 @@ pub(crate) fn path(endpoint: &EndpointSpec) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use sluice_core::spec::parse_job;
+
+    #[test]
+    fn a_password_written_out_in_a_nested_uri_is_a_secret_a_server_refuses() {
+        let written = |uri: &str| {
+            let text = format!(
+                "name: s\nsource: {{type: mysql, url: \"mysql://a\"}}\ntarget: {{type: iceberg, catalog: {{type: sql, uri: \"{uri}\"}}, warehouse: w}}\n"
+            );
+            let job = parse_job(&text, false, |name| Some(format!("${{{name}}}"))).expect("a valid job file");
+            super::written_out_secrets(&job).iter().map(ToString::to_string).collect::<Vec<String>>()
+        };
+        let found = written("postgresql://iceberg:hunter22@h/db");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("target.catalog.uri"), "{found:?}");
+        assert!(!found[0].contains("hunter22"), "{found:?}");
+        assert!(written("postgresql://iceberg:${PW}@h/db").is_empty());
+        assert!(written("sqlite:////data/catalog.db").is_empty());
+    }
 
     #[test]
     fn apply_parallelism_above_one_needs_a_target_that_writes_on_several_connections() {

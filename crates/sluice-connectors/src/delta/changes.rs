@@ -479,16 +479,7 @@ impl FoldedChangeWriter for DeltaChanges {
     /// A Delta table's files hold whole rows: a row that keeps values its update left unchanged
     /// (and the source did not send) cannot be written.
     async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
-        Err(Error::new(
-            ErrorKind::Write,
-            format!(
-                "table {}: {} updated row(s) keep values the source's log did not carry; a Delta table's files hold whole rows",
-                table.name,
-                rows.len()
-            ),
-        )
-        .on(Side::Target)
-        .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job"))
+        Err(crate::lake::rows::partial_update(types::FORMAT, table, rows.len()))
     }
 
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
@@ -497,24 +488,8 @@ impl FoldedChangeWriter for DeltaChanges {
 
     /// Stages the rows; one with a value its Delta column cannot hold is left out and returned.
     async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
-        let refused: Vec<Refused> = rows
-            .iter()
-            .enumerate()
-            .filter_map(|(index, row)| {
-                types::misfit(table, row).map(|reason| Refused { index, reason: format!("target: {reason}") })
-            })
-            .collect();
-        if refused.is_empty() {
-            self.staged(table)?.insert(rows)?;
-        } else {
-            let kept: Vec<Row> = rows
-                .iter()
-                .enumerate()
-                .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
-                .map(|(_, row)| row.clone())
-                .collect();
-            self.staged(table)?.insert(&kept)?;
-        }
+        let (kept, refused) = crate::lake::rows::inserted_rows(types::FORMAT, table, rows);
+        self.staged(table)?.insert(&kept)?;
         Ok(refused)
     }
 

@@ -36,11 +36,6 @@ pub(super) fn arrow_schema(table: &TableSchema) -> SchemaRef {
 /// Delta's types for the code lake targets share.
 pub(super) const FORMAT: Format = Format { name: "Delta", arrow_type };
 
-/// Why a row cannot be written as it is (the first column that does not fit), if it cannot.
-pub(super) fn misfit(table: &TableSchema, row: &Row) -> Option<String> {
-    rows::misfit(FORMAT, table, row)
-}
-
 /// Rows of `table` as a record batch of `schema` (the Delta table's, whose columns it matches by
 /// name: a column the rows lack, one added since they were read, is NULL).
 pub(super) fn batch<'a>(
@@ -72,8 +67,8 @@ mod tests {
             details: Default::default(),
         };
         let rows = [vec![Value::UInt(u64::MAX), Value::UInt(255)], vec![Value::UInt(1), Value::Null]];
-        assert_eq!(misfit(&table, &rows[0]), None);
-        assert!(misfit(&table, &vec![Value::Null, Value::Null]).is_some());
+        assert_eq!(rows::misfit(FORMAT, &table, &rows[0]), None);
+        assert!(rows::misfit(FORMAT, &table, &vec![Value::Null, Value::Null]).is_some());
         let batch = batch(&table, &arrow_schema(&table), rows.iter()).unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(batch.column(1).null_count(), 1);

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use deltalake_core::kernel::Action;
 use deltalake_core::protocol::{DeltaOperation, SaveMode};
 use deltalake_core::writer::{DeltaWriter, RecordBatchWriter};
-use sluice_core::change::{key_text, Batch, ChangeKind, Rejected, Row};
+use sluice_core::change::{Batch, Rejected};
 use sluice_core::connector::{Checkpoint, TableWriter};
 use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
 
@@ -86,25 +86,7 @@ impl TableWriter for CopyWriter {
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
-        let mut rejected = Vec::new();
-        let mut rows: Vec<&Row> = Vec::with_capacity(batch.changes.len());
-        for change in &batch.changes {
-            let ChangeKind::Insert { after } = &change.kind else {
-                return Err(
-                    Error::new(ErrorKind::Write, "a copy into a Delta table takes inserts only").on(Side::Target)
-                );
-            };
-            match types::misfit(&self.table, after) {
-                Some(reason) => rejected.push(Rejected {
-                    table: self.table.name.to_string(),
-                    key: key_text(&self.table, after),
-                    reason: format!("target: {reason}"),
-                    record: None,
-                    change: None,
-                }),
-                None => rows.push(after),
-            }
-        }
+        let (rows, rejected) = crate::lake::rows::copied_rows(types::FORMAT, &self.table, batch)?;
         if rows.is_empty() {
             return Ok(rejected);
         }

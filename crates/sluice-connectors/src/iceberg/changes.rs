@@ -44,6 +44,11 @@ fn pick(mut small: Vec<(&str, u64)>, round_bytes: u64) -> Vec<(&str, u64)> {
     picked
 }
 
+/// How often the stream deletes the files its tables no longer reference...
+const CLEAN_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+/// ...once they are this old (a writer's files before its commit are younger).
+const CLEAN_GRACE: std::time::Duration = std::time::Duration::from_secs(3 * 3_600);
+
 /// The table property holding the stream's last group in a table.
 fn stream_property(job: &str) -> String {
     format!("sluice.stream.{job}")
@@ -62,6 +67,9 @@ pub(super) struct IcebergChanges {
     publishing: Vec<(TableName, TableName)>,
     /// The last committed group.
     group: i64,
+    /// Tables the stream changed since it last deleted unreferenced files, and when that was.
+    touched: HashSet<TableName>,
+    cleaned: std::time::Instant,
 }
 
 impl IcebergChanges {
@@ -74,6 +82,8 @@ impl IcebergChanges {
             truncating: Vec::new(),
             publishing: Vec::new(),
             group: 0,
+            touched: HashSet::new(),
+            cleaned: std::time::Instant::now(),
         }
     }
 
@@ -192,6 +202,25 @@ impl IcebergChanges {
         Ok(())
     }
 
+    /// Deletes the files that the tables changed since the last time no longer reference (the
+    /// files of expired snapshots, of rewritten manifests, of writers that died before their
+    /// commit); a failure is logged, never the stream's.
+    async fn clean(&mut self) {
+        for name in std::mem::take(&mut self.touched) {
+            let cleaned = match self.warehouse.open(&name).await {
+                Ok(Some(table)) => table.remove_unreferenced(&self.warehouse.io, CLEAN_GRACE).await,
+                Ok(None) => Ok(0),
+                Err(error) => Err(error),
+            };
+            match cleaned {
+                Ok(0) => {}
+                Ok(files) => log::debug!("Iceberg table {name}: {files} unreferenced files deleted"),
+                Err(error) => log::warn!("Iceberg table {name}: unreferenced files not deleted: {error}"),
+            }
+        }
+        self.cleaned = std::time::Instant::now();
+    }
+
     /// One try at committing the group: every touched table merged and staged, then moved
     /// together in the catalog.
     async fn try_commit(&self, mark: &StreamMark) -> Result<()> {
@@ -223,7 +252,7 @@ impl IcebergChanges {
         }
         let catalog = self.warehouse.catalog();
         for (hidden, own) in &self.publishing {
-            if catalog.metadata_of(own)?.is_some() {
+            if catalog.metadata_of(own).await?.is_some() {
                 continue;
             }
             let copy = match moved.remove(hidden) {
@@ -242,7 +271,7 @@ impl IcebergChanges {
         if pointers.is_empty() {
             return Ok(());
         }
-        self.warehouse.commit(&self.job, &pointers)
+        self.warehouse.commit(&self.job, &pointers).await
     }
 }
 
@@ -295,7 +324,7 @@ impl ChangeWriter for IcebergChanges {
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
         let property = stream_property(&self.job);
         let mut last: Option<StreamMark> = None;
-        for (name, metadata) in self.warehouse.catalog().tables()? {
+        for (name, metadata) in self.warehouse.catalog().tables().await? {
             let table = IcebergTable::load(&self.warehouse.io, &name, &metadata).await?;
             let Some(text) = table.property(&property) else { continue };
             let mark: StreamMark = serde_json::from_str(text).map_err(|error| {
@@ -320,10 +349,15 @@ impl ChangeWriter for IcebergChanges {
             }
         }
         self.group = mark.group;
+        self.touched.extend(self.staged.iter().map(|staged| staged.table.name.clone()));
+        self.touched.extend(self.publishing.iter().map(|(_, own)| own.clone()));
         self.staged.clear();
         self.reshaped.clear();
         self.truncating.clear();
         self.publishing.clear();
+        if self.cleaned.elapsed() >= CLEAN_EVERY {
+            self.clean().await;
+        }
         Ok(())
     }
 
@@ -367,16 +401,7 @@ impl FoldedChangeWriter for IcebergChanges {
     /// An Iceberg table's files hold whole rows: a row that keeps values its update left
     /// unchanged (and the source did not send) cannot be written.
     async fn update(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Updated> {
-        Err(Error::new(
-            ErrorKind::Write,
-            format!(
-                "table {}: {} updated row(s) keep values the source's log did not carry; an Iceberg table's files hold whole rows",
-                table.name,
-                rows.len()
-            ),
-        )
-        .on(Side::Target)
-        .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job"))
+        Err(rows::partial_update(types::FORMAT, table, rows.len()))
     }
 
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], expect_all: bool) -> Result<()> {
@@ -384,21 +409,8 @@ impl FoldedChangeWriter for IcebergChanges {
     }
 
     /// Stages the rows; one with a value its Iceberg column cannot hold is left out and returned.
-    async fn insert(&mut self, table: &TableSchema, rows: &[Row]) -> Result<Vec<Refused>> {
-        let refused: Vec<Refused> = rows
-            .iter()
-            .enumerate()
-            .filter_map(|(index, row)| {
-                rows::misfit(types::FORMAT, table, row)
-                    .map(|reason| Refused { index, reason: format!("target: {reason}") })
-            })
-            .collect();
-        let kept: Vec<Row> = rows
-            .iter()
-            .enumerate()
-            .filter(|(index, _)| !refused.iter().any(|refused| refused.index == *index))
-            .map(|(_, row)| row.clone())
-            .collect();
+    async fn insert(&mut self, table: &TableSchema, inserted: &[Row]) -> Result<Vec<Refused>> {
+        let (kept, refused) = rows::inserted_rows(types::FORMAT, table, inserted);
         self.staged(table)?.insert(&kept)?;
         Ok(refused)
     }

@@ -84,13 +84,13 @@ impl Warehouse {
     }
 
     /// Moves catalog pointers together, checking the job's fence when the task has one.
-    fn commit(&self, job: &str, pointers: &[Pointer]) -> Result<()> {
-        self.catalog().commit(pointers, self.fence.as_ref().map(|fence| (job, fence)))
+    async fn commit(&self, job: &str, pointers: &[Pointer]) -> Result<()> {
+        self.catalog().commit(pointers, self.fence.as_ref().map(|fence| (job, fence))).await
     }
 
     /// The table at the catalog's current metadata file, if it has it.
     async fn open(&self, name: &TableName) -> Result<Option<IcebergTable>> {
-        match self.catalog().metadata_of(name)? {
+        match self.catalog().metadata_of(name).await? {
             Some(metadata) => Ok(Some(IcebergTable::load(&self.io, name, &metadata).await?)),
             None => Ok(None),
         }
@@ -120,7 +120,7 @@ impl Warehouse {
         let table = IcebergTable::create(&self.io, schema, &location.to_string_lossy()).await?;
         let created = Pointer::Create { table: schema.name.clone(), metadata: table.metadata_file.clone() };
         // Unfenced: creating a table that is missing changes no row, and an existing one stays.
-        match self.catalog().commit(&[created], None) {
+        match self.catalog().commit(&[created], None).await {
             Ok(()) => Ok(table),
             // Another writer of the same table created it first.
             Err(error) if error.kind() == ErrorKind::Conflict => {
@@ -147,7 +147,7 @@ impl Warehouse {
                 from: table.metadata_file.clone(),
                 to: staged.metadata_file.clone(),
             };
-            match self.commit(job, &[pointer]) {
+            match self.commit(job, &[pointer]).await {
                 Ok(()) => return Ok(staged),
                 Err(error) if error.kind() == ErrorKind::Conflict => last = Some(error),
                 Err(error) => return Err(error),
@@ -181,11 +181,11 @@ impl Sink for IcebergSink {
         let mut items = crate::file::check_directory(&self.warehouse.options.warehouse)?;
         items[0].what = "Iceberg warehouse directory".into();
         let catalog = self.warehouse.catalog();
-        items.push(match catalog.tables() {
+        items.push(match catalog.tables().await {
             Ok(tables) => CheckItem {
                 what: "Iceberg catalog".into(),
                 ok: true,
-                detail: format!("{} (catalog {}): {} tables", catalog.file().display(), catalog.name, tables.len()),
+                detail: format!("{} (catalog {}): {} tables", catalog.shown(), catalog.name, tables.len()),
             },
             Err(error) => CheckItem { what: "Iceberg catalog".into(), ok: false, detail: error.to_string() },
         });
@@ -255,7 +255,7 @@ impl Sink for IcebergSink {
             let hidden = TableName { namespace: own.namespace.clone(), name: format!("{HIDDEN_PREFIX}{}", own.name) };
             for name in [own, hidden] {
                 let Some(found) = self.warehouse.open(&name).await? else { continue };
-                self.warehouse.catalog().drop_table(&name)?;
+                self.warehouse.catalog().drop_table(&name).await?;
                 match std::fs::remove_dir_all(found.location()) {
                     Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                         return Err(Error::new(
@@ -273,7 +273,7 @@ impl Sink for IcebergSink {
 
     async fn claim(&self, job: &str) -> Result<()> {
         match &self.warehouse.fence {
-            Some(fence) => self.warehouse.catalog().claim(job, fence),
+            Some(fence) => self.warehouse.catalog().claim(job, fence).await,
             None => Ok(()),
         }
     }
@@ -294,7 +294,7 @@ impl FoldedChangeSink for IcebergSink {
     async fn existing_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
         let mut existing = Vec::new();
         for name in tables {
-            if self.warehouse.catalog().metadata_of(name)?.is_some() {
+            if self.warehouse.catalog().metadata_of(name).await?.is_some() {
                 existing.push(name.clone());
             }
         }

@@ -273,6 +273,51 @@ impl IcebergTable {
             .with_schema_id(staged.current_schema_id())
             .build())
     }
+
+    /// Deletes the files under the table's `data/` and `metadata/` that neither this metadata,
+    /// the metadata files it logs, nor any of its snapshots reference, and that were last written
+    /// longer than `grace` ago (a writer's files before its commit are younger). Returns how many.
+    pub(super) async fn remove_unreferenced(&self, io: &FileIO, grace: std::time::Duration) -> Result<usize> {
+        let failed = |error: iceberg::Error| iceberg_error(format_args!("clean Iceberg table {}", self.name), error);
+        let plain = |path: &str| path.strip_prefix("file://").unwrap_or(path).to_owned();
+        let mut referenced: HashSet<String> = HashSet::new();
+        referenced.insert(plain(&self.metadata_file));
+        referenced.extend(self.metadata.metadata_log().iter().map(|log| plain(&log.metadata_file)));
+        let mut manifests = HashSet::new();
+        for snapshot in self.metadata.snapshots() {
+            referenced.insert(plain(snapshot.manifest_list()));
+            let bytes = io.new_input(snapshot.manifest_list()).map_err(failed)?.read().await.map_err(failed)?;
+            let list = ManifestList::parse_with_version(&bytes, self.metadata.format_version()).map_err(failed)?;
+            for manifest in list.entries() {
+                if !manifests.insert(manifest.manifest_path.clone()) {
+                    continue;
+                }
+                referenced.insert(plain(&manifest.manifest_path));
+                for entry in manifest.load_manifest(io).await.map_err(failed)?.entries() {
+                    if entry.is_alive() {
+                        referenced.insert(plain(entry.file_path()));
+                    }
+                }
+            }
+        }
+        let cutoff = std::time::SystemTime::now() - grace;
+        let mut removed = 0;
+        for directory in ["data", "metadata"] {
+            let directory = std::path::Path::new(self.location()).join(directory);
+            let Ok(entries) = std::fs::read_dir(&directory) else { continue };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let old = entry.metadata().and_then(|metadata| metadata.modified()).is_ok_and(|at| at < cutoff);
+                if old && path.is_file() && !referenced.contains(path.to_string_lossy().as_ref()) {
+                    match std::fs::remove_file(&path) {
+                        Ok(()) => removed += 1,
+                        Err(error) => log::warn!("Iceberg table {}: remove {}: {error}", self.name, path.display()),
+                    }
+                }
+            }
+        }
+        Ok(removed)
+    }
 }
 
 /// A snapshot id the table does not have yet.
@@ -299,4 +344,61 @@ fn expired(metadata: &TableMetadata) -> Vec<i64> {
         .filter(|(at, id)| *at < oldest_kept && Some(*id) != current)
         .map(|(_, id)| *id)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iceberg::files::DataWriter;
+    use arrow_array::{Int64Array, RecordBatch};
+    use sluice_core::{Column, DataType};
+
+    #[tokio::test]
+    async fn files_no_snapshot_references_are_deleted_and_the_others_kept() {
+        let directory = tempfile::tempdir().unwrap();
+        let location = directory.path().join("t").to_string_lossy().into_owned();
+        let io = FileIO::new_with_fs();
+        let schema = TableSchema {
+            name: TableName::parse("d.t"),
+            columns: vec![Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false)],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+            details: Default::default(),
+        };
+        let table = IcebergTable::create(&io, &schema, &location).await.unwrap();
+        let arrow = table.arrow_schema().unwrap();
+        let mut writer = DataWriter::new(&location, arrow.clone(), table.spec_id(), 1 << 20);
+        let ids = RecordBatch::try_new(arrow.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
+        writer.write(&ids).unwrap();
+        let first = writer.finish().unwrap();
+        let table =
+            table.stage(&io, &FileChanges { added: first.clone(), ..FileChanges::default() }, None).await.unwrap();
+        // A second commit replaces the first file; a third file is never committed.
+        writer.write(&ids).unwrap();
+        let second = writer.finish().unwrap();
+        let removed = HashSet::from([first[0].file_path().to_owned()]);
+        let table = table
+            .stage(&io, &FileChanges { added: second.clone(), removed, ..FileChanges::default() }, None)
+            .await
+            .unwrap();
+        writer.write(&ids).unwrap();
+        let orphan = writer.finish().unwrap();
+        assert_eq!(table.remove_unreferenced(&io, std::time::Duration::ZERO).await.unwrap(), 1);
+        assert!(!std::path::Path::new(orphan[0].file_path()).exists());
+        // The first file is still in the first snapshot, which readers may travel back to.
+        assert!(std::path::Path::new(first[0].file_path()).exists());
+        assert!(std::path::Path::new(second[0].file_path()).exists());
+        let live = table.live_files(&io).await.unwrap();
+        assert_eq!(
+            live.iter().map(|entry| entry.file_path().to_owned()).collect::<Vec<_>>(),
+            vec![second[0].file_path().to_owned()]
+        );
+        // Nothing the table references was deleted: it reads as before.
+        assert!(IcebergTable::load(&io, &table.name, &table.metadata_file)
+            .await
+            .unwrap()
+            .live_files(&io)
+            .await
+            .is_ok());
+    }
 }

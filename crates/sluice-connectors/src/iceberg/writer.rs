@@ -5,9 +5,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_core::change::{key_text, Batch, ChangeKind, Rejected, Row};
+use sluice_core::change::{Batch, Rejected};
 use sluice_core::connector::{Checkpoint, TableWriter};
-use sluice_core::{Error, ErrorKind, Result, Side, TableSchema};
+use sluice_core::{Result, TableSchema};
 
 use super::files::DataWriter;
 use super::table::{iceberg_error, FileChanges};
@@ -64,25 +64,7 @@ impl TableWriter for CopyWriter {
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
-        let mut rejected = Vec::new();
-        let mut accepted: Vec<&Row> = Vec::with_capacity(batch.changes.len());
-        for change in &batch.changes {
-            let ChangeKind::Insert { after } = &change.kind else {
-                return Err(
-                    Error::new(ErrorKind::Write, "a copy into an Iceberg table takes inserts only").on(Side::Target)
-                );
-            };
-            match rows::misfit(types::FORMAT, &self.table, after) {
-                Some(reason) => rejected.push(Rejected {
-                    table: self.table.name.to_string(),
-                    key: key_text(&self.table, after),
-                    reason: format!("target: {reason}"),
-                    record: None,
-                    change: None,
-                }),
-                None => accepted.push(after),
-            }
-        }
+        let (accepted, rejected) = rows::copied_rows(types::FORMAT, &self.table, batch)?;
         if accepted.is_empty() {
             return Ok(rejected);
         }

@@ -3,7 +3,8 @@
 
 use arrow_array::{new_null_array, ArrayRef, RecordBatch};
 use arrow_schema::SchemaRef;
-use sluice_core::change::Row;
+use sluice_core::change::{key_text, Batch, ChangeKind, Rejected, Row};
+use sluice_core::connector::Refused;
 use sluice_core::{Error, ErrorKind, Result, Side, TableSchema, Value};
 
 use super::Format;
@@ -106,4 +107,63 @@ pub(crate) fn conform(
 fn read_error(column: &str, error: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Write, format!("column {column} of a data file cannot be read as the table's type: {error}"))
         .on(Side::Target)
+}
+
+/// A copy's batch split into the rows the table takes and those it refuses for their content
+/// (rejected with their key and reason). A change other than an insert is an error.
+pub(crate) fn copied_rows<'a>(
+    format: Format,
+    table: &TableSchema,
+    batch: &'a Batch,
+) -> Result<(Vec<&'a Row>, Vec<Rejected>)> {
+    let mut rejected = Vec::new();
+    let mut rows = Vec::with_capacity(batch.changes.len());
+    for change in &batch.changes {
+        let ChangeKind::Insert { after } = &change.kind else {
+            return Err(Error::new(
+                ErrorKind::Write,
+                format!("a copy into a {} table takes inserts only", format.name),
+            )
+            .on(Side::Target));
+        };
+        match misfit(format, table, after) {
+            Some(reason) => rejected.push(Rejected {
+                table: table.name.to_string(),
+                key: key_text(table, after),
+                reason: format!("target: {reason}"),
+                record: None,
+                change: None,
+            }),
+            None => rows.push(after),
+        }
+    }
+    Ok((rows, rejected))
+}
+
+/// A change stream's inserted rows split into those the table takes and those it refuses for
+/// their content (with their index and reason).
+pub(crate) fn inserted_rows(format: Format, table: &TableSchema, rows: &[Row]) -> (Vec<Row>, Vec<Refused>) {
+    let mut refused = Vec::new();
+    let mut kept = Vec::with_capacity(rows.len());
+    for (index, row) in rows.iter().enumerate() {
+        match misfit(format, table, row) {
+            Some(reason) => refused.push(Refused { index, reason: format!("target: {reason}") }),
+            None => kept.push(row.clone()),
+        }
+    }
+    (kept, refused)
+}
+
+/// The error of an update whose rows keep values the source's log did not carry: a lake table's
+/// files hold whole rows, so such a row cannot be written.
+pub(crate) fn partial_update(format: Format, table: &TableSchema, rows: usize) -> Error {
+    Error::new(
+        ErrorKind::Write,
+        format!(
+            "table {}: {rows} updated row(s) keep values the source's log did not carry; a {} table's files hold whole rows",
+            table.name, format.name
+        ),
+    )
+    .on(Side::Target)
+    .hint("make the source log whole rows (PostgreSQL: ALTER TABLE ... REPLICA IDENTITY FULL), then reset the job")
 }

@@ -59,7 +59,7 @@ pub(crate) fn endpoint(url: &Secret, side: Side) -> Result<(tokio_postgres::Conf
 }
 
 /// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC.
-async fn connect(url: &Secret, side: Side, server: &str) -> Result<Client, Error> {
+pub(crate) async fn connect(url: &Secret, side: Side, server: &str) -> Result<Client, Error> {
     let (config, mode, tls) = endpoint(url, side)?;
     let connector = match mode {
         SslMode::Disable => None,

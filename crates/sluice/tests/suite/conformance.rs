@@ -221,7 +221,8 @@ fn fixtures() -> Vec<Fixture> {
             target_url: no_url,
             // Read by an independent reader, pyiceberg.
             item_ids: |workspace, _| {
-                let rows = support::iceberg::rows(&workspace.path("out-iceberg/catalog.db"), "default.items", &["id"]);
+                let catalog = support::iceberg::Catalog::sqlite(&workspace.path("out-iceberg/catalog.db"));
+                let rows = support::iceberg::rows(&catalog, "default.items", &["id"]);
                 sorted(rows.iter().map(|line| line.parse().expect("an id")).collect())
             },
             source: None,

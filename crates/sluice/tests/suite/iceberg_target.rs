@@ -40,6 +40,11 @@ impl IcebergJob {
         self.workspace.path("catalog.db")
     }
 
+    /// The catalog as pyiceberg names it.
+    fn reader(&self) -> iceberg::Catalog {
+        iceberg::Catalog::sqlite(&self.catalog())
+    }
+
     fn table(&self, table: &str) -> String {
         format!("{}.{table}", self.database)
     }
@@ -169,7 +174,7 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
     let output = child.into_inner().wait_with_output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 
-    let catalog = job.catalog();
+    let catalog = job.reader();
     let accounts = ["id", "balance", "note"];
     assert_eq!(iceberg::rows(&catalog, &job.table("accounts"), &accounts), job.source_rows("accounts", &accounts));
     let items = ["id", "v", "note"];
@@ -288,7 +293,7 @@ fn an_iceberg_job_on_a_cluster_survives_a_killed_and_a_paused_node() {
         iceberg::stream_position(&job.catalog(), &job.name).is_some_and(|at| at >= source)
     });
 
-    let catalog = job.catalog();
+    let catalog = job.reader();
     let accounts = ["id", "balance"];
     assert_eq!(
         iceberg::rows(&catalog, &job.table("accounts"), &accounts),
@@ -374,7 +379,7 @@ fn every_type_reaches_an_iceberg_table_as_readers_expect() {
         "small",
         "signed_tiny",
     ];
-    let rows = iceberg::rows(&job.catalog(), &job.table("types"), &names);
+    let rows = iceberg::rows(&job.reader(), &job.table("types"), &names);
     let full = |id: u32, name: &str| {
         format!(
             "{id}\t255\t18446744073709551615\t-12.50\t-99999999999999999999999999999999999.999999999999999999999999999999\t\
@@ -387,7 +392,7 @@ fn every_type_reaches_an_iceberg_table_as_readers_expect() {
 
     // Another writer deletes a row through the catalog: verify finds it missing by its key, and
     // an Iceberg table is not repaired (its changes come from the job's stream alone).
-    iceberg::delete(&job.catalog(), &job.table("types"), "id = 3");
+    iceberg::delete(&job.reader(), &job.table("types"), "id = 3");
     let (found, report) = verify();
     assert_eq!(found.code, 1, "{}", found.all());
     assert_eq!(
@@ -403,4 +408,52 @@ fn every_type_reaches_an_iceberg_table_as_readers_expect() {
     let problems = report["tables"][0]["problems"].to_string();
     assert!(problems.contains("an Iceberg target takes changes from its job's stream only"), "{problems}");
     assert_eq!(report["tables"][0]["repaired"], 0, "{}", refused.stdout);
+}
+
+/// The catalog in a PostgreSQL database instead of a SQLite file (its URI's password from a
+/// variable): the copy and the stream under a load land in the catalog's tables, which pyiceberg
+/// reads through the same database; the password appears in no output.
+#[test]
+fn an_iceberg_catalog_in_postgresql_takes_the_copy_and_the_stream() {
+    let database = unique_name("iceberg_pg");
+    create_tables(&database);
+    let workspace = Workspace::new();
+    let name = database.replace('_', "-");
+    let target = format!(
+        "target:\n  type: iceberg\n  catalog: {{type: sql, uri: \"${{TARGET}}\", name: {database}}}\n  warehouse: warehouse\n  commit_interval_secs: 1\n"
+    );
+    let text = format!(
+        "name: {name}\nmode: snapshot+cdc\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n{target}limits: {{batch_rows: 100, split_rows: 50}}\n"
+    );
+    let file = workspace.write("job.yaml", &text);
+    let load = Load::start(&database, Random::from_environment("an_iceberg_catalog_in_postgresql"), 200);
+    let mut child = workspace.start_run(&file, &mysql_url(), &support::postgres_url(), &[]);
+    let catalog = iceberg::Catalog::postgres(&support::postgres_url(), &database);
+    let table = format!("{database}.accounts");
+    wait_for("the tables in the PostgreSQL catalog", Duration::from_secs(120), || {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
+        iceberg::exists(&catalog, &table)
+    });
+    load.stop();
+    let accounts = ["id", "balance"];
+    let source = || -> Vec<String> {
+        mariadb(&format!("SELECT id, balance FROM {database}.accounts ORDER BY id"))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    wait_for("the stream to reach the source", Duration::from_secs(120), || {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended:\n{}", child.stderr_text());
+        iceberg::rows(&catalog, &table, &accounts) == source()
+    });
+    signal(&child, "TERM");
+    let output = child.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let password = std::env::var("SLUICE_TEST_PASSWORD").unwrap_or_else(|_| "sluice-test-pw".into());
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!printed.contains(&password), "the catalog's password was printed:\n{printed}");
+    let total = (ACCOUNTS * 1000) as i64;
+    for (index, snapshot) in iceberg::snapshots(&catalog, &table, "id", "balance").iter().enumerate() {
+        assert_eq!((snapshot.rows, snapshot.sum), (ACCOUNTS, total), "snapshot {index} of accounts");
+    }
 }

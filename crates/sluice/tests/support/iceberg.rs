@@ -10,9 +10,8 @@ use std::process::Command;
 const ROWS: &str = r#"
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
-database, table, columns = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-catalog = SqlCatalog("lake", uri="sqlite:///" + database)
-arrow = catalog.load_table(table).scan().to_arrow()
+name, uri, table, columns = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+arrow = SqlCatalog(name, uri=uri).load_table(table).scan().to_arrow()
 values = [arrow.column(name).to_pylist() if name in arrow.column_names else [None] * arrow.num_rows for name in columns]
 for row in sorted(zip(*values), key=lambda row: row[0]):
     print("\t".join("NULL" if value is None else str(value) for value in row))
@@ -22,8 +21,8 @@ for row in sorted(zip(*values), key=lambda row: row[0]):
 const SNAPSHOTS: &str = r#"
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
-database, table, key, summed = sys.argv[1:5]
-loaded = SqlCatalog("lake", uri="sqlite:///" + database).load_table(table)
+name, uri, table, key, summed = sys.argv[1:6]
+loaded = SqlCatalog(name, uri=uri).load_table(table)
 for snapshot in sorted(loaded.snapshots(), key=lambda snapshot: snapshot.sequence_number):
     arrow = loaded.scan(snapshot_id=snapshot.snapshot_id, selected_fields=(key, summed)).to_arrow()
     keys = arrow.column(key).to_pylist()
@@ -35,16 +34,24 @@ for snapshot in sorted(loaded.snapshots(), key=lambda snapshot: snapshot.sequenc
 const FILES: &str = r#"
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
-database, table = sys.argv[1], sys.argv[2]
-print(len(list(SqlCatalog("lake", uri="sqlite:///" + database).load_table(table).scan().plan_files())))
+name, uri, table = sys.argv[1:4]
+print(len(list(SqlCatalog(name, uri=uri).load_table(table).scan().plan_files())))
+"#;
+
+/// Whether a table is in the catalog: 1 or 0.
+const EXISTS: &str = r#"
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+name, uri, table = sys.argv[1:4]
+print(int(SqlCatalog(name, uri=uri).table_exists(table)))
 "#;
 
 /// Deletes the rows matching a filter from a table, as another writer would.
 const DELETE: &str = r#"
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
-database, table, predicate = sys.argv[1], sys.argv[2], sys.argv[3]
-SqlCatalog("lake", uri="sqlite:///" + database).load_table(table).delete(predicate)
+name, uri, table, predicate = sys.argv[1:5]
+SqlCatalog(name, uri=uri).load_table(table).delete(predicate)
 "#;
 
 /// The stream's checkpoint with the largest group among the catalog's tables.
@@ -68,6 +75,31 @@ if best and best["checkpoint"].get("position"):
     print(at["file"].rsplit(".", 1)[1], at["position"])
 "#;
 
+/// A SQL catalog as pyiceberg names it: its name and its SQLAlchemy URI.
+pub struct Catalog {
+    pub name: String,
+    pub uri: String,
+}
+
+impl Catalog {
+    /// The catalog `lake` in a SQLite file.
+    pub fn sqlite(path: &Path) -> Catalog {
+        Catalog { name: "lake".into(), uri: format!("sqlite:///{}", path.display()) }
+    }
+
+    /// The catalog `name` in the PostgreSQL database of `url` (`postgres://…`).
+    pub fn postgres(url: &str, name: &str) -> Catalog {
+        let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+        Catalog { name: name.into(), uri: format!("postgresql+psycopg2://{rest}") }
+    }
+
+    fn run(&self, script: &str, arguments: &[&str]) -> String {
+        let mut all = vec![self.name.as_str(), self.uri.as_str()];
+        all.extend_from_slice(arguments);
+        run(&super::lake::python(), script, &all)
+    }
+}
+
 fn run(python: &str, script: &str, arguments: &[&str]) -> String {
     let output = Command::new(python).arg("-c").arg(script).args(arguments).output().expect("the Iceberg reader runs");
     assert!(output.status.success(), "the Iceberg reader failed: {}", String::from_utf8_lossy(&output.stderr));
@@ -75,21 +107,23 @@ fn run(python: &str, script: &str, arguments: &[&str]) -> String {
 }
 
 /// The rows of `columns` of `table` (`namespace.name`), sorted by the first, as `a\tb` lines.
-pub fn rows(catalog: &Path, table: &str, columns: &[&str]) -> Vec<String> {
-    run(&super::lake::python(), ROWS, &[catalog.to_str().unwrap(), table, &columns.join(",")])
-        .lines()
-        .map(str::to_owned)
-        .collect()
+pub fn rows(catalog: &Catalog, table: &str, columns: &[&str]) -> Vec<String> {
+    catalog.run(ROWS, &[table, &columns.join(",")]).lines().map(str::to_owned).collect()
+}
+
+/// Whether `table` is in the catalog.
+pub fn exists(catalog: &Catalog, table: &str) -> bool {
+    catalog.run(EXISTS, &[table]).trim() == "1"
 }
 
 /// Deletes the rows of `table` matching `predicate` (pyiceberg's filter syntax) with pyiceberg.
-pub fn delete(catalog: &Path, table: &str, predicate: &str) {
-    run(&super::lake::python(), DELETE, &[catalog.to_str().unwrap(), table, predicate]);
+pub fn delete(catalog: &Catalog, table: &str, predicate: &str) {
+    catalog.run(DELETE, &[table, predicate]);
 }
 
 /// The data files of `table`'s current snapshot.
-pub fn data_files(catalog: &Path, table: &str) -> usize {
-    run(&super::lake::python(), FILES, &[catalog.to_str().unwrap(), table]).trim().parse().expect("a count")
+pub fn data_files(catalog: &Catalog, table: &str) -> usize {
+    catalog.run(FILES, &[table]).trim().parse().expect("a count")
 }
 
 /// One snapshot of a table as `snapshots` reads it.
@@ -102,8 +136,9 @@ pub struct Snapshot {
 }
 
 /// Every snapshot of `table`, oldest first.
-pub fn snapshots(catalog: &Path, table: &str, key: &str, summed: &str) -> Vec<Snapshot> {
-    run(&super::lake::python(), SNAPSHOTS, &[catalog.to_str().unwrap(), table, key, summed])
+pub fn snapshots(catalog: &Catalog, table: &str, key: &str, summed: &str) -> Vec<Snapshot> {
+    catalog
+        .run(SNAPSHOTS, &[table, key, summed])
         .lines()
         .map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
@@ -117,7 +152,7 @@ pub fn snapshots(catalog: &Path, table: &str, key: &str, summed: &str) -> Vec<Sn
         .collect()
 }
 
-/// The stream's committed position (file sequence, offset), if it committed.
+/// The stream's committed position (file sequence, offset) in a SQLite catalog, if it committed.
 pub fn stream_position(catalog: &Path, job: &str) -> Option<(u64, u64)> {
     let text = run("python3", POSITION, &[catalog.to_str().unwrap(), job]);
     let mut fields = text.split_whitespace();
