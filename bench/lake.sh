@@ -115,17 +115,16 @@ if names:
   }
   stream_phases Delta "delta_check $lake/sbtest.sbtest1"
 else
-  # stream_position: "sequence offset" of the stream's last group, from the tables' properties.
+  # stream_position: "sequence offset" of the stream's last group, as the catalog records it.
   stream_position() {
     python3 -c '
 import json, sqlite3, sys
 try:
-    rows = sqlite3.connect(sys.argv[1]).execute("SELECT metadata_location FROM iceberg_tables").fetchall()
+    row = sqlite3.connect(sys.argv[1]).execute("SELECT mark FROM sluice_streams WHERE job = ?", ("bench-cdc",)).fetchone()
 except sqlite3.OperationalError:
-    rows = []
-marks = [json.loads(t) for (l,) in rows if (t := json.load(open(l)).get("properties", {}).get("sluice.stream.bench-cdc"))]
-if marks:
-    at = max(marks, key=lambda m: m["group"])["checkpoint"]["position"]["at"]
+    row = None
+if row:
+    at = json.loads(row[0])["checkpoint"]["position"]["at"]
     print(int(at["file"].rsplit(".", 1)[1]), at["position"])' "$lake/catalog.db"
   }
   stream_phases Iceberg "iceberg_check $lake"

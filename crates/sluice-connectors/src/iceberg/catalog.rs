@@ -6,7 +6,8 @@
 //! metadata file its writer started from: so a change stream's group lands in every table it
 //! touches at once or not at all, and a writer that raced another fails instead of undoing it.
 //! A cluster task's fence (`sluice_fences`, beside the catalog's tables) is checked in the same
-//! transaction. Sluice keeps this catalog itself, over `rusqlite` and `tokio-postgres`, because
+//! transaction, and a stream's group records its checkpoint in it (`sluice_streams`), so the
+//! position moves on with groups that change no table too. Sluice keeps this catalog itself, over `rusqlite` and `tokio-postgres`, because
 //! iceberg-rust's SQL catalog needs sqlx, whose SQLite library cannot be linked beside rusqlite's
 //! (docs/decisions/0072).
 
@@ -49,12 +50,21 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS iceberg_tables (
         job VARCHAR(255) NOT NULL,
         task VARCHAR(255) NOT NULL,
         epoch BIGINT NOT NULL,
-        PRIMARY KEY (job, task));";
+        PRIMARY KEY (job, task));
+    CREATE TABLE IF NOT EXISTS sluice_streams (
+        catalog_name VARCHAR(255) NOT NULL,
+        job VARCHAR(255) NOT NULL,
+        mark TEXT NOT NULL,
+        PRIMARY KEY (catalog_name, job));";
 
 const METADATA_OF: &str = "SELECT metadata_location FROM iceberg_tables
     WHERE catalog_name = ?1 AND table_namespace = ?2 AND table_name = ?3";
 const TABLES: &str = "SELECT table_namespace, table_name, metadata_location FROM iceberg_tables
     WHERE catalog_name = ?1 AND metadata_location IS NOT NULL AND (iceberg_type IS NULL OR iceberg_type = 'TABLE')";
+const STREAM: &str = "SELECT mark FROM sluice_streams WHERE catalog_name = ?1 AND job = ?2";
+const MARK: &str = "INSERT INTO sluice_streams (catalog_name, job, mark) VALUES (?1, ?2, ?3)
+    ON CONFLICT (catalog_name, job) DO UPDATE SET mark = excluded.mark";
+const FORGET: &str = "DELETE FROM sluice_streams WHERE catalog_name = ?1 AND job = ?2";
 const FENCE: &str = "SELECT epoch FROM sluice_fences WHERE job = ?1 AND task = ?2";
 const CLAIM: &str = "INSERT INTO sluice_fences (job, task, epoch) VALUES (?1, ?2, ?3)
     ON CONFLICT (job, task) DO UPDATE SET epoch = excluded.epoch";
@@ -244,6 +254,47 @@ impl SqlCatalog {
         }
     }
 
+    /// The mark the job's stream recorded with its last group, if any.
+    pub(super) async fn stream_mark(&self, job: &str) -> Result<Option<String>> {
+        let failed = |error: &dyn std::fmt::Display| catalog_error(format_args!("read the stream of job {job}"), error);
+        match &self.store {
+            Store::Sqlite(path) => Self::sqlite(path)?
+                .query_row(STREAM, rusqlite::params![self.name, job], |row| row.get::<_, String>(0))
+                .optional()
+                .map_err(|error| failed(&error)),
+            Store::Postgres { url, session } => {
+                let mut guard = self.postgres(url, session).await?;
+                let client = guard.as_mut().expect("connected above");
+                let row = client
+                    .query_opt(&postgres_text(STREAM), &[&self.name, &job])
+                    .await
+                    .map_err(|error| failed(&error))?;
+                Ok(row.map(|row| row.get::<_, String>(0)))
+            }
+        }
+    }
+
+    /// Forgets the job's stream mark (`sluice run --restart`).
+    pub(super) async fn forget_stream(&self, job: &str) -> Result<()> {
+        let failed =
+            |error: &dyn std::fmt::Display| catalog_error(format_args!("forget the stream of job {job}"), error);
+        match &self.store {
+            Store::Sqlite(path) => Self::sqlite(path)?
+                .execute(FORGET, rusqlite::params![self.name, job])
+                .map(|_| ())
+                .map_err(|error| failed(&error)),
+            Store::Postgres { url, session } => {
+                let mut guard = self.postgres(url, session).await?;
+                let client = guard.as_mut().expect("connected above");
+                client
+                    .execute(&postgres_text(FORGET), &[&self.name, &job])
+                    .await
+                    .map(|_| ())
+                    .map_err(|error| failed(&error))
+            }
+        }
+    }
+
     /// Takes the job's fence for `fence`'s epoch (`Sink::claim`): from then on a commit of an
     /// older epoch is refused. Refused itself when the catalog holds a newer epoch.
     pub(super) async fn claim(&self, job: &str, fence: &Fence) -> Result<()> {
@@ -284,10 +335,12 @@ impl SqlCatalog {
         }
     }
 
-    /// Applies `pointers` together, each only from the metadata file it names: all of them, or
-    /// none and an `ErrorKind::Conflict` naming the first table another writer moved. With a
-    /// fence, none when the catalog holds a newer epoch of the job's task (`ErrorKind::Fenced`).
-    pub(super) async fn commit(&self, pointers: &[Pointer], fence: Option<(&str, &Fence)>) -> Result<()> {
+    /// Applies `pointers` together, each only from the metadata file it names, with the stream
+    /// mark of `commit.mark` (job, mark): all of them, or none and an `ErrorKind::Conflict`
+    /// naming the first table another writer moved. With a fence, none when the catalog holds a
+    /// newer epoch of the job's task (`ErrorKind::Fenced`).
+    pub(super) async fn commit(&self, pointers: &[Pointer], commit: Commit<'_>) -> Result<()> {
+        let Commit { fence, mark } = commit;
         let failed = |error: &dyn std::fmt::Display| catalog_error("commit", error);
         match &self.store {
             Store::Sqlite(path) => {
@@ -315,6 +368,11 @@ impl SqlCatalog {
                     if transaction.execute(text, parameters.as_slice()).map_err(|error| failed(&error))? != 1 {
                         return Err(conflict(table, &self.name));
                     }
+                }
+                if let Some((job, mark)) = mark {
+                    transaction
+                        .execute(MARK, rusqlite::params![self.name, job, mark])
+                        .map_err(|error| failed(&error))?;
                 }
                 transaction.commit().map_err(|error| failed(&error))
             }
@@ -350,6 +408,12 @@ impl SqlCatalog {
                         return Err(conflict(table, &self.name));
                     }
                 }
+                if let Some((job, mark)) = mark {
+                    transaction
+                        .execute(&postgres_text(MARK), &[&self.name, &job, &mark])
+                        .await
+                        .map_err(|error| failed(&error))?;
+                }
                 transaction.commit().await.map_err(|error| failed(&error))
             }
         }
@@ -375,6 +439,14 @@ impl SqlCatalog {
             }
         }
     }
+}
+
+/// What a commit checks and records besides its pointers: the job's fence (job, fence) and the
+/// stream's mark (job, mark).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Commit<'a> {
+    pub fence: Option<(&'a str, &'a Fence)>,
+    pub mark: Option<(&'a str, &'a str)>,
 }
 
 /// Refuses a fence older than the epoch the catalog holds for its job's task (`held`).
@@ -408,20 +480,26 @@ mod tests {
             Pointer::Create { table: a.clone(), metadata: "a1".into() },
             Pointer::Create { table: b.clone(), metadata: "b1".into() },
         ];
-        catalog.commit(&created, None).await.unwrap();
+        catalog.commit(&created, Commit::default()).await.unwrap();
         // b moved meanwhile: neither moves.
         let raced = [
             Pointer::Move { table: a.clone(), from: "a1".into(), to: "a2".into() },
             Pointer::Move { table: b.clone(), from: "b0".into(), to: "b2".into() },
         ];
-        assert_eq!(catalog.commit(&raced, None).await.unwrap_err().kind(), ErrorKind::Conflict);
+        assert_eq!(catalog.commit(&raced, Commit::default()).await.unwrap_err().kind(), ErrorKind::Conflict);
         assert_eq!(catalog.metadata_of(&a).await.unwrap().as_deref(), Some("a1"));
         let c = TableName::parse("d.c");
         let swapped = [
             Pointer::Create { table: c.clone(), metadata: "c1".into() },
             Pointer::Drop { table: a.clone(), metadata: "a1".into() },
         ];
-        catalog.commit(&swapped, None).await.unwrap();
+        catalog.commit(&swapped, Commit { fence: None, mark: Some(("job", "m1")) }).await.unwrap();
+        assert_eq!(catalog.stream_mark("job").await.unwrap().as_deref(), Some("m1"));
+        // A group that moves no table records its mark alone.
+        catalog.commit(&[], Commit { fence: None, mark: Some(("job", "m2")) }).await.unwrap();
+        assert_eq!(catalog.stream_mark("job").await.unwrap().as_deref(), Some("m2"));
+        catalog.forget_stream("job").await.unwrap();
+        assert_eq!(catalog.stream_mark("job").await.unwrap(), None);
         assert_eq!(catalog.metadata_of(&a).await.unwrap(), None);
         assert_eq!(catalog.metadata_of(&c).await.unwrap().as_deref(), Some("c1"));
         assert_eq!(catalog.tables().await.unwrap().len(), 2);
@@ -435,13 +513,16 @@ mod tests {
         let table = TableName::parse("d.a");
         catalog.claim("job", &old).await.unwrap();
         let created = [Pointer::Create { table: table.clone(), metadata: "a1".into() }];
-        catalog.commit(&created, Some(("job", &old))).await.unwrap();
+        catalog.commit(&created, Commit { fence: Some(("job", &old)), mark: None }).await.unwrap();
         catalog.claim("job", &new).await.unwrap();
         let late = [Pointer::Move { table: table.clone(), from: "a1".into(), to: "a2".into() }];
-        assert_eq!(catalog.commit(&late, Some(("job", &old))).await.unwrap_err().kind(), ErrorKind::Fenced);
+        assert_eq!(
+            catalog.commit(&late, Commit { fence: Some(("job", &old)), mark: None }).await.unwrap_err().kind(),
+            ErrorKind::Fenced
+        );
         assert_eq!(catalog.metadata_of(&table).await.unwrap().as_deref(), Some("a1"));
         assert_eq!(catalog.claim("job", &old).await.unwrap_err().kind(), ErrorKind::Fenced);
-        catalog.commit(&late, Some(("job", &new))).await.unwrap();
+        catalog.commit(&late, Commit { fence: Some(("job", &new)), mark: None }).await.unwrap();
     }
 
     #[test]

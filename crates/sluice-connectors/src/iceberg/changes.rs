@@ -268,10 +268,8 @@ impl IcebergChanges {
             pointers.push(Pointer::Create { table: own.clone(), metadata: published.metadata_file });
             pointers.push(Pointer::Drop { table: hidden.clone(), metadata: copy.metadata_file });
         }
-        if pointers.is_empty() {
-            return Ok(());
-        }
-        self.warehouse.commit(&self.job, &pointers).await
+        // A group that changes no table records its position too, so the stream moves on.
+        self.warehouse.commit(&self.job, &pointers, Some(&text)).await
     }
 }
 
@@ -319,19 +317,28 @@ fn unsupported(table: &TableName, what: &str) -> Error {
 
 #[async_trait]
 impl ChangeWriter for IcebergChanges {
-    /// The checkpoint of the stream's last group: the largest group any table of the catalog
-    /// records for the job (a group moves all its tables at once).
+    /// The checkpoint of the stream's last group, as the catalog records it with each group;
+    /// else (a catalog whose record is gone) the largest group any of its tables records for the
+    /// job (a group moves all its tables at once).
     async fn recover(&mut self) -> Result<Option<Checkpoint>> {
-        let property = stream_property(&self.job);
-        let mut last: Option<StreamMark> = None;
-        for (name, metadata) in self.warehouse.catalog().tables().await? {
-            let table = IcebergTable::load(&self.warehouse.io, &name, &metadata).await?;
-            let Some(text) = table.property(&property) else { continue };
-            let mark: StreamMark = serde_json::from_str(text).map_err(|error| {
-                iceberg_error(format_args!("read the stream's checkpoint in Iceberg table {name}"), error)
-            })?;
-            if last.as_ref().is_none_or(|last| mark.group > last.group) {
-                last = Some(mark);
+        let parse = |text: &str, place: &dyn std::fmt::Display| -> Result<StreamMark> {
+            serde_json::from_str(text)
+                .map_err(|error| iceberg_error(format_args!("read the stream's checkpoint in {place}"), error))
+        };
+        let catalog = self.warehouse.catalog();
+        let mut last = match catalog.stream_mark(&self.job).await? {
+            Some(text) => Some(parse(&text, &format_args!("catalog {}", catalog.name))?),
+            None => None,
+        };
+        if last.is_none() {
+            let property = stream_property(&self.job);
+            for (name, metadata) in catalog.tables().await? {
+                let table = IcebergTable::load(&self.warehouse.io, &name, &metadata).await?;
+                let Some(text) = table.property(&property) else { continue };
+                let mark = parse(text, &format_args!("Iceberg table {name}"))?;
+                if last.as_ref().is_none_or(|last| mark.group > last.group) {
+                    last = Some(mark);
+                }
             }
         }
         self.group = last.as_ref().map_or(0, |mark| mark.group);

@@ -37,7 +37,7 @@ use sluice_core::connector::{
 use sluice_core::names::HIDDEN_PREFIX;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
-use catalog::{Pointer, SqlCatalog};
+use catalog::{Commit, Pointer, SqlCatalog};
 use table::{FileChanges, IcebergTable};
 
 /// How many times a commit is tried again after another writer moved one of its tables.
@@ -83,9 +83,11 @@ impl Warehouse {
         &self.options.catalog
     }
 
-    /// Moves catalog pointers together, checking the job's fence when the task has one.
-    async fn commit(&self, job: &str, pointers: &[Pointer]) -> Result<()> {
-        self.catalog().commit(pointers, self.fence.as_ref().map(|fence| (job, fence))).await
+    /// Moves catalog pointers together (with the stream's `mark`, if given), checking the job's
+    /// fence when the task has one.
+    async fn commit(&self, job: &str, pointers: &[Pointer], mark: Option<&str>) -> Result<()> {
+        let fence = self.fence.as_ref().map(|fence| (job, fence));
+        self.catalog().commit(pointers, Commit { fence, mark: mark.map(|mark| (job, mark)) }).await
     }
 
     /// The table at the catalog's current metadata file, if it has it.
@@ -120,7 +122,7 @@ impl Warehouse {
         let table = IcebergTable::create(&self.io, schema, &location.to_string_lossy()).await?;
         let created = Pointer::Create { table: schema.name.clone(), metadata: table.metadata_file.clone() };
         // Unfenced: creating a table that is missing changes no row, and an existing one stays.
-        match self.catalog().commit(&[created], None).await {
+        match self.catalog().commit(&[created], Commit::default()).await {
             Ok(()) => Ok(table),
             // Another writer of the same table created it first.
             Err(error) if error.kind() == ErrorKind::Conflict => {
@@ -147,7 +149,7 @@ impl Warehouse {
                 from: table.metadata_file.clone(),
                 to: staged.metadata_file.clone(),
             };
-            match self.commit(job, &[pointer]).await {
+            match self.commit(job, &[pointer], None).await {
                 Ok(()) => return Ok(staged),
                 Err(error) if error.kind() == ErrorKind::Conflict => last = Some(error),
                 Err(error) => return Err(error),
@@ -245,8 +247,10 @@ impl Sink for IcebergSink {
         Ok(())
     }
 
-    /// Drops the tables (their hidden copies too) from the catalog and deletes their files.
-    async fn reset(&self, _job: &str, tables: &[TableTasks]) -> Result<()> {
+    /// Drops the tables (their hidden copies too) from the catalog and deletes their files, and
+    /// forgets the job's stream.
+    async fn reset(&self, job: &str, tables: &[TableTasks]) -> Result<()> {
+        self.warehouse.catalog().forget_stream(job).await?;
         for table in tables {
             let own = TableName {
                 namespace: table.table.namespace.clone(),

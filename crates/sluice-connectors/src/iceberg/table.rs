@@ -21,6 +21,9 @@ use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 use super::files::unique_name;
 use super::types;
 
+/// A commit to a table listing this many manifests writes their live entries into one.
+const MERGE_MANIFESTS: usize = 16;
+
 /// Snapshots kept at least, whatever their age...
 const KEEP_SNAPSHOTS: usize = 100;
 /// ...and those younger than this.
@@ -204,21 +207,35 @@ impl IcebergTable {
         };
         let mut manifests = Vec::new();
         let (mut removed_files, mut removed_rows, mut total_rows, mut total_files) = (0u64, 0u64, 0u64, 0u64);
-        for manifest in self.manifests(io).await? {
-            let loaded =
-                if changes.removed.is_empty() { None } else { Some(manifest.load_manifest(io).await.map_err(failed)?) };
-            let touched = loaded.as_ref().is_some_and(|loaded| {
-                loaded.entries().iter().any(|entry| entry.is_alive() && changes.removed.contains(entry.file_path()))
-            });
-            if !touched {
-                total_rows += manifest.added_rows_count.unwrap_or(0) + manifest.existing_rows_count.unwrap_or(0);
-                total_files +=
-                    u64::from(manifest.added_files_count.unwrap_or(0) + manifest.existing_files_count.unwrap_or(0));
-                manifests.push(manifest);
-                continue;
+        // The manifests listing a removed file are written again; all of them, into one, once a
+        // table has gathered many (each commit adds one), so reading a table stays a few reads.
+        let listed = self.manifests(io).await?;
+        let merge_all = listed.len() >= MERGE_MANIFESTS;
+        let mut rewritten = Vec::new();
+        for manifest in listed {
+            let loaded = if merge_all || !changes.removed.is_empty() {
+                Some(manifest.load_manifest(io).await.map_err(failed)?)
+            } else {
+                None
+            };
+            let touched = merge_all
+                || loaded.as_ref().is_some_and(|loaded| {
+                    loaded.entries().iter().any(|entry| entry.is_alive() && changes.removed.contains(entry.file_path()))
+                });
+            match loaded {
+                Some(loaded) if touched => rewritten.push(loaded.entries().to_vec()),
+                _ => {
+                    total_rows += manifest.added_rows_count.unwrap_or(0) + manifest.existing_rows_count.unwrap_or(0);
+                    total_files +=
+                        u64::from(manifest.added_files_count.unwrap_or(0) + manifest.existing_files_count.unwrap_or(0));
+                    manifests.push(manifest);
+                }
             }
+        }
+        let groups = if merge_all { vec![rewritten.concat()] } else { rewritten };
+        for entries in groups {
             let mut writer = manifest_writer(io)?;
-            for entry in loaded.expect("loaded above").entries().iter().filter(|entry| entry.is_alive()) {
+            for entry in entries.iter().filter(|entry| entry.is_alive()) {
                 let sequence_number = entry.sequence_number().unwrap_or(0);
                 let file_sequence = entry.file_sequence_number.or(Some(sequence_number));
                 if changes.removed.contains(entry.file_path()) {
@@ -353,9 +370,8 @@ mod tests {
     use arrow_array::{Int64Array, RecordBatch};
     use sluice_core::{Column, DataType};
 
-    #[tokio::test]
-    async fn files_no_snapshot_references_are_deleted_and_the_others_kept() {
-        let directory = tempfile::tempdir().unwrap();
+    /// A new table of one `long` column in `directory`, a writer of its files and a batch of ids.
+    async fn table_of_ids(directory: &tempfile::TempDir) -> (FileIO, IcebergTable, DataWriter, RecordBatch) {
         let location = directory.path().join("t").to_string_lossy().into_owned();
         let io = FileIO::new_with_fs();
         let schema = TableSchema {
@@ -367,8 +383,29 @@ mod tests {
         };
         let table = IcebergTable::create(&io, &schema, &location).await.unwrap();
         let arrow = table.arrow_schema().unwrap();
-        let mut writer = DataWriter::new(&location, arrow.clone(), table.spec_id(), 1 << 20);
-        let ids = RecordBatch::try_new(arrow.clone(), vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
+        let writer = DataWriter::new(&location, arrow.clone(), table.spec_id(), 1 << 20);
+        let ids = RecordBatch::try_new(arrow, vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
+        (io, table, writer, ids)
+    }
+
+    #[tokio::test]
+    async fn many_commits_keep_few_manifests_and_every_file() {
+        let directory = tempfile::tempdir().unwrap();
+        let (io, mut table, mut writer, ids) = table_of_ids(&directory).await;
+        for _ in 0..40 {
+            writer.write(&ids).unwrap();
+            let added = writer.finish().unwrap();
+            table = table.stage(&io, &FileChanges { added, ..FileChanges::default() }, None).await.unwrap();
+        }
+        assert!(table.manifests(&io).await.unwrap().len() <= MERGE_MANIFESTS, "the manifests are merged");
+        assert_eq!(table.live_files(&io).await.unwrap().len(), 40);
+        assert_eq!(table.metadata.snapshots().count(), 40);
+    }
+
+    #[tokio::test]
+    async fn files_no_snapshot_references_are_deleted_and_the_others_kept() {
+        let directory = tempfile::tempdir().unwrap();
+        let (io, table, mut writer, ids) = table_of_ids(&directory).await;
         writer.write(&ids).unwrap();
         let first = writer.finish().unwrap();
         let table =

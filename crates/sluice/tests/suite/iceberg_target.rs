@@ -1,4 +1,4 @@
-//! MySQL into Iceberg tables of a SQL catalog, read back by pyiceberg: a `snapshot+cdc` job under
+//! MySQL into Iceberg tables of a SQL catalog, read back by pyiceberg and DuckDB: a `snapshot+cdc` job under
 //! a mixed write load, killed again and again through its copy and its stream, with a column
 //! added mid-stream, its small files joined as they gather.
 
@@ -179,6 +179,12 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
     assert_eq!(iceberg::rows(&catalog, &job.table("accounts"), &accounts), job.source_rows("accounts", &accounts));
     let items = ["id", "v", "note"];
     assert_eq!(iceberg::rows(&catalog, &job.table("items"), &items), job.source_rows("items", &items));
+    // A second reader, DuckDB, reads the same rows from the current metadata file.
+    assert_eq!(
+        iceberg::duckdb_rows(&job.catalog(), &job.table("accounts"), &accounts),
+        job.source_rows("accounts", &accounts)
+    );
+    assert_eq!(iceberg::duckdb_rows(&job.catalog(), &job.table("items"), &items), job.source_rows("items", &items));
 
     let total = (ACCOUNTS * 1000) as i64;
     let snapshots = iceberg::snapshots(&catalog, &job.table("accounts"), "id", "balance");

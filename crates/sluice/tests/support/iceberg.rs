@@ -1,6 +1,7 @@
-//! Iceberg tables read by independent readers: pyiceberg over the job's SQL catalog (from the
-//! virtual environment `scripts/testdb install` makes, `$SLUICE_TEST_LAKE_VENV`), and the
-//! stream's position as the tables' metadata records it (read with Python's own sqlite3 and json).
+//! Iceberg tables read by independent readers from the virtual environment `scripts/testdb
+//! install` makes (`$SLUICE_TEST_LAKE_VENV`): pyiceberg over the job's SQL catalog, and DuckDB's
+//! `iceberg` extension over a table's current metadata file; and the stream's position as the
+//! tables' metadata records it (read with Python's own sqlite3 and json).
 
 use std::path::Path;
 use std::process::Command;
@@ -14,6 +15,25 @@ name, uri, table, columns = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].s
 arrow = SqlCatalog(name, uri=uri).load_table(table).scan().to_arrow()
 values = [arrow.column(name).to_pylist() if name in arrow.column_names else [None] * arrow.num_rows for name in columns]
 for row in sorted(zip(*values), key=lambda row: row[0]):
+    print("\t".join("NULL" if value is None else str(value) for value in row))
+"#;
+
+/// Rows of a table's current metadata file (from a SQLite catalog) read by DuckDB, as `ROWS` prints
+/// them.
+const DUCKDB_ROWS: &str = r#"
+import os, sqlite3, sys, duckdb
+database, namespace, table, columns = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+(location,) = sqlite3.connect(database).execute(
+    "SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? AND table_name = ?", (namespace, table)
+).fetchone()
+extensions = os.path.join(os.path.dirname(duckdb.__file__), "..", "duckdb_ext", "extensions")
+connection = duckdb.connect(config={"extension_directory": extensions, "autoinstall_known_extensions": False})
+connection.execute("LOAD avro")
+connection.execute("LOAD iceberg")
+names = [column[0] for column in connection.execute("DESCRIBE SELECT * FROM iceberg_scan(?)", [location]).fetchall()]
+selected = ", ".join(f'"{name}"' if name in names else "NULL" for name in columns)
+rows = connection.execute(f"SELECT {selected} FROM iceberg_scan(?)", [location]).fetchall()
+for row in sorted(rows, key=lambda row: row[0]):
     print("\t".join("NULL" if value is None else str(value) for value in row))
 "#;
 
@@ -54,25 +74,18 @@ name, uri, table, predicate = sys.argv[1:5]
 SqlCatalog(name, uri=uri).load_table(table).delete(predicate)
 "#;
 
-/// The stream's checkpoint with the largest group among the catalog's tables.
+/// The checkpoint a SQLite catalog records for a job's stream.
 const POSITION: &str = r#"
 import json, sqlite3, sys
 database, job = sys.argv[1], sys.argv[2]
-best = None
 try:
-    rows = sqlite3.connect(database).execute("SELECT metadata_location FROM iceberg_tables").fetchall()
+    row = sqlite3.connect(database).execute("SELECT mark FROM sluice_streams WHERE job = ?", (job,)).fetchone()
 except sqlite3.OperationalError:
-    rows = []
-for (location,) in rows:
-    with open(location.removeprefix("file://")) as file:
-        text = json.load(file).get("properties", {}).get("sluice.stream." + job)
-    if text:
-        mark = json.loads(text)
-        if best is None or mark["group"] > best["group"]:
-            best = mark
-if best and best["checkpoint"].get("position"):
-    at = best["checkpoint"]["position"]["at"]
-    print(at["file"].rsplit(".", 1)[1], at["position"])
+    row = None
+if row:
+    position = json.loads(row[0])["checkpoint"].get("position")
+    if position:
+        print(position["at"]["file"].rsplit(".", 1)[1], position["at"]["position"])
 "#;
 
 /// A SQL catalog as pyiceberg names it: its name and its SQLAlchemy URI.
@@ -124,6 +137,16 @@ pub fn delete(catalog: &Catalog, table: &str, predicate: &str) {
 /// The data files of `table`'s current snapshot.
 pub fn data_files(catalog: &Catalog, table: &str) -> usize {
     catalog.run(FILES, &[table]).trim().parse().expect("a count")
+}
+
+/// The rows of `columns` of `table` (`namespace.name`) in a SQLite catalog, read by DuckDB, as
+/// `rows` prints them.
+pub fn duckdb_rows(catalog: &Path, table: &str, columns: &[&str]) -> Vec<String> {
+    let (namespace, name) = table.split_once('.').expect("namespace.table");
+    run(&super::lake::python(), DUCKDB_ROWS, &[catalog.to_str().unwrap(), namespace, name, &columns.join(",")])
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// One snapshot of a table as `snapshots` reads it.
