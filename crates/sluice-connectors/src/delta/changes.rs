@@ -343,7 +343,7 @@ fn added_columns(table: &LakeTable, schema: &TableSchema) -> Result<(Action, arr
         }
     }
     if !problems.is_empty() {
-        return Err(unsupported(&schema.name, &problems.join("; ")));
+        return Err(types::FORMAT.unsupported(&schema.name, &problems.join("; ")));
     }
     let mut fields: Vec<arrow_schema::FieldRef> = current.fields().iter().cloned().collect();
     for field in wanted.fields() {
@@ -361,12 +361,6 @@ fn added_columns(table: &LakeTable, schema: &TableSchema) -> Result<(Action, arr
             Error::new(ErrorKind::Schema, format!("table {}: {error}", schema.name)).on(Side::Target)
         })?;
     Ok((Action::Metadata(metadata), widened))
-}
-
-fn unsupported(table: &TableName, what: &str) -> Error {
-    Error::new(ErrorKind::Schema, format!("table {table}: {what}; a Delta target takes added columns only"))
-        .on(Side::Target)
-        .hint("copy the table again with its new schema: run the job with --restart (the Delta table is made anew)")
 }
 
 /// The Sluice metadata of a group's commits: the job, the group and the stream's checkpoint.
@@ -439,19 +433,16 @@ impl ChangeWriter for DeltaChanges {
     }
 
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        if let Some(refused) = types::FORMAT.refusal(change) {
+            return Err(refused);
+        }
         match change {
             SchemaChange::Create(table) => {
                 let created = self.lake.ensure_table(table).await?;
                 self.tables.insert(self.lake.relative(&table.name), created);
                 Ok(())
             }
-            SchemaChange::Alter { table, renamed, retyped } => {
-                if let Some((old, new)) = renamed.first() {
-                    return Err(unsupported(&table.name, &format!("column {old} is renamed to {new}")));
-                }
-                if let Some(column) = retyped.first() {
-                    return Err(unsupported(&table.name, &format!("column {column} changes type")));
-                }
+            SchemaChange::Alter { table, .. } => {
                 let location = self.lake.relative(&table.name);
                 let current = self.open(&table.name).await?;
                 // Checked now, so the statement is named in the error.
@@ -468,8 +459,7 @@ impl ChangeWriter for DeltaChanges {
                 }
                 Ok(())
             }
-            SchemaChange::Drop(name) => Err(unsupported(name, "the table is dropped")),
-            SchemaChange::Rename { from, to } => Err(unsupported(from, &format!("the table is renamed to {to}"))),
+            SchemaChange::Drop(_) | SchemaChange::Rename { .. } => unreachable!("refused above"),
         }
     }
 }

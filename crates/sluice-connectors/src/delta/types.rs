@@ -34,7 +34,7 @@ pub(super) fn arrow_schema(table: &TableSchema) -> SchemaRef {
 }
 
 /// Delta's types for the code lake targets share.
-pub(super) const FORMAT: Format = Format { name: "Delta", arrow_type };
+pub(super) const FORMAT: Format = Format { name: "Delta", article: "a", arrow_type };
 
 /// Rows of `table` as a record batch of `schema` (the Delta table's, whose columns it matches by
 /// name: a column the rows lack, one added since they were read, is NULL).

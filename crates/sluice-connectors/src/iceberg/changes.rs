@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arrow_array::BooleanArray;
 use async_trait::async_trait;
-use iceberg::spec::{ManifestEntry, NestedField, Schema};
+use iceberg::spec::{ManifestEntry, NestedField, Schema, Type};
 use sluice_core::change::Row;
 use sluice_core::connector::{
     ChangeWriter, Checkpoint, CommitCadence, FoldedChangeWriter, Refused, SchemaChange, Updated,
@@ -274,24 +274,31 @@ impl IcebergChanges {
 }
 
 /// The table's schema with the columns of `table` it lacks added (optional, at the end, with new
-/// field ids). A column of the table that `table` lacks, or has with another type, is a schema
-/// change an Iceberg target does not take.
+/// field ids) and its columns widened where `table` has a wider type Iceberg promotes to (`int` to
+/// `long`, `float` to `double`, a decimal to more digits of the same scale), each keeping its id.
+/// A column of the table that `table` lacks, or has with a type it cannot be promoted to, is a
+/// schema change an Iceberg target does not take.
 fn added_columns(current: &IcebergTable, table: &TableSchema) -> Result<Schema> {
     let schema = current.metadata.current_schema();
     let wanted = types::fields(table, 0)?;
     let mut problems = Vec::new();
+    let mut fields: Vec<Arc<NestedField>> = Vec::with_capacity(wanted.len());
     for field in schema.as_struct().fields() {
         match wanted.iter().find(|wanted| wanted.name == field.name) {
             None => problems.push(format!("column {} is gone", field.name)),
-            Some(new) if new.field_type != field.field_type => problems
+            Some(new) if new.field_type == field.field_type => fields.push(field.clone()),
+            Some(new) if promotes(&field.field_type, &new.field_type) => {
+                let mut widened = field.as_ref().clone();
+                widened.field_type = new.field_type.clone();
+                fields.push(Arc::new(widened));
+            }
+            Some(new) => problems
                 .push(format!("column {} changes type from {} to {}", field.name, field.field_type, new.field_type)),
-            _ => {}
         }
     }
     if !problems.is_empty() {
-        return Err(unsupported(&table.name, &problems.join("; ")));
+        return Err(types::FORMAT.unsupported(&table.name, &problems.join("; ")));
     }
-    let mut fields: Vec<Arc<NestedField>> = schema.as_struct().fields().to_vec();
     let mut next = current.metadata.last_column_id();
     for field in wanted {
         if schema.field_by_name(&field.name).is_none() {
@@ -309,10 +316,17 @@ fn added_columns(current: &IcebergTable, table: &TableSchema) -> Result<Schema> 
         })
 }
 
-fn unsupported(table: &TableName, what: &str) -> Error {
-    Error::new(ErrorKind::Schema, format!("table {table}: {what}; an Iceberg target takes added columns only"))
-        .on(Side::Target)
-        .hint("copy the table again with its new schema: run the job with --restart (the Iceberg table is made anew)")
+/// Whether Iceberg's schema evolution promotes a column of type `from` to `to`.
+fn promotes(from: &Type, to: &Type) -> bool {
+    use iceberg::spec::PrimitiveType::{Decimal, Double, Float, Int, Long};
+    match (from, to) {
+        (Type::Primitive(from), Type::Primitive(to)) => match (from, to) {
+            (Int, Long) | (Float, Double) => true,
+            (Decimal { precision: from, scale: a }, Decimal { precision: to, scale: b }) => a == b && to >= from,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 #[async_trait]
@@ -373,15 +387,12 @@ impl ChangeWriter for IcebergChanges {
     }
 
     async fn apply_schema_change(&mut self, change: &SchemaChange) -> Result<()> {
+        if let Some(refused) = types::FORMAT.refusal(change) {
+            return Err(refused);
+        }
         match change {
             SchemaChange::Create(table) => self.warehouse.ensure(table).await.map(|_| ()),
-            SchemaChange::Alter { table, renamed, retyped } => {
-                if let Some((old, new)) = renamed.first() {
-                    return Err(unsupported(&table.name, &format!("column {old} is renamed to {new}")));
-                }
-                if let Some(column) = retyped.first() {
-                    return Err(unsupported(&table.name, &format!("column {column} changes type")));
-                }
+            SchemaChange::Alter { table, .. } => {
                 // Checked now, so the statement is named in the error.
                 added_columns(&self.open(&table.name).await?, table)?;
                 self.reshaped.retain(|reshaped| reshaped.name != table.name);
@@ -397,8 +408,7 @@ impl ChangeWriter for IcebergChanges {
                 }
                 Ok(())
             }
-            SchemaChange::Drop(name) => Err(unsupported(name, "the table is dropped")),
-            SchemaChange::Rename { from, to } => Err(unsupported(from, &format!("the table is renamed to {to}"))),
+            SchemaChange::Drop(_) | SchemaChange::Rename { .. } => unreachable!("refused above"),
         }
     }
 }

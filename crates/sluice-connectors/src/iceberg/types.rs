@@ -31,7 +31,7 @@ pub(super) fn arrow_type(data_type: &DataType) -> Arrow {
 }
 
 /// Iceberg's types for the code lake targets share.
-pub(super) const FORMAT: Format = Format { name: "Iceberg", arrow_type };
+pub(super) const FORMAT: Format = Format { name: "Iceberg", article: "an", arrow_type };
 
 /// The Iceberg type of an Arrow type `arrow_type` gives.
 fn iceberg_type(arrow: &Arrow) -> Option<PrimitiveType> {

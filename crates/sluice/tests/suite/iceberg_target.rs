@@ -119,12 +119,13 @@ impl IcebergJob {
 }
 
 /// Under a mixed write load (inserts, updates, deletes, key moves, transfers between accounts),
-/// the job is SIGKILLed 6 times through its copy and its stream and an account column is added
-/// mid-stream; at the end each table's current snapshot equals the source row for row, and every
-/// snapshot of the accounts table keeps the transfers' invariant (no partial transaction, no
-/// partial copy) and each key once.
+/// the job is SIGKILLed 6 times through its copy and its stream, an account column is added and an
+/// item column widened (INT to BIGINT, values past 32 bits) mid-stream; at the end each table's
+/// current snapshot equals the source row for row (pyiceberg and DuckDB), and every snapshot of the
+/// accounts table keeps the transfers' invariant (no partial transaction, no partial copy) and
+/// each key once.
 #[test]
-fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
+fn an_iceberg_table_follows_the_source_through_kills_an_added_column_and_a_widened_one() {
     const KILLS: usize = 6;
     let database = unique_name("iceberg");
     create_tables(&database);
@@ -152,7 +153,8 @@ fn an_iceberg_table_follows_the_source_through_kills_and_an_added_column() {
         }
         if kill_number == KILLS / 2 + 1 {
             mariadb(&format!(
-                "ALTER TABLE {database}.accounts ADD COLUMN note VARCHAR(20) NULL; UPDATE {database}.accounts SET note = CONCAT('n', id) WHERE id % 7 = 0"
+                "ALTER TABLE {database}.accounts ADD COLUMN note VARCHAR(20) NULL; UPDATE {database}.accounts SET note = CONCAT('n', id) WHERE id % 7 = 0; \
+                 ALTER TABLE {database}.items MODIFY v BIGINT NOT NULL; UPDATE {database}.items SET v = v + 5000000000 WHERE id % 11 = 0"
             ));
         }
     }
