@@ -86,6 +86,30 @@ impl IcebergTable {
         Ok(IcebergTable { name: schema.name.clone(), metadata, metadata_file: metadata_file.to_string() })
     }
 
+    /// Refuses a table Sluice's commits would not describe rightly: one of another format version
+    /// than 2, or partitioned (a table another tool made; the ones Sluice makes are neither).
+    fn check_writable(&self) -> Result<()> {
+        let spec = self.metadata.default_partition_spec();
+        let problem = if self.metadata.format_version() != FormatVersion::V2 {
+            format!("it is of Iceberg format version {}", self.metadata.format_version())
+        } else if !spec.is_unpartitioned() {
+            let fields: Vec<String> =
+                spec.fields().iter().map(|field| format!("{} ({})", field.name, field.transform)).collect();
+            format!("it is partitioned by {}", fields.join(", "))
+        } else {
+            return Ok(());
+        };
+        Err(Error::new(
+            ErrorKind::Schema,
+            format!(
+                "Iceberg table {} cannot take Sluice's commits: {problem}; Sluice writes unpartitioned tables of format version 2",
+                self.name
+            ),
+        )
+        .on(Side::Target)
+        .hint("let the job create the table: drop it from the catalog, or set target.namespace to one without it"))
+    }
+
     pub(super) fn location(&self) -> &str {
         self.metadata.location()
     }
@@ -162,6 +186,7 @@ impl IcebergTable {
         changes: &FileChanges,
         schema: Option<iceberg::spec::Schema>,
     ) -> Result<IcebergTable> {
+        self.check_writable()?;
         let failed =
             |error: iceberg::Error| iceberg_error(format_args!("commit to Iceberg table {}", self.name), error);
         let mut builder =

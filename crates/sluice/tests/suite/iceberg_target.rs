@@ -465,3 +465,35 @@ fn an_iceberg_catalog_in_postgresql_takes_the_copy_and_the_stream() {
         assert_eq!((snapshot.rows, snapshot.sum), (ACCOUNTS, total), "snapshot {index} of accounts");
     }
 }
+
+/// A table another tool made partitioned (Sluice writes unpartitioned tables only) is refused by
+/// name before anything is committed to it.
+#[test]
+fn a_table_another_tool_partitioned_is_refused_by_name() {
+    let database = unique_name("iceberg_partitioned");
+    mariadb(&format!(
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id BIGINT PRIMARY KEY); INSERT INTO {database}.t VALUES (1), (2)"
+    ));
+    let workspace = Workspace::new();
+    let catalog_file = workspace.path("catalog.db");
+    let catalog = iceberg::Catalog::sqlite(&catalog_file);
+    iceberg::create_partitioned(&catalog, &format!("{database}.t"), &workspace.path("elsewhere"));
+    let text = format!(
+        "name: partitioned\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
+         target:\n  type: iceberg\n  catalog: {{type: sql, uri: \"sqlite:///{}\", name: lake}}\n  warehouse: warehouse\n",
+        catalog_file.display()
+    );
+    let file = workspace.write("job.yaml", &text);
+    let run = support::Run::from(
+        workspace.command(&["run", file.to_str().unwrap()]).env("SOURCE", mysql_url()).output().unwrap(),
+    );
+    assert_ne!(run.code, 0, "{}", run.all());
+    assert!(
+        run.all().contains(&format!(
+            "Iceberg table {database}.t cannot take Sluice's commits: it is partitioned by id (identity)"
+        )),
+        "{}",
+        run.all()
+    );
+    assert_eq!(iceberg::rows(&catalog, &format!("{database}.t"), &["id"]), Vec::<String>::new());
+}

@@ -66,6 +66,22 @@ name, uri, table = sys.argv[1:4]
 print(int(SqlCatalog(name, uri=uri).table_exists(table)))
 "#;
 
+/// Creates a table `namespace.name (id long)` partitioned by `id`, as another tool would.
+const CREATE_PARTITIONED: &str = r#"
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField
+name, uri, table, warehouse = sys.argv[1:5]
+catalog = SqlCatalog(name, uri=uri, warehouse="file://" + warehouse)
+catalog.create_namespace_if_not_exists(table.split(".")[0])
+schema = Schema(NestedField(1, "id", LongType(), required=True))
+spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
+catalog.create_table(table, schema=schema, partition_spec=spec)
+"#;
+
 /// Deletes the rows matching a filter from a table, as another writer would.
 const DELETE: &str = r#"
 import sys
@@ -122,6 +138,12 @@ fn run(python: &str, script: &str, arguments: &[&str]) -> String {
 /// The rows of `columns` of `table` (`namespace.name`), sorted by the first, as `a\tb` lines.
 pub fn rows(catalog: &Catalog, table: &str, columns: &[&str]) -> Vec<String> {
     catalog.run(ROWS, &[table, &columns.join(",")]).lines().map(str::to_owned).collect()
+}
+
+/// Creates `table` (`namespace.name`, one `long` column `id`) partitioned by `id` with pyiceberg,
+/// its files under `warehouse`.
+pub fn create_partitioned(catalog: &Catalog, table: &str, warehouse: &Path) {
+    catalog.run(CREATE_PARTITIONED, &[table, warehouse.to_str().unwrap()]);
 }
 
 /// Whether `table` is in the catalog.
