@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sluice_core::connector::{Capabilities, Fence, Sink, Source};
-use sluice_core::spec::{EndpointSpec, JobSpec, NodeKind, SpecError};
+use sluice_core::spec::{EndpointSpec, JobSpec, SpecError};
 use sluice_core::{Result, TableSchema};
 
 use super::read_back::LatestVersion;
-use super::{DeltaOptions, DeltaSink, PartitionBy};
+use super::{DeltaOptions, DeltaSink};
 use crate::columnar::read_back::ColumnarTable;
 use crate::{Connector, TargetSide};
 
@@ -55,46 +55,6 @@ const DEFAULT_VACUUM_EVERY_SECS: u64 = 3_600;
 /// Delta's own default (`delta.deletedFileRetentionDuration`, 7 days).
 const DEFAULT_VACUUM_RETENTION_HOURS: u64 = 168;
 
-/// Column names: `[a, b]` or one name.
-fn names(
-    endpoint: &EndpointSpec,
-    node: &sluice_core::spec::Node,
-    field: &str,
-) -> std::result::Result<Vec<String>, SpecError> {
-    let name = |node: &sluice_core::spec::Node| match &node.kind {
-        NodeKind::Scalar { text, .. } if !text.is_empty() => Some(text.clone()),
-        _ => None,
-    };
-    let expected = || endpoint.error(field, "expected a column name or a list of column names");
-    match &node.kind {
-        NodeKind::Sequence(items) => items.iter().map(|item| name(item).ok_or_else(expected)).collect(),
-        _ => name(node).map(|one| vec![one]).ok_or_else(expected),
-    }
-}
-
-/// `partition_by: [column, ...]` for every table, or `{table: [column, ...], ...}`.
-fn partition_by(endpoint: &EndpointSpec) -> std::result::Result<PartitionBy, Vec<SpecError>> {
-    let Some(node) = endpoint.options.get("partition_by") else { return Ok(PartitionBy::None) };
-    match &node.kind {
-        NodeKind::Mapping(entries) => {
-            let mut errors = Vec::new();
-            let mut tables = Vec::new();
-            for (table, columns) in entries {
-                match names(endpoint, columns, &format!("partition_by.{table}")) {
-                    Ok(columns) => tables.push((table.clone(), columns)),
-                    Err(error) => errors.push(error),
-                }
-            }
-            if errors.is_empty() {
-                Ok(PartitionBy::Tables(tables))
-            } else {
-                Err(errors)
-            }
-        }
-        _ => names(endpoint, node, "partition_by").map(PartitionBy::Every).map_err(|error| vec![error]),
-    }
-}
-
 pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<DeltaOptions, Vec<SpecError>> {
     let mut errors = Vec::new();
     let mut take =
@@ -107,7 +67,7 @@ pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<DeltaOptio
     let vacuum_every = take(crate::whole_number(endpoint, "vacuum_every_secs", DEFAULT_VACUUM_EVERY_SECS, 0));
     let retention_hours =
         take(crate::whole_number(endpoint, "vacuum_retention_hours", DEFAULT_VACUUM_RETENTION_HOURS, 0));
-    let partition_by = partition_by(endpoint).map_err(|found| errors.extend(found)).unwrap_or_default();
+    let partition_by = crate::lake::partition_by(endpoint).map_err(|found| errors.extend(found)).unwrap_or_default();
     let path = endpoint.path.as_ref().map(|path| {
         let path = PathBuf::from(path);
         // A relative path is the process's own directory's; Delta needs it absolute.

@@ -54,16 +54,7 @@ fn app_id(job: &str, task: &str) -> String {
     format!("sluice/{job}/{task}")
 }
 
-/// Partitioning: the same columns for every table, or per table.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum PartitionBy {
-    #[default]
-    None,
-    /// Every table, by these columns.
-    Every(Vec<String>),
-    /// These tables (target names), each by its columns.
-    Tables(Vec<(String, Vec<String>)>),
-}
+pub use crate::lake::PartitionBy;
 
 /// The target's options.
 #[derive(Debug, Clone)]
@@ -126,13 +117,7 @@ impl Lake {
     fn partition_columns(&self, table: &TableSchema) -> Result<Vec<String>> {
         let own = sluice_core::names::own_name(&table.name.name);
         let named = TableName { namespace: table.name.namespace.clone(), name: own.to_owned() }.to_string();
-        let columns = match &self.options.partition_by {
-            PartitionBy::None => Vec::new(),
-            PartitionBy::Every(columns) => columns.clone(),
-            PartitionBy::Tables(tables) => {
-                tables.iter().find(|(name, _)| *name == named).map(|(_, columns)| columns.clone()).unwrap_or_default()
-            }
-        };
+        let columns = self.options.partition_by.of(&named);
         let missing: Vec<&String> =
             columns.iter().filter(|column| !table.columns.iter().any(|known| known.name == **column)).collect();
         if !missing.is_empty() {

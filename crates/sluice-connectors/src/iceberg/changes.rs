@@ -18,7 +18,7 @@ use sluice_core::names::STREAM_TASK;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
 use super::catalog::Pointer;
-use super::files::{bound_json, DataWriter};
+use super::files::{bound_json, local, DataWriter};
 use super::table::{iceberg_error, FileChanges, IcebergTable};
 use super::{types, StreamMark, Warehouse, COMMIT_TRIES};
 use crate::lake::keys::{read_whole, FileBounds, StagedChanges, READ_BATCH_ROWS};
@@ -125,12 +125,9 @@ impl IcebergChanges {
         if self.truncating.contains(&table.name) {
             changes.removed.extend(live.iter().map(|entry| entry.file_path().to_owned()));
         }
-        let arrow = match &schema {
-            Some(schema) => types::arrow_schema(&table.name, schema)?,
-            None => table.arrow_schema()?,
-        };
         let file_bytes = self.warehouse.options.file_bytes;
-        let mut writer = DataWriter::new(table.location(), arrow.clone(), table.spec_id(), file_bytes);
+        let mut writer = table.data_writer(schema.as_ref(), file_bytes)?;
+        let arrow = writer.schema().clone();
         let staged =
             self.staged.iter().find(|staged| staged.table.name == table.name).filter(|staged| !staged.is_empty());
         if let Some(staged) = staged {
@@ -145,7 +142,7 @@ impl IcebergChanges {
             .collect();
         if small.len() >= COMPACT_FILES {
             for (path, _) in pick(small, file_bytes) {
-                for batch in read_whole(std::path::Path::new(path)).await? {
+                for batch in read_whole(&local(path)).await? {
                     writer.write(&rows::conform(&batch, &arrow, &[])?)?;
                 }
                 changes.removed.insert(path.to_owned());
@@ -167,15 +164,16 @@ impl IcebergChanges {
     ) -> Result<()> {
         let arrow = writer.schema().clone();
         let first_id = table.metadata.current_schema().field_by_name(staged.first_key()).map(|field| field.id);
-        let candidates: Vec<FileBounds> = live
+        let kept: Vec<&Arc<ManifestEntry>> =
+            live.iter().filter(|entry| !changes.removed.contains(entry.file_path())).collect();
+        let candidates: Vec<FileBounds> = kept
             .iter()
-            .filter(|entry| !changes.removed.contains(entry.file_path()))
             .map(|entry| {
                 let file = entry.data_file();
                 let first_key = first_id.and_then(|id| {
                     Some((bound_json(file.lower_bounds().get(&id)?)?, bound_json(file.upper_bounds().get(&id)?)?))
                 });
-                FileBounds { path: entry.file_path().into(), rows: entry.record_count(), first_key }
+                FileBounds { path: local(entry.file_path()), rows: entry.record_count(), first_key }
             })
             .collect();
         let located = staged.locate(&candidates).await?;
@@ -192,7 +190,7 @@ impl IcebergChanges {
                     .map_err(|error| iceberg_error(format_args!("rewrite {}", path.display()), error))?;
                 writer.write(&rows::conform(&kept, &arrow, &[])?)?;
             }
-            changes.removed.insert(path.to_string_lossy().into_owned());
+            changes.removed.insert(kept[index].file_path().to_owned());
         }
         for (rows_schema, added) in &located.added {
             for chunk in added.chunks(READ_BATCH_ROWS) {

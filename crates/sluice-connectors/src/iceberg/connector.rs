@@ -10,6 +10,7 @@ use sluice_core::{Result, TableSchema};
 
 use super::catalog::SqlCatalog;
 use super::{IcebergOptions, IcebergSink};
+use crate::lake::PartitionBy;
 use crate::{Connector, TargetSide};
 
 pub(crate) const CONNECTOR: Connector = Connector {
@@ -35,6 +36,7 @@ const FIELDS: &[&str] = &[
     "warehouse",
     "namespace",
     "create_tables",
+    "partition_by",
     "commit_interval_secs",
     "commit_rows",
     "target_file_mb",
@@ -85,6 +87,20 @@ pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<IcebergOpt
     let commit_rows = take(crate::whole_number(endpoint, "commit_rows", DEFAULT_COMMIT_ROWS, 1));
     let file_mb = take(crate::whole_number(endpoint, "target_file_mb", DEFAULT_TARGET_FILE_MB, 1));
     let catalog = catalog(endpoint).map_err(|error| errors.push(error)).ok();
+    let partition_by = crate::lake::partition_by(endpoint).map_err(|found| errors.extend(found)).unwrap_or_default();
+    let entries = match &partition_by {
+        PartitionBy::None => Vec::new(),
+        PartitionBy::Every(entries) => entries.iter().map(|entry| ("partition_by".to_owned(), entry)).collect(),
+        PartitionBy::Tables(tables) => tables
+            .iter()
+            .flat_map(|(table, entries)| entries.iter().map(move |entry| (format!("partition_by.{table}"), entry)))
+            .collect(),
+    };
+    for (field, entry) in entries {
+        if let Err(problem) = super::partition::parse(entry) {
+            errors.push(endpoint.error(&field, problem));
+        }
+    }
     let warehouse = match endpoint.options.get("warehouse").map(|node| &node.kind) {
         Some(NodeKind::Scalar { text, .. }) if !text.is_empty() => {
             let path = PathBuf::from(text);
@@ -102,6 +118,7 @@ pub(super) fn options(endpoint: &EndpointSpec) -> std::result::Result<IcebergOpt
             warehouse,
             namespace: crate::namespace(endpoint),
             create_tables: endpoint.create_tables,
+            partition_by,
             commit_interval: Duration::from_secs(commit_interval),
             commit_rows,
             file_bytes: file_mb * 1024 * 1024,

@@ -15,11 +15,19 @@ use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 use sluice_core::{Error, ErrorKind, Result, Side};
 
+use super::partition::Partitioner;
+
 /// Text bounds longer than this are left out (a bound must be a real value, or a prefix with care).
 const TEXT_BOUND_BYTES: usize = 64;
 
 fn write_error(path: &str, error: impl std::fmt::Display) -> Error {
     Error::new(ErrorKind::Write, format!("write Iceberg data file {path}: {error}")).on(Side::Target)
+}
+
+/// The local path of a location, which another writer may have written as a `file:` URI.
+pub(super) fn local(location: &str) -> std::path::PathBuf {
+    let path = location.strip_prefix("file://").or_else(|| location.strip_prefix("file:")).unwrap_or(location);
+    std::path::PathBuf::from(path)
 }
 
 /// A name no other file has: the time, the process and a counter (and `.extension`, unless empty).
@@ -106,8 +114,9 @@ pub(super) fn bound_json(datum: &Datum) -> Option<serde_json::Value> {
     }
 }
 
-/// The file being written.
+/// A file being written, of one partition.
 struct OpenFile {
+    partition: Struct,
     path: String,
     writer: ArrowWriter<File>,
     rows: u64,
@@ -115,7 +124,7 @@ struct OpenFile {
     bounds: HashMap<i32, Option<Bound>>,
 }
 
-/// Writes a table's rows into data files of about `file_bytes` each.
+/// Writes a table's rows into data files of about `file_bytes` each, a file per partition.
 pub(super) struct DataWriter {
     directory: String,
     schema: SchemaRef,
@@ -123,13 +132,21 @@ pub(super) struct DataWriter {
     ids: Vec<i32>,
     spec_id: i32,
     file_bytes: u64,
-    open: Option<OpenFile>,
+    partitioner: Option<Partitioner>,
+    open: Vec<OpenFile>,
     written: Vec<DataFile>,
 }
 
 impl DataWriter {
-    /// A writer into `<table location>/data/` of batches with `schema` (which carries field ids).
-    pub(super) fn new(location: &str, schema: SchemaRef, spec_id: i32, file_bytes: u64) -> DataWriter {
+    /// A writer into `<table location>/data/` of batches with `schema` (which carries field ids),
+    /// their rows partitioned by `partitioner` (none: one partition).
+    pub(super) fn new(
+        location: &str,
+        schema: SchemaRef,
+        spec_id: i32,
+        file_bytes: u64,
+        partitioner: Option<Partitioner>,
+    ) -> DataWriter {
         let ids = schema
             .fields()
             .iter()
@@ -141,7 +158,8 @@ impl DataWriter {
             ids,
             spec_id,
             file_bytes,
-            open: None,
+            partitioner,
+            open: Vec::new(),
             written: Vec::new(),
         }
     }
@@ -150,45 +168,61 @@ impl DataWriter {
         &self.schema
     }
 
-    /// Bytes held by the open file, written or buffered.
+    /// Bytes held by the open files, written or buffered.
     pub(super) fn held_bytes(&self) -> u64 {
-        self.open.as_ref().map_or(0, |open| (open.writer.bytes_written() + open.writer.in_progress_size()) as u64)
+        self.open.iter().map(|open| (open.writer.bytes_written() + open.writer.in_progress_size()) as u64).sum()
     }
 
     pub(super) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        if self.open.is_none() {
-            std::fs::create_dir_all(&self.directory).map_err(|error| write_error(&self.directory, error))?;
-            let path = format!("{}/{}", self.directory, unique_name("", "parquet"));
-            let file = File::create(&path).map_err(|error| write_error(&path, error))?;
-            let properties = WriterProperties::builder()
-                .set_compression(Compression::SNAPPY)
-                .set_max_row_group_row_count(Some(128 * 1024))
-                .build();
-            let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(properties))
-                .map_err(|error| write_error(&path, error))?;
-            self.open = Some(OpenFile { path, writer, rows: 0, bounds: HashMap::new() });
+        match &self.partitioner {
+            Some(partitioner) => {
+                for (partition, rows) in partitioner.split(batch)? {
+                    self.write_part(partition, &rows)?;
+                }
+                Ok(())
+            }
+            None => self.write_part(Struct::empty(), batch),
         }
-        let open = self.open.as_mut().expect("opened above");
+    }
+
+    /// Writes rows of one partition into its open file (opened when it has none).
+    fn write_part(&mut self, partition: Struct, batch: &RecordBatch) -> Result<()> {
+        let index = match self.open.iter().position(|open| open.partition == partition) {
+            Some(index) => index,
+            None => {
+                std::fs::create_dir_all(local(&self.directory)).map_err(|error| write_error(&self.directory, error))?;
+                let path = format!("{}/{}", self.directory, unique_name("", "parquet"));
+                let file = File::create(local(&path)).map_err(|error| write_error(&path, error))?;
+                let properties = WriterProperties::builder()
+                    .set_compression(Compression::SNAPPY)
+                    .set_max_row_group_row_count(Some(128 * 1024))
+                    .build();
+                let writer = ArrowWriter::try_new(file, self.schema.clone(), Some(properties))
+                    .map_err(|error| write_error(&path, error))?;
+                self.open.push(OpenFile { partition, path, writer, rows: 0, bounds: HashMap::new() });
+                self.open.len() - 1
+            }
+        };
+        let open = &mut self.open[index];
         open.writer.write(batch).map_err(|error| write_error(&open.path, error))?;
         open.rows += batch.num_rows() as u64;
-        for (index, id) in self.ids.iter().enumerate() {
+        for (column, id) in self.ids.iter().enumerate() {
             let current = open.bounds.remove(id).flatten();
-            open.bounds.insert(*id, Bound::widen(current, batch.column(index).as_ref()));
+            open.bounds.insert(*id, Bound::widen(current, batch.column(column).as_ref()));
         }
-        if self.held_bytes() >= self.file_bytes {
-            self.close_file()?;
+        if (open.writer.bytes_written() + open.writer.in_progress_size()) as u64 >= self.file_bytes {
+            self.close_file(index)?;
         }
         Ok(())
     }
 
-    fn close_file(&mut self) -> Result<()> {
-        let Some(open) = self.open.take() else { return Ok(()) };
-        let OpenFile { path, writer, rows, bounds } = open;
+    fn close_file(&mut self, index: usize) -> Result<()> {
+        let OpenFile { partition, path, writer, rows, bounds } = self.open.remove(index);
         writer.close().map_err(|error| write_error(&path, error))?;
-        let size = std::fs::metadata(&path).map_err(|error| write_error(&path, error))?.len();
+        let size = std::fs::metadata(local(&path)).map_err(|error| write_error(&path, error))?.len();
         let mut lower = HashMap::new();
         let mut upper = HashMap::new();
         for (id, bound) in bounds {
@@ -201,7 +235,7 @@ impl DataWriter {
             .content(DataContentType::Data)
             .file_path(path.clone())
             .file_format(DataFileFormat::Parquet)
-            .partition(Struct::empty())
+            .partition(partition)
             .partition_spec_id(self.spec_id)
             .record_count(rows)
             .file_size_in_bytes(size)
@@ -213,9 +247,11 @@ impl DataWriter {
         Ok(())
     }
 
-    /// Closes the open file; the files written since the last `finish`.
+    /// Closes the open files; the files written since the last `finish`.
     pub(super) fn finish(&mut self) -> Result<Vec<DataFile>> {
-        self.close_file()?;
+        while !self.open.is_empty() {
+            self.close_file(self.open.len() - 1)?;
+        }
         Ok(std::mem::take(&mut self.written))
     }
 }

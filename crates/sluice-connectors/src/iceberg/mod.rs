@@ -20,6 +20,7 @@ mod catalog;
 mod changes;
 pub(crate) mod connector;
 mod files;
+mod partition;
 mod read_back;
 mod table;
 mod types;
@@ -50,6 +51,7 @@ pub(crate) struct IcebergOptions {
     pub warehouse: PathBuf,
     pub namespace: Option<String>,
     pub create_tables: bool,
+    pub partition_by: crate::lake::PartitionBy,
     /// A group of the change stream commits this long after its first transaction...
     pub commit_interval: Duration,
     /// ...or once it holds this many row changes.
@@ -90,6 +92,23 @@ impl Warehouse {
         self.catalog().commit(pointers, Commit { fence, mark: mark.map(|mark| (job, mark)) }).await
     }
 
+    /// The partition fields `partition_by` gives a table (by its own name, a hidden copy's too).
+    fn partition_fields(&self, table: &TableSchema) -> Result<Vec<partition::PartitionField>> {
+        let own = TableName {
+            namespace: table.name.namespace.clone(),
+            name: sluice_core::names::own_name(&table.name.name).to_owned(),
+        };
+        self.options
+            .partition_by
+            .of(&own.to_string())
+            .iter()
+            .map(|entry| {
+                partition::parse(entry)
+                    .map_err(|problem| Error::config(format!("target.partition_by: {problem}")).on(Side::Target))
+            })
+            .collect()
+    }
+
     /// The table at the catalog's current metadata file, if it has it.
     async fn open(&self, name: &TableName) -> Result<Option<IcebergTable>> {
         match self.catalog().metadata_of(name).await? {
@@ -119,7 +138,8 @@ impl Warehouse {
             .warehouse
             .join(catalog::namespace_of(&schema.name))
             .join(files::unique_name(&format!("{own}-"), ""));
-        let table = IcebergTable::create(&self.io, schema, &location.to_string_lossy()).await?;
+        let partitions = self.partition_fields(schema)?;
+        let table = IcebergTable::create(&self.io, schema, &location.to_string_lossy(), &partitions).await?;
         let created = Pointer::Create { table: schema.name.clone(), metadata: table.metadata_file.clone() };
         // Unfenced: creating a table that is missing changes no row, and an existing one stays.
         match self.catalog().commit(&[created], Commit::default()).await {
@@ -232,10 +252,15 @@ impl Sink for IcebergSink {
     }
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
-        // Every problem at once: the types first, then the tables.
+        // Every problem at once: the types and partition fields first, then the tables.
         let problems: Vec<String> = tables
             .iter()
-            .filter_map(|table| types::iceberg_schema(table).err())
+            .filter_map(|table| {
+                let checked = types::iceberg_schema(table).and_then(|schema| {
+                    partition::spec(&table.name, &schema, &self.warehouse.partition_fields(table)?).map(|_| ())
+                });
+                checked.err()
+            })
             .map(|error| error.to_string())
             .collect();
         if !problems.is_empty() {
@@ -260,7 +285,7 @@ impl Sink for IcebergSink {
             for name in [own, hidden] {
                 let Some(found) = self.warehouse.open(&name).await? else { continue };
                 self.warehouse.catalog().drop_table(&name).await?;
-                match std::fs::remove_dir_all(found.location()) {
+                match std::fs::remove_dir_all(files::local(found.location())) {
                     Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
                         return Err(Error::new(
                             ErrorKind::Write,

@@ -24,7 +24,7 @@ impl Listing for CurrentSnapshot {
             .await?
             .iter()
             .map(|entry| DataFileToRead {
-                path: entry.file_path().into(),
+                path: super::files::local(entry.file_path()),
                 rows: entry.record_count(),
                 partition: Vec::new(),
             })

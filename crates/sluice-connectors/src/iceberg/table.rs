@@ -13,12 +13,13 @@ use std::sync::Arc;
 use iceberg::io::FileIO;
 use iceberg::spec::{
     DataFile, FormatVersion, ManifestEntry, ManifestFile, ManifestList, ManifestListWriter, ManifestWriterBuilder,
-    Operation, PartitionSpec, Snapshot, SortOrder, Summary, TableMetadata, TableMetadataBuilder,
+    Operation, Snapshot, SortOrder, Summary, TableMetadata, TableMetadataBuilder,
 };
 use iceberg::MetadataLocation;
 use sluice_core::{Error, ErrorKind, Result, Side, TableName, TableSchema};
 
-use super::files::unique_name;
+use super::files::{unique_name, DataWriter};
+use super::partition::{PartitionField, Partitioner};
 use super::types;
 
 /// A commit to a table listing this many manifests writes their live entries into one.
@@ -66,13 +67,20 @@ impl IcebergTable {
         Ok(IcebergTable { name: name.clone(), metadata, metadata_file: metadata_file.to_owned() })
     }
 
-    /// The metadata of a new table of `schema` at `location`, written; the table at it.
-    pub(super) async fn create(io: &FileIO, schema: &TableSchema, location: &str) -> Result<IcebergTable> {
+    /// The metadata of a new table of `schema` at `location`, partitioned by `partitions`,
+    /// written; the table at it.
+    pub(super) async fn create(
+        io: &FileIO,
+        schema: &TableSchema,
+        location: &str,
+        partitions: &[PartitionField],
+    ) -> Result<IcebergTable> {
         let iceberg_schema = types::iceberg_schema(schema)?;
+        let spec = super::partition::spec(&schema.name, &iceberg_schema, partitions)?;
         let failed = |error: iceberg::Error| iceberg_error(format_args!("create Iceberg table {}", schema.name), error);
         let metadata = TableMetadataBuilder::new(
             iceberg_schema,
-            PartitionSpec::unpartition_spec(),
+            spec,
             SortOrder::unsorted_order(),
             location.to_owned(),
             FormatVersion::V2,
@@ -87,23 +95,17 @@ impl IcebergTable {
     }
 
     /// Refuses a table Sluice's commits would not describe rightly: one of another format version
-    /// than 2, or partitioned (a table another tool made; the ones Sluice makes are neither).
+    /// than 2 (a table another tool made).
     fn check_writable(&self) -> Result<()> {
-        let spec = self.metadata.default_partition_spec();
-        let problem = if self.metadata.format_version() != FormatVersion::V2 {
-            format!("it is of Iceberg format version {}", self.metadata.format_version())
-        } else if !spec.is_unpartitioned() {
-            let fields: Vec<String> =
-                spec.fields().iter().map(|field| format!("{} ({})", field.name, field.transform)).collect();
-            format!("it is partitioned by {}", fields.join(", "))
-        } else {
+        if self.metadata.format_version() == FormatVersion::V2 {
             return Ok(());
-        };
+        }
         Err(Error::new(
             ErrorKind::Schema,
             format!(
-                "Iceberg table {} cannot take Sluice's commits: {problem}; Sluice writes unpartitioned tables of format version 2",
-                self.name
+                "Iceberg table {} cannot take Sluice's commits: it is of Iceberg format version {}; Sluice writes tables of format version 2",
+                self.name,
+                self.metadata.format_version()
             ),
         )
         .on(Side::Target)
@@ -117,6 +119,16 @@ impl IcebergTable {
     /// The Arrow schema of the table's data files.
     pub(super) fn arrow_schema(&self) -> Result<arrow_schema::SchemaRef> {
         types::arrow_schema(&self.name, self.metadata.current_schema())
+    }
+
+    /// A writer of the table's data files, for its current schema or `schema` (one a commit
+    /// brings), partitioned by its spec.
+    pub(super) fn data_writer(&self, schema: Option<&iceberg::spec::Schema>, file_bytes: u64) -> Result<DataWriter> {
+        let schema = schema.unwrap_or(self.metadata.current_schema());
+        let arrow = types::arrow_schema(&self.name, schema)?;
+        let spec = self.metadata.default_partition_spec();
+        let partitioner = Partitioner::new(&self.name, spec, schema, &arrow)?;
+        Ok(DataWriter::new(self.location(), arrow, self.spec_id(), file_bytes, partitioner))
     }
 
     pub(super) fn spec_id(&self) -> i32 {
@@ -161,7 +173,7 @@ impl IcebergTable {
         all.extend(properties);
         let metadata = TableMetadataBuilder::new(
             self.metadata.current_schema().as_ref().clone(),
-            PartitionSpec::unpartition_spec(),
+            self.metadata.default_partition_spec().as_ref().clone(),
             SortOrder::unsorted_order(),
             self.location().to_owned(),
             FormatVersion::V2,
@@ -345,7 +357,7 @@ impl IcebergTable {
         let cutoff = std::time::SystemTime::now() - grace;
         let mut removed = 0;
         for directory in ["data", "metadata"] {
-            let directory = std::path::Path::new(self.location()).join(directory);
+            let directory = super::files::local(self.location()).join(directory);
             let Ok(entries) = std::fs::read_dir(&directory) else { continue };
             for entry in entries.flatten() {
                 let path = entry.path();
@@ -391,7 +403,6 @@ fn expired(metadata: &TableMetadata) -> Vec<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::iceberg::files::DataWriter;
     use arrow_array::{Int64Array, RecordBatch};
     use sluice_core::{Column, DataType};
 
@@ -406,9 +417,9 @@ mod tests {
             indexes: Vec::new(),
             details: Default::default(),
         };
-        let table = IcebergTable::create(&io, &schema, &location).await.unwrap();
+        let table = IcebergTable::create(&io, &schema, &location, &[]).await.unwrap();
         let arrow = table.arrow_schema().unwrap();
-        let writer = DataWriter::new(&location, arrow.clone(), table.spec_id(), 1 << 20);
+        let writer = table.data_writer(None, 1 << 20).unwrap();
         let ids = RecordBatch::try_new(arrow, vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
         (io, table, writer, ids)
     }

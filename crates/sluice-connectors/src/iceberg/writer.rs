@@ -45,9 +45,7 @@ impl CopyWriter {
     async fn data_writer(&mut self) -> Result<&mut DataWriter> {
         if self.writer.is_none() {
             let table = self.warehouse.ensure(&self.table).await?;
-            let schema = table.arrow_schema()?;
-            self.writer =
-                Some(DataWriter::new(table.location(), schema, table.spec_id(), self.warehouse.options.file_bytes));
+            self.writer = Some(table.data_writer(None, self.warehouse.options.file_bytes)?);
         }
         Ok(self.writer.as_mut().expect("made above"))
     }

@@ -7,7 +7,73 @@ pub(crate) mod rows;
 
 use arrow_schema::DataType as Arrow;
 use sluice_core::connector::SchemaChange;
+use sluice_core::spec::{EndpointSpec, NodeKind, SpecError};
 use sluice_core::{DataType, Error, ErrorKind, Side, TableName};
+
+/// Partitioning (`partition_by`): the same columns (or partition fields) for every table, or per
+/// table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum PartitionBy {
+    #[default]
+    None,
+    /// Every table, by these.
+    Every(Vec<String>),
+    /// These tables (target names), each by its own.
+    Tables(Vec<(String, Vec<String>)>),
+}
+
+impl PartitionBy {
+    /// The entries of table `named` (`namespace.table`, its own name).
+    pub(crate) fn of(&self, named: &str) -> Vec<String> {
+        match self {
+            PartitionBy::None => Vec::new(),
+            PartitionBy::Every(entries) => entries.clone(),
+            PartitionBy::Tables(tables) => {
+                tables.iter().find(|(name, _)| name == named).map(|(_, entries)| entries.clone()).unwrap_or_default()
+            }
+        }
+    }
+}
+
+/// Column names (or partition fields): `[a, b]` or one.
+fn names(
+    endpoint: &EndpointSpec,
+    node: &sluice_core::spec::Node,
+    field: &str,
+) -> std::result::Result<Vec<String>, SpecError> {
+    let name = |node: &sluice_core::spec::Node| match &node.kind {
+        NodeKind::Scalar { text, .. } if !text.is_empty() => Some(text.clone()),
+        _ => None,
+    };
+    let expected = || endpoint.error(field, "expected a column name or a list of column names");
+    match &node.kind {
+        NodeKind::Sequence(items) => items.iter().map(|item| name(item).ok_or_else(expected)).collect(),
+        _ => name(node).map(|one| vec![one]).ok_or_else(expected),
+    }
+}
+
+/// `partition_by: [column, ...]` for every table, or `{table: [column, ...], ...}`.
+pub(crate) fn partition_by(endpoint: &EndpointSpec) -> std::result::Result<PartitionBy, Vec<SpecError>> {
+    let Some(node) = endpoint.options.get("partition_by") else { return Ok(PartitionBy::None) };
+    match &node.kind {
+        NodeKind::Mapping(entries) => {
+            let mut errors = Vec::new();
+            let mut tables = Vec::new();
+            for (table, columns) in entries {
+                match names(endpoint, columns, &format!("partition_by.{table}")) {
+                    Ok(columns) => tables.push((table.clone(), columns)),
+                    Err(error) => errors.push(error),
+                }
+            }
+            if errors.is_empty() {
+                Ok(PartitionBy::Tables(tables))
+            } else {
+                Err(errors)
+            }
+        }
+        _ => names(endpoint, node, "partition_by").map(PartitionBy::Every).map_err(|error| vec![error]),
+    }
+}
 
 /// A lake table format as the shared code needs it: its name and article, for messages, and the
 /// Arrow type each logical type takes in its tables.

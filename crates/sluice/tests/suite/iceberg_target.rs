@@ -131,7 +131,9 @@ fn an_iceberg_table_follows_the_source_through_kills_an_added_column_and_a_widen
     create_tables(&database);
     let job = IcebergJob::new(
         &database,
-        "  commit_interval_secs: 1\n  commit_rows: 2000\n  target_file_mb: 1\n",
+        &format!(
+            "  commit_interval_secs: 1\n  commit_rows: 2000\n  target_file_mb: 1\n  partition_by: {{\"{database}.items\": [\"bucket(4, id)\"]}}\n"
+        ),
         "batch_rows: 100, split_rows: 50, rows_per_sec: 1500",
     );
     let mut random = Random::from_environment("an_iceberg_table_follows_the_source");
@@ -203,9 +205,11 @@ fn an_iceberg_table_follows_the_source_through_kills_an_added_column_and_a_widen
     }
     assert!(snapshots.iter().any(|snapshot| snapshot.operation == "overwrite"), "no merge: {snapshots:?}");
     // Each group adds a file to the tables it changes; the small ones are joined as they gather.
+    // Items are partitioned by bucket(4, id): every file in one of the four.
     let item_files = iceberg::data_files(&catalog, &job.table("items"));
     let item_snapshots = iceberg::snapshots(&catalog, &job.table("items"), "id", "v").len();
-    assert!(item_files < 8, "items has {item_files} data files after {item_snapshots} snapshots");
+    assert_eq!(iceberg::partitions(&catalog, &job.table("items")), 4);
+    assert!(item_files < 8 * 4, "items has {item_files} data files after {item_snapshots} snapshots");
     eprintln!("{} snapshots of accounts; items: {item_files} files after {item_snapshots} snapshots", snapshots.len());
 }
 
@@ -342,7 +346,11 @@ fn every_type_reaches_an_iceberg_table_as_readers_expect() {
         row(1),
         row(2)
     ));
-    let job = IcebergJob::new(&database, "  commit_interval_secs: 1\n", "");
+    let job = IcebergJob::new(
+        &database,
+        &format!("  commit_interval_secs: 1\n  partition_by: {{\"{database}.types\": [\"day(at)\", color]}}\n"),
+        "",
+    );
     let mut child = job.start();
     job.wait_streaming(&mut child);
     mariadb(&format!("SET time_zone = '+00:00'; INSERT INTO {database}.types VALUES {}; UPDATE {database}.types SET name = 'changed' WHERE id = 2", row(4)));
@@ -466,34 +474,51 @@ fn an_iceberg_catalog_in_postgresql_takes_the_copy_and_the_stream() {
     }
 }
 
-/// A table another tool made partitioned (Sluice writes unpartitioned tables only) is refused by
-/// name before anything is committed to it.
+/// Tables another tool made: one partitioned by `bucket(4, id)` takes the copy, each file in its
+/// partition as pyiceberg reads them; one of format version 1 is refused by name before anything is
+/// committed to it.
 #[test]
-fn a_table_another_tool_partitioned_is_refused_by_name() {
-    let database = unique_name("iceberg_partitioned");
+fn tables_another_tool_made_are_written_by_their_spec_or_refused_by_name() {
+    let database = unique_name("iceberg_foreign");
     mariadb(&format!(
-        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id BIGINT PRIMARY KEY); INSERT INTO {database}.t VALUES (1), (2)"
+        "CREATE DATABASE {database}; CREATE TABLE {database}.t (id BIGINT PRIMARY KEY); INSERT INTO {database}.t SELECT seq FROM {database}.seq_1_to_100"
     ));
     let workspace = Workspace::new();
     let catalog_file = workspace.path("catalog.db");
     let catalog = iceberg::Catalog::sqlite(&catalog_file);
-    iceberg::create_partitioned(&catalog, &format!("{database}.t"), &workspace.path("elsewhere"));
-    let text = format!(
-        "name: partitioned\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{database}.*\"]\n\
-         target:\n  type: iceberg\n  catalog: {{type: sql, uri: \"sqlite:///{}\", name: lake}}\n  warehouse: warehouse\n",
-        catalog_file.display()
-    );
-    let file = workspace.write("job.yaml", &text);
-    let run = support::Run::from(
-        workspace.command(&["run", file.to_str().unwrap()]).env("SOURCE", mysql_url()).output().unwrap(),
-    );
-    assert_ne!(run.code, 0, "{}", run.all());
+    let table = format!("{database}.t");
+    // A job per table, so the second one starts afresh without `--restart` (which would drop the
+    // first table, made by the other tool, and make it anew).
+    let run = |table: &str| {
+        let text = format!(
+            "name: foreign-{}\nmode: snapshot\nsource:\n  type: mysql\n  url: ${{SOURCE}}\n  tables: [\"{table}\"]\n\
+             target:\n  type: iceberg\n  catalog: {{type: sql, uri: \"sqlite:///{}\", name: lake}}\n  warehouse: warehouse\n",
+            table.rsplit('.').next().unwrap(),
+            catalog_file.display()
+        );
+        let file = workspace.write("job.yaml", &text);
+        support::Run::from(
+            workspace.command(&["run", file.to_str().unwrap()]).env("SOURCE", mysql_url()).output().unwrap(),
+        )
+    };
+    iceberg::create_partitioned(&catalog, &table, &workspace.path("elsewhere"), 2);
+    let copied = run(&table);
+    assert_eq!(copied.code, 0, "{}", copied.all());
+    let expected: Vec<String> = (1..=100).map(|id| id.to_string()).collect();
+    assert_eq!(iceberg::rows(&catalog, &table, &["id"]), expected);
+    assert_eq!(iceberg::partitions(&catalog, &table), 4);
+
+    mariadb(&format!("CREATE TABLE {database}.v1 (id BIGINT PRIMARY KEY); INSERT INTO {database}.v1 VALUES (1)"));
+    let old = format!("{database}.v1");
+    iceberg::create_partitioned(&catalog, &old, &workspace.path("elsewhere"), 1);
+    let refused = run(&old);
+    assert_ne!(refused.code, 0, "{}", refused.all());
     assert!(
-        run.all().contains(&format!(
-            "Iceberg table {database}.t cannot take Sluice's commits: it is partitioned by id (identity)"
-        )),
+        refused
+            .all()
+            .contains(&format!("Iceberg table {old} cannot take Sluice's commits: it is of Iceberg format version v1")),
         "{}",
-        run.all()
+        refused.all()
     );
-    assert_eq!(iceberg::rows(&catalog, &format!("{database}.t"), &["id"]), Vec::<String>::new());
+    assert_eq!(iceberg::rows(&catalog, &old, &["id"]), Vec::<String>::new());
 }

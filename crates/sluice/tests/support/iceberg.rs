@@ -66,20 +66,30 @@ name, uri, table = sys.argv[1:4]
 print(int(SqlCatalog(name, uri=uri).table_exists(table)))
 "#;
 
-/// Creates a table `namespace.name (id long)` partitioned by `id`, as another tool would.
+/// Creates a table `namespace.name (id long)` of a format version, partitioned by `bucket(4, id)`,
+/// as another tool would.
 const CREATE_PARTITIONED: &str = r#"
 import sys
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import IdentityTransform
+from pyiceberg.transforms import BucketTransform
 from pyiceberg.types import LongType, NestedField
-name, uri, table, warehouse = sys.argv[1:5]
+name, uri, table, warehouse, version = sys.argv[1:6]
 catalog = SqlCatalog(name, uri=uri, warehouse="file://" + warehouse)
 catalog.create_namespace_if_not_exists(table.split(".")[0])
 schema = Schema(NestedField(1, "id", LongType(), required=True))
-spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=IdentityTransform(), name="id"))
-catalog.create_table(table, schema=schema, partition_spec=spec)
+spec = PartitionSpec(PartitionField(source_id=1, field_id=1000, transform=BucketTransform(4), name="id_bucket"))
+catalog.create_table(table, schema=schema, partition_spec=spec, properties={"format-version": version})
+"#;
+
+/// The distinct partitions of a table's current data files.
+const PARTITIONS: &str = r#"
+import sys
+from pyiceberg.catalog.sql import SqlCatalog
+name, uri, table = sys.argv[1:4]
+files = SqlCatalog(name, uri=uri).load_table(table).inspect.files().to_pylist()
+print(len({str(file["partition"]) for file in files}))
 "#;
 
 /// Deletes the rows matching a filter from a table, as another writer would.
@@ -140,10 +150,15 @@ pub fn rows(catalog: &Catalog, table: &str, columns: &[&str]) -> Vec<String> {
     catalog.run(ROWS, &[table, &columns.join(",")]).lines().map(str::to_owned).collect()
 }
 
-/// Creates `table` (`namespace.name`, one `long` column `id`) partitioned by `id` with pyiceberg,
-/// its files under `warehouse`.
-pub fn create_partitioned(catalog: &Catalog, table: &str, warehouse: &Path) {
-    catalog.run(CREATE_PARTITIONED, &[table, warehouse.to_str().unwrap()]);
+/// Creates `table` (`namespace.name`, one `long` column `id`) of Iceberg format `version`,
+/// partitioned by `bucket(4, id)`, with pyiceberg, its files under `warehouse`.
+pub fn create_partitioned(catalog: &Catalog, table: &str, warehouse: &Path, version: u8) {
+    catalog.run(CREATE_PARTITIONED, &[table, warehouse.to_str().unwrap(), &version.to_string()]);
+}
+
+/// The distinct partitions of `table`'s current data files, as pyiceberg lists them.
+pub fn partitions(catalog: &Catalog, table: &str) -> usize {
+    catalog.run(PARTITIONS, &[table]).trim().parse().expect("a count")
 }
 
 /// Whether `table` is in the catalog.
