@@ -291,14 +291,9 @@ impl Sink for DeltaSink {
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         // Every problem at once: partitioning first, then the tables.
-        let problems: Vec<String> = tables
-            .iter()
-            .filter_map(|table| self.lake.partition_columns(table).err())
-            .map(|error| error.to_string())
-            .collect();
-        if !problems.is_empty() {
-            return Err(Error::new(ErrorKind::Config, problems.join("; ")).on(Side::Target));
-        }
+        crate::lake::every_problem(
+            tables.iter().filter_map(|table| self.lake.partition_columns(table).err()).collect(),
+        )?;
         for table in tables {
             self.lake.ensure_table(table).await?;
         }

@@ -253,19 +253,13 @@ impl Sink for IcebergSink {
 
     async fn prepare(&self, tables: &[TableSchema]) -> Result<()> {
         // Every problem at once: the types and partition fields first, then the tables.
-        let problems: Vec<String> = tables
-            .iter()
-            .filter_map(|table| {
-                let checked = types::iceberg_schema(table).and_then(|schema| {
-                    partition::spec(&table.name, &schema, &self.warehouse.partition_fields(table)?).map(|_| ())
-                });
-                checked.err()
-            })
-            .map(|error| error.to_string())
-            .collect();
-        if !problems.is_empty() {
-            return Err(Error::new(ErrorKind::Schema, problems.join("; ")).on(Side::Target));
-        }
+        let problems = tables.iter().filter_map(|table| {
+            let checked = types::iceberg_schema(table).and_then(|schema| {
+                partition::spec(&table.name, &schema, &self.warehouse.partition_fields(table)?).map(|_| ())
+            });
+            checked.err()
+        });
+        crate::lake::every_problem(problems.collect())?;
         for table in tables {
             self.warehouse.ensure(table).await?;
         }

@@ -227,6 +227,28 @@ impl Partitioner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::{Column, DataType, TableSchema};
+
+    #[test]
+    fn a_spec_names_every_column_it_cannot_partition_by() {
+        let table = TableSchema {
+            name: TableName::parse("d.t"),
+            columns: vec![
+                Column::new("id", DataType::Integer { bytes: 8, unsigned: false }, false),
+                Column::new("name", DataType::Text { length: Some(20), fixed: false }, true),
+            ],
+            primary_key: vec![0],
+            indexes: Vec::new(),
+            details: Default::default(),
+        };
+        let schema = super::super::types::iceberg_schema(&table).unwrap();
+        let fields = [parse("day(name)").unwrap(), parse("nope").unwrap()];
+        let error = spec(&table.name, &schema, &fields).unwrap_err().to_string();
+        assert!(error.contains("day cannot partition column name of type string"), "{error}");
+        assert!(error.contains("no column nope"), "{error}");
+        let spec = spec(&table.name, &schema, &[parse("bucket(8, id)").unwrap(), parse("name").unwrap()]).unwrap();
+        assert_eq!(spec.fields().iter().map(|field| field.name.as_str()).collect::<Vec<_>>(), ["id_bucket", "name"]);
+    }
 
     #[test]
     fn entries_name_a_column_and_a_transform() {

@@ -10,6 +10,21 @@ use sluice_core::connector::SchemaChange;
 use sluice_core::spec::{EndpointSpec, NodeKind, SpecError};
 use sluice_core::{DataType, Error, ErrorKind, Side, TableName};
 
+/// Every problem found before a run at once: none, the one as it is (with its hint), or one
+/// error listing them all.
+pub(crate) fn every_problem(mut problems: Vec<Error>) -> sluice_core::Result<()> {
+    match problems.len() {
+        0 => Ok(()),
+        1 => Err(problems.remove(0)),
+        _ => {
+            let messages: Vec<&str> = problems.iter().map(Error::message).collect();
+            Err(Error::new(problems[0].kind(), messages.join("; "))
+                .on(Side::Target)
+                .hint("fix each of them, then run again"))
+        }
+    }
+}
+
 /// Partitioning (`partition_by`): the same columns (or partition fields) for every table, or per
 /// table.
 #[derive(Debug, Clone, Default, PartialEq)]
