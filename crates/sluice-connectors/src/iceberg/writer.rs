@@ -85,8 +85,9 @@ impl TableWriter for CopyWriter {
         if let Some(writer) = self.writer.as_mut() {
             changes.added = writer.finish()?;
         }
+        // The table exists once (it is made when missing: a split that wrote no row commits too).
+        let table = self.warehouse.ensure(&self.table).await?;
         if self.replace {
-            let table = self.warehouse.ensure(&self.table).await?;
             let live = table.live_files(&self.warehouse.io).await?;
             changes.removed = live.iter().map(|entry| entry.file_path().to_owned()).collect::<HashSet<_>>();
         }
@@ -96,8 +97,7 @@ impl TableWriter for CopyWriter {
         changes.summary.insert("sluice.task".into(), self.task.clone());
         changes.summary.insert("sluice.checkpoint".into(), text.clone());
         changes.properties.insert(checkpoint_property(&self.job, &self.task), text);
-        self.warehouse.ensure(&self.table).await?;
-        self.warehouse.commit_files(&self.job, &self.table.name, &changes).await?;
+        self.warehouse.commit_files(&self.job, &table.name, &changes).await?;
         self.staged = 0;
         self.replace = false;
         Ok(())
