@@ -223,17 +223,61 @@ pub struct Batch {
     pub rejected: Vec<Rejected>,
     /// Bytes the source read for this batch (payload size, not wire size).
     pub bytes: u64,
+    /// Rows handed on as the source wrote them, in a format the target reads itself (then
+    /// `changes` is empty): see [`EncodedRows`].
+    pub encoded: Option<EncodedRows>,
 }
 
 impl Batch {
     pub fn new(changes: Vec<Change>, position: Position) -> Batch {
         let bytes = changes.iter().map(|change| change.approximate_size() as u64).sum();
-        Batch { changes, position, rejected: Vec::new(), bytes }
+        Batch { changes, position, rejected: Vec::new(), bytes, encoded: None }
     }
 
     /// A batch whose reader summed [`Change::approximate_size`] while decoding, when the values
     /// were at hand, sparing a second pass over them.
     pub fn counted(changes: Vec<Change>, position: Position, bytes: u64) -> Batch {
-        Batch { changes, position, rejected: Vec::new(), bytes }
+        Batch { changes, position, rejected: Vec::new(), bytes, encoded: None }
     }
+
+    /// A batch of rows left in the source's own format.
+    pub fn encoded(rows: EncodedRows, position: Position) -> Batch {
+        let bytes = rows.data.len() as u64;
+        Batch { changes: Vec::new(), position, rejected: Vec::new(), bytes, encoded: Some(rows) }
+    }
+
+    /// The rows (changes) the batch carries, decoded or not.
+    pub fn rows(&self) -> usize {
+        self.changes.len() + self.encoded.as_ref().map_or(0, |encoded| encoded.rows)
+    }
+}
+
+/// A bulk format in which a source can hand on a snapshot's rows without decoding them and a
+/// target can take them without encoding them again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowEncoding {
+    /// PostgreSQL's `COPY` text format: a line per row, the table's columns in order, each value
+    /// in its type's text form as a session in UTC with ISO dates, the `postgres` interval style
+    /// and exact floats writes it.
+    PostgresCopyText,
+}
+
+impl std::fmt::Display for RowEncoding {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(match self {
+            RowEncoding::PostgresCopyText => "PostgreSQL COPY text",
+        })
+    }
+}
+
+/// Rows of one split as the source wrote them in `encoding`, for a copy whose table the job maps
+/// to the target unchanged, into a target that reads the format (`TableWriter::takes_encoded`).
+/// No value was decoded: the target, not Sluice, judges them, and a row it refuses is found by
+/// decoding the batch then.
+#[derive(Debug, Clone)]
+pub struct EncodedRows {
+    pub encoding: RowEncoding,
+    /// The rows, each one line ending in `\n`.
+    pub data: Vec<u8>,
+    pub rows: usize,
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::change::{Batch, Change, Position, Rejected, Row};
+use crate::change::{Batch, Change, Position, Rejected, Row, RowEncoding};
 use crate::cursor::CursorWindow;
 use crate::error::{Error, ErrorKind, Result, Side};
 use crate::schema::{TableName, TableSchema};
@@ -281,6 +281,21 @@ pub trait SnapshotSource: Send + Sync {
     /// Opens a reader on a split, resuming strictly after `resume_after` when given. Called by
     /// the task that owns the split, possibly again after a retry.
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>>;
+
+    /// Opens a reader as `open` does whose batches hand the rows on undecoded, in `encoding`
+    /// (`Batch::encoded`), for a target that reads that format itself; `None` when this source
+    /// cannot for this split (the engine then calls `open`). Asked only for tables the job maps
+    /// unchanged. A source that can hold values the target must judge first (zero dates) says
+    /// `None`. The default is `None`.
+    async fn open_encoded(
+        &self,
+        _split: &Split,
+        _resume_after: Option<&Position>,
+        _batch_rows: usize,
+        _encoding: RowEncoding,
+    ) -> Result<Option<Box<dyn Reader>>> {
+        Ok(None)
+    }
 
     /// A split of `table` holding exactly the rows with these primary keys (values in key
     /// order), read as any split (`open`): how a dirty record of the change stream is read again
@@ -1013,6 +1028,14 @@ pub trait TableWriter: Send {
     /// Transactional targets delete in the open transaction; a file target, which starts a
     /// split's part over at `recover`, has nothing to remove.
     async fn replace_all(&mut self) -> Result<()>;
+
+    /// The bulk format this writer reads rows in as they are (`Batch::encoded`), sparing the
+    /// copy their decoding and encoding again, when the job maps the table unchanged. A writer
+    /// that says one takes batches in it as well as decoded ones, and finds a row the table
+    /// refuses among them as it does among decoded rows. The default takes none.
+    fn takes_encoded(&self) -> Option<RowEncoding> {
+        None
+    }
 }
 
 #[cfg(test)]

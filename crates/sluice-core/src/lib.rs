@@ -27,7 +27,7 @@ pub mod transform;
 pub mod value;
 pub mod zero_dates;
 
-pub use change::{Batch, Change, ChangeKind, LogMark, Position, Rejected, Row};
+pub use change::{Batch, Change, ChangeKind, EncodedRows, LogMark, Position, Rejected, Row, RowEncoding};
 pub use error::{Error, ErrorKind, Result, Side};
 pub use schema::{Column, DataType, Index, TableName, TableSchema};
 pub use value::{Date, DateTime, Decimal, Time, Value};

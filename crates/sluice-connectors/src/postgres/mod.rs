@@ -58,7 +58,8 @@ pub(crate) fn endpoint(url: &Secret, side: Side) -> Result<(tokio_postgres::Conf
     Ok((config, mode, found.client(verification)))
 }
 
-/// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC.
+/// Opens a session pinned to UTC, so `timestamptz` values are read and written as UTC, with ISO
+/// dates and the `postgres` interval style, so text forms mean the same on every server.
 pub(crate) async fn connect(url: &Secret, side: Side, server: &str) -> Result<Client, Error> {
     let (config, mode, tls) = endpoint(url, side)?;
     let connector = match mode {
@@ -86,7 +87,9 @@ pub(crate) async fn connect(url: &Secret, side: Side, server: &str) -> Result<Cl
         }
     };
     client
-        .batch_execute("SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'")
+        .batch_execute(
+            "SET TIME ZONE 'UTC'; SET client_encoding = 'UTF8'; SET DateStyle = 'ISO'; SET IntervalStyle = 'postgres'",
+        )
         .await
         .map_err(|error| postgres_error(error, side, server, "set up the session"))?;
     Ok(client)
@@ -262,6 +265,16 @@ async fn copy_rows<'a>(
     let capacity = buffer.len() + buffer.len() / 8;
     let data = std::mem::replace(buffer, String::with_capacity(capacity));
     sink.send(bytes::Bytes::from(data)).await?;
+    sink.finish().await?;
+    Ok(())
+}
+
+/// Sends rows already in COPY text format (`RowEncoding::PostgresCopyText`) through `statement`.
+async fn copy_text(client: &Client, statement: &str, rows: &[u8]) -> Result<(), tokio_postgres::Error> {
+    use futures_util::SinkExt;
+    let sink = client.copy_in::<_, bytes::Bytes>(statement).await?;
+    futures_util::pin_mut!(sink);
+    sink.send(bytes::Bytes::copy_from_slice(rows)).await?;
     sink.finish().await?;
     Ok(())
 }

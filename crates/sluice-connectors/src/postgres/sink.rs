@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use sluice_core::change::{Batch, Rejected};
+use sluice_core::change::{Batch, Change, EncodedRows, Rejected, RowEncoding};
 use sluice_core::connector::{
     Binding, CheckItem, Checkpoint, Fence, FoldedChangeSink, FoldedChangeWriter, Refused, Sink, TableTasks, TableWriter,
 };
@@ -455,6 +455,59 @@ impl PostgresWriter {
     }
 }
 
+impl PostgresWriter {
+    /// COPYs rows another PostgreSQL server wrote as COPY text under a savepoint; when the table
+    /// refuses one, reads them as values and writes them as decoded rows are written, so the
+    /// refused ones are found and become dirty records.
+    async fn write_encoded(&mut self, rows: &EncodedRows) -> Result<Vec<Rejected>> {
+        self.begin().await?;
+        self.client.batch_execute("SAVEPOINT encoded").await.map_err(self.error("set a savepoint"))?;
+        let copied = match super::copy_text(&self.client, &self.copy, &rows.data).await {
+            Ok(()) => match &self.upsert {
+                Some(upsert) => self.client.batch_execute(upsert).await,
+                None => Ok(()),
+            },
+            Err(error) => Err(error),
+        };
+        match copied {
+            Ok(()) => {
+                self.client
+                    .batch_execute("RELEASE SAVEPOINT encoded")
+                    .await
+                    .map_err(self.error("release a savepoint"))?;
+                Ok(Vec::new())
+            }
+            Err(error) if super::is_row_error(&error) => {
+                self.client
+                    .batch_execute("ROLLBACK TO SAVEPOINT encoded")
+                    .await
+                    .map_err(self.error("roll back refused rows"))?;
+                log::debug!("table {}: a row of a batch was refused ({error}); finding it", self.table.name);
+                self.write_decoded(&rows.data).await
+            }
+            Err(error) => {
+                Err(postgres_error(error, Side::Target, &self.server, &format!("copy into {}", self.table.name)))
+            }
+        }
+    }
+
+    /// The rows of COPY text read as values and written as a decoded batch is; a line whose
+    /// values this table's types cannot hold is refused as the source's reader refuses it.
+    async fn write_decoded(&mut self, data: &[u8]) -> Result<Vec<Rejected>> {
+        let mut rows = Vec::new();
+        let mut rejected = Vec::new();
+        for line in data.split_inclusive(|byte| *byte == b'\n') {
+            match super::source::values::decode_line(&self.table, line) {
+                Ok(values) => rows.push(Change::insert(self.table.clone(), values)),
+                Err((values, reason)) => rejected.push(Rejected::row(&self.table, &values, reason)),
+            }
+        }
+        let batch = Batch::new(rows, sluice_core::Position(serde_json::Value::Null));
+        rejected.extend(write_inserts(self, &batch).await?);
+        Ok(rejected)
+    }
+}
+
 #[async_trait]
 impl InsertTarget for PostgresWriter {
     const TARGET: &'static str = "PostgreSQL";
@@ -503,7 +556,14 @@ impl TableWriter for PostgresWriter {
     }
 
     async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
-        write_inserts(self, batch).await
+        match &batch.encoded {
+            Some(rows) => self.write_encoded(rows).await,
+            None => write_inserts(self, batch).await,
+        }
+    }
+
+    fn takes_encoded(&self) -> Option<RowEncoding> {
+        Some(RowEncoding::PostgresCopyText)
     }
 
     async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {

@@ -7,7 +7,7 @@
 //! It owns the task queue and what its tasks report (splits found done, the position each
 //! split was copied to); it does not plan, prepare the target or stream changes.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,11 +15,11 @@ use tokio::sync::{mpsc, watch};
 
 use super::context::RunContext;
 use super::{interrupted, lock};
-use crate::change::{Batch, Position, Rejected};
+use crate::change::{Batch, Position, Rejected, RowEncoding};
 use crate::connector::{Checkpoint, Split};
 use crate::error::{Error, ErrorKind, Result};
 use crate::hidden::HiddenCopies;
-use crate::schema::TableSchema;
+use crate::schema::{TableName, TableSchema};
 use crate::state::Plan;
 use crate::stats::TableStats;
 use crate::transform::TableMapping;
@@ -42,14 +42,16 @@ pub(super) struct SnapshotCopy {
     /// concurrent tasks each add theirs.
     copied: Mutex<HashMap<String, Option<Position>>>,
     /// Splits other runs copied to their end (`Runner::with_copied_splits`).
-    copied_elsewhere: std::collections::BTreeSet<String>,
+    copied_elsewhere: BTreeSet<String>,
+    /// Tables whose rows some task handed on undecoded (`open_reader`), each said once in the log.
+    encoded: Mutex<BTreeSet<TableName>>,
 }
 
 impl SnapshotCopy {
     pub(super) fn new(
         context: Arc<RunContext>,
         hidden: HiddenCopies,
-        copied_elsewhere: std::collections::BTreeSet<String>,
+        copied_elsewhere: BTreeSet<String>,
     ) -> Arc<SnapshotCopy> {
         Arc::new(SnapshotCopy {
             context,
@@ -57,6 +59,7 @@ impl SnapshotCopy {
             splits_resumed_done: AtomicU64::new(0),
             copied: Mutex::new(HashMap::new()),
             copied_elsewhere,
+            encoded: Mutex::new(BTreeSet::new()),
         })
     }
 
@@ -189,7 +192,14 @@ impl SnapshotCopy {
             position = None;
         }
         TableStats::take(&stats.rows_expected, rows_written.min(split.estimated_rows));
-        let reader = context.source.needs_snapshot()?.open(split, position.as_ref(), job.limits.batch_rows).await?;
+        let encoding = writer.takes_encoded().filter(|_| mapping.is_identity());
+        let (reader, encoded) = open_reader(context, split, encoding, position.as_ref()).await?;
+        if let Some(encoding) = encoded.filter(|_| lock(&self.encoded).insert(split.table.name.clone())) {
+            log::info!(
+                "table {}: rows go to the target as the source wrote them ({encoding}), not decoded: the job maps the table unchanged",
+                split.table.name
+            );
+        }
 
         let (batches, mut received) = mpsc::channel::<Result<Option<Batch>>>(job.limits.queue_batches);
         let (acks, ack_queue) = mpsc::unbounded_channel::<Position>();
@@ -243,14 +253,14 @@ impl SnapshotCopy {
         batch: Batch,
     ) -> Result<(u64, Position)> {
         let context = &*self.context;
-        let rows = batch.changes.len() as u64;
+        let rows = batch.rows() as u64;
         TableStats::add(&stats.rows_read, rows + batch.rejected.len() as u64);
         TableStats::add(&stats.bytes_read, batch.bytes);
         context.throttle.admit(rows, batch.bytes).await;
         let (batch, mut rejects) = as_written(context, mapping, batch, stats);
         let to_write = &batch;
         let target_rejects = writer.write(to_write).await?;
-        let written = to_write.changes.len() as u64 - target_rejects.len() as u64;
+        let written = to_write.rows() as u64 - target_rejects.len() as u64;
         rejects.extend(target_rejects);
         if !rejects.is_empty() {
             TableStats::add(&stats.rows_skipped, rejects.len() as u64);
@@ -275,6 +285,26 @@ impl SnapshotCopy {
         TableStats::add(&stats.rows_written, written);
         self.context.state.save_checkpoint(&self.context.job.name, checkpoint)
     }
+}
+
+/// Opens the reader of `split` from `position`: one that hands its rows on in `encoding` when
+/// given (the target's writer reads it, and the job maps the table unchanged: no value to
+/// transform or judge on the way) and the source can, else one that decodes them. Says which
+/// encoding the reader's batches carry, if any.
+async fn open_reader(
+    context: &RunContext,
+    split: &Split,
+    encoding: Option<RowEncoding>,
+    position: Option<&Position>,
+) -> Result<(Box<dyn crate::connector::Reader>, Option<RowEncoding>)> {
+    let source = context.source.needs_snapshot()?;
+    let batch_rows = context.job.limits.batch_rows;
+    if let Some(encoding) = encoding {
+        if let Some(reader) = source.open_encoded(split, position, batch_rows, encoding).await? {
+            return Ok((reader, Some(encoding)));
+        }
+    }
+    Ok((source.open(split, position, batch_rows).await?, None))
 }
 
 /// Waits for every task and returns the error that stopped the copy, if any: a real failure
@@ -307,6 +337,10 @@ pub(super) fn as_written(
     stats: &TableStats,
 ) -> (Batch, Vec<Rejected>) {
     let mut rejects = std::mem::take(&mut batch.rejected);
+    if batch.encoded.is_some() {
+        // Asked for only where the mapping changes nothing, from sources without zero dates.
+        return (batch, rejects);
+    }
     if !mapping.is_identity() {
         let transformed = mapping.batch(batch);
         TableStats::add(&stats.rows_filtered, transformed.filtered);
@@ -386,6 +420,8 @@ mod tests {
     struct MemorySource {
         rows: i64,
         bad: Vec<i64>,
+        /// Hands rows on as lines of their ids when asked (`SnapshotSource::open_encoded`).
+        encodes: bool,
     }
 
     #[async_trait]
@@ -431,7 +467,28 @@ mod tests {
                 to: split.descriptor[1].as_i64().unwrap(),
                 batch_rows: batch_rows as i64,
                 bad: self.bad.clone(),
+                encoded: false,
             }))
+        }
+        async fn open_encoded(
+            &self,
+            split: &Split,
+            resume_after: Option<&Position>,
+            batch_rows: usize,
+            _encoding: RowEncoding,
+        ) -> Result<Option<Box<dyn Reader>>> {
+            if !self.encodes {
+                return Ok(None);
+            }
+            let from =
+                resume_after.map_or(split.descriptor[0].as_i64().unwrap(), |position| position.0.as_i64().unwrap() + 1);
+            Ok(Some(Box::new(MemoryReader {
+                next: from,
+                to: split.descriptor[1].as_i64().unwrap(),
+                batch_rows: batch_rows as i64,
+                bad: Vec::new(),
+                encoded: true,
+            })))
         }
     }
 
@@ -440,6 +497,8 @@ mod tests {
         to: i64,
         batch_rows: i64,
         bad: Vec<i64>,
+        /// Batches carry the ids as lines of text.
+        encoded: bool,
     }
 
     #[async_trait]
@@ -449,6 +508,13 @@ mod tests {
                 return Ok(None);
             }
             let last = (self.next + self.batch_rows - 1).min(self.to);
+            if self.encoded {
+                let data = (self.next..=last).map(|id| format!("{id}\n")).collect::<String>().into_bytes();
+                let rows = (last - self.next + 1) as usize;
+                self.next = last + 1;
+                let encoded = crate::change::EncodedRows { encoding: RowEncoding::PostgresCopyText, data, rows };
+                return Ok(Some(Batch::encoded(encoded, Position(json!(last)))));
+            }
             let mut changes = Vec::new();
             let mut rejected = Vec::new();
             for id in self.next..=last {
@@ -484,6 +550,10 @@ mod tests {
         expected_at_commits: Mutex<Vec<u64>>,
         /// Rows a writer stages before it wants a commit (`TableWriter::wants_commit`); 0: every batch.
         rows_per_commit: usize,
+        /// Writers take batches of ids as lines of text (`TableWriter::takes_encoded`).
+        takes_encoded: bool,
+        /// Encoded batches written.
+        encoded_batches: AtomicU32,
     }
 
     struct MemorySink(Arc<MemoryTarget>);
@@ -522,11 +592,20 @@ mod tests {
             Ok(self.target.committed.lock().unwrap().1.get(&self.task).cloned())
         }
         async fn write(&mut self, batch: &Batch) -> Result<Vec<Rejected>> {
+            if let Some(encoded) = &batch.encoded {
+                self.target.encoded_batches.fetch_add(1, Ordering::SeqCst);
+                let text = std::str::from_utf8(&encoded.data).unwrap();
+                self.staged.extend(text.lines().map(|line| line.parse::<i64>().unwrap()));
+                assert_eq!(text.lines().count(), encoded.rows);
+            }
             self.staged.extend(batch.changes.iter().map(|change| match change.row()[0] {
                 Value::Int(id) => id,
                 _ => unreachable!(),
             }));
             Ok(Vec::new())
+        }
+        fn takes_encoded(&self) -> Option<RowEncoding> {
+            self.target.takes_encoded.then_some(RowEncoding::PostgresCopyText)
         }
         async fn commit(&mut self, checkpoint: &Checkpoint) -> Result<()> {
             let number = self.target.commits.fetch_add(1, Ordering::SeqCst) + 1;
@@ -563,7 +642,7 @@ mod tests {
         let (_stop, stopped) = watch::channel(false);
         let runner = Arc::new(Runner::new(
             job(""),
-            Arc::new(MemorySource { rows: 100, bad: vec![] }),
+            Arc::new(MemorySource { rows: 100, bad: vec![], encodes: false }),
             sink,
             state.clone(),
             stopped,
@@ -577,6 +656,34 @@ mod tests {
         assert_eq!(state.runs(), 1);
     }
 
+    /// A table the job maps unchanged goes from a source that can hand its rows on undecoded to
+    /// a writer that takes them so: every batch encoded, every row once, counted; a job that
+    /// filters the table gets decoded rows, and so does a writer that takes no encoding.
+    #[tokio::test]
+    async fn rows_pass_undecoded_only_where_the_mapping_changes_nothing_and_the_writer_takes_them() {
+        let copy = |extra: &'static str, takes_encoded: bool| async move {
+            let target = Arc::new(MemoryTarget { takes_encoded, ..Default::default() });
+            let (_stop, stopped) = watch::channel(false);
+            let runner = Arc::new(Runner::new(
+                job(extra),
+                Arc::new(MemorySource { rows: 100, bad: vec![], encodes: true }),
+                Arc::new(MemorySink(target.clone())),
+                Arc::new(MemoryStateStore::default()),
+                stopped,
+            ));
+            let (summary, error) = runner.run().await;
+            assert!(error.is_none(), "{error:?}");
+            let mut ids = target.committed.lock().unwrap().0.clone();
+            ids.sort_unstable();
+            assert_eq!(ids, (1..=100).collect::<Vec<_>>());
+            assert_eq!((summary.rows_read, summary.rows_written), (100, 100));
+            target.encoded_batches.load(Ordering::SeqCst)
+        };
+        assert_eq!(copy("", true).await, 10, "ten batches of ten rows, all encoded");
+        assert_eq!(copy("transform: [{source_table: t, filter: \"id > 0\"}]", true).await, 0);
+        assert_eq!(copy("", false).await, 0);
+    }
+
     /// A writer that wants fewer, larger commits gets them: batches are written until it asks,
     /// and each split's end commits the rest; every row lands once and the checkpoints count them.
     #[tokio::test]
@@ -586,7 +693,7 @@ mod tests {
         let (_stop, stopped) = watch::channel(false);
         let runner = Arc::new(Runner::new(
             job(""),
-            Arc::new(MemorySource { rows: 100, bad: vec![] }),
+            Arc::new(MemorySource { rows: 100, bad: vec![], encodes: false }),
             Arc::new(MemorySink(target.clone())),
             state,
             stopped,
@@ -609,7 +716,7 @@ mod tests {
     async fn the_progress_expects_every_splits_rows_from_the_start() {
         let target = Arc::new(MemoryTarget { failing_commits: vec![3], ..Default::default() });
         let state = Arc::new(MemoryStateStore::default());
-        let source = Arc::new(MemorySource { rows: 100, bad: vec![] });
+        let source = Arc::new(MemorySource { rows: 100, bad: vec![], encodes: false });
         let run = || {
             let (_stop, stopped) = watch::channel(false);
             let runner = Arc::new(Runner::new(
@@ -649,7 +756,7 @@ mod tests {
         let sink = Arc::new(MemorySink(target.clone()));
         let state = Arc::new(MemoryStateStore::default());
         let (_stop, stopped) = watch::channel(false);
-        let source = Arc::new(MemorySource { rows: 100, bad: vec![5, 15] });
+        let source = Arc::new(MemorySource { rows: 100, bad: vec![5, 15], encodes: false });
         let runner = Arc::new(Runner::new(
             job("parallelism: 1\nerrors: {max_dirty_records: 1}\n"),
             source,

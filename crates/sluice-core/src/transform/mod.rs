@@ -615,7 +615,7 @@ impl TableMapping {
     }
 
     pub fn batch(&self, batch: Batch) -> Transformed {
-        let Batch { changes, position, mut rejected, bytes } = batch;
+        let Batch { changes, position, mut rejected, bytes, encoded } = batch;
         let mut out = Vec::with_capacity(changes.len());
         let mut filtered = 0;
         for change in changes {
@@ -649,7 +649,7 @@ impl TableMapping {
                 }
             }
         }
-        Transformed { batch: Batch { changes: out, position, rejected, bytes }, filtered }
+        Transformed { batch: Batch { changes: out, position, rejected, bytes, encoded }, filtered }
     }
 
     /// A source change as a target change; `None` when the filter leaves both images out, or

@@ -460,6 +460,81 @@ fn postgres_values_reach_postgres_equal_through_the_copy_and_the_stream() {
     assert_eq!(inserted.lines().next(), Some("11"), "{inserted}");
 }
 
+/// A table the job maps unchanged goes from PostgreSQL to PostgreSQL as the COPY text the source
+/// wrote, no value decoded and encoded again: every value equal (escapes, NULLs, NaN, BC dates,
+/// infinities, arrays, bytea); a row the target table refuses is found among them and kept as a
+/// dirty record naming its key and the rule; a job that filters the table decodes its rows as
+/// before, with the same result.
+#[test]
+fn copy_text_passes_from_postgres_to_postgres_unread_and_a_refused_row_is_still_found() {
+    const ROWS: i64 = 3_000;
+    let source = SourceDatabase::create("pgpass");
+    let schema = source.name.clone();
+    let columns =
+        "id int PRIMARY KEY, n numeric, at timestamptz, d date, span interval, f float8, raw bytea, doc jsonb, \
+                   grid int[], s text, nothing text";
+    source.sql(&format!(
+        "CREATE SCHEMA {schema}; SET search_path = {schema}; CREATE TABLE items ({columns});
+         INSERT INTO items SELECT g, CASE WHEN g % 100 = 0 THEN 'NaN' ELSE g / 7.0 END,
+                '2024-01-01 00:00:00+00'::timestamptz + g * interval '1.5 seconds',
+                CASE WHEN g = 5 THEN '0044-03-15 BC'::date WHEN g = 6 THEN 'infinity'::date ELSE '2024-02-29'::date + g END,
+                make_interval(months => g, secs => (g / 3.0)::float8), CASE WHEN g = 7 THEN '-Infinity' ELSE g / 3.0 END,
+                decode(lpad(to_hex(g), 8, '0'), 'hex'), jsonb_build_object('g', g, 'e', 'é'), ARRAY[[g, NULL], [1, 2]],
+                E'tab\\there\\nline \\\\ back ' || g, NULL
+         FROM generate_series(1, {ROWS}) g;"
+    ));
+    // The target's table is the user's, with a rule one row breaks.
+    psql(&format!(
+        "CREATE SCHEMA {schema}; CREATE TABLE {schema}.items ({columns}, CONSTRAINT not_1234 CHECK (id <> 1234))"
+    ));
+    let workspace = Workspace::new();
+    let job = |name: &str, extra: &str| {
+        workspace.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "name: {name}\nmode: snapshot\nsource:\n  type: postgres\n  url: ${{SOURCE}}\n  tables: [\"{schema}.items\"]\n\
+                 target:\n  type: postgres\n  url: ${{TARGET}}\n  create_tables: true\n{extra}\
+                 limits: {{split_rows: 1000, batch_rows: 250}}\nerrors: {{max_dirty_records: 10}}\n"
+            ),
+        )
+    };
+    let rows = |sql: &dyn Fn(&str) -> String, schema: &str| -> Vec<String> {
+        sql(&format!("SELECT replace(t::text, chr(10), '\\n') FROM {schema}.items t WHERE id <> 1234 ORDER BY id"))
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let expected = rows(&|sql: &str| source.sql(sql), &schema);
+    assert_eq!(expected.len(), ROWS as usize - 1);
+
+    let unread = job("unread", "");
+    let run = sluice_into_postgres(&workspace, &["run", unread.to_str().unwrap()], &source);
+    run.assert_code(0);
+    assert!(run.stderr.contains("not decoded: the job maps the table unchanged"), "{}", run.stderr);
+    assert_eq!(rows(&psql, &schema), expected, "every value equal");
+    let dirty = std::fs::read_to_string(workspace.path(".sluice/unread/dirty.jsonl")).unwrap_or_default();
+    let records: Vec<serde_json::Value> = dirty.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    assert_eq!(records.len(), 1, "{dirty}");
+    assert_eq!(records[0]["key"], "id=1234", "{dirty}");
+    assert!(records[0]["reason"].as_str().is_some_and(|reason| reason.contains("not_1234")), "{dirty}");
+
+    // Filtered (the filter keeps every row), the rows are decoded: the same end.
+    let filtered = format!("{schema}_filtered");
+    psql(&format!(
+        "CREATE SCHEMA {filtered}; CREATE TABLE {filtered}.items ({columns}, CONSTRAINT not_1234 CHECK (id <> 1234))"
+    ));
+    let decoded = job(
+        "decoded",
+        &format!(
+            "  namespace: {filtered}\ntransform:\n  - {{source_table: \"{schema}\\\\.items\", filter: \"id > 0\"}}\n"
+        ),
+    );
+    let run = sluice_into_postgres(&workspace, &["run", decoded.to_str().unwrap()], &source);
+    run.assert_code(0);
+    assert!(!run.stderr.contains("not decoded"), "{}", run.stderr);
+    assert_eq!(rows(&psql, &filtered), expected, "every value equal through the decoded path");
+}
+
 #[test]
 fn tables_the_stream_cannot_identify_are_refused_with_the_fix_and_keyless_full_ones_stream_exactly() {
     let source = SourceDatabase::create("pgkeyless");

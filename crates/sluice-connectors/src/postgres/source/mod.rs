@@ -8,14 +8,14 @@ mod reader;
 mod slot;
 mod stream;
 mod streamed;
-mod values;
+pub(super) mod values;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use sluice_core::change::{LogMark, Position};
+use sluice_core::change::{LogMark, Position, RowEncoding};
 use sluice_core::connector::{
     ChangeSource, ChangeStream, CheckItem, CopyRead, CursorSource, LogBacklog, Reader, SnapshotSource, Source, Split,
     SplitHint,
@@ -205,6 +205,52 @@ impl PostgresSource {
             .await
             .map_err(|error| postgres_error(error, Side::Source, &self.server, "set up the session"))?;
         Ok(client)
+    }
+
+    /// A reader of `split` from `resume_after`, its rows decoded unless made `encoded`.
+    async fn reader(
+        &self,
+        split: &Split,
+        resume_after: Option<&Position>,
+        batch_rows: usize,
+    ) -> Result<PostgresReader> {
+        let client = self.connection().await?;
+        let range: KeyRange = split.read_descriptor()?;
+        let resumed = if split.whole {
+            None
+        } else {
+            resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?
+        };
+        let mut selection = Selection::of(&range, resumed.as_ref());
+        let mut others = Vec::new();
+        if split.whole && split.window.is_none() {
+            for _ in 1..range.parts.unwrap_or(1) {
+                others.push(self.connection().await?);
+            }
+        }
+        if let Some(window) = &split.window {
+            let column = cursor::column(&split.table, &CursorSpec { column: window.column.clone(), lookback_secs: 0 })?;
+            let (condition, values) =
+                window.condition(&format!("row.{}", quote(&column.name)), |_| format!("?::text{}", cast(column)));
+            selection.window = Some((condition, values.into_iter().map(json_text).collect()));
+        }
+        // A job that streams reads each split in one snapshot whose WAL position says which
+        // changes its rows hold. A resumed read whose earlier reads were not kept stays without.
+        let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
+        let snapshot =
+            (self.mode.streams() && split.window.is_none() && range.keys.is_none() && known).then(|| match resumed {
+                Some(resumed) => Snapshot { earlier: resumed.reads, import: None, lock: split.whole },
+                None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone(), lock: split.whole },
+            });
+        PostgresReader::start(
+            Parts { first: client, others },
+            self.server.clone(),
+            split.table.clone(),
+            selection,
+            batch_rows,
+            snapshot,
+        )
+        .await
     }
 
     fn error<'a>(&'a self, doing: &'a str) -> impl Fn(tokio_postgres::Error) -> Error + 'a {
@@ -483,45 +529,25 @@ impl SnapshotSource for PostgresSource {
     }
 
     async fn open(&self, split: &Split, resume_after: Option<&Position>, batch_rows: usize) -> Result<Box<dyn Reader>> {
-        let client = self.connection().await?;
-        let range: KeyRange = split.read_descriptor()?;
-        let resumed = if split.whole {
-            None
-        } else {
-            resume_after.map(|position| position.read::<KeyPosition>(&split.id)).transpose()?
-        };
-        let mut selection = Selection::of(&range, resumed.as_ref());
-        let mut others = Vec::new();
-        if split.whole && split.window.is_none() {
-            for _ in 1..range.parts.unwrap_or(1) {
-                others.push(self.connection().await?);
-            }
+        Ok(Box::new(self.reader(split, resume_after, batch_rows).await?))
+    }
+
+    /// COPY text as the server writes it, for a PostgreSQL target: unless a column's text form
+    /// follows the server's locale (`money`: `lc_monetary`), which another server may read
+    /// otherwise. The session's other settings that shape text forms are the same on both sides
+    /// (`super::connect`).
+    async fn open_encoded(
+        &self,
+        split: &Split,
+        resume_after: Option<&Position>,
+        batch_rows: usize,
+        encoding: RowEncoding,
+    ) -> Result<Option<Box<dyn Reader>>> {
+        let by_locale = split.table.columns.iter().any(|column| column.native_type.starts_with("money"));
+        if encoding != RowEncoding::PostgresCopyText || by_locale {
+            return Ok(None);
         }
-        if let Some(window) = &split.window {
-            let column = cursor::column(&split.table, &CursorSpec { column: window.column.clone(), lookback_secs: 0 })?;
-            let (condition, values) =
-                window.condition(&format!("row.{}", quote(&column.name)), |_| format!("?::text{}", cast(column)));
-            selection.window = Some((condition, values.into_iter().map(json_text).collect()));
-        }
-        // A job that streams reads each split in one snapshot whose WAL position says which
-        // changes its rows hold. A resumed read whose earlier reads were not kept stays without.
-        let known = resumed.as_ref().is_none_or(|resumed| !resumed.reads.is_empty());
-        let snapshot =
-            (self.mode.streams() && split.window.is_none() && range.keys.is_none() && known).then(|| match resumed {
-                Some(resumed) => Snapshot { earlier: resumed.reads, import: None, lock: split.whole },
-                None => Snapshot { earlier: Vec::new(), import: range.snapshot.clone(), lock: split.whole },
-            });
-        Ok(Box::new(
-            PostgresReader::start(
-                Parts { first: client, others },
-                self.server.clone(),
-                split.table.clone(),
-                selection,
-                batch_rows,
-                snapshot,
-            )
-            .await?,
-        ))
+        Ok(Some(Box::new(self.reader(split, resume_after, batch_rows).await?.encoded())))
     }
 
     fn copy_reads(&self, split: &Split, copied: Option<&Position>) -> Result<Vec<CopyRead>> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures_util::stream::{ReadyChunks, SelectAll};
 use futures_util::StreamExt;
-use sluice_core::change::{Batch, Change, ChangeKind, Position, Rejected};
+use sluice_core::change::{Batch, Change, ChangeKind, EncodedRows, Position, Rejected, RowEncoding};
 use sluice_core::connector::Reader;
 use sluice_core::{Result, Side, TableSchema, Value};
 use tokio_postgres::{Client, CopyOutStream};
@@ -248,6 +248,8 @@ pub(crate) struct PostgresReader {
     reads: Vec<SplitRead>,
     /// The key of the last row read, as text.
     last_key: Option<Vec<String>>,
+    /// Rows are handed on as COPY text (`encoded`).
+    encoded: bool,
 }
 
 impl std::fmt::Debug for PostgresReader {
@@ -294,44 +296,77 @@ impl PostgresReader {
             snapshot,
             reads,
             last_key: None,
+            encoded: false,
         })
     }
 
-    /// Reads one row of COPY text (tab-separated fields, `\\N` for NULL, backslash escapes);
-    /// a value its column's type cannot hold is the row's rejection.
-    fn decode(&self, line: &[u8]) -> std::result::Result<Vec<Value>, (Vec<Value>, String)> {
-        let line = line.strip_suffix(b"\n").unwrap_or(line);
-        let mut values = Vec::with_capacity(self.table.columns.len());
-        let mut problem = None;
-        let mut fields = line.split(|byte| *byte == b'\t');
-        for column in self.table.columns.iter() {
-            let value = match fields.next().map(values::unescape_copy) {
-                None => {
-                    problem.get_or_insert(format!(
-                        "the source sent fewer fields than the {} columns",
-                        self.table.columns.len()
-                    ));
-                    Value::Null
-                }
-                Some(None) => Value::Null,
-                Some(Some(Err(reason))) => {
-                    problem.get_or_insert(format!("source column {}: {reason}", column.name));
-                    Value::Null
-                }
-                Some(Some(Ok(text))) => match values::parse(&text, &column.data_type) {
-                    Ok(value) => value,
-                    Err(reason) => {
-                        problem.get_or_insert(format!("source column {}: {reason}", column.name));
-                        Value::Text(text.into_owned())
+    /// Hands the rows on as COPY text (`Batch::encoded`), undecoded but for each batch's last
+    /// row, whose key is the batch's position.
+    pub(crate) fn encoded(mut self) -> PostgresReader {
+        self.encoded = true;
+        self
+    }
+
+    /// The next batch of rows as COPY text, `None` once the split is read.
+    async fn next_encoded(&mut self, rows: &mut Lines) -> Result<(Option<Batch>, bool)> {
+        let mut data = Vec::new();
+        let mut count = 0;
+        let mut last = None;
+        let mut finished = false;
+        while count < self.batch_rows {
+            let line = match self.pending.pop_front() {
+                Some(line) => line,
+                None => match rows.next().await {
+                    Some(lines) => {
+                        self.pending.extend(lines);
+                        continue;
+                    }
+                    None => {
+                        finished = true;
+                        break;
                     }
                 },
             };
-            values.push(value);
+            let line = line.map_err(|error| self.read_error(error))?;
+            data.extend_from_slice(&line);
+            count += 1;
+            last = Some(line);
         }
-        match problem {
-            None => Ok(values),
-            Some(reason) => Err((values, reason)),
+        let Some(last) = last else { return Ok((None, finished)) };
+        let values = match values::decode_line(&self.table, &last) {
+            Ok(values) | Err((values, _)) => values,
+        };
+        self.last_key = Some(key_text(&self.table, &values));
+        let rows = EncodedRows { encoding: RowEncoding::PostgresCopyText, data, rows: count };
+        Ok((Some(Batch::encoded(rows, self.position())), finished))
+    }
+
+    /// Where a read resumes after the last row read.
+    fn position(&self) -> Position {
+        let key = self.last_key.clone().unwrap_or_default();
+        Position::of(&KeyPosition { key, reads: self.reads.clone() })
+    }
+
+    fn read_error(&self, error: tokio_postgres::Error) -> sluice_core::Error {
+        postgres_error(error, Side::Source, &self.server, &format!("read table {}", self.table.name))
+    }
+
+    /// Ends the snapshot the split was read in, once it is read.
+    async fn finish(&self) -> Result<()> {
+        if !self.snapshot {
+            return Ok(());
         }
+        for client in self.parts.all() {
+            client.batch_execute("COMMIT").await.map_err(|error| {
+                postgres_error(
+                    error,
+                    Side::Source,
+                    &self.server,
+                    &format!("end the snapshot of table {}", self.table.name),
+                )
+            })?;
+        }
+        Ok(())
     }
 }
 
@@ -339,6 +374,15 @@ impl PostgresReader {
 impl Reader for PostgresReader {
     async fn next(&mut self) -> Result<Option<Batch>> {
         let Some(mut rows) = self.rows.take() else { return Ok(None) };
+        if self.encoded {
+            let (batch, finished) = self.next_encoded(&mut rows).await?;
+            if finished {
+                self.finish().await?;
+            } else {
+                self.rows = Some(rows);
+            }
+            return Ok(batch);
+        }
         let mut changes = Vec::with_capacity(self.batch_rows);
         let mut rejected = Vec::new();
         let mut bytes = 0u64;
@@ -358,7 +402,7 @@ impl Reader for PostgresReader {
                 },
             };
             match line {
-                Some(Ok(line)) => match self.decode(&line) {
+                Some(Ok(line)) => match values::decode_line(&self.table, &line) {
                     Ok(values) => {
                         bytes += line.len() as u64;
                         last_is_change = true;
@@ -370,33 +414,17 @@ impl Reader for PostgresReader {
                         rejected.push(Rejected::row(&self.table, &values, reason));
                     }
                 },
-                Some(Err(error)) => {
-                    return Err(postgres_error(
-                        error,
-                        Side::Source,
-                        &self.server,
-                        &format!("read table {}", self.table.name),
-                    ))
-                }
+                Some(Err(error)) => return Err(self.read_error(error)),
                 None => {
                     finished = true;
                     break;
                 }
             }
         }
-        if !finished {
+        if finished {
+            self.finish().await?;
+        } else {
             self.rows = Some(rows);
-        } else if self.snapshot {
-            for client in self.parts.all() {
-                client.batch_execute("COMMIT").await.map_err(|error| {
-                    postgres_error(
-                        error,
-                        Side::Source,
-                        &self.server,
-                        &format!("end the snapshot of table {}", self.table.name),
-                    )
-                })?;
-            }
         }
         if changes.is_empty() && rejected.is_empty() {
             return Ok(None);
@@ -405,9 +433,7 @@ impl Reader for PostgresReader {
         {
             self.last_key = Some(key_text(&self.table, after));
         }
-        let key = self.last_key.clone().unwrap_or_default();
-        let position = Position::of(&KeyPosition { key, reads: self.reads.clone() });
-        let mut batch = Batch::counted(changes, position, bytes);
+        let mut batch = Batch::counted(changes, self.position(), bytes);
         batch.rejected = rejected;
         Ok(Some(batch))
     }

@@ -6,7 +6,42 @@
 use std::borrow::Cow;
 
 use sluice_core::value::{Date, DateTime, Decimal, Time};
-use sluice_core::{DataType, Value};
+use sluice_core::{DataType, TableSchema, Value};
+
+/// One row of COPY text (tab-separated fields, `\\N` for NULL, backslash escapes) as the values
+/// of `table`'s columns; a value its column's type cannot hold makes the row refused, with the
+/// values read and the reason.
+pub(crate) fn decode_line(table: &TableSchema, line: &[u8]) -> Result<Vec<Value>, (Vec<Value>, String)> {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let mut values = Vec::with_capacity(table.columns.len());
+    let mut problem = None;
+    let mut fields = line.split(|byte| *byte == b'\t');
+    for column in table.columns.iter() {
+        let value = match fields.next().map(unescape_copy) {
+            None => {
+                problem.get_or_insert(format!("the source sent fewer fields than the {} columns", table.columns.len()));
+                Value::Null
+            }
+            Some(None) => Value::Null,
+            Some(Some(Err(reason))) => {
+                problem.get_or_insert(format!("source column {}: {reason}", column.name));
+                Value::Null
+            }
+            Some(Some(Ok(text))) => match parse(&text, &column.data_type) {
+                Ok(value) => value,
+                Err(reason) => {
+                    problem.get_or_insert(format!("source column {}: {reason}", column.name));
+                    Value::Text(text.into_owned())
+                }
+            },
+        };
+        values.push(value);
+    }
+    match problem {
+        None => Ok(values),
+        Some(reason) => Err((values, reason)),
+    }
+}
 
 /// The value of `text` for a column of `data_type`. A value the logical type cannot hold (a
 /// date or timestamp BC, past year 9999 or `infinity`; a numeric `NaN` or `Infinity`) is kept
