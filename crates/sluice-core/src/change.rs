@@ -277,7 +277,7 @@ impl std::fmt::Display for RowEncoding {
 #[derive(Debug, Clone)]
 pub struct EncodedRows {
     pub encoding: RowEncoding,
-    /// The rows, each one line ending in `\n`.
-    pub data: Vec<u8>,
+    /// The rows, each one line ending in `\n`; shared, so a writer sends them without a copy.
+    pub data: bytes::Bytes,
     pub rows: usize,
 }

@@ -270,11 +270,11 @@ async fn copy_rows<'a>(
 }
 
 /// Sends rows already in COPY text format (`RowEncoding::PostgresCopyText`) through `statement`.
-async fn copy_text(client: &Client, statement: &str, rows: &[u8]) -> Result<(), tokio_postgres::Error> {
+async fn copy_text(client: &Client, statement: &str, rows: bytes::Bytes) -> Result<(), tokio_postgres::Error> {
     use futures_util::SinkExt;
     let sink = client.copy_in::<_, bytes::Bytes>(statement).await?;
     futures_util::pin_mut!(sink);
-    sink.send(bytes::Bytes::copy_from_slice(rows)).await?;
+    sink.send(rows).await?;
     sink.finish().await?;
     Ok(())
 }

@@ -462,7 +462,7 @@ impl PostgresWriter {
     async fn write_encoded(&mut self, rows: &EncodedRows) -> Result<Vec<Rejected>> {
         self.begin().await?;
         self.client.batch_execute("SAVEPOINT encoded").await.map_err(self.error("set a savepoint"))?;
-        let copied = match super::copy_text(&self.client, &self.copy, &rows.data).await {
+        let copied = match super::copy_text(&self.client, &self.copy, rows.data.clone()).await {
             Ok(()) => match &self.upsert {
                 Some(upsert) => self.client.batch_execute(upsert).await,
                 None => Ok(()),

@@ -509,7 +509,7 @@ mod tests {
             }
             let last = (self.next + self.batch_rows - 1).min(self.to);
             if self.encoded {
-                let data = (self.next..=last).map(|id| format!("{id}\n")).collect::<String>().into_bytes();
+                let data = (self.next..=last).map(|id| format!("{id}\n")).collect::<String>().into_bytes().into();
                 let rows = (last - self.next + 1) as usize;
                 self.next = last + 1;
                 let encoded = crate::change::EncodedRows { encoding: RowEncoding::PostgresCopyText, data, rows };

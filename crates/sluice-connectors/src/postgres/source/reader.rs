@@ -250,6 +250,8 @@ pub(crate) struct PostgresReader {
     last_key: Option<Vec<String>>,
     /// Rows are handed on as COPY text (`encoded`).
     encoded: bool,
+    /// The COPY text of the last batch handed on, in bytes: the next one's first guess.
+    encoded_bytes: usize,
 }
 
 impl std::fmt::Debug for PostgresReader {
@@ -297,6 +299,7 @@ impl PostgresReader {
             reads,
             last_key: None,
             encoded: false,
+            encoded_bytes: 0,
         })
     }
 
@@ -309,7 +312,7 @@ impl PostgresReader {
 
     /// The next batch of rows as COPY text, `None` once the split is read.
     async fn next_encoded(&mut self, rows: &mut Lines) -> Result<(Option<Batch>, bool)> {
-        let mut data = Vec::new();
+        let mut data = Vec::with_capacity(self.encoded_bytes + self.encoded_bytes / 8);
         let mut count = 0;
         let mut last = None;
         let mut finished = false;
@@ -337,7 +340,8 @@ impl PostgresReader {
             Ok(values) | Err((values, _)) => values,
         };
         self.last_key = Some(key_text(&self.table, &values));
-        let rows = EncodedRows { encoding: RowEncoding::PostgresCopyText, data, rows: count };
+        self.encoded_bytes = data.len();
+        let rows = EncodedRows { encoding: RowEncoding::PostgresCopyText, data: data.into(), rows: count };
         Ok((Some(Batch::encoded(rows, self.position())), finished))
     }
 
