@@ -124,13 +124,15 @@ fn position_lsn(position: &Position) -> Option<u64> {
 }
 
 /// The settings every source session reads in, SQL and replication alike: values in the text
-/// forms `values` reads (`connect` pins the SQL sessions' TimeZone to UTC).
+/// forms `values` reads (`connect` pins the SQL sessions' TimeZone to UTC). Floats in their
+/// exact form: the shortest that reads back equal from PostgreSQL 12 on (any value above 0),
+/// 17 significant digits before (3); a PostgreSQL target reads the COPY text as it is.
 const SESSION_SETTINGS: [(&str, &str); 5] = [
     ("DateStyle", "ISO"),
     ("IntervalStyle", "postgres"),
     ("TimeZone", "UTC"),
     ("bytea_output", "hex"),
-    ("extra_float_digits", "1"),
+    ("extra_float_digits", "3"),
 ];
 
 /// `SESSION_SETTINGS` as SQL.
