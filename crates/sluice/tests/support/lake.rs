@@ -102,20 +102,30 @@ pub fn versions(path: &Path, key: &str, summed: &str) -> Vec<Version> {
         .collect()
 }
 
-/// The stream's committed position (file sequence, offset) in the journal of `job` under the
-/// target `path`.
-pub fn stream_position(path: &Path, job: &str) -> Option<(u64, u64)> {
+/// The source position of the stream's last commit in the journal of `job` under the target
+/// `path`.
+fn stream_at(path: &Path, job: &str) -> Option<serde_json::Value> {
     let directory = path.join(".sluice").join(job).join("stream");
-    let last = std::fs::read_dir(directory)
+    let last = std::fs::read_dir(&directory)
         .ok()?
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse::<u64>().ok())
         .max()?;
-    let text =
-        std::fs::read_to_string(path.join(".sluice").join(job).join("stream").join(format!("{last}.json"))).ok()?;
-    let entry: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let at = &entry["checkpoint"]["position"]["at"];
+    let text = std::fs::read_to_string(directory.join(format!("{last}.json"))).ok()?;
+    let mut entry: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(entry["checkpoint"]["position"]["at"].take())
+}
+
+/// The stream's committed MySQL position (file sequence, offset) in the journal of `job` under
+/// the target `path`.
+pub fn stream_position(path: &Path, job: &str) -> Option<(u64, u64)> {
+    let at = stream_at(path, job)?;
     let file = at["file"].as_str()?;
     Some((file.rsplit('.').next()?.parse().ok()?, at["position"].as_u64()?))
+}
+
+/// The stream's committed PostgreSQL WAL position in the journal of `job` under the target `path`.
+pub fn stream_lsn(path: &Path, job: &str) -> Option<u64> {
+    super::postgres_source::lsn(stream_at(path, job)?["lsn"].as_str()?)
 }
 
 /// The versions the Delta log of the table at `path` holds (`_delta_log/NNN.json`).
