@@ -453,9 +453,7 @@ impl PostgresWriter {
         let doing = doing.to_owned();
         move |error| postgres_error(error, Side::Target, &self.server, &doing)
     }
-}
 
-impl PostgresWriter {
     /// COPYs rows another PostgreSQL server wrote as COPY text under a savepoint; when the table
     /// refuses one, reads them as values and writes them as decoded rows are written, so the
     /// refused ones are found and become dirty records.
