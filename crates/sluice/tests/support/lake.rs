@@ -115,6 +115,23 @@ fn stream_at(path: &Path, job: &str) -> Option<serde_json::Value> {
     Some(entry["checkpoint"]["position"]["at"].take())
 }
 
+/// Every version of the accounts table at `path` (`id`, `balance`), after asserting that there
+/// are more than `at_least` and that each is a state the source had: `accounts` rows, each key
+/// once, the balances summing to `total` (no transfer half-applied, no copy half-published).
+pub fn accounts_versions(path: &Path, at_least: usize, accounts: u64, total: i64) -> Vec<Version> {
+    let versions = versions(path, "id", "balance");
+    assert!(versions.len() > at_least, "{versions:?}");
+    for version in &versions {
+        assert_eq!(
+            (version.rows, version.distinct_keys, version.sum),
+            (accounts, accounts, total),
+            "version {} of accounts is not a state the source had: {versions:?}",
+            version.version
+        );
+    }
+    versions
+}
+
 /// The stream's committed MySQL position (file sequence, offset) in the journal of `job` under
 /// the target `path`.
 pub fn stream_position(path: &Path, job: &str) -> Option<(u64, u64)> {
