@@ -195,6 +195,9 @@ impl Node {
         // The job as the task last ran it: what a restart's wait asks whether the side that
         // failed answers again.
         let mut last_spec = None;
+        // The resync request the task started with: a failure runs it again at once only for a
+        // request that came later.
+        let mut resync_ran_for = job.resync.as_ref().map(|request| request.id.clone());
         let (outcome, summary) = loop {
             let signals = TaskSignals { stop: stop.clone(), resync: resync.clone() };
             let (outcome, summary) = match self.prepare_task(&job, &plan, &task, &guard, signals).await {
@@ -231,7 +234,7 @@ impl Node {
                 Err(error) => (Some(error), None),
             };
             let Some(error) = outcome.as_ref().filter(|_| !*stop.borrow()) else { break (outcome, summary) };
-            if task.kind == TaskKind::Cdc && self.resync_arrived(&job.name, &name, &resync).await {
+            if task.kind == TaskKind::Cdc && self.resync_arrived(&job.name, &name, &mut resync_ran_for).await {
                 // A damaged table stops the stream; the resync asked for it starts it again.
                 log::warn!(
                     "node {}: task {name} failed: {error}; a resync was asked meanwhile: runs again with it",
@@ -383,20 +386,20 @@ impl Node {
         }
     }
 
-    /// Whether the job was asked a resync the task has not been told yet (read from the store,
-    /// not at the next tick): then the task is told it.
-    async fn resync_arrived(
-        &self,
-        job: &str,
-        task: &str,
-        told: &watch::Receiver<Option<sluice_core::runner::ResyncRequest>>,
-    ) -> bool {
+    /// Whether the job holds a resync request the task has not run again for (read from the
+    /// store, not at the next tick): then the task is told it and `ran_for` records it. A request
+    /// handed to the running stream may not have been taken in when the stream failed (a damaged
+    /// table stops it between groups), so being told is not enough: each request the task did
+    /// not start with is worth one run at once.
+    async fn resync_arrived(&self, job: &str, task: &str, ran_for: &mut Option<String>) -> bool {
         let Ok(Some(current)) = super::model::load_job(&*self.store, job).await else { return false };
-        if current.resync.is_none() || *told.borrow() == current.resync {
+        let Some(request) = current.resync else { return false };
+        if ran_for.as_deref() == Some(request.id.as_str()) {
             return false;
         }
+        *ran_for = Some(request.id.clone());
         if let Some(running) = lock(&self.running).get(task) {
-            running.resync.send_replace(current.resync);
+            running.resync.send_replace(Some(request));
         }
         true
     }
