@@ -890,6 +890,16 @@ pub trait FoldedChangeWriter: ChangeWriter {
         false
     }
 
+    /// Whether rows this writer sent can outlive a commit that failed (a target without
+    /// transactions, as ClickHouse: a group's rows go before the checkpoint that covers them).
+    /// The group run again after a crash, or after a paused worker was fenced, may then fold
+    /// differently and find a key absent at its start and its end that the failed commit wrote:
+    /// the engine then deletes every key a group leaves absent, whether or not the group found
+    /// it there, so no such row outlives the replay.
+    fn writes_outlive_failed_commits(&self) -> bool {
+        false
+    }
+
     /// The rows the target holds under these primary keys, locked until the open transaction
     /// ends, in any order (a key without a row has none): what a conflict policy (`conflict:`)
     /// judges each change against. Called inside the open transaction, before the group is

@@ -343,9 +343,10 @@ impl NetChanges {
         let applied = std::mem::take(&mut self.changes);
         let targets: Vec<Arc<TableSchema>> = tables.iter().map(|table| target(&table.table)).collect();
         let in_place = rows_in_place(writer.updates_in_place(), &tables, &targets);
+        let orphans_possible = writer.writes_outlive_failed_commits();
         let mut refused_rows = Vec::new();
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
-            delete_replaced(writer, changes, target, in_place).await?;
+            delete_replaced(writer, changes, target, in_place, orphans_possible).await?;
         }
         for ((changes, target), in_place) in tables.iter().zip(&targets).zip(&in_place) {
             update_in_place(writer, changes, target, in_place, &mut refused_rows).await?;
@@ -382,12 +383,15 @@ fn rows_in_place(updates_in_place: bool, tables: &[TableChanges], targets: &[Arc
 }
 
 /// `apply`'s first pass for one table: the rows that go or are replaced are deleted (those that
-/// were there before the group must be there; those applied by key may not).
+/// were there before the group must be there; those applied by key may not). Where a failed
+/// commit's rows may be left in the target (`orphans_possible`), every key is deleted by key,
+/// a key the group found absent and leaves absent too.
 async fn delete_replaced(
     writer: &mut dyn FoldedChangeWriter,
     changes: &TableChanges,
     target: &TableSchema,
     in_place: &[bool],
+    orphans_possible: bool,
 ) -> Result<()> {
     if !changes.copies.is_empty() {
         // A keyless table: one matching row per copy that went, each must exist (unless it is
@@ -401,12 +405,13 @@ async fn delete_replaced(
         return Ok(());
     }
     let replaced = || changes.entries.iter().zip(in_place).filter(|(_, in_place)| !**in_place);
+    let by_key = |entry: &Entry| entry.by_key || orphans_possible;
     let strict: Vec<Row> =
-        replaced().filter(|(entry, _)| entry.existed && !entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
+        replaced().filter(|(entry, _)| entry.existed && !by_key(entry)).map(|(entry, _)| entry.key.clone()).collect();
     if !strict.is_empty() {
         writer.delete(target, &strict, true).await?;
     }
-    let by_key: Vec<Row> = replaced().filter(|(entry, _)| entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
+    let by_key: Vec<Row> = replaced().filter(|(entry, _)| by_key(entry)).map(|(entry, _)| entry.key.clone()).collect();
     if !by_key.is_empty() {
         writer.delete(target, &by_key, false).await?;
     }
@@ -542,6 +547,8 @@ mod tests {
         /// Prefers updates in place (`FoldedChangeWriter::updates_in_place`), and counts them.
         in_place: bool,
         updates: usize,
+        /// Keeps rows of a failed commit (`FoldedChangeWriter::writes_outlive_failed_commits`).
+        keeps_failed: bool,
     }
 
     fn id(key: &Row) -> i64 {
@@ -615,6 +622,9 @@ mod tests {
         }
         fn updates_in_place(&self) -> bool {
             self.in_place
+        }
+        fn writes_outlive_failed_commits(&self) -> bool {
+            self.keeps_failed
         }
         async fn publish(&mut self, tables: &[(TableName, TableName)]) -> Result<()> {
             unreachable!("nothing hidden here: {tables:?}")
@@ -702,6 +712,23 @@ mod tests {
         apply(&mut target, changes, ApplyMode::Strict).await.unwrap();
         assert_eq!(target.rows.into_iter().collect::<Vec<_>>(), vec![(1, 12), (2, 22), (3, 41), (5, 31)]);
         assert_eq!(target.statements, 2);
+    }
+
+    /// A key a group inserts and deletes folds into nothing, unless the writer's rows outlive a
+    /// failed commit: a run that wrote the insert and crashed before its checkpoint left the row,
+    /// and the group run again must delete it (as ClickHouse, through a kill or a fenced worker).
+    #[tokio::test]
+    async fn a_key_inserted_and_deleted_in_a_group_is_deleted_where_a_failed_commit_left_rows() {
+        let changes =
+            || vec![insert(7, 70), Change { table: table(), kind: ChangeKind::Delete { before: row(7, 70) } }];
+        let mut transactional = MemoryTarget::default();
+        apply(&mut transactional, changes(), ApplyMode::Strict).await.unwrap();
+        assert_eq!(transactional.statements, 0, "nothing to write where a failed commit left nothing");
+        // The row a crashed run sent before its checkpoint.
+        let mut kept = MemoryTarget { keeps_failed: true, ..MemoryTarget::default() };
+        kept.rows.insert(7, 70);
+        apply(&mut kept, changes(), ApplyMode::Strict).await.unwrap();
+        assert!(kept.rows.is_empty(), "the failed commit's row outlived the replay: {:?}", kept.rows);
     }
 
     /// A writer that prefers updates in place gets the keys there before and after the group

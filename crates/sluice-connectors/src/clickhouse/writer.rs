@@ -243,6 +243,13 @@ impl ChangeWriter for ChangeApplier {
 
 #[async_trait]
 impl FoldedChangeWriter for ChangeApplier {
+    /// A group's rows go before its checkpoint: a crash or a fenced worker's late send leaves rows
+    /// of a group the next run folds again from the checkpoint, and each key it leaves absent
+    /// needs its tombstone at the later version.
+    fn writes_outlive_failed_commits(&self) -> bool {
+        true
+    }
+
     async fn delete(&mut self, table: &TableSchema, keys: &[Row], _expect_all: bool) -> Result<()> {
         if table.primary_key.is_empty() {
             return Err(keyless(table, "delete"));
