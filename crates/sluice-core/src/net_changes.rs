@@ -384,8 +384,8 @@ fn rows_in_place(updates_in_place: bool, tables: &[TableChanges], targets: &[Arc
 
 /// `apply`'s first pass for one table: the rows that go or are replaced are deleted (those that
 /// were there before the group must be there; those applied by key may not). Where a failed
-/// commit's rows may be left in the target (`orphans_possible`), every key is deleted by key,
-/// a key the group found absent and leaves absent too.
+/// commit's rows may be left in the target (`orphans_possible`), a key the group found absent
+/// and leaves absent is deleted too, by key.
 async fn delete_replaced(
     writer: &mut dyn FoldedChangeWriter,
     changes: &TableChanges,
@@ -405,13 +405,15 @@ async fn delete_replaced(
         return Ok(());
     }
     let replaced = || changes.entries.iter().zip(in_place).filter(|(_, in_place)| !**in_place);
-    let by_key = |entry: &Entry| entry.by_key || orphans_possible;
     let strict: Vec<Row> =
-        replaced().filter(|(entry, _)| entry.existed && !by_key(entry)).map(|(entry, _)| entry.key.clone()).collect();
+        replaced().filter(|(entry, _)| entry.existed && !entry.by_key).map(|(entry, _)| entry.key.clone()).collect();
     if !strict.is_empty() {
         writer.delete(target, &strict, true).await?;
     }
-    let by_key: Vec<Row> = replaced().filter(|(entry, _)| by_key(entry)).map(|(entry, _)| entry.key.clone()).collect();
+    // A key the group found absent and leaves absent: a failed commit may have left its row.
+    let orphan = |entry: &Entry| orphans_possible && !entry.existed && entry.row.is_none();
+    let by_key: Vec<Row> =
+        replaced().filter(|(entry, _)| entry.by_key || orphan(entry)).map(|(entry, _)| entry.key.clone()).collect();
     if !by_key.is_empty() {
         writer.delete(target, &by_key, false).await?;
     }
