@@ -378,12 +378,25 @@ async fn produce(
         if *stop.borrow() || *abort.borrow() {
             return;
         }
-        let item = reader.next().await;
+        let item = reader.next().await.map_err(changed_since_planned);
         let last = !matches!(item, Ok(Some(_)));
         if batches.send(item).await.is_err() || last {
             return;
         }
     }
+}
+
+/// A split's read that finds one of its columns, or its table, gone: the table changed shape
+/// since its copy was planned (DDL while it was copied, or between a killed copy and its
+/// resumption), and the copy keeps the planned columns.
+fn changed_since_planned(error: Error) -> Error {
+    if error.kind() != ErrorKind::Schema || error.side() != Some(crate::error::Side::Source) {
+        return error;
+    }
+    error.hint(
+        "the table or its columns changed since its copy was planned (DDL during the copy); copy it again in its shape now: \
+         `sluice run --restart`, or on a server `sluice job delete` and `sluice job submit` again",
+    )
 }
 
 #[cfg(test)]
