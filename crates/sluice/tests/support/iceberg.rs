@@ -111,7 +111,7 @@ except sqlite3.OperationalError:
 if row:
     position = json.loads(row[0])["checkpoint"].get("position")
     if position:
-        print(position["at"]["file"].rsplit(".", 1)[1], position["at"]["position"])
+        print(json.dumps(position["at"]))
 "#;
 
 /// A SQL catalog as pyiceberg names it: its name and its SQLAlchemy URI.
@@ -212,9 +212,18 @@ pub fn snapshots(catalog: &Catalog, table: &str, key: &str, summed: &str) -> Vec
         .collect()
 }
 
-/// The stream's committed position (file sequence, offset) in a SQLite catalog, if it committed.
+/// The stream's committed position in a SQLite catalog (the source's own JSON), if it committed.
+fn stream_at(catalog: &Path, job: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(run("python3", POSITION, &[catalog.to_str().unwrap(), job]).trim()).ok()
+}
+
+/// A MySQL stream's committed position (binlog file sequence, offset), if it committed.
 pub fn stream_position(catalog: &Path, job: &str) -> Option<(u64, u64)> {
-    let text = run("python3", POSITION, &[catalog.to_str().unwrap(), job]);
-    let mut fields = text.split_whitespace();
-    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+    let at = stream_at(catalog, job)?;
+    Some((at["file"].as_str()?.rsplit_once('.')?.1.parse().ok()?, at["position"].as_u64()?))
+}
+
+/// A PostgreSQL stream's committed WAL position, if it committed.
+pub fn stream_lsn(catalog: &Path, job: &str) -> Option<u64> {
+    super::postgres_source::lsn(stream_at(catalog, job)?["lsn"].as_str()?)
 }
