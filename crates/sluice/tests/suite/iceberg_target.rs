@@ -573,15 +573,7 @@ fn a_postgres_source_copies_and_streams_into_iceberg_tables_exactly_once() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 
     let reader = iceberg::Catalog::sqlite(&catalog);
-    for (table, columns, listed) in [
-        ("accounts", &["id", "balance"][..], "id, balance"),
-        ("items", &["id", "v", "note"][..], "id, v, coalesce(note, 'NULL')"),
-    ] {
-        let expected: Vec<String> = source
-            .sql(&format!("SELECT concat_ws(E'\\t', {listed}) FROM {schema}.{table} ORDER BY id"))
-            .lines()
-            .map(str::to_owned)
-            .collect();
+    for (table, columns, expected) in source.accounts_and_items(&schema) {
         assert_eq!(iceberg::rows(&reader, &format!("{schema}.{table}"), columns), expected, "{table}");
     }
     let snapshots = iceberg::snapshots(&reader, &format!("{schema}.accounts"), "id", "balance");

@@ -894,15 +894,7 @@ fn a_postgres_source_copies_and_streams_into_delta_tables_exactly_once() {
     let output = run.into_inner().wait_with_output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 
-    for (table, columns, listed) in [
-        ("accounts", &["id", "balance"][..], "id, balance"),
-        ("items", &["id", "v", "note"][..], "id, v, coalesce(note, 'NULL')"),
-    ] {
-        let expected: Vec<String> = source
-            .sql(&format!("SELECT concat_ws(E'\\t', {listed}) FROM {schema}.{table} ORDER BY id"))
-            .lines()
-            .map(str::to_owned)
-            .collect();
+    for (table, columns, expected) in source.accounts_and_items(&schema) {
         assert_same(table, &expected, &lake::rows(&lake_table(table), columns));
     }
     lake::accounts_versions(&lake_table("accounts"), 1, ACCOUNTS, (ACCOUNTS * 1000) as i64);

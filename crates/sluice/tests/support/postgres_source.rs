@@ -14,6 +14,21 @@ pub struct SourceDatabase {
 }
 
 impl SourceDatabase {
+    /// The transfer load's tables (`create_tables_sql`) as lake readers print them: per table,
+    /// the columns read and each row's values joined by tabs (a NULL note as `NULL`), by key.
+    pub fn accounts_and_items(&self, schema: &str) -> [(&'static str, &'static [&'static str], Vec<String>); 2] {
+        let rows = |table: &str, listed: &str| -> Vec<String> {
+            self.sql(&format!("SELECT concat_ws(E'\\t', {listed}) FROM {schema}.{table} ORDER BY id"))
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        };
+        [
+            ("accounts", &["id", "balance"], rows("accounts", "id, balance")),
+            ("items", &["id", "v", "note"], rows("items", "id, v, coalesce(note, 'NULL')")),
+        ]
+    }
+
     /// A database on the shared test server.
     pub fn create(prefix: &str) -> SourceDatabase {
         SourceDatabase::create_on(&postgres_url(), prefix)
