@@ -532,7 +532,7 @@ fn tables_another_tool_made_are_written_by_their_spec_or_refused_by_name() {
 /// sum and each key once (no transaction half-applied, no copy half-published).
 #[test]
 fn a_postgres_source_copies_and_streams_into_iceberg_tables_exactly_once() {
-    use support::postgres_source::{create_tables_sql, load, SourceDatabase, ACCOUNTS};
+    use support::postgres_source::{create_tables_sql, SourceDatabase, ACCOUNTS};
     let source = SourceDatabase::create("pgiceberg");
     let schema = source.name.clone();
     source.sql(&create_tables_sql(&schema, 5_000));
@@ -549,28 +549,9 @@ fn a_postgres_source_copies_and_streams_into_iceberg_tables_exactly_once() {
             catalog.display()
         ),
     );
-    let load = load(&source, &schema, Random::from_environment("pg-source-iceberg"), 200, 1_000_000);
-    let stored = || iceberg::stream_lsn(&catalog, &name);
-    let running = |run: &mut Guard, what: &str, condition: &dyn Fn() -> bool| {
-        wait_for(what, Duration::from_secs(120), || {
-            assert!(run.try_wait().unwrap().is_none(), "the run ended:\n{}", run.stderr_text());
-            condition()
-        });
-    };
-    let mut run = workspace.start_run(&job, &source.url(), "", &[]);
-    running(&mut run, "the stream", &|| stored().is_some());
-    let started = source.wal_position();
-    running(&mut run, "the stream to move on", &|| stored().is_some_and(|at| at > started));
-    kill(&mut run);
-    let mut run = workspace.start_run(&job, &source.url(), "", &[]);
-    let again = source.wal_position();
-    running(&mut run, "the stream again", &|| stored().is_some_and(|at| at > again));
-    load.stop();
-    let stopped = source.wal_position();
-    running(&mut run, "the stream to reach the source", &|| stored().is_some_and(|at| at >= stopped));
-    signal(&run, "TERM");
-    let output = run.into_inner().wait_with_output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    support::postgres_source::stream_through_a_kill(&workspace, &job, &source, &schema, "pg-source-iceberg", || {
+        iceberg::stream_lsn(&catalog, &name)
+    });
 
     let reader = iceberg::Catalog::sqlite(&catalog);
     for (table, columns, expected) in source.accounts_and_items(&schema) {

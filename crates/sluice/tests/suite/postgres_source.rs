@@ -11,7 +11,9 @@ use support::postgres_source::{
     create_tables_sql, load, stored_stream_lsn, stream_lsn, stream_lsn_in, target_sql, SourceDatabase, ACCOUNTS,
 };
 use support::workload::{assert_same, Random};
-use support::{canary, kill, lake, mariadb, mysql_url, postgres_url, psql, signal, wait_for, Guard, Run, Workspace};
+use support::{
+    canary, kill, lake, mariadb, mysql_url, postgres_url, psql, wait_for, wait_running, Guard, Run, Workspace,
+};
 
 /// `sluice run` of `job` from `source` into `target`, in the background.
 fn start(workspace: &Workspace, job: &std::path::Path, source: &SourceDatabase, target: &str) -> Guard {
@@ -67,20 +69,6 @@ fn verify(
     let mut arguments = vec!["verify", job.to_str().unwrap(), "--json"];
     arguments.extend_from_slice(extra);
     Run::from(workspace.command(&arguments).env("SOURCE", source.url()).env("TARGET", target_url).output().unwrap())
-}
-
-/// Waits for `condition` while `run` goes on; a run that ends, or a wait that times out, fails
-/// the test with what the run printed.
-fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: impl FnMut() -> bool) {
-    let started = std::time::Instant::now();
-    loop {
-        assert!(run.try_wait().unwrap().is_none(), "the run ended while waiting for {what}:\n{}", run.stderr_text());
-        if condition() {
-            return;
-        }
-        assert!(started.elapsed() < limit, "timed out waiting for {what}; the run printed:\n{}", run.stderr_text());
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Waits until the job's stream has stored a position at or past the source's WAL position now.
@@ -870,29 +858,9 @@ fn a_postgres_source_copies_and_streams_into_delta_tables_exactly_once() {
         ),
     );
     let lake_table = |table: &str| workspace.path(&format!("lake/{schema}.{table}"));
-    let load = load(&source, &schema, Random::from_environment("pg-source-delta"), 200, 1_000_000);
-    let stored = || lake::stream_lsn(&workspace.path("lake"), &name);
-    let mut run = workspace.start_run(&job, &source.url(), "", &[]);
-    wait_running("the stream", Duration::from_secs(120), &mut run, || stored().is_some());
-    let started = source.wal_position();
-    wait_running("the stream to move on", Duration::from_secs(60), &mut run, || {
-        stored().is_some_and(|at| at > started)
+    support::postgres_source::stream_through_a_kill(&workspace, &job, &source, &schema, "pg-source-delta", || {
+        lake::stream_lsn(&workspace.path("lake"), &name)
     });
-    kill(&mut run);
-    let mut run = workspace.start_run(&job, &source.url(), "", &[]);
-    let again = source.wal_position();
-    wait_running("the stream again", Duration::from_secs(60), &mut run, || stored().is_some_and(|at| at > again));
-    load.stop();
-    let stopped = source.wal_position();
-    wait_running("the stream to reach the source", Duration::from_secs(120), &mut run, || {
-        stored().is_some_and(|at| at >= stopped)
-    });
-    // The journal holds a group's position before each table has taken its commit (a run killed
-    // in between finishes it when it starts again): the run stops on its own before the tables
-    // are read.
-    signal(&run, "TERM");
-    let output = run.into_inner().wait_with_output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 
     for (table, columns, expected) in source.accounts_and_items(&schema) {
         assert_same(table, &expected, &lake::rows(&lake_table(table), columns));

@@ -132,6 +132,20 @@ impl Run {
     }
 }
 
+/// Waits for `condition` while `run` goes on; a run that ends, or a wait that times out, fails
+/// the test with what the run printed.
+pub fn wait_running(what: &str, limit: Duration, run: &mut Guard, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    loop {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended while waiting for {what}:\n{}", run.stderr_text());
+        if condition() {
+            return;
+        }
+        assert!(started.elapsed() < limit, "timed out waiting for {what}; the run printed:\n{}", run.stderr_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Waits for `condition`, checking every 20 ms, failing after `limit`.
 pub fn wait_for(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;

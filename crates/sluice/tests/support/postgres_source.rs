@@ -1,10 +1,12 @@
 //! A PostgreSQL source database of its own on the test server (`scripts/test.sh` starts it with
 //! `wal_level = logical`), SQL on it, its WAL position, and a load of transactions on it.
 
+use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use super::workload::{Client, Load, Random};
-use super::{postgres_url, psql, psql_at, unique_name};
+use super::{kill, postgres_url, psql, psql_at, signal, unique_name, wait_running, Workspace};
 
 /// A database created for one test; its replication slots are dropped with it.
 pub struct SourceDatabase {
@@ -217,4 +219,36 @@ pub fn load(database: &SourceDatabase, schema: &str, mut random: Random, per_sec
         };
         sql
     })
+}
+
+/// Runs `job` (`snapshot+cdc` from `source`) under the transfer load on `schema` (`seed`),
+/// SIGKILLs it once it streams and its stored WAL position (`stored`) moved on, runs it again,
+/// stops the load, waits until the stored position passes the source's, and stops the run with
+/// SIGTERM: a lake's journal holds a group's position before each table has taken its commit (a
+/// run killed in between finishes it when it starts again), so the run ends on its own before
+/// the tables are read.
+pub fn stream_through_a_kill(
+    workspace: &Workspace,
+    job: &Path,
+    source: &SourceDatabase,
+    schema: &str,
+    seed: &str,
+    stored: impl Fn() -> Option<u64>,
+) {
+    let limit = Duration::from_secs(120);
+    let load = load(source, schema, Random::from_environment(seed), 200, 1_000_000);
+    let mut run = workspace.start_run(job, &source.url(), "", &[]);
+    wait_running("the stream", limit, &mut run, || stored().is_some());
+    let started = source.wal_position();
+    wait_running("the stream to move on", limit, &mut run, || stored().is_some_and(|at| at > started));
+    kill(&mut run);
+    let mut run = workspace.start_run(job, &source.url(), "", &[]);
+    let again = source.wal_position();
+    wait_running("the stream again", limit, &mut run, || stored().is_some_and(|at| at > again));
+    load.stop();
+    let stopped = source.wal_position();
+    wait_running("the stream to reach the source", limit, &mut run, || stored().is_some_and(|at| at >= stopped));
+    signal(&run, "TERM");
+    let output = run.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }
