@@ -204,7 +204,7 @@ pub fn connector(name: &str) -> Option<&'static Connector> {
 /// options. Returns every problem found.
 pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
-    for endpoint in std::iter::once(&job.source).chain(job.target_endpoints()) {
+    for endpoint in job.source_endpoints().into_iter().chain(job.target_endpoints()) {
         let is_source = endpoint.role == Side::Source;
         let Some(connector) = connector(&endpoint.connector) else {
             let message = match EVERY_TYPE.iter().find(|(name, _)| *name == endpoint.connector) {
@@ -344,7 +344,27 @@ pub fn validate(job: &JobSpec) -> Vec<SpecError> {
     }
     errors.extend(two_way_problems(job));
     errors.extend(lane_problems(job));
+    errors.extend(fan_in_problems(job));
     errors
+}
+
+/// The targets several sources may write into at once (`sources:`): they create and alter
+/// shared tables safely from several jobs, and their tables take a key with the origin column.
+const FAN_IN_TARGETS: &[&str] = &["mysql", "postgres"];
+
+/// `sources:` needs a target several jobs write into at once.
+fn fan_in_problems(job: &JobSpec) -> Vec<SpecError> {
+    if job.sources.is_empty() || FAN_IN_TARGETS.contains(&job.target.connector.as_str()) {
+        return Vec::new();
+    }
+    vec![job.target.error(
+        "type",
+        format!(
+            "several sources merge into a {} target; a `{}` target takes one source (write one job per source)",
+            FAN_IN_TARGETS.join(" or "),
+            job.target.connector
+        ),
+    )]
 }
 
 /// The targets whose stream writer applies on several connections (`apply_parallelism`).
@@ -376,11 +396,11 @@ const CONFLICT_TARGETS: &[&str] = &["mysql"];
 /// Sluice wrote); `conflict` needs a target that reads its rows back.
 fn two_way_problems(job: &JobSpec) -> Vec<SpecError> {
     let mut errors = Vec::new();
-    if job.two_way && job.targets.len() > 1 {
+    if job.two_way && !job.part_names().is_empty() {
         errors.push(SpecError {
             path: "two_way".into(),
             line: None,
-            message: "a two-way pair is two jobs of one target each; this job names several targets".into(),
+            message: "a two-way pair is two jobs of one source and one target each; this job names several".into(),
         });
     }
     if job.two_way {

@@ -176,8 +176,10 @@ impl Planner {
             };
             plan.tables.push(planned);
         }
-        refuse_whole_merges(&plan)?;
-        if first && self.job.mode == Mode::SnapshotAndCdc {
+        refuse_whole_merges(&self.job, &plan)?;
+        // A copy of one of several sources is never hidden: publishing it would replace the
+        // table the other sources write into.
+        if first && self.job.mode == Mode::SnapshotAndCdc && self.job.fan_in.is_none() {
             plan.hidden = self
                 .with_retry("list the target's tables", || crate::hidden::tables_to_hide(&*self.sink, &targets))
                 .await?;
@@ -216,8 +218,9 @@ impl Planner {
 }
 
 /// A table read whole (no key) is copied again by emptying its target table, which must then
-/// hold that table's rows alone: such tables cannot be merged with others. Every one is named.
-fn refuse_whole_merges(plan: &Plan) -> Result<()> {
+/// hold that table's rows alone: such tables cannot be merged with others, nor be one of several
+/// sources' (`JobSpec::fan_in`). Every one is named.
+fn refuse_whole_merges(job: &JobSpec, plan: &Plan) -> Result<()> {
     let mut sources: BTreeMap<&TableName, Vec<&TableName>> = BTreeMap::new();
     for planned in &plan.tables {
         if let Some(split) = planned.splits.first() {
@@ -228,17 +231,23 @@ fn refuse_whole_merges(plan: &Plan) -> Result<()> {
         .tables
         .iter()
         .filter(|planned| planned.splits.iter().any(|split| split.whole))
-        .filter(|planned| sources.get(&planned.target).is_some_and(|merged| merged.len() > 1))
+        .filter(|planned| job.fan_in.is_some() || sources.get(&planned.target).is_some_and(|merged| merged.len() > 1))
         .map(|planned| format!("{} (into {})", planned.splits[0].table.name, planned.target))
         .collect();
     if problems.is_empty() {
         return Ok(());
     }
-    Err(Error::new(
-        ErrorKind::Config,
-        format!("tables without a key cannot be merged with other tables by a route: {}", problems.join(", ")),
-    )
-    .hint("give them a primary key, or route each to a target table of its own"))
+    let (what, hint) = match &job.fan_in {
+        Some(source) => (
+            format!("tables without a key cannot be merged with other sources' tables (source {source})"),
+            "give them a primary key, or leave them out of this source's `tables`",
+        ),
+        None => (
+            "tables without a key cannot be merged with other tables by a route".to_owned(),
+            "give them a primary key, or route each to a target table of its own",
+        ),
+    };
+    Err(Error::new(ErrorKind::Config, format!("{what}: {}", problems.join(", "))).hint(hint))
 }
 
 /// Forgets the checkpoints of target tables emptied or created again outside the job, so their
@@ -260,8 +269,18 @@ pub async fn prepare_target(
     if job.mode == Mode::Cdc {
         return sink.prepare(tables).await;
     }
-    let merged: Vec<TableName> = plan.merged_targets().iter().map(|target| hidden.name(target)).collect();
+    let merged: Vec<TableName> = merged_targets(job, plan).iter().map(|target| hidden.name(target)).collect();
     sink.prepare_for_copy(tables, &merged).await
+}
+
+/// The target tables of a plan that hold other rows than one source table's: those several
+/// source tables are merged into, and every one when the job is one of several sources
+/// (`JobSpec::fan_in`).
+pub(crate) fn merged_targets(job: &JobSpec, plan: &Plan) -> std::collections::BTreeSet<TableName> {
+    match job.fan_in {
+        Some(_) => plan.tables.iter().map(|planned| planned.target.clone()).collect(),
+        None => plan.merged_targets(),
+    }
 }
 
 pub async fn verify_checkpoints(job: &JobSpec, sink: &dyn Sink, tables: &[TableTasks]) -> Result<()> {

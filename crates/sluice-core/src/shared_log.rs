@@ -1,6 +1,6 @@
 //! One read of a source's change log for the several jobs of a job's targets (`targets:`).
 //!
-//! The jobs of one job's targets (`JobSpec::per_target`) stream the same source. A `SharedLog`
+//! The jobs of one job's targets (`JobSpec::parts`) stream the same source. A `SharedLog`
 //! reads it once and hands every event to each job's stream that has joined it. A job's stream
 //! starts on a reader of its own, from its own checkpoint; once it stands at a transaction boundary
 //! the shared reader has passed recently (a position of an event still in the buffer), it

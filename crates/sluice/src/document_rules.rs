@@ -55,6 +55,15 @@ impl DocumentRules {
                 message: "a job with several targets runs with `sluice run` in this version; on a server, submit one job per target".into(),
             });
         }
+        if !job.sources.is_empty() {
+            errors.push(SpecError {
+                path: "sources".into(),
+                line: job.sources[0].endpoint.line,
+                message:
+                    "a job with several sources runs with `sluice run` in this version; a server does not run it yet"
+                        .into(),
+            });
+        }
         for endpoint in [&mut job.source, &mut job.target] {
             let Some(path) = &endpoint.path else { continue };
             match server.resolve(Path::new(path)) {

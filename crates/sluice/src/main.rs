@@ -34,7 +34,7 @@ use clap::{Parser, Subcommand};
 use sluice_core::connector::CheckItem;
 use sluice_core::runner::Runner;
 use sluice_core::shared_log::SharedLog;
-use sluice_core::spec::JobSpec;
+use sluice_core::spec::{EndpointSpec, JobSpec};
 use sluice_core::stats::{RunStatus, RunSummary};
 use sluice_core::{Error, ErrorKind, Side, TableSchema};
 use tokio::sync::watch;
@@ -350,18 +350,21 @@ fn fail(error: &Error) -> u8 {
 
 async fn check(path: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
-    let targets: Vec<&str> = job.target_endpoints().iter().map(|target| target.connector.as_str()).collect();
+    let connectors = |endpoints: Vec<&EndpointSpec>| {
+        endpoints.iter().map(|endpoint| endpoint.connector.as_str()).collect::<Vec<_>>().join(" + ")
+    };
     out!(
         "ok    job file: {} is valid ({} → {}, {})",
         path.display(),
-        job.source.connector,
-        targets.join(" + "),
+        connectors(job.source_endpoints()),
+        connectors(job.target_endpoints()),
         job.mode
     );
+    let part = if job.sources.is_empty() { "target" } else { "source" };
     let mut code = 0;
-    for (index, each) in job.per_target().into_iter().enumerate() {
-        if let Some(target) = job.targets.get(index) {
-            out!("target {}:", target.name);
+    for (index, each) in job.parts().into_iter().enumerate() {
+        if let Some(name) = job.part_names().get(index) {
+            out!("{part} {name}:");
         }
         code = code.max(check_job(each).await);
     }
@@ -378,7 +381,9 @@ async fn check_job(job: JobSpec) -> u8 {
     let sink_ok = report(sink.check().await);
     let transforms = sluice_core::transform::Transforms::of(&job);
     let mut rules_ok = true;
-    if source_ok && !transforms.is_empty() {
+    // A source of several (`sources:`) writes tables the others write too: each needs an origin
+    // column where the job needs keys, whatever the routes say.
+    if source_ok && (!transforms.is_empty() || job.fan_in.is_some()) {
         // What the routes and transforms make of each table, or every problem they have.
         let mapped = async { transforms.map_all(source.discover().await?, &|name| sink.target_name(name)) }.await;
         match mapped {
@@ -407,7 +412,7 @@ async fn check_job(job: JobSpec) -> u8 {
 async fn schema(path: PathBuf, apply: bool) -> u8 {
     let Some(job) = load(&path) else { return 2 };
     let mut code = 0;
-    for job in job.per_target() {
+    for job in job.parts() {
         code = code.max(schema_of(job, apply).await);
     }
     code
@@ -459,19 +464,21 @@ fn report(result: Result<Vec<CheckItem>, Error>) -> bool {
 async fn reset(path: PathBuf, state_dir: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
     let mut code = 0;
-    for (each, state_dir) in per_target_state(&job, &state_dir) {
+    for (each, state_dir) in per_part_state(&job, &state_dir) {
         code = code.max(reset_job(each, state_dir).await);
     }
     code
 }
 
-/// Each job of a job's targets (`JobSpec::per_target`) with its state directory: the job's own
-/// with one target, one per target (named after it) with `targets:`.
-fn per_target_state(job: &JobSpec, state_dir: &std::path::Path) -> Vec<(JobSpec, PathBuf)> {
-    if job.targets.is_empty() {
+/// Each part of a job (`JobSpec::parts`) with its state directory: the job's own with one
+/// source and one target, one per target or source (named after it) with `targets:` or
+/// `sources:`.
+fn per_part_state(job: &JobSpec, state_dir: &std::path::Path) -> Vec<(JobSpec, PathBuf)> {
+    let names = job.part_names();
+    if names.is_empty() {
         return vec![(job.clone(), state_dir.to_path_buf())];
     }
-    job.per_target().into_iter().zip(&job.targets).map(|(each, target)| (each, state_dir.join(&target.name))).collect()
+    job.parts().into_iter().zip(names).map(|(each, name)| (each, state_dir.join(name))).collect()
 }
 
 async fn reset_job(job: JobSpec, state_dir: PathBuf) -> u8 {
@@ -512,7 +519,7 @@ async fn reset_job(job: JobSpec, state_dir: PathBuf) -> u8 {
 async fn replay(path: PathBuf, state_dir: PathBuf) -> u8 {
     let Some(job) = load(&path) else { return 2 };
     let mut code = 0;
-    for (each, state_dir) in per_target_state(&job, &state_dir) {
+    for (each, state_dir) in per_part_state(&job, &state_dir) {
         code = code.max(replay_job(each, state_dir).await);
     }
     code
@@ -590,7 +597,7 @@ async fn server_job(connection: &client::Connection, name: &str) -> Result<(Stri
 /// state directory of its own that is removed at the end. `job` is a job file, or else the
 /// name of a job on the server.
 async fn tail(job: String, format: String, from: Option<String>, connection: &client::Connection) -> u8 {
-    use sluice_core::spec::{parse_yaml, EndpointSpec, Mode, Node, NodeKind, WriteMode};
+    use sluice_core::spec::{parse_yaml, Mode, Node, NodeKind, WriteMode};
     let path = PathBuf::from(&job);
     let loaded = if path.exists() || job.contains('/') || job.ends_with(".yaml") || job.ends_with(".yml") {
         load(&path)
@@ -672,34 +679,51 @@ async fn tail(job: String, format: String, from: Option<String>, connection: &cl
 
 async fn run(path: PathBuf, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
     let Some(job) = load(&path) else { return 2 };
-    if job.targets.is_empty() {
+    if job.part_names().is_empty() {
         return run_job(job, state_dir, summary_json, restart).await;
     }
-    run_targets(job, state_dir, summary_json, restart).await
+    run_parts(job, state_dir, summary_json, restart).await
 }
 
-/// A job with `targets:`: each target as a job of its own (`JobSpec::per_target`), side by side,
-/// each with its state in a directory named after the target; one that fails or lags does not
-/// hold the others. The summary file holds each target's summary under its name; the exit code
-/// is the worst of theirs.
-async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
-    let names: Vec<String> = job.targets.iter().map(|target| target.name.clone()).collect();
-    log::info!("job {}: {} targets ({}), each with its own checkpoints", job.name, names.len(), names.join(", "));
+/// A job with `targets:` or `sources:`: each target or source as a job of its own
+/// (`JobSpec::parts`), side by side, each with its state in a directory named after it; one that
+/// fails or lags does not hold the others. The summary file holds each part's summary under its
+/// name (in `targets` or `sources`); the exit code is the worst of theirs.
+async fn run_parts(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, mut restart: bool) -> u8 {
+    let names: Vec<String> = job.part_names().into_iter().map(str::to_owned).collect();
+    let (field, what) = if job.sources.is_empty() {
+        ("targets", "targets, each with its own checkpoints")
+    } else {
+        ("sources", "sources merged into one target, each with its own position and checkpoints")
+    };
+    log::info!("job {}: {} {what} ({})", job.name, names.len(), names.join(", "));
     // A binlog is read once for every target: by a reader of the job's own name, which each
     // target's stream joins once it stands where that reader passed (`SharedLog`).
     let shared = match sluice_connectors::source(&job) {
-        Ok(source) if job.source.connector == "mysql" && job.mode.streams() => {
+        Ok(source) if job.sources.is_empty() && job.source.connector == "mysql" && job.mode.streams() => {
             Some(SharedLog::new(source, sluice_core::shared_log::SHARED_EVENTS))
         }
         _ => None,
     };
-    let runs: Vec<_> = per_target_state(&job, &state_dir)
+    let parts = per_part_state(&job, &state_dir);
+    if restart && !job.sources.is_empty() {
+        // The sources share the target's tables: every part empties them before any copies into
+        // them, or a later part's reset would empty what an earlier one had copied.
+        for (each, state_dir) in &parts {
+            let code = reset_job(each.clone(), state_dir.clone()).await;
+            if code != 0 {
+                return code;
+            }
+        }
+        restart = false;
+    }
+    let runs: Vec<_> = parts
         .into_iter()
         .map(|(each, state_dir)| tokio::spawn(run_job_summarized(each, state_dir, restart, shared.clone())))
         .collect();
     let mut ended = Vec::with_capacity(runs.len());
     for run in runs {
-        ended.push(run.await.expect("a target's run does not panic"));
+        ended.push(run.await.expect("a part's run does not panic"));
     }
     if let Some(shared) = &shared {
         log::info!(
@@ -710,12 +734,12 @@ async fn run_targets(job: JobSpec, state_dir: PathBuf, summary_json: Option<Path
     }
     let code = ended.iter().map(|(code, _)| *code).max().unwrap_or(0);
     if let Some(path) = summary_json {
-        let targets: serde_json::Map<String, serde_json::Value> = names
+        let parts: serde_json::Map<String, serde_json::Value> = names
             .into_iter()
             .zip(ended)
             .map(|(name, (_, summary))| (name, serde_json::to_value(summary).expect("summaries serialize")))
             .collect();
-        let text = serde_json::to_string_pretty(&serde_json::json!({"job": job.name, "targets": targets}))
+        let text = serde_json::to_string_pretty(&serde_json::json!({"job": job.name, field: parts}))
             .expect("summaries serialize");
         if let Err(error) = std::fs::write(&path, text + "\n") {
             log::error!("cannot write the summary to {}: {error}", path.display());

@@ -42,10 +42,10 @@ pub struct VerifyArguments {
     settle_secs: u64,
 }
 
-/// Runs `sluice verify` and returns its exit code.
+/// Runs `sluice verify` and returns its exit code. A job with `sources:` or `targets:` is
+/// verified part by part (`JobSpec::parts`): each source's rows, or each target, on its own.
 pub async fn verify(arguments: VerifyArguments) -> u8 {
     let Some(job) = crate::load(&arguments.job) else { return 2 };
-    let job = Arc::new(job);
     let options = VerifyOptions {
         tables: arguments.tables.clone(),
         max_differences: arguments.max_differences,
@@ -53,22 +53,37 @@ pub async fn verify(arguments: VerifyArguments) -> u8 {
         repair: arguments.repair,
         ..VerifyOptions::default()
     };
-    let report = match crate::job_verification::verify(&job, &options).await {
-        Ok(report) => report,
-        Err(error) => {
-            eprintln!("error: job {}: cannot verify: {error}", job.name);
-            return if error.kind() == ErrorKind::Config { 2 } else { 3 };
+    let names = job.part_names();
+    let mut code = 0;
+    let mut reports = serde_json::Map::new();
+    for (index, part) in job.parts().into_iter().enumerate() {
+        let part = Arc::new(part);
+        let report = match crate::job_verification::verify(&part, &options).await {
+            Ok(report) => report,
+            Err(error) => {
+                eprintln!("error: job {}: cannot verify: {error}", part.name);
+                code = code.max(if error.kind() == ErrorKind::Config { 2 } else { 3 });
+                continue;
+            }
+        };
+        if let Err(error) = crate::job_verification::keep(&arguments.state_dir, &report) {
+            eprintln!("warning: the report could not be kept in {}: {error}", arguments.state_dir.display());
         }
-    };
-    if let Err(error) = crate::job_verification::keep(&arguments.state_dir, &report) {
-        eprintln!("warning: the report could not be kept in {}: {error}", arguments.state_dir.display());
+        code = code.max(u8::from(!report.agrees()));
+        match names.get(index) {
+            Some(name) if arguments.json => {
+                reports.insert((*name).to_owned(), serde_json::to_value(&report).expect("reports serialize"));
+            }
+            _ if arguments.json => out!("{}", serde_json::to_string_pretty(&report).expect("reports serialize")),
+            _ => print_report(&report),
+        }
     }
-    if arguments.json {
-        out!("{}", serde_json::to_string_pretty(&report).expect("reports serialize"));
-    } else {
-        print_report(&report);
+    if !reports.is_empty() {
+        let field = if job.sources.is_empty() { "targets" } else { "sources" };
+        let document = serde_json::json!({"job": job.name, field: reports});
+        out!("{}", serde_json::to_string_pretty(&document).expect("reports serialize"));
     }
-    u8::from(!report.agrees())
+    code
 }
 
 fn print_report(report: &VerifyReport) {

@@ -17,6 +17,7 @@ mod suite {
     mod console;
     mod crash_points;
     mod failover;
+    mod fan_in;
     mod faults;
     mod fencing;
     mod file_inputs;

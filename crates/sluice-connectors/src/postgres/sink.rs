@@ -105,8 +105,10 @@ impl PostgresSink {
         for table in tables {
             let existing = self.columns(&client, &table.name).await?;
             if to_create(table, &existing, self.create_tables, |known, name| known == name)? {
+                // Under the lock of Sluice's own tables: the jobs of several sources
+                // (`sources:`) create the same tables at once.
                 client
-                    .batch_execute(&create_table_sql(table, key(table)))
+                    .batch_execute(&own_tables(&create_table_sql(table, key(table))))
                     .await
                     .map_err(self.error(&format!("create table {}", table.name)))?;
             }
@@ -179,6 +181,14 @@ impl Sink for PostgresSink {
             builds.spawn(async move {
                 let _turn = turns.acquire_owned().await.expect("the semaphore is never closed");
                 let client = connect(&url, Side::Target, &server).await?;
+                // One build of a table at a time: the jobs of several sources (`sources:`)
+                // finish the same tables, and two `CREATE INDEX IF NOT EXISTS` at once fail. The
+                // session's lock ends with its connection.
+                client.execute("SELECT pg_advisory_lock(hashtext($1))", &[&qualified(&name)]).await.map_err(
+                    |error| {
+                        postgres_error(error, Side::Target, &server, &format!("wait to build the indexes of {name}"))
+                    },
+                )?;
                 if let Some(key) = key {
                     add_primary_key(&client, &server, &name, &key).await?;
                 }

@@ -12,7 +12,6 @@ use crate::connector::Sink;
 use crate::error::Result;
 use crate::schema::{TableName, TableSchema};
 use crate::spec::JobSpec;
-use crate::state::Plan;
 use crate::transform::{TableMapping, Transforms};
 
 /// The job's transform rules and the mappings compiled from them so far.
@@ -91,14 +90,16 @@ impl Mappings {
         self.transforms.same_rules(one, other)
     }
 
-    /// Takes in which target tables several source tables of the plan are merged into.
-    pub(super) fn add_merged_targets(&self, plan: &Plan) {
-        lock(&self.known).shared_targets.extend(plan.merged_targets());
+    /// Takes in the target tables several source tables of the plan are merged into
+    /// (`planner::merged_targets`).
+    pub(super) fn add_merged_targets(&self, targets: BTreeSet<TableName>) {
+        lock(&self.known).shared_targets.extend(targets);
     }
 
-    /// Whether more than one source table is merged into target table `target`.
+    /// Whether more than one source table is merged into target table `target` (every one is
+    /// when the job is one of several sources: `JobSpec::fan_in`).
     pub(super) fn is_shared(&self, target: &TableName) -> bool {
-        lock(&self.known).shared_targets.contains(target)
+        self.transforms.fans_in() || lock(&self.known).shared_targets.contains(target)
     }
 
     /// The mappings known so far whose target table is `target`.

@@ -56,7 +56,7 @@ pub(super) async fn plan(context: &RunContext, given: Option<&Plan>, restarting:
         None => plan_here(context, restarting).await?,
     };
     // Takes in which target tables several source tables are merged into.
-    context.mappings.add_merged_targets(&planned.plan);
+    context.mappings.add_merged_targets(crate::planner::merged_targets(&context.job, &planned.plan));
     Ok(planned)
 }
 

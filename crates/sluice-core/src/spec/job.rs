@@ -19,12 +19,22 @@ use crate::secret::{self, Secret};
 pub struct JobSpec {
     pub name: String,
     pub mode: Mode,
+    /// The source; with `sources:`, the first of them.
     pub source: EndpointSpec,
+    /// `sources:`: several named source servers merged into one target (fan-in; empty with
+    /// `source:`). Each runs as a job of its own (`JobSpec::parts`), with its own position and
+    /// checkpoints, into the same target tables.
+    pub sources: Vec<NamedEndpoint>,
+    /// The name of the source this job reads when it is one part of a job with `sources:`
+    /// (`JobSpec::parts` sets it). Its rows share target tables with the other sources': a
+    /// route's origin column says `SOURCE/db.table`, every table is prepared as merged, and no
+    /// copy is hidden.
+    pub fan_in: Option<String>,
     /// The target; with `targets:`, the first of them.
     pub target: EndpointSpec,
     /// `targets:`: several named targets fed by one job (empty with `target:`). Each runs as a
-    /// job of its own (`JobSpec::per_target`), with its own checkpoints in its target.
-    pub targets: Vec<NamedTarget>,
+    /// job of its own (`JobSpec::parts`), with its own checkpoints in its target.
+    pub targets: Vec<NamedEndpoint>,
     /// How many tasks run at once.
     pub parallelism: usize,
     pub limits: Limits,
@@ -81,31 +91,60 @@ pub enum Consistency {
     Serial,
 }
 
-/// One of a job's `targets:`.
+/// One of a job's `targets:` or `sources:`.
 #[derive(Debug, Clone)]
-pub struct NamedTarget {
+pub struct NamedEndpoint {
     /// `name`: 1 to 32 of a-z, 0-9, _ and -, unique in the job.
     pub name: String,
     pub endpoint: EndpointSpec,
 }
 
 impl JobSpec {
-    /// The job as one job per target: itself when it has one target; with `targets:`, one per
-    /// target, named `JOB.TARGET` (a name no job of a file can take), each with that target
-    /// alone.
-    pub fn per_target(&self) -> Vec<JobSpec> {
-        if self.targets.is_empty() {
-            return vec![self.clone()];
+    /// The names of the job's parts (`JobSpec::parts`): its targets' with `targets:`, its
+    /// sources' with `sources:`; none for a job of one source and one target.
+    pub fn part_names(&self) -> Vec<&str> {
+        self.targets.iter().chain(&self.sources).map(|named| named.name.as_str()).collect()
+    }
+
+    /// The job as the jobs it runs: itself with one source and one target; with `targets:`, one
+    /// per target, each with that target alone; with `sources:`, one per source, each reading
+    /// that source alone (`fan_in`). Each part is named `JOB.PART` (a name no job of a file can
+    /// take).
+    pub fn parts(&self) -> Vec<JobSpec> {
+        let part = |named: &NamedEndpoint| JobSpec {
+            name: format!("{}.{}", self.name, named.name),
+            targets: Vec::new(),
+            sources: Vec::new(),
+            ..self.clone()
+        };
+        if !self.targets.is_empty() {
+            return self
+                .targets
+                .iter()
+                .map(|target| JobSpec { target: target.endpoint.clone(), ..part(target) })
+                .collect();
         }
-        self.targets
-            .iter()
-            .map(|target| JobSpec {
-                name: format!("{}.{}", self.name, target.name),
-                target: target.endpoint.clone(),
-                targets: Vec::new(),
-                ..self.clone()
-            })
-            .collect()
+        if !self.sources.is_empty() {
+            return self
+                .sources
+                .iter()
+                .map(|source| JobSpec {
+                    source: source.endpoint.clone(),
+                    fan_in: Some(source.name.clone()),
+                    ..part(source)
+                })
+                .collect();
+        }
+        vec![self.clone()]
+    }
+
+    /// Every source endpoint of the job.
+    pub fn source_endpoints(&self) -> Vec<&EndpointSpec> {
+        if self.sources.is_empty() {
+            vec![&self.source]
+        } else {
+            self.sources.iter().map(|source| &source.endpoint).collect()
+        }
     }
 
     /// Every target endpoint of the job.
@@ -118,26 +157,28 @@ impl JobSpec {
     }
 }
 
-/// `targets:`: a list of targets as `target:` takes them, each with a `name`.
-fn decode_targets(decoder: &mut Decoder, node: &Node) -> Option<Vec<NamedTarget>> {
+/// `targets:` or `sources:` (`field`): a list of what `target:` or `source:` takes, each with a
+/// `name`.
+fn decode_named(decoder: &mut Decoder, node: &Node, field: &str, role: Side) -> Option<Vec<NamedEndpoint>> {
+    let noun = role.to_string();
     let document::NodeKind::Sequence(items) = &node.kind else {
         decoder.error(
-            "targets",
+            field,
             node.line,
-            format!("expected a list of targets, each with a name, found {}", node.shape()),
+            format!("expected a list of {noun}s, each with a name, found {}", node.shape()),
         );
         return None;
     };
     if items.is_empty() {
-        decoder.error("targets", node.line, "expected at least one target");
+        decoder.error(field, node.line, format!("expected at least one {noun}"));
         return None;
     }
-    let mut targets = Vec::new();
+    let mut named = Vec::new();
     let mut valid = true;
     for (index, item) in items.iter().enumerate() {
         let document::NodeKind::Mapping(entries) = &item.kind else {
             decoder.error(
-                &format!("targets[{index}]"),
+                &format!("{field}[{index}]"),
                 item.line,
                 format!("expected a mapping with `name` and `type`, found {}", item.shape()),
             );
@@ -147,13 +188,13 @@ fn decode_targets(decoder: &mut Decoder, node: &Node) -> Option<Vec<NamedTarget>
         let name = match entries.iter().find(|(key, _)| key == "name") {
             None => {
                 decoder.error(
-                    &format!("targets[{index}].name"),
+                    &format!("{field}[{index}].name"),
                     item.line,
-                    "missing required field `name` (the target's name in the job, [a-z0-9_-]+)",
+                    format!("missing required field `name` (the {noun}'s name in the job, [a-z0-9_-]+)"),
                 );
                 None
             }
-            Some((_, value)) => decoder.string(value, &format!("targets[{index}].name")).and_then(|name| {
+            Some((_, value)) => decoder.string(value, &format!("{field}[{index}].name")).and_then(|name| {
                 let valid = !name.is_empty()
                     && name.len() <= 32
                     && name
@@ -161,15 +202,15 @@ fn decode_targets(decoder: &mut Decoder, node: &Node) -> Option<Vec<NamedTarget>
                         .all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-');
                 if !valid {
                     decoder.error(
-                        &format!("targets[{index}].name"),
+                        &format!("{field}[{index}].name"),
                         value.line,
-                        format!("`{name}` is not a valid target name; use 1 to 32 of a-z, 0-9, _ and -"),
+                        format!("`{name}` is not a valid {noun} name; use 1 to 32 of a-z, 0-9, _ and -"),
                     );
-                } else if targets.iter().any(|known: &NamedTarget| known.name == name) {
+                } else if named.iter().any(|known: &NamedEndpoint| known.name == name) {
                     decoder.error(
-                        &format!("targets[{index}].name"),
+                        &format!("{field}[{index}].name"),
                         value.line,
-                        format!("two targets are named `{name}`; each needs its own name"),
+                        format!("two {noun}s are named `{name}`; each needs its own name"),
                     );
                     return None;
                 }
@@ -180,13 +221,13 @@ fn decode_targets(decoder: &mut Decoder, node: &Node) -> Option<Vec<NamedTarget>
             kind: document::NodeKind::Mapping(entries.iter().filter(|(key, _)| key != "name").cloned().collect()),
             line: item.line,
         };
-        let at = format!("targets[{}]", name.as_deref().unwrap_or(&index.to_string()));
-        match (name, decode_endpoint(decoder, &rest, Side::Target, &at)) {
-            (Some(name), Some(endpoint)) => targets.push(NamedTarget { name, endpoint }),
+        let at = format!("{field}[{}]", name.as_deref().unwrap_or(&index.to_string()));
+        match (name, decode_endpoint(decoder, &rest, role, &at)) {
+            (Some(name), Some(endpoint)) => named.push(NamedEndpoint { name, endpoint }),
             _ => valid = false,
         }
     }
-    valid.then_some(targets)
+    valid.then_some(named)
 }
 
 /// `schema_changes: carry | ignore | stop` (Flink CDC's evolve, ignore and exception behaviours).
@@ -433,6 +474,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
             "name",
             "mode",
             "source",
+            "sources",
             "target",
             "targets",
             "parallelism",
@@ -457,10 +499,17 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     )?;
     let name = decode_name(decoder, &fields);
     let mode = decode_mode(decoder, &fields);
-    let source = fields
-        .require(decoder, "source", "where data comes from")
-        .and_then(|node| decode_endpoint(decoder, node, Side::Source, "source"));
-    let (mut target, mut targets) = decode_target_fields(decoder, &fields);
+    let (source, sources) = decode_one_or_several(decoder, &fields, Side::Source);
+    let (mut target, mut targets) = decode_one_or_several(decoder, &fields, Side::Target);
+    if let (Some(sources), Some(targets)) = (&sources, &targets) {
+        if !sources.is_empty() && !targets.is_empty() {
+            decoder.error(
+                "targets",
+                fields.get("targets").and_then(|node| node.line),
+                "a job merges several `sources:` into one target or feeds several `targets:` from one source, not both; write one job per target",
+            );
+        }
+    }
     let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -504,10 +553,21 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     if let (Some(mode), Some(source)) = (mode, &source) {
         check_cursors(decoder, mode, source, target.as_mut(), targets.as_mut());
     }
+    if let (Some(Mode::IncrementalCursor), Some(sources)) = (mode, &sources) {
+        if !sources.is_empty() {
+            decoder.error(
+                "sources",
+                fields.get("sources").and_then(|node| node.line),
+                "several sources merge in snapshot, cdc and snapshot+cdc jobs; an incremental-cursor job reads one source (write one job per source)",
+            );
+        }
+    }
     Some(JobSpec {
         name: name?,
         mode: mode?,
         source: source?,
+        sources: sources?,
+        fan_in: None,
         target: target?,
         targets: targets?,
         parallelism: parallelism?,
@@ -531,23 +591,33 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     })
 }
 
-/// `target:` (one) or `targets:` (several, the first of them also as `target`).
-fn decode_target_fields(
+/// `target:` (one) or `targets:` (several, the first of them also as `target`); `source:` or
+/// `sources:` the same way.
+fn decode_one_or_several(
     decoder: &mut Decoder,
     fields: &Fields<'_>,
-) -> (Option<EndpointSpec>, Option<Vec<NamedTarget>>) {
-    match (fields.get("target"), fields.get("targets")) {
-        (Some(node), None) => (decode_endpoint(decoder, node, Side::Target, "target"), Some(Vec::new())),
-        (None, Some(node)) => match decode_targets(decoder, node) {
-            Some(targets) => (targets.first().map(|first| first.endpoint.clone()), Some(targets)),
+    role: Side,
+) -> (Option<EndpointSpec>, Option<Vec<NamedEndpoint>>) {
+    let (one, several) = match role {
+        Side::Source => ("source", "sources"),
+        _ => ("target", "targets"),
+    };
+    match (fields.get(one), fields.get(several)) {
+        (Some(node), None) => (decode_endpoint(decoder, node, role, one), Some(Vec::new())),
+        (None, Some(node)) => match decode_named(decoder, node, several, role) {
+            Some(named) => (named.first().map(|first| first.endpoint.clone()), Some(named)),
             None => (None, None),
         },
         (Some(_), Some(node)) => {
-            decoder.error("targets", node.line, "give `target:` (one) or `targets:` (several), not both");
+            decoder.error(several, node.line, format!("give `{one}:` (one) or `{several}:` (several), not both"));
             (None, None)
         }
         (None, None) => {
-            fields.require(decoder, "target", "where data goes (or `targets:`, a list of several, each with a name)");
+            let what = match role {
+                Side::Source => "where data comes from (or `sources:`, a list of several servers merged into the target, each with a name)",
+                _ => "where data goes (or `targets:`, a list of several, each with a name)",
+            };
+            fields.require(decoder, one, what);
             (None, None)
         }
     }
@@ -589,7 +659,7 @@ fn check_cursors(
     mode: Mode,
     source: &EndpointSpec,
     mut target: Option<&mut EndpointSpec>,
-    targets: Option<&mut Vec<NamedTarget>>,
+    targets: Option<&mut Vec<NamedEndpoint>>,
 ) {
     if let Some(target) = &mut target {
         check_cursor(decoder, mode, source, target);
@@ -1059,7 +1129,7 @@ mod tests {
         let job = parse(text).unwrap();
         assert_eq!(job.target.connector, "jsonl", "`target` is the first of them");
         let each: Vec<(String, String, String)> = job
-            .per_target()
+            .parts()
             .into_iter()
             .map(|job| (job.target.path_of("path"), job))
             .map(|(path, job)| (job.name, job.target.connector, path))
@@ -1072,7 +1142,7 @@ mod tests {
             ]
         );
         assert!(each.iter().all(|(name, _, _)| name.starts_with("fan.")));
-        assert_eq!(parse(MINIMAL).unwrap().per_target().len(), 1);
+        assert_eq!(parse(MINIMAL).unwrap().parts().len(), 1);
 
         let errors = |text: &str| -> Vec<String> { parse(text).unwrap_err().iter().map(ToString::to_string).collect() };
         let both = errors("name: x\nsource: {type: sqlite, path: a.db}\ntarget: {type: jsonl, path: o}\ntargets: [{name: a, type: jsonl, path: o}]\n");
@@ -1085,6 +1155,47 @@ mod tests {
         }
         let none = errors("name: x\nsource: {type: sqlite, path: a.db}\n");
         assert!(none.iter().any(|error| error.contains("target")), "{none:?}");
+    }
+
+    #[test]
+    fn several_sources_each_have_a_name_and_become_one_job_each_reading_one() {
+        let text = "name: shards\nmode: cdc\nsources:\n  - {name: east, type: mysql, url: 'mysql://a/'}\n  - name: west\n    type: mysql\n    url: 'mysql://b/'\ntarget: {type: postgres, url: 'postgres://t/'}\n";
+        let job = parse(text).unwrap();
+        assert_eq!(job.source.path_of("url"), "sources[east].url", "`source` is the first of them");
+        assert_eq!(job.part_names(), ["east", "west"]);
+        let each: Vec<(String, Option<String>, String)> = job
+            .parts()
+            .into_iter()
+            .map(|part| (part.name.clone(), part.fan_in.clone(), part.source.path_of("url")))
+            .collect();
+        assert_eq!(
+            each,
+            [
+                ("shards.east".into(), Some("east".into()), "sources[east].url".into()),
+                ("shards.west".into(), Some("west".into()), "sources[west].url".into())
+            ]
+        );
+        assert!(job.parts().iter().all(|part| part.sources.is_empty() && part.target.connector == "postgres"));
+        assert_eq!(parse(MINIMAL).unwrap().parts()[0].fan_in, None);
+
+        let errors = |text: &str| -> Vec<String> { parse(text).unwrap_err().iter().map(ToString::to_string).collect() };
+        let both = errors("name: x\nsource: {type: sqlite, path: a.db}\nsources: [{name: a, type: sqlite, path: b.db}]\ntarget: {type: jsonl, path: o}\n");
+        assert!(
+            both.iter().any(|error| error.contains("give `source:` (one) or `sources:` (several), not both")),
+            "{both:?}"
+        );
+        let crossed = errors("name: x\nsources: [{name: a, type: sqlite, path: a.db}, {name: b, type: sqlite, path: b.db}]\ntargets: [{name: c, type: jsonl, path: o}]\n");
+        assert!(crossed.iter().any(|error| error.contains("not both; write one job per target")), "{crossed:?}");
+        let bad = errors("name: x\nsources:\n  - {type: sqlite, path: a.db}\n  - {name: b, type: sqlite, path: b.db}\n  - {name: b, type: sqlite, path: c.db}\ntarget: {type: jsonl, path: o}\n");
+        for expected in
+            ["sources[0].name", "missing required field `name` (the source's name", "two sources are named `b`"]
+        {
+            assert!(bad.iter().any(|error| error.contains(expected)), "{expected}: {bad:?}");
+        }
+        let cursor = errors("name: x\nmode: incremental-cursor\nsources: [{name: a, type: mysql, url: 'mysql://a/', cursor: {column: c}}]\ntarget: {type: postgres, url: 'postgres://t/'}\n");
+        assert!(cursor.iter().any(|error| error.contains("an incremental-cursor job reads one source")), "{cursor:?}");
+        let none = errors("name: x\ntarget: {type: jsonl, path: o}\n");
+        assert!(none.iter().any(|error| error.contains("`sources:`")), "{none:?}");
     }
 
     #[test]

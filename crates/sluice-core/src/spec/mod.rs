@@ -19,7 +19,7 @@ pub use decode::{is_placeholder, is_variable_name, join, unset_variable, Decoder
 pub use document::{parse_json, parse_yaml, to_json, Node, NodeKind};
 pub use job::{
     parse_job, parse_job_partially, parse_job_with, Consistency, EndpointSpec, ErrorPolicy, JobSpec, Limits, Mode,
-    NamedTarget, RestartPolicy, RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
+    NamedEndpoint, RestartPolicy, RetryPolicy, SchemaChanges, VerifySpec, WriteMode, ZeroDates,
 };
 pub use placement::{is_placement_word, Placement};
 pub use schedule::{Dependency, Missed, OnFailure, Overlap, ScheduleSpec};

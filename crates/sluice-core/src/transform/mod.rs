@@ -33,6 +33,10 @@ pub struct Transforms {
     rules: Vec<TransformSpec>,
     /// The target needs every table's primary key (a change stream, or upserts).
     needs_key: bool,
+    /// The source's name when the job is one of several sources merged into one target
+    /// (`JobSpec::fan_in`): every target table is shared with the other sources, and an origin
+    /// column says `SOURCE/db.table`.
+    fan_in: Option<String>,
 }
 
 /// How one source table (under one schema) lands in the target.
@@ -96,7 +100,13 @@ impl Transforms {
             routes: job.routes.clone(),
             rules: job.transforms.clone(),
             needs_key: job.mode != Mode::Snapshot || job.target.write_mode == WriteMode::Upsert,
+            fan_in: job.fan_in.clone(),
         }
+    }
+
+    /// Whether every target table is shared with other sources' rows (`JobSpec::fan_in`).
+    pub(crate) fn fans_in(&self) -> bool {
+        self.fan_in.is_some()
     }
 
     /// No route and no rule: every mapping is the identity.
@@ -217,6 +227,14 @@ impl Transforms {
             rules.push(rule.path.clone());
         }
         let origin = route.and_then(|route| route.origin_column.as_ref().map(|column| (route, column)));
+        if let Some(fan_in) = self.fan_in.as_ref().filter(|_| self.needs_key && origin.is_none()) {
+            return Err(vec![format!(
+                "sources[{fan_in}]: table {} goes into {name}, which the job's other sources write too, without an `origin_column`: in a change stream (or with upserts) a key two sources hold would make one's changes overwrite the other's row; add a route with `origin_column: <name>` for it (e.g. `route: [{{source_table: '{}\\..*', sink_table: '{}.<>', replace_symbol: '<>', origin_column: _source}}]`)",
+                source.name,
+                source.name.namespace.as_deref().unwrap_or("db"),
+                source.name.namespace.as_deref().unwrap_or("db"),
+            )]);
+        }
         if rule.is_none() && origin.is_none() && source.columns.iter().all(|column| keeps(&column.name)) {
             let target = TableSchema { name, ..(**source).clone() };
             return Ok(TableMapping {
@@ -255,7 +273,11 @@ impl Transforms {
         }
         let (mut primary_key, mut indexes) = self.keys_of(source, &outputs, &masks, &rule_name, &mut problems);
         let origin_value = origin.map(|(route, column)| {
-            add_origin(route, column, source, &mut columns, &mut primary_key, &mut indexes, &mut problems)
+            add_origin(route, column, source, &mut columns, &mut primary_key, &mut indexes, &mut problems);
+            Value::Text(match &self.fan_in {
+                Some(fan_in) => format!("{fan_in}/{}", source.name),
+                None => source.name.to_string(),
+            })
         });
         if !problems.is_empty() {
             return Err(problems);
@@ -490,8 +512,9 @@ fn masks_of(
     masks
 }
 
-/// Adds a route's origin column (the source table's name) to the target table: last, in the
-/// primary key when there is one, and in each unique index. Returns the value it holds.
+/// Adds a route's origin column (it holds the source table's name; `SOURCE/db.table` with
+/// `sources:`) to the target table: last, in the primary key when there is one, and in each
+/// unique index.
 fn add_origin(
     route: &RouteSpec,
     column: &str,
@@ -500,7 +523,7 @@ fn add_origin(
     primary_key: &mut Vec<usize>,
     indexes: &mut [Index],
     problems: &mut Vec<String>,
-) -> Value {
+) {
     if columns.iter().any(|known| known.name.eq_ignore_ascii_case(column)) {
         problems.push(format!(
             "{}: origin_column `{column}` is already a column of table {}; choose another name",
@@ -517,7 +540,6 @@ fn add_origin(
     for index in indexes.iter_mut().filter(|index| index.unique) {
         index.columns.push(position);
     }
-    Value::Text(source.name.to_string())
 }
 
 /// One select item's output columns.
@@ -594,6 +616,14 @@ fn project(
 }
 
 impl TableMapping {
+    /// The origin column a route adds (its name in the target) and the value it holds for this
+    /// source table's rows.
+    pub fn origin(&self) -> Option<(&str, &Value)> {
+        let value = self.program.as_ref()?.origin.as_ref()?;
+        let column = self.target.columns.last()?;
+        Some((column.name.as_str(), value))
+    }
+
     /// Rows pass as they are (only the table's name may change).
     pub fn is_identity(&self) -> bool {
         self.program.is_none()
@@ -965,6 +995,30 @@ mod tests {
         assert_eq!(mappings[0].target.indexes[0].columns, vec![2, 4]);
         let out = mappings[1].row(row(1, "a", None, "1")).unwrap().unwrap();
         assert_eq!(out[4], Value::Text("shard_2.orders_7".into()));
+    }
+
+    #[test]
+    fn a_source_of_several_names_itself_in_the_origin_and_needs_one_where_keys_matter() {
+        let route = "route:\n  - source_table: \"shop\\\\..*\"\n    sink_table: \"all.<>\"\n    replace_symbol: \"<>\"\n    origin_column: _source\n";
+        let fanned = |rules: &str| JobSpec { fan_in: Some("east".into()), ..job(rules) };
+        let transforms = Transforms::of(&fanned(route));
+        assert!(transforms.fans_in());
+        let mappings = transforms.map_all(vec![customers("shop.orders")], &public).unwrap();
+        assert_eq!(mappings[0].target.name, TableName::parse("all.orders"));
+        let out = mappings[0].row(row(1, "a", None, "1")).unwrap().unwrap();
+        assert_eq!(out[4], Value::Text("east/shop.orders".into()));
+        assert_eq!(mappings[0].origin(), Some(("_source", &Value::Text("east/shop.orders".into()))));
+        assert!(!Transforms::of(&job(route)).fans_in());
+
+        // A change stream over shared tables needs the origin column; a snapshot that inserts does not.
+        let error =
+            Transforms::of(&fanned("")).map_all(vec![customers("shop.orders")], &public).unwrap_err().to_string();
+        assert!(
+            error.contains("sources[east]: table shop.orders goes into shop.orders, which the job's other sources write too, without an `origin_column`"),
+            "{error}"
+        );
+        let snapshot = JobSpec { mode: Mode::Snapshot, ..fanned("") };
+        assert!(Transforms::of(&snapshot).map_all(vec![customers("shop.orders")], &public).is_ok());
     }
 
     #[test]

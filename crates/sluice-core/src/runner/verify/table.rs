@@ -147,7 +147,26 @@ impl TableCheck {
             problems.push(format!("the target has no table {}: every source row is missing", self.target));
         }
         let layout = Arc::new(Layout::of(self.mappings[0].target.clone(), target_schema.as_ref(), problems));
-        Ok(Sides { layout, reader, target_schema: target_schema.map(Arc::new) })
+        let own_rows = self.own_rows(target_schema.as_ref());
+        Ok(Sides { layout, reader, target_schema: target_schema.map(Arc::new), own_rows })
+    }
+
+    /// When the job is one of several sources (`JobSpec::fan_in`), which of the target's rows
+    /// are this source's: those whose origin column holds one of its tables' origins. The
+    /// other sources' rows are theirs to verify.
+    fn own_rows(&self, target_schema: Option<&TableSchema>) -> Option<Arc<OwnRows>> {
+        self.context.job.fan_in.as_ref()?;
+        let (column, _) = self.mappings[0].origin()?;
+        let index = target_schema?.columns.iter().position(|known| known.name.eq_ignore_ascii_case(column))?;
+        let origins = self
+            .mappings
+            .iter()
+            .filter_map(|mapping| match mapping.origin() {
+                Some((_, Value::Text(origin))) => Some(origin.clone()),
+                _ => None,
+            })
+            .collect();
+        Some(Arc::new(OwnRows { index, origins }))
     }
 
     /// Checks a streaming job's differences again in rounds, each after the stream caught up:
@@ -371,9 +390,10 @@ impl TableCheck {
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let limits = (self.context.job.limits.batch_rows, self.context.job.limits.split_rows);
         let (reader, schema, layout) = (sides.reader.clone(), sides.target_schema.clone(), sides.layout.clone());
+        let own_rows = sides.own_rows.clone();
         async move {
             if let Some(schema) = schema {
-                read_target(limits, reader, schema, layout, keys, rows).await;
+                read_target(limits, reader, schema, layout, own_rows, keys, rows).await;
             }
         }
     }
@@ -414,6 +434,21 @@ struct Sides {
     reader: Arc<dyn Source>,
     /// `None` when the target has no such table.
     target_schema: Option<Arc<TableSchema>>,
+    /// The target rows this job compares, when other sources' rows share the table.
+    own_rows: Option<Arc<OwnRows>>,
+}
+
+/// The target rows of one of several sources: those whose origin column (at `index` in the
+/// table read back) holds one of `origins`.
+struct OwnRows {
+    index: usize,
+    origins: HashSet<String>,
+}
+
+impl OwnRows {
+    fn holds(&self, row: &Row) -> bool {
+        matches!(row.get(self.index), Some(Value::Text(origin)) if self.origins.contains(origin))
+    }
 }
 
 /// The outcome of a reader task.
@@ -547,6 +582,7 @@ async fn read_target(
     reader: Arc<dyn Source>,
     schema: Arc<TableSchema>,
     layout: Arc<Layout>,
+    own_rows: Option<Arc<OwnRows>>,
     keys: Option<Arc<Wanted>>,
     rows: mpsc::Sender<Result<Vec<Entry>>>,
 ) {
@@ -570,6 +606,10 @@ async fn read_target(
                         ),
                     )
                     .on(Side::Target));
+                }
+                let mut batch = batch;
+                if let Some(own) = &own_rows {
+                    batch.changes.retain(|change| own.holds(change.row()));
                 }
                 let entries = entries_of(batch, keys.as_deref(), layout.key_columns(), |row| layout.target_entry(row));
                 if rows.send(Ok(entries)).await.is_err() {

@@ -1,0 +1,215 @@
+//! Fan-in (`sources:`): two MariaDB servers, each a shard holding the same database and tables
+//! with the same keys, merged by one job into one PostgreSQL schema. Each source is a job of its
+//! own with its own binlog position and checkpoints; a route's origin column (`SOURCE/db.table`)
+//! keeps their rows apart. The run is SIGKILLed during the copy and during the stream while both
+//! shards take a mixed load; in the end the target holds the union of the shards, each row once.
+
+use crate::support;
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use support::mariadb_server::MariadbServer;
+use support::workload::{self, Client, Load, Random, ACCOUNTS, ITEMS};
+use support::{kill, mariadb_client_at, postgres_url, psql, signal, unique_name, wait_running, Guard, Workspace};
+
+const SHARDS: [&str; 2] = ["east", "west"];
+
+/// The shards' rows of `table` as the target should hold them: `origin|id|…` lines, sorted.
+fn union(shards: &[(&str, &MariadbServer)], database: &str, table: &str, columns: &str) -> Vec<String> {
+    let mut rows: Vec<String> = shards
+        .iter()
+        .flat_map(|(name, server)| {
+            server
+                .sql(&format!("SELECT concat_ws('|', '{name}/{database}.{table}', {columns}) FROM {database}.{table}"))
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The target's rows of `table` as `origin|id|…` lines, sorted (none before the copy made it).
+fn target_rows(schema: &str, table: &str, columns: &str) -> Vec<String> {
+    if psql(&format!("SELECT to_regclass('{schema}.{table}') IS NOT NULL")).trim() != "t" {
+        return Vec::new();
+    }
+    let mut rows: Vec<String> = psql(&format!("SELECT concat_ws('|', _source, {columns}) FROM {schema}.{table}"))
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// The binlog position a shard's stream committed in the target, as (file sequence, offset).
+fn stream_at(job: &str, shard: &str) -> Option<(u64, u64)> {
+    workload::stream_position("postgres", &format!("{job}.{shard}"))
+}
+
+/// A shard's binlog position now, as (file sequence, offset).
+fn binlog_at(server: &MariadbServer) -> (u64, u64) {
+    let status = server.sql("SHOW MASTER STATUS");
+    let mut fields = status.split('\t');
+    let file = fields.next().expect("a binlog file");
+    let offset = fields.next().expect("an offset").trim().parse().expect("a number");
+    (file.rsplit('.').next().unwrap().parse().expect("a file sequence"), offset)
+}
+
+#[test]
+fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through_kills() {
+    let (east, west) = (MariadbServer::start(), MariadbServer::start());
+    let shards = [(SHARDS[0], &east), (SHARDS[1], &west)];
+    let database = unique_name("shard");
+    for (_, server) in &shards {
+        server.sql(&workload::create_tables_sql(&database));
+    }
+    let schema = format!("{database}_all");
+    let name = database.replace('_', "-");
+    let workspace = Workspace::new();
+    let sources = format!(
+        "sources:\n  - name: east\n    type: mysql\n    url: ${{EAST}}\n    tables: [\"{database}.*\"]\n\
+         \x20 - name: west\n    type: mysql\n    url: ${{WEST}}\n    tables: [\"{database}.*\"]\n"
+    );
+    let target = "target:\n  type: postgres\n  url: ${TARGET}\n";
+    let command = |arguments: &[&str]| {
+        let mut command = workspace.command(arguments);
+        command.env("EAST", east.url()).env("WEST", west.url()).env("TARGET", postgres_url());
+        command
+    };
+
+    // Both shards hold keys 1..: without an origin column their rows would overwrite each other.
+    let bare = workspace.write("bare.yaml", &format!("name: {name}\nmode: snapshot+cdc\n{sources}{target}"));
+    let checked = support::Run::from(command(&["check", bare.to_str().unwrap()]).output().unwrap());
+    checked.assert_code(1);
+    for (shard, table) in [("east", "accounts"), ("east", "items"), ("west", "items")] {
+        let expected = format!("sources[{shard}]: table {database}.{table} goes into");
+        assert!(checked.stdout.contains(&expected), "{expected}:\n{}", checked.stdout);
+    }
+    assert!(checked.stdout.contains("origin_column"), "{}", checked.stdout);
+
+    let job = workspace.write(
+        "job.yaml",
+        &format!(
+            "name: {name}\nmode: snapshot+cdc\n{sources}{target}limits: {{batch_rows: 200}}\n\
+             route:\n  - source_table: \"{database}\\\\..*\"\n    sink_table: \"{schema}.<>\"\n    replace_symbol: \"<>\"\n    origin_column: _source\n"
+        ),
+    );
+    let checked = support::Run::from(command(&["check", job.to_str().unwrap()]).output().unwrap());
+    checked.assert_code(0);
+    assert!(checked.stdout.contains("mysql + mysql → postgres"), "{}", checked.stdout);
+    assert!(checked.stdout.contains("source east:") && checked.stdout.contains("source west:"), "{}", checked.stdout);
+
+    let loads: Vec<Load> = shards
+        .iter()
+        .map(|(shard, server)| {
+            let client = Client::start_with(mariadb_client_at(&server.socket()), &database);
+            Load::start_with(client, Random::from_environment(&format!("fan_in_{shard}")), 150, ITEMS + 1)
+        })
+        .collect();
+    let start = || {
+        let job = job.to_str().unwrap();
+        let child = command(&["run", job, "--summary-json", "summary.json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sluice starts");
+        Guard::new(child)
+    };
+    let limit = Duration::from_secs(120);
+    let committed = |shard: &str| workload::committed("postgres", &format!("{name}.{shard}"));
+
+    // Killed once rows of the copy are in, whatever else is.
+    let mut run = start();
+    wait_running("the copy", limit, &mut run, || SHARDS.iter().all(|shard| committed(shard) > 0));
+    kill(&mut run);
+    // Killed again once both streams moved past where the shards stood after the first kill.
+    let mut run = start();
+    let stood: BTreeMap<&str, (u64, u64)> = shards.iter().map(|(shard, server)| (*shard, binlog_at(server))).collect();
+    wait_running("both streams", limit, &mut run, || {
+        SHARDS.iter().all(|shard| stream_at(&name, shard).is_some_and(|at| at > stood[shard]))
+    });
+    kill(&mut run);
+
+    let mut run = start();
+    let stood: BTreeMap<&str, (u64, u64)> = shards.iter().map(|(shard, server)| (*shard, binlog_at(server))).collect();
+    wait_running("both streams again", limit, &mut run, || {
+        SHARDS.iter().all(|shard| stream_at(&name, shard).is_some_and(|at| at > stood[shard]))
+    });
+    for load in loads {
+        load.stop();
+    }
+    let items = "id, v, coalesce(note, 'NULL')";
+    let (expected_items, expected_accounts) =
+        (union(&shards, &database, "items", items), union(&shards, &database, "accounts", "id, balance"));
+    assert!(expected_items.len() as u64 > ITEMS, "the shards hold their items");
+    wait_running("the target to hold both shards", limit, &mut run, || {
+        target_rows(&schema, "items", items) == expected_items
+            && target_rows(&schema, "accounts", "id, balance") == expected_accounts
+    });
+    // Each shard's transfers keep its balances' sum; the target's rows of each say so too.
+    let sums =
+        psql(&format!("SELECT _source || '=' || sum(balance) FROM {schema}.accounts GROUP BY _source ORDER BY 1"));
+    let expected_sums: Vec<String> =
+        SHARDS.iter().map(|shard| format!("{shard}/{database}.accounts={}", ACCOUNTS * 1000)).collect();
+    assert_eq!(sums.lines().collect::<Vec<_>>(), expected_sums);
+    signal(&run, "TERM");
+    let output = run.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let summary = support::summary(&workspace.path("summary.json"));
+    assert_eq!(summary["job"], name.as_str());
+    for shard in SHARDS {
+        assert_eq!(summary["sources"][shard]["job"], format!("{name}.{shard}"), "{summary}");
+    }
+
+    // Each source is verified against its own rows of the shared tables.
+    let verify = || {
+        let verified = support::Run::from(command(&["verify", job.to_str().unwrap(), "--json"]).output().unwrap());
+        let report: serde_json::Value =
+            serde_json::from_str(&verified.stdout).unwrap_or_else(|error| panic!("{error}: {}", verified.all()));
+        (verified.code, report)
+    };
+    let (code, report) = verify();
+    assert_eq!(code, 0, "{report}");
+    for (shard, server) in &shards {
+        let tables = report["sources"][shard]["tables"].as_array().expect("tables per source");
+        let items = tables.iter().find(|table| table["table"] == format!("{schema}.items")).expect("items verified");
+        let rows: u64 = server.sql(&format!("SELECT count(*) FROM {database}.items")).parse().unwrap();
+        assert_eq!(
+            (items["rows_source"].as_u64(), items["rows_target"].as_u64()),
+            (Some(rows), Some(rows)),
+            "{report}"
+        );
+    }
+    let west = format!("west/{database}.items");
+    psql(&format!(
+        "DELETE FROM {schema}.items WHERE _source = '{west}' AND id = (SELECT min(id) FROM {schema}.items WHERE _source = '{west}')"
+    ));
+    let (code, report) = verify();
+    assert_eq!(code, 1, "{report}");
+    let differences = |shard: &str| -> u64 {
+        let tables = report["sources"][shard]["tables"].as_array().expect("tables per source");
+        tables.iter().map(|table| table["differences_total"].as_u64().unwrap()).sum()
+    };
+    assert_eq!((differences("east"), differences("west")), (0, 1), "{report}");
+
+    // `--restart` empties the shared tables once, then every source copies again: no source's
+    // reset empties what another had copied (the deleted row is back, nothing else is lost).
+    let restarted = command(&["run", job.to_str().unwrap(), "--restart"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sluice starts");
+    let mut run = Guard::new(restarted);
+    wait_running("the copies after a restart", limit, &mut run, || {
+        target_rows(&schema, "items", items) == expected_items
+            && target_rows(&schema, "accounts", "id, balance") == expected_accounts
+    });
+    signal(&run, "TERM");
+    let output = run.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(verify().0, 0);
+}
