@@ -1,8 +1,9 @@
 //! Fan-in (`sources:`): two MariaDB servers, each a shard holding the same database and tables
-//! with the same keys, merged by one job into one PostgreSQL schema. Each source is a job of its
+//! with the same keys, merged by one job into one PostgreSQL schema (or MySQL database). Each source is a job of its
 //! own with its own binlog position and checkpoints; a route's origin column (`SOURCE/db.table`)
 //! keeps their rows apart. The run is SIGKILLed during the copy and during the stream while both
-//! shards take a mixed load; in the end the target holds the union of the shards, each row once.
+//! shards take a mixed load, and one shard adds a column before the other; in the end the target
+//! holds the union of the shards, each row once, and `sluice verify` checks each shard's rows.
 
 use crate::support;
 
@@ -12,9 +13,50 @@ use std::time::Duration;
 
 use support::mariadb_server::MariadbServer;
 use support::workload::{self, Client, Load, Random, ACCOUNTS, ITEMS};
-use support::{kill, mariadb_client_at, postgres_url, psql, signal, unique_name, wait_running, Guard, Workspace};
+use support::{
+    kill, mariadb, mariadb_client_at, mysql_url, postgres_url, psql, signal, unique_name, wait_running, Guard,
+    Workspace,
+};
 
 const SHARDS: [&str; 2] = ["east", "west"];
+
+/// The target the shards merge into.
+#[derive(Clone, Copy)]
+enum Target {
+    Postgres,
+    Mysql,
+}
+
+impl Target {
+    fn kind(self) -> &'static str {
+        match self {
+            Target::Postgres => "postgres",
+            Target::Mysql => "mysql",
+        }
+    }
+
+    fn url(self) -> String {
+        match self {
+            Target::Postgres => postgres_url(),
+            Target::Mysql => mysql_url(),
+        }
+    }
+
+    fn sql(self, sql: &str) -> String {
+        match self {
+            Target::Postgres => psql(sql),
+            Target::Mysql => mariadb(sql),
+        }
+    }
+
+    fn has_table(self, schema: &str, table: &str) -> bool {
+        self.sql(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{schema}' AND table_name = '{table}'"
+        ))
+        .trim()
+            == "1"
+    }
+}
 
 /// The shards' rows of `table` as the target should hold them: `origin|id|…` lines, sorted.
 fn union(shards: &[(&str, &MariadbServer)], database: &str, table: &str, columns: &str) -> Vec<String> {
@@ -33,11 +75,12 @@ fn union(shards: &[(&str, &MariadbServer)], database: &str, table: &str, columns
 }
 
 /// The target's rows of `table` as `origin|id|…` lines, sorted (none before the copy made it).
-fn target_rows(schema: &str, table: &str, columns: &str) -> Vec<String> {
-    if psql(&format!("SELECT to_regclass('{schema}.{table}') IS NOT NULL")).trim() != "t" {
+fn target_rows(target: Target, schema: &str, table: &str, columns: &str) -> Vec<String> {
+    if !target.has_table(schema, table) {
         return Vec::new();
     }
-    let mut rows: Vec<String> = psql(&format!("SELECT concat_ws('|', _source, {columns}) FROM {schema}.{table}"))
+    let mut rows: Vec<String> = target
+        .sql(&format!("SELECT concat_ws('|', _source, {columns}) FROM {schema}.{table}"))
         .lines()
         .map(str::to_owned)
         .collect();
@@ -46,8 +89,8 @@ fn target_rows(schema: &str, table: &str, columns: &str) -> Vec<String> {
 }
 
 /// The binlog position a shard's stream committed in the target, as (file sequence, offset).
-fn stream_at(job: &str, shard: &str) -> Option<(u64, u64)> {
-    workload::stream_position("postgres", &format!("{job}.{shard}"))
+fn stream_at(target: Target, job: &str, shard: &str) -> Option<(u64, u64)> {
+    workload::stream_position(target.kind(), &format!("{job}.{shard}"))
 }
 
 /// A shard's binlog position now, as (file sequence, offset).
@@ -61,6 +104,15 @@ fn binlog_at(server: &MariadbServer) -> (u64, u64) {
 
 #[test]
 fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through_kills() {
+    merge_two_shards(Target::Postgres);
+}
+
+#[test]
+fn two_shards_on_two_servers_merge_into_one_mysql_database_exactly_once_through_kills() {
+    merge_two_shards(Target::Mysql);
+}
+
+fn merge_two_shards(target: Target) {
     let (east, west) = (MariadbServer::start(), MariadbServer::start());
     let shards = [(SHARDS[0], &east), (SHARDS[1], &west)];
     let database = unique_name("shard");
@@ -74,15 +126,15 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
         "sources:\n  - name: east\n    type: mysql\n    url: ${{EAST}}\n    tables: [\"{database}.*\"]\n\
          \x20 - name: west\n    type: mysql\n    url: ${{WEST}}\n    tables: [\"{database}.*\"]\n"
     );
-    let target = "target:\n  type: postgres\n  url: ${TARGET}\n";
+    let target_text = format!("target:\n  type: {}\n  url: ${{TARGET}}\n", target.kind());
     let command = |arguments: &[&str]| {
         let mut command = workspace.command(arguments);
-        command.env("EAST", east.url()).env("WEST", west.url()).env("TARGET", postgres_url());
+        command.env("EAST", east.url()).env("WEST", west.url()).env("TARGET", target.url());
         command
     };
 
     // Both shards hold keys 1..: without an origin column their rows would overwrite each other.
-    let bare = workspace.write("bare.yaml", &format!("name: {name}\nmode: snapshot+cdc\n{sources}{target}"));
+    let bare = workspace.write("bare.yaml", &format!("name: {name}\nmode: snapshot+cdc\n{sources}{target_text}"));
     let checked = support::Run::from(command(&["check", bare.to_str().unwrap()]).output().unwrap());
     checked.assert_code(1);
     for (shard, table) in [("east", "accounts"), ("east", "items"), ("west", "items")] {
@@ -94,13 +146,14 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
     let job = workspace.write(
         "job.yaml",
         &format!(
-            "name: {name}\nmode: snapshot+cdc\n{sources}{target}limits: {{batch_rows: 200}}\n\
+            "name: {name}\nmode: snapshot+cdc\n{sources}{target_text}limits: {{batch_rows: 200}}\n\
              route:\n  - source_table: \"{database}\\\\..*\"\n    sink_table: \"{schema}.<>\"\n    replace_symbol: \"<>\"\n    origin_column: _source\n"
         ),
     );
     let checked = support::Run::from(command(&["check", job.to_str().unwrap()]).output().unwrap());
     checked.assert_code(0);
-    assert!(checked.stdout.contains("mysql + mysql → postgres"), "{}", checked.stdout);
+    let arrow = format!("mysql + mysql → {}", target.kind());
+    assert!(checked.stdout.contains(&arrow), "{}", checked.stdout);
     assert!(checked.stdout.contains("source east:") && checked.stdout.contains("source west:"), "{}", checked.stdout);
 
     let loads: Vec<Load> = shards
@@ -120,7 +173,7 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
         Guard::new(child)
     };
     let limit = Duration::from_secs(120);
-    let committed = |shard: &str| workload::committed("postgres", &format!("{name}.{shard}"));
+    let committed = |shard: &str| workload::committed(target.kind(), &format!("{name}.{shard}"));
 
     // Killed once rows of the copy are in, whatever else is.
     let mut run = start();
@@ -130,29 +183,54 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
     let mut run = start();
     let stood: BTreeMap<&str, (u64, u64)> = shards.iter().map(|(shard, server)| (*shard, binlog_at(server))).collect();
     wait_running("both streams", limit, &mut run, || {
-        SHARDS.iter().all(|shard| stream_at(&name, shard).is_some_and(|at| at > stood[shard]))
+        SHARDS.iter().all(|shard| stream_at(target, &name, shard).is_some_and(|at| at > stood[shard]))
     });
     kill(&mut run);
 
     let mut run = start();
     let stood: BTreeMap<&str, (u64, u64)> = shards.iter().map(|(shard, server)| (*shard, binlog_at(server))).collect();
     wait_running("both streams again", limit, &mut run, || {
-        SHARDS.iter().all(|shard| stream_at(&name, shard).is_some_and(|at| at > stood[shard]))
+        SHARDS.iter().all(|shard| stream_at(target, &name, shard).is_some_and(|at| at > stood[shard]))
     });
+    // A column one shard adds reaches the shared table at once; the other shard's rows leave it
+    // empty until that shard adds it too, under the load.
+    east.sql(&format!(
+        "ALTER TABLE {database}.accounts ADD COLUMN owner VARCHAR(20) NULL; \
+         UPDATE {database}.accounts SET owner = 'east' WHERE id <= 10"
+    ));
+    let owners = |shard: &str| {
+        target.sql(&format!("SELECT count(*) FROM {schema}.accounts WHERE owner = '{shard}'")).trim().to_owned()
+    };
+    wait_running("the column east added", limit, &mut run, || {
+        target
+            .sql(&format!(
+                "SELECT count(*) FROM information_schema.columns WHERE table_schema = '{schema}' \
+             AND table_name = 'accounts' AND column_name = 'owner'"
+            ))
+            .trim()
+            == "1"
+            && owners("east") == "10"
+    });
+    west.sql(&format!(
+        "ALTER TABLE {database}.accounts ADD COLUMN owner VARCHAR(20) NULL; \
+         UPDATE {database}.accounts SET owner = 'west' WHERE id <= 5"
+    ));
+    wait_running("the column west added", limit, &mut run, || owners("west") == "5");
     for load in loads {
         load.stop();
     }
     let items = "id, v, coalesce(note, 'NULL')";
+    let accounts = "id, balance, coalesce(owner, 'NULL')";
     let (expected_items, expected_accounts) =
-        (union(&shards, &database, "items", items), union(&shards, &database, "accounts", "id, balance"));
+        (union(&shards, &database, "items", items), union(&shards, &database, "accounts", accounts));
     assert!(expected_items.len() as u64 > ITEMS, "the shards hold their items");
     wait_running("the target to hold both shards", limit, &mut run, || {
-        target_rows(&schema, "items", items) == expected_items
-            && target_rows(&schema, "accounts", "id, balance") == expected_accounts
+        target_rows(target, &schema, "items", items) == expected_items
+            && target_rows(target, &schema, "accounts", accounts) == expected_accounts
     });
     // Each shard's transfers keep its balances' sum; the target's rows of each say so too.
-    let sums =
-        psql(&format!("SELECT _source || '=' || sum(balance) FROM {schema}.accounts GROUP BY _source ORDER BY 1"));
+    let sums = target
+        .sql(&format!("SELECT concat(_source, '=', sum(balance)) FROM {schema}.accounts GROUP BY _source ORDER BY 1"));
     let expected_sums: Vec<String> =
         SHARDS.iter().map(|shard| format!("{shard}/{database}.accounts={}", ACCOUNTS * 1000)).collect();
     assert_eq!(sums.lines().collect::<Vec<_>>(), expected_sums);
@@ -185,9 +263,8 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
         );
     }
     let west = format!("west/{database}.items");
-    psql(&format!(
-        "DELETE FROM {schema}.items WHERE _source = '{west}' AND id = (SELECT min(id) FROM {schema}.items WHERE _source = '{west}')"
-    ));
+    let lowest = target.sql(&format!("SELECT min(id) FROM {schema}.items WHERE _source = '{west}'"));
+    target.sql(&format!("DELETE FROM {schema}.items WHERE _source = '{west}' AND id = {}", lowest.trim()));
     let (code, report) = verify();
     assert_eq!(code, 1, "{report}");
     let differences = |shard: &str| -> u64 {
@@ -205,8 +282,8 @@ fn two_shards_on_two_servers_merge_into_one_postgres_schema_exactly_once_through
         .expect("sluice starts");
     let mut run = Guard::new(restarted);
     wait_running("the copies after a restart", limit, &mut run, || {
-        target_rows(&schema, "items", items) == expected_items
-            && target_rows(&schema, "accounts", "id, balance") == expected_accounts
+        target_rows(target, &schema, "items", items) == expected_items
+            && target_rows(target, &schema, "accounts", accounts) == expected_accounts
     });
     signal(&run, "TERM");
     let output = run.into_inner().wait_with_output().unwrap();
