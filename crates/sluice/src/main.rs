@@ -719,7 +719,7 @@ async fn run_parts(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBu
     }
     let runs: Vec<_> = parts
         .into_iter()
-        .map(|(each, state_dir)| tokio::spawn(run_job_summarized(each, state_dir, restart, shared.clone())))
+        .map(|(each, state_dir)| tokio::spawn(run_job_summarized(each, state_dir, restart, shared.clone(), true)))
         .collect();
     let mut ended = Vec::with_capacity(runs.len());
     for run in runs {
@@ -751,20 +751,23 @@ async fn run_parts(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBu
 /// Runs a validated job standalone, restarting it after failures that may heal, and prints its
 /// summary.
 async fn run_job(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBuf>, restart: bool) -> u8 {
-    let (code, summary) = run_job_summarized(job, state_dir, restart, None).await;
+    let (code, summary) = run_job_summarized(job, state_dir, restart, None, false).await;
     write_summary(summary_json.as_deref(), &summary);
     code
 }
 
 /// `run_job`, the summary handed back instead of written; with `shared`, the job's change stream
-/// reads the source's log through it.
+/// reads the source's log through it. A `part` of a job file's several targets or sources runs
+/// beside the others: its progress lines name it.
 async fn run_job_summarized(
     job: JobSpec,
     state_dir: PathBuf,
     restart: bool,
     shared: Option<Arc<SharedLog>>,
+    part: bool,
 ) -> (u8, RunSummary) {
     let job = Arc::new(job);
+    let part = part.then(|| job.name.clone());
     let source_of = |job: &JobSpec| {
         sluice_connectors::source(job).map(|source| match &shared {
             Some(shared) => shared.wrap(source),
@@ -816,7 +819,7 @@ async fn run_job_summarized(
         let runner = Runner::new(job.clone(), source, sink, state.clone(), stop_requested.clone());
         let runner = Arc::new(if restart { runner.restarting() } else { runner });
         let (display_done, display_wait) = watch::channel(false);
-        let display = tokio::spawn(progress::display(runner.stats(), display_wait));
+        let display = tokio::spawn(progress::display(runner.stats(), part.clone(), display_wait));
         let verification = (job.verify.is_some() && job.mode.streams()).then(|| {
             let (job, state_dir, stop) = (job.clone(), state_dir.clone(), stop_requested.clone());
             tokio::spawn(job_verification::on_schedule(job, state_dir, runner.stats(), stop))

@@ -9,9 +9,12 @@ use std::time::{Duration, Instant};
 use sluice_core::stats::{JobStats, StreamPhase, StreamSummary, TableSummary};
 use tokio::sync::watch;
 
-/// Runs until `done` flips, then draws a last frame.
-pub async fn display(stats: Arc<JobStats>, mut done: watch::Receiver<bool>) {
-    let terminal = std::io::stderr().is_terminal();
+/// Runs until `done` flips, then draws a last frame. A job run beside others of one job file
+/// (`targets:`, `sources:`) is `labelled` with its name: its progress goes as log lines that
+/// name it (frames redrawn in place by several jobs at once would overwrite each other).
+pub async fn display(stats: Arc<JobStats>, labelled: Option<String>, mut done: watch::Receiver<bool>) {
+    let terminal = std::io::stderr().is_terminal() && labelled.is_none();
+    let label = labelled.map_or_else(String::new, |name| format!("{name}: "));
     let interval = match std::env::var("SLUICE_PROGRESS_SECS").ok().and_then(|text| text.parse::<f64>().ok()) {
         Some(seconds) if seconds > 0.0 => Duration::from_secs_f64(seconds),
         _ if terminal => Duration::from_millis(250),
@@ -58,9 +61,9 @@ pub async fn display(stats: Arc<JobStats>, mut done: watch::Receiver<bool>) {
             let _ = stderr.write_all(frame.as_bytes());
             drawn_lines = frame.lines().count();
         } else if let Some(stream) = &stream {
-            log::info!("{}", stream_line(stream, applied_rate));
+            log::info!("{label}{}", stream_line(stream, applied_rate));
         } else if !tables.is_empty() {
-            log::info!("{}", line(&tables, rate));
+            log::info!("{label}{}", line(&tables, rate));
         }
         if finished {
             return;

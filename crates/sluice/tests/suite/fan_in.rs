@@ -58,13 +58,16 @@ impl Target {
     }
 }
 
-/// The shards' rows of `table` as the target should hold them: `origin|id|…` lines, sorted.
-fn union(shards: &[(&str, &MariadbServer)], database: &str, table: &str, columns: &str) -> Vec<String> {
+/// A shard's name and how to run SQL on it (its rows, one a line).
+type Shard<'a> = (&'a str, &'a dyn Fn(&str) -> String);
+
+/// The shards' rows of `table` (in `schema` of each) as the target should hold them:
+/// `origin|id|…` lines, sorted.
+fn union(shards: &[Shard<'_>], schema: &str, table: &str, columns: &str) -> Vec<String> {
     let mut rows: Vec<String> = shards
         .iter()
-        .flat_map(|(name, server)| {
-            server
-                .sql(&format!("SELECT concat_ws('|', '{name}/{database}.{table}', {columns}) FROM {database}.{table}"))
+        .flat_map(|(name, sql)| {
+            sql(&format!("SELECT concat_ws('|', '{name}/{schema}.{table}', {columns}) FROM {schema}.{table}"))
                 .lines()
                 .map(str::to_owned)
                 .collect::<Vec<_>>()
@@ -115,6 +118,8 @@ fn two_shards_on_two_servers_merge_into_one_mysql_database_exactly_once_through_
 fn merge_two_shards(target: Target) {
     let (east, west) = (MariadbServer::start(), MariadbServer::start());
     let shards = [(SHARDS[0], &east), (SHARDS[1], &west)];
+    let (east_sql, west_sql) = (|sql: &str| east.sql(sql), |sql: &str| west.sql(sql));
+    let readers: [Shard<'_>; 2] = [(SHARDS[0], &east_sql), (SHARDS[1], &west_sql)];
     let database = unique_name("shard");
     for (_, server) in &shards {
         server.sql(&workload::create_tables_sql(&database));
@@ -222,7 +227,7 @@ fn merge_two_shards(target: Target) {
     let items = "id, v, coalesce(note, 'NULL')";
     let accounts = "id, balance, coalesce(owner, 'NULL')";
     let (expected_items, expected_accounts) =
-        (union(&shards, &database, "items", items), union(&shards, &database, "accounts", accounts));
+        (union(&readers, &database, "items", items), union(&readers, &database, "accounts", accounts));
     assert!(expected_items.len() as u64 > ITEMS, "the shards hold their items");
     wait_running("the target to hold both shards", limit, &mut run, || {
         target_rows(target, &schema, "items", items) == expected_items
@@ -236,7 +241,16 @@ fn merge_two_shards(target: Target) {
     assert_eq!(sums.lines().collect::<Vec<_>>(), expected_sums);
     signal(&run, "TERM");
     let output = run.into_inner().wait_with_output().unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let printed = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{printed}");
+    // Each source's progress names it, with how far behind its server it is.
+    for shard in SHARDS {
+        let line = format!("{name}.{shard}: stream: streaming");
+        assert!(
+            printed.lines().any(|printed| printed.contains(&line) && printed.contains("behind the source")),
+            "{line}: {printed}"
+        );
+    }
     let summary = support::summary(&workspace.path("summary.json"));
     assert_eq!(summary["job"], name.as_str());
     for shard in SHARDS {
@@ -289,4 +303,120 @@ fn merge_two_shards(target: Target) {
     let output = run.into_inner().wait_with_output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     assert_eq!(verify().0, 0);
+}
+
+/// Two PostgreSQL databases as two shards (each its own slot and publication, its own WAL
+/// position in the target), the same schema, tables and keys in both, under the transfer load
+/// with large values the server does not send again, merged into one PostgreSQL schema through
+/// a kill; a table without a key is refused first, by name.
+#[test]
+fn two_postgres_shards_merge_into_one_postgres_schema_exactly_once_through_a_kill() {
+    use support::postgres_source::{self, SourceDatabase};
+    let databases = [SourceDatabase::create("fanin_east"), SourceDatabase::create("fanin_west")];
+    for database in &databases {
+        database.sql(&postgres_source::create_tables_sql("shard", 2_000));
+    }
+    let (east_sql, west_sql) = (|sql: &str| databases[0].sql(sql), |sql: &str| databases[1].sql(sql));
+    let readers: [Shard<'_>; 2] = [(SHARDS[0], &east_sql), (SHARDS[1], &west_sql)];
+    let schema = unique_name("fanin_pg");
+    let name = schema.replace('_', "-");
+    let workspace = Workspace::new();
+    let job_text = |tables: &str| {
+        format!(
+            "name: {name}\nmode: snapshot+cdc\nsources:\n  - {{name: east, type: postgres, url: \"${{EAST}}\", tables: {tables}}}\n\
+             \x20 - {{name: west, type: postgres, url: \"${{WEST}}\", tables: {tables}}}\n\
+             target: {{type: postgres, url: \"${{TARGET}}\"}}\nlimits: {{batch_rows: 200}}\n\
+             route:\n  - {{source_table: \"shard\\\\..*\", sink_table: \"{schema}.<>\", replace_symbol: \"<>\", origin_column: _source}}\n"
+        )
+    };
+    let start = |job: &std::path::Path| {
+        let child = workspace
+            .command(&["run", job.to_str().unwrap()])
+            .env("EAST", databases[0].url())
+            .env("WEST", databases[1].url())
+            .env("TARGET", postgres_url())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sluice starts");
+        Guard::new(child)
+    };
+
+    // The keyless `events` would be copied again by emptying the table the other shard fills too.
+    let keyless = workspace.write("keyless.yaml", &job_text("[\"shard.*\"]"));
+    let refused = support::Run::from(start(&keyless).into_inner().wait_with_output().unwrap());
+    assert_eq!(refused.code, 2, "{}", refused.all());
+    assert!(
+        refused
+            .stderr
+            .contains("tables without a key cannot be merged with other sources' tables (source east): shard.events"),
+        "{}",
+        refused.stderr
+    );
+
+    let job = workspace.write("job.yaml", &job_text("[\"shard.*\", \"!shard.events\"]"));
+    let loads: Vec<Load> = databases
+        .iter()
+        .zip(SHARDS)
+        .map(|(database, shard)| {
+            postgres_source::load(
+                database,
+                "shard",
+                Random::from_environment(&format!("fan_in_pg_{shard}")),
+                150,
+                2_001,
+            )
+        })
+        .collect();
+    let stored = |shard: &str| postgres_source::stream_lsn(&format!("{name}.{shard}"));
+    let limit = Duration::from_secs(120);
+    let mut run = start(&job);
+    wait_running("both streams", limit, &mut run, || SHARDS.iter().all(|shard| stored(shard).is_some()));
+    let stood: Vec<u64> = databases.iter().map(SourceDatabase::wal_position).collect();
+    wait_running("both streams to move on", limit, &mut run, || {
+        SHARDS.iter().zip(&stood).all(|(shard, at)| stored(shard).is_some_and(|stored| stored > *at))
+    });
+    kill(&mut run);
+    let mut run = start(&job);
+    let stood: Vec<u64> = databases.iter().map(SourceDatabase::wal_position).collect();
+    wait_running("both streams again", limit, &mut run, || {
+        SHARDS.iter().zip(&stood).all(|(shard, at)| stored(shard).is_some_and(|stored| stored > *at))
+    });
+    for load in loads {
+        load.stop();
+    }
+    let tables = [
+        ("accounts", "id, balance"),
+        ("items", "id, v, coalesce(note, 'NULL'), coalesce(tags::text, 'NULL'), coalesce(uid::text, 'NULL'), coalesce(at::text, 'NULL')"),
+        ("docs", "id, small, md5(body)"),
+        ("pairs", "a, b, v"),
+    ];
+    let expected: Vec<Vec<String>> =
+        tables.iter().map(|(table, columns)| union(&readers, "shard", table, columns)).collect();
+    wait_running("the target to hold both shards", limit, &mut run, || {
+        tables
+            .iter()
+            .zip(&expected)
+            .all(|((table, columns), expected)| target_rows(Target::Postgres, &schema, table, columns) == *expected)
+    });
+    let verified = support::Run::from(
+        workspace
+            .command(&["verify", job.to_str().unwrap()])
+            .env("EAST", databases[0].url())
+            .env("WEST", databases[1].url())
+            .env("TARGET", postgres_url())
+            .output()
+            .unwrap(),
+    );
+    verified.assert_code(0);
+    for shard in SHARDS {
+        assert!(
+            verified.stdout.contains(&format!("job {name}.{shard}: the target equals the source")),
+            "{}",
+            verified.stdout
+        );
+    }
+    signal(&run, "TERM");
+    let output = run.into_inner().wait_with_output().unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
 }

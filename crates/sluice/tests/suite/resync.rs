@@ -67,7 +67,11 @@ fn a_table_copied_again_under_a_mixed_load_replaces_the_damaged_one_whole_and_ex
             if log.contains(&replaced) {
                 break;
             }
-            assert!(Instant::now() < deadline, "{target}: the copy did not replace the table:\n{log}");
+            assert!(
+                Instant::now() < deadline,
+                "{target}: the copy did not replace the table (the stream's position {position:?} last moved {:?} ago):\n{log}",
+                moved.elapsed()
+            );
             if log.contains(&begun) {
                 samples += 1;
                 let now = stream_position(target, &name);

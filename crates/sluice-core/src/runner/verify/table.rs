@@ -596,7 +596,7 @@ async fn read_target(
         };
         for split in &splits {
             let mut split_reader = snapshot.open(split, None, batch_rows).await?;
-            while let Some(batch) = split_reader.next().await? {
+            while let Some(mut batch) = split_reader.next().await? {
                 if let Some(refused) = batch.rejected.first() {
                     return Err(Error::new(
                         ErrorKind::Data,
@@ -607,7 +607,6 @@ async fn read_target(
                     )
                     .on(Side::Target));
                 }
-                let mut batch = batch;
                 if let Some(own) = &own_rows {
                     batch.changes.retain(|change| own.holds(change.row()));
                 }
