@@ -501,15 +501,6 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     let mode = decode_mode(decoder, &fields);
     let (source, sources) = decode_one_or_several(decoder, &fields, Side::Source);
     let (mut target, mut targets) = decode_one_or_several(decoder, &fields, Side::Target);
-    if let (Some(sources), Some(targets)) = (&sources, &targets) {
-        if !sources.is_empty() && !targets.is_empty() {
-            decoder.error(
-                "targets",
-                fields.get("targets").and_then(|node| node.line),
-                "a job merges several `sources:` into one target or feeds several `targets:` from one source, not both; write one job per target",
-            );
-        }
-    }
     let parallelism = decode_parallelism(decoder, &fields);
     let limits = decode_limits(decoder, &fields);
     let errors = decode_error_policy(decoder, &fields);
@@ -553,15 +544,7 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
     if let (Some(mode), Some(source)) = (mode, &source) {
         check_cursors(decoder, mode, source, target.as_mut(), targets.as_mut());
     }
-    if let (Some(Mode::IncrementalCursor), Some(sources)) = (mode, &sources) {
-        if !sources.is_empty() {
-            decoder.error(
-                "sources",
-                fields.get("sources").and_then(|node| node.line),
-                "several sources merge in snapshot, cdc and snapshot+cdc jobs; an incremental-cursor job reads one source (write one job per source)",
-            );
-        }
-    }
+    check_parts(decoder, &fields, mode, sources.as_deref(), targets.as_deref());
     Some(JobSpec {
         name: name?,
         mode: mode?,
@@ -589,6 +572,32 @@ fn decode_job(decoder: &mut Decoder, root: &Node) -> Option<JobSpec> {
         apply_parallelism: apply_parallelism?,
         consistency: consistency?,
     })
+}
+
+/// A job has several sources or several targets, not both; several sources merge in every mode
+/// but `incremental-cursor`.
+fn check_parts(
+    decoder: &mut Decoder,
+    fields: &Fields<'_>,
+    mode: Option<Mode>,
+    sources: Option<&[NamedEndpoint]>,
+    targets: Option<&[NamedEndpoint]>,
+) {
+    let several_sources = sources.is_some_and(|sources| !sources.is_empty());
+    if several_sources && targets.is_some_and(|targets| !targets.is_empty()) {
+        decoder.error(
+            "targets",
+            fields.get("targets").and_then(|node| node.line),
+            "a job merges several `sources:` into one target or feeds several `targets:` from one source, not both; write one job per target",
+        );
+    }
+    if several_sources && mode == Some(Mode::IncrementalCursor) {
+        decoder.error(
+            "sources",
+            fields.get("sources").and_then(|node| node.line),
+            "several sources merge in snapshot, cdc and snapshot+cdc jobs; an incremental-cursor job reads one source (write one job per source)",
+        );
+    }
 }
 
 /// `target:` (one) or `targets:` (several, the first of them also as `target`); `source:` or
