@@ -2,9 +2,10 @@
 //! (`sluice job resync`, `POST /api/v1/jobs/{name}/resync`).
 //!
 //! A table's new copy is written under its hidden name (`names::hidden_name`) in chunks, between
-//! the stream's groups: a chunk is the first batch of a new read of the table from where the last
-//! chunk ended, a consistent snapshot taken while the stream waits, so its log position is at or
-//! past everything applied (`SnapshotSource::copy_reads` tells the reads back). The stream goes on
+//! the stream's groups: a chunk is what a new read of the table from where the last chunk ended
+//! gives in a tenth of a second (`CHUNK_TIME`), a consistent snapshot taken while the stream
+//! waits, so its log position is at or past everything applied (`SnapshotSource::copy_reads`
+//! tells the reads back). The stream goes on
 //! applying every change of the table to the table itself, and to the copy those of keys already
 //! copied whose transaction comes after the read that copied them; a key past the last chunk is
 //! left to the chunk that will read it. Once a read finds no more rows and the stream has passed
@@ -27,6 +28,11 @@ use crate::error::{Error, ErrorKind, Result, Side};
 use crate::runner::copied_keys::{compare_keys, holds, key_of, split_kind};
 use crate::schema::{TableName, TableSchema};
 use crate::transform::TableMapping;
+
+/// How long one chunk of a resync reads (batches of the job's `batch_rows`, one at least): the
+/// stream waits for it, so it is short beside a group's time, and long enough that the copy
+/// outruns a table that grows while it is copied.
+const CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A request to copy tables of a running stream again (source names), named so that the stream
 /// takes it once.
@@ -224,63 +230,74 @@ impl Applier<'_> {
         Ok(())
     }
 
-    /// Copies the next chunk of the table into its copy: the first batch of a new read from
-    /// where the last chunk ended.
+    /// Copies the next chunk of the table into its copy: the batches a new read from where the
+    /// last chunk ended gives within `CHUNK_TIME` (one at least). A chunk of one batch would let
+    /// a table that grows at its end under the stream (new keys inserted faster than one batch
+    /// per group) stay ahead of its copy for ever; a chunk bounded by time keeps the stream's
+    /// pause short and copies as fast as the source reads.
     async fn copy_chunk(&mut self, mut copy: TableCopy) -> Result<()> {
         let context = self.context;
         let snapshot = context.source.needs_snapshot()?;
         let batch_rows = context.job.limits.batch_rows.max(1);
         let (split, copied) = (&copy.split, copy.copied.as_ref());
-        let batch = context
+        let started = std::time::Instant::now();
+        let batches = context
             .with_retry(&format!("read table {} again", split.table.name), || async move {
                 let mut reader = snapshot.open(split, copied, batch_rows).await?;
-                reader.next().await
+                let mut batches = Vec::new();
+                while let Some(batch) = reader.next().await? {
+                    if batch.changes.is_empty() {
+                        break;
+                    }
+                    batches.push(batch);
+                    if started.elapsed() >= CHUNK_TIME {
+                        break;
+                    }
+                }
+                Ok(batches)
             })
             .await?;
         let source = copy.split.table.clone();
         let mut last = None;
-        match batch.filter(|batch| !batch.changes.is_empty()) {
-            Some(batch) => {
-                last = batch.changes.iter().rev().find_map(|change| match &change.kind {
-                    ChangeKind::Insert { after } => Some(key_of(&source, after)),
-                    _ => None,
-                });
-                copy.copied = Some(batch.position.clone());
-                let mapping = context.mapping(&source)?;
-                let transformed = mapping.batch(batch).batch;
-                if !transformed.rejected.is_empty() {
-                    context.keep_dirty(&format!("resync {}", source.name), &transformed.rejected)?;
-                }
-                let rows: Vec<Row> = transformed
-                    .changes
-                    .into_iter()
-                    .filter_map(|change| match change.kind {
-                        ChangeKind::Insert { after } => Some(after),
-                        _ => None,
-                    })
-                    .collect();
-                let target = TableSchema { name: copy.hidden.clone(), ..(*mapping.target).clone() };
-                let refused = self.writer.folded()?.insert(&target, &rows).await?;
-                if let Some(first) = refused.first() {
-                    return Err(Error::new(
-                        ErrorKind::Data,
-                        format!(
-                            "resync of table {}: the target refuses {} rows of the copy, the first: {}",
-                            source.name,
-                            refused.len(),
-                            first.reason
-                        ),
-                    )
-                    .on(Side::Target)
-                    .hint("fix what the target refuses, then ask for the resync again"));
-                }
+        if batches.is_empty() {
+            copy.complete = true;
+            log::info!(
+                "resync: every row of table {} is copied; it replaces the table once the stream passes the copy's last read",
+                source.name
+            );
+        }
+        let mapping = context.mapping(&source)?;
+        let mut rows: Vec<Row> = Vec::new();
+        for batch in batches {
+            last = batch.changes.iter().rev().find_map(|change| match &change.kind {
+                ChangeKind::Insert { after } => Some(key_of(&source, after)),
+                _ => None,
+            });
+            copy.copied = Some(batch.position.clone());
+            let transformed = mapping.batch(batch).batch;
+            if !transformed.rejected.is_empty() {
+                context.keep_dirty(&format!("resync {}", source.name), &transformed.rejected)?;
             }
-            None => {
-                copy.complete = true;
-                log::info!(
-                    "resync: every row of table {} is copied; it replaces the table once the stream passes the copy's last read",
-                    source.name
-                );
+            rows.extend(transformed.changes.into_iter().filter_map(|change| match change.kind {
+                ChangeKind::Insert { after } => Some(after),
+                _ => None,
+            }));
+        }
+        if !rows.is_empty() {
+            let target = TableSchema { name: copy.hidden.clone(), ..(*mapping.target).clone() };
+            let refused = self.writer.folded()?.insert(&target, &rows).await?;
+            if let Some(first) = refused.first() {
+                return Err(Error::new(
+                    ErrorKind::Data,
+                    format!(
+                        "resync of table {}: the target refuses {} rows of the copy, the first: {}",
+                        source.name,
+                        refused.len(),
+                        first.reason
+                    ),
+                )
+                .on(Side::Target)
+                .hint("fix what the target refuses, then ask for the resync again"));
             }
         }
         let reads = snapshot.copy_reads(&copy.split, copy.copied.as_ref())?;
