@@ -3,10 +3,10 @@
 //!
 //! A table's new copy is written under its hidden name (`names::hidden_name`) in chunks, between
 //! the stream's groups: a chunk is what a new read of the table from where the last chunk ended
-//! gives in a tenth of a second (`CHUNK_TIME`), a consistent snapshot taken while the stream
-//! waits, so its log position is at or past everything applied (`SnapshotSource::copy_reads`
-//! tells the reads back). The stream goes on
-//! applying every change of the table to the table itself, and to the copy those of keys already
+//! gives in a tenth of a second (`CHUNK_TIME`, about `CHUNK_ROWS` rows at most), a consistent
+//! snapshot taken while the stream waits, so its log position is at or past everything applied
+//! (`SnapshotSource::copy_reads` tells the reads back). The stream goes on applying every change
+//! of the table to the table itself, and to the copy those of keys already
 //! copied whose transaction comes after the read that copied them; a key past the last chunk is
 //! left to the chunk that will read it. Once a read finds no more rows and the stream has passed
 //! the last read's position, the copy holds exactly what the table should, and one commit puts it
@@ -33,6 +33,10 @@ use crate::transform::TableMapping;
 /// stream waits for it, so it is short beside a group's time, and long enough that the copy
 /// outruns a table that grows while it is copied.
 const CHUNK_TIME: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The most rows one chunk holds beyond its first batch, whatever `CHUNK_TIME` allows: a chunk's
+/// rows are in memory at once (about as many as a copy task holds with the default limits).
+const CHUNK_ROWS: usize = 20_000;
 
 /// A request to copy tables of a running stream again (source names), named so that the stream
 /// takes it once.
@@ -231,10 +235,10 @@ impl Applier<'_> {
     }
 
     /// Copies the next chunk of the table into its copy: the batches a new read from where the
-    /// last chunk ended gives within `CHUNK_TIME` (one at least). A chunk of one batch would let
-    /// a table that grows at its end under the stream (new keys inserted faster than one batch
-    /// per group) stay ahead of its copy for ever; a chunk bounded by time keeps the stream's
-    /// pause short and copies as fast as the source reads.
+    /// last chunk ended gives within `CHUNK_TIME` (one at least, about `CHUNK_ROWS` rows at
+    /// most). A chunk of one batch would let a table that grows at its end under the stream (new
+    /// keys inserted faster than one batch per group) stay ahead of its copy for ever; a chunk
+    /// bounded by time keeps the stream's pause short and copies as fast as the source reads.
     async fn copy_chunk(&mut self, mut copy: TableCopy) -> Result<()> {
         let context = self.context;
         let snapshot = context.source.needs_snapshot()?;
@@ -244,13 +248,14 @@ impl Applier<'_> {
         let batches = context
             .with_retry(&format!("read table {} again", split.table.name), || async move {
                 let mut reader = snapshot.open(split, copied, batch_rows).await?;
-                let mut batches = Vec::new();
+                let (mut batches, mut rows) = (Vec::new(), 0);
                 while let Some(batch) = reader.next().await? {
                     if batch.changes.is_empty() {
                         break;
                     }
+                    rows += batch.changes.len();
                     batches.push(batch);
-                    if started.elapsed() >= CHUNK_TIME {
+                    if started.elapsed() >= CHUNK_TIME || rows >= CHUNK_ROWS {
                         break;
                     }
                 }
