@@ -357,14 +357,28 @@ async fn no_cycle(api: &Api, spec: &sluice_core::spec::JobSpec) -> Result<(), Fa
     responses((status = 202, description = "the batch is queued; the leader fires it", body = BatchQueued),
         (status = 400, description = "the job has no schedule, or the batches cannot run again", body = ErrorBody), (status = 404, description = "no such job", body = ErrorBody)))]
 async fn run_batch(State(api): Shared, Path(name): Path<String>, body: Bytes) -> Reply {
-    let mut job = job(&api, &name).await?;
+    // The leader writes the job record too (right after a submission, say): a request that
+    // met such a write reads the record again and asks again, a few times.
+    let mut attempts = 0;
+    loop {
+        match queue_batch(&api, &name, &body).await {
+            Err(Failure(StatusCode::CONFLICT, _)) if attempts < 5 => attempts += 1,
+            other => return other,
+        }
+    }
+}
+
+/// One attempt of `run_batch` on the job record as read now.
+async fn queue_batch(api: &Api, name: &str, body: &[u8]) -> Reply {
+    let name = name.to_owned();
+    let mut job = job(api, &name).await?;
     if !job.batched() {
         return Err(failure(
             StatusCode::BAD_REQUEST,
             format!("job {name} has no `schedule` or `after`; POST /api/v1/jobs/{name}/restart runs it again"),
         ));
     }
-    let rerun = rerun_range(&job, &body)?;
+    let rerun = rerun_range(&job, body)?;
     // Asked for before the leader first saw the job: its schedule still starts from now.
     let now = unix_seconds();
     let first = job.schedule.as_ref().and_then(|schedule| schedule.first(now));
@@ -378,7 +392,7 @@ async fn run_batch(State(api): Shared, Path(name): Path<String>, body: Bytes) ->
         None => batches.queued = true,
     }
     let next = batches.batch + 1 + u64::from(rerun.is_none() && batches.rerun.is_some());
-    save_job(&api, &job).await?;
+    save_job(api, &job).await?;
     match rerun {
         Some(range) => {
             log::info!("job {name}: batches {} to {} asked to run again, as batch {next}", range.from, range.to)
