@@ -699,12 +699,11 @@ async fn run_parts(job: JobSpec, state_dir: PathBuf, summary_json: Option<PathBu
     log::info!("job {}: {} {what} ({})", job.name, names.len(), names.join(", "));
     // A binlog is read once for every target: by a reader of the job's own name, which each
     // target's stream joins once it stands where that reader passed (`SharedLog`).
-    let shared = match sluice_connectors::source(&job) {
-        Ok(source) if job.sources.is_empty() && job.source.connector == "mysql" && job.mode.streams() => {
-            Some(SharedLog::new(source, sluice_core::shared_log::SHARED_EVENTS))
-        }
-        _ => None,
-    };
+    let shares_a_log = job.sources.is_empty() && job.source.connector == "mysql" && job.mode.streams();
+    let shared = shares_a_log
+        .then(|| sluice_connectors::source(&job).ok())
+        .flatten()
+        .map(|source| SharedLog::new(source, sluice_core::shared_log::SHARED_EVENTS));
     let parts = per_part_state(&job, &state_dir);
     if restart && !job.sources.is_empty() {
         // The sources share the target's tables: every part empties them before any copies into
